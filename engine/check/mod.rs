@@ -1,0 +1,1 @@
+//! Static checks of a lowered workflow.

@@ -1,0 +1,1 @@
+//! Compilation of a checked workflow into an execution plan.

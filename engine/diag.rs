@@ -1,0 +1,241 @@
+//! Diagnostics: coded, spanned problems found while loading, checking or compiling a workflow.
+
+use crate::source::{Sources, Span};
+
+/// How serious a diagnostic is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Severity {
+    Warning,
+    Error,
+}
+
+macro_rules! codes {
+    ($($name:ident = $code:literal, $sev:ident, $summary:literal;)*) => {
+        /// A stable diagnostic code; WORKFLOW-SPEC.md lists them all.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum Code { $($name,)* }
+
+        impl Code {
+            /// Every code, in order.
+            pub const ALL: &'static [Code] = &[$(Code::$name,)*];
+
+            /// Returns the code as written in output, such as `RF012`.
+            pub fn as_str(self) -> &'static str {
+                match self { $(Code::$name => $code,)* }
+            }
+
+            /// Returns the severity this code has.
+            pub fn severity(self) -> Severity {
+                match self { $(Code::$name => Severity::$sev,)* }
+            }
+
+            /// Returns a one-line summary of what the code means.
+            pub fn summary(self) -> &'static str {
+                match self { $(Code::$name => $summary,)* }
+            }
+        }
+    };
+}
+
+codes! {
+    Syntax = "RF001", Error, "the file is not valid TOML or KDL";
+    UnknownKey = "RF002", Error, "a key that the format does not define";
+    WrongType = "RF003", Error, "a value of the wrong type";
+    MissingKey = "RF004", Error, "a required key is missing";
+    InvalidValue = "RF005", Error, "a value of the right type that is not allowed (a bad duration, action, name or number)";
+    Duplicate = "RF006", Error, "the same id or key is defined twice";
+    KeyNotForKind = "RF007", Error, "a key that does not apply to this kind of stage or agent";
+    UnsupportedValue = "RF008", Error, "a null or date-time value, which workflows do not use";
+    UnknownStage = "RF010", Error, "a reference to a stage that does not exist";
+    UnknownAgent = "RF011", Error, "a reference to an agent that does not exist";
+    UnknownParam = "RF012", Error, "a reference to a param that does not exist";
+    UnknownResource = "RF013", Error, "a reference to a resource that does not exist";
+    UnknownExit = "RF014", Error, "a reference to an exit that does not exist";
+    MissingPromptFile = "RF015", Error, "a prompt file that cannot be read";
+    MissingSchemaFile = "RF016", Error, "a JSON Schema file that cannot be read or is not JSON";
+    MissingWorkflowFile = "RF017", Error, "an extended, included or subflow workflow file that cannot be read";
+    ReservedName = "RF018", Error, "an id that is a reserved word";
+    CrossRegionNeed = "RF019", Error, "a `needs` entry that reaches into another loop or fan-out body";
+    Cycle = "RF020", Error, "a dependency cycle outside a loop region";
+    Unreachable = "RF021", Warning, "a stage that can never run";
+    UnboundedLoop = "RF022", Error, "a loop without a positive `max_iterations`";
+    LoopNeverEndsEarly = "RF023", Warning, "a loop whose only way out is running out of iterations";
+    ActionOutOfPlace = "RF024", Error, "an action that cannot be taken where it is written (`continue` outside a loop, `approve` outside a gate)";
+    FileCycle = "RF025", Error, "workflow files that extend, include or call each other in a circle";
+    TemplateSyntax = "RF030", Error, "a template that does not parse";
+    UnknownVariable = "RF031", Error, "a template variable that names no param, loop variable, stage or helper";
+    NotUpstream = "RF032", Error, "a stage's output used where that stage has not run yet";
+    MaybeSkipped = "RF033", Warning, "a stage's output used where that stage may have been skipped";
+    ExpressionSyntax = "RF034", Error, "a condition or expression that does not parse";
+    LoopVarOutsideLoop = "RF035", Error, "a loop or item variable used outside its loop or fan-out";
+    NotParamsOnly = "RF036", Error, "a templated limit that uses more than params";
+    InvalidSchema = "RF040", Error, "an output schema that is not a valid JSON Schema";
+    UnknownField = "RF041", Error, "an output field that the stage's output schema does not define";
+    RouteUncovered = "RF042", Warning, "a route that leaves some enum values without a case";
+    NotAnArray = "RF043", Error, "a `for_each` over something whose schema is not an array";
+    InvalidRegex = "RF044", Error, "an extraction pattern that is not a valid regular expression";
+    GateNoTimeout = "RF050", Warning, "a gate without a timeout policy";
+    ParamType = "RF051", Error, "a param value of the wrong type";
+    ParamRequired = "RF052", Error, "a required param without a value";
+    AgentIncomplete = "RF054", Error, "an agent missing what its kind needs";
+    ReservedExitCode = "RF055", Warning, "an exit code that the engine itself uses";
+    BadOverride = "RF056", Error, "an override of a stage or key that the base workflow does not have";
+}
+
+/// One problem found in a workflow, pointing at where it was written.
+#[derive(Clone, Debug)]
+pub struct Diagnostic {
+    pub code: Code,
+    pub severity: Severity,
+    pub message: String,
+    pub span: Option<Span>,
+    pub label: Option<String>,
+    pub help: Option<String>,
+    /// Secondary places that explain the problem, such as the first definition of a duplicate.
+    pub related: Vec<(Span, String)>,
+}
+
+impl Diagnostic {
+    /// Creates a diagnostic with the code's own severity.
+    pub fn new(code: Code, span: impl Into<Option<Span>>, message: impl Into<String>) -> Self {
+        Diagnostic {
+            code,
+            severity: code.severity(),
+            message: message.into(),
+            span: span.into(),
+            label: None,
+            help: None,
+            related: Vec::new(),
+        }
+    }
+
+    /// Sets the label shown under the snippet.
+    pub fn label(mut self, label: impl Into<String>) -> Self {
+        self.label = Some(label.into());
+        self
+    }
+
+    /// Sets the advice on what to do.
+    pub fn help(mut self, help: impl Into<String>) -> Self {
+        self.help = Some(help.into());
+        self
+    }
+
+    /// Adds a "did you mean" hint when a close candidate exists.
+    pub fn suggest<'a>(self, name: &str, candidates: impl IntoIterator<Item = &'a str>) -> Self {
+        match crate::suggest::closest(name, candidates) {
+            Some(best) => self.help(format!("did you mean `{best}`?")),
+            None => self,
+        }
+    }
+
+    /// Adds a secondary place.
+    pub fn related(mut self, span: Span, label: impl Into<String>) -> Self {
+        self.related.push((span, label.into()));
+        self
+    }
+
+    /// Tells whether this diagnostic is an error.
+    pub fn is_error(&self) -> bool {
+        self.severity == Severity::Error
+    }
+}
+
+/// Collects diagnostics while a stage of the pipeline runs.
+#[derive(Debug, Default)]
+pub struct Diagnostics {
+    items: Vec<Diagnostic>,
+}
+
+impl Diagnostics {
+    /// Records one diagnostic.
+    pub fn push(&mut self, diagnostic: Diagnostic) {
+        self.items.push(diagnostic);
+    }
+
+    /// Tells whether any error was recorded.
+    pub fn has_errors(&self) -> bool {
+        self.items.iter().any(Diagnostic::is_error)
+    }
+
+    /// Returns the number of errors.
+    pub fn error_count(&self) -> usize {
+        self.items.iter().filter(|d| d.is_error()).count()
+    }
+
+    /// Returns all diagnostics, sorted by file and position, without exact duplicates.
+    pub fn into_sorted(mut self) -> Vec<Diagnostic> {
+        self.items.sort_by_key(|d| (d.span.map(|s| (s.file, s.start, s.end)), d.code));
+        self.items.dedup_by(|a, b| a.code == b.code && a.span == b.span && a.message == b.message);
+        self.items
+    }
+
+    /// Iterates over the diagnostics recorded so far.
+    pub fn iter(&self) -> impl Iterator<Item = &Diagnostic> {
+        self.items.iter()
+    }
+
+    /// Moves all diagnostics from another collection into this one.
+    pub fn extend(&mut self, other: Diagnostics) {
+        self.items.extend(other.items);
+    }
+}
+
+/// Renders diagnostics with miette, with source snippets, as the CLI shows them.
+pub fn render(sources: &Sources, diagnostics: &[Diagnostic], color: bool) -> String {
+    use miette::{GraphicalReportHandler, GraphicalTheme, LabeledSpan, MietteDiagnostic, NamedSource};
+    let theme = if color { GraphicalTheme::unicode() } else { GraphicalTheme::unicode_nocolor() };
+    let handler = GraphicalReportHandler::new_themed(theme).with_width(100).with_links(false);
+    let mut out = String::new();
+    for d in diagnostics {
+        let severity = match d.severity {
+            Severity::Error => miette::Severity::Error,
+            Severity::Warning => miette::Severity::Warning,
+        };
+        let mut md = MietteDiagnostic::new(d.message.clone()).with_code(d.code.as_str()).with_severity(severity);
+        if let Some(help) = &d.help {
+            md = md.with_help(help.clone());
+        }
+        let report = match d.span {
+            Some(span) => {
+                let file = sources.get(span.file);
+                let (line, col) = file.line_col(span.start as usize);
+                md.message = format!("{}:{line}:{col}: {}", file.path.display(), d.message);
+                md = md.with_label(LabeledSpan::new_primary_with_span(d.label.clone(), span.range()));
+                for (rel, label) in &d.related {
+                    if rel.file == span.file {
+                        md = md.with_label(LabeledSpan::new_with_span(Some(label.clone()), rel.range()));
+                    }
+                }
+                let src = NamedSource::new(file.path.display().to_string(), file.text.to_string());
+                miette::Report::new(md).with_source_code(src)
+            }
+            None => miette::Report::new(md),
+        };
+        let _ = handler.render_report(&mut out, report.as_ref());
+        out.push('\n');
+    }
+    out
+}
+
+/// Renders diagnostics as one line each: `file:line:col: severity[CODE]: message`.
+pub fn render_short(sources: &Sources, diagnostics: &[Diagnostic]) -> String {
+    let mut out = String::new();
+    for d in diagnostics {
+        let sev = match d.severity {
+            Severity::Error => "error",
+            Severity::Warning => "warning",
+        };
+        if let Some(span) = d.span {
+            let file = sources.get(span.file);
+            let (line, col) = file.line_col(span.start as usize);
+            out.push_str(&format!("{}:{line}:{col}: ", file.path.display()));
+        }
+        out.push_str(&format!("{sev}[{}]: {}", d.code.as_str(), d.message));
+        if let Some(help) = &d.help {
+            out.push_str(&format!(" ({help})"));
+        }
+        out.push('\n');
+    }
+    out
+}

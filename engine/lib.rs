@@ -1,0 +1,12 @@
+//! ralph-flow: a declarative, durable workflow engine for Ralph loops of coding agents.
+//!
+//! The pipeline is parse ([`syntax`]) → shape and lower ([`model`]) → check ([`check`]) →
+//! compile ([`compile`]); the CLI in `main.rs` drives it. See ARCHITECTURE.md.
+
+pub mod check;
+pub mod compile;
+pub mod diag;
+pub mod model;
+pub mod source;
+pub mod suggest;
+pub mod syntax;

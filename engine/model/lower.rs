@@ -1,0 +1,370 @@
+//! Builds the typed model from a syntax tree whose shape has been checked.
+//!
+//! Values of the wrong shape were already reported by [`super::shape`]; here they are skipped.
+
+use crate::diag::{Code, Diagnostic, Diagnostics};
+use crate::model::*;
+use crate::source::{FileId, Span, Spanned};
+use crate::syntax::tree::{Table, Value, ValueKind};
+
+/// Checks the shape of a parsed file and builds its model.
+pub fn lower(file: FileId, root: &Table, diags: &mut Diagnostics) -> Workflow {
+    let mut shape = Diagnostics::default();
+    super::shape::check_table(root, &spec::WORKFLOW, &mut shape);
+    for mut d in shape.into_sorted() {
+        if d.span.is_none() {
+            d.span = Some(Span::new(file, 0..0));
+            d.label = Some("required at the top level".into());
+        }
+        diags.push(d);
+    }
+    let t = root;
+    let file_span = Span::new(file, 0..0);
+    Workflow {
+        file,
+        name: text(t, "name").unwrap_or_else(|| Spanned::new(String::new(), file_span)),
+        version: text(t, "version"),
+        description: text(t, "description"),
+        extends: t.get("extends").and_then(|v| {
+            let et = v.as_table()?;
+            Some(Extends {
+                workflow: text(et, "workflow")?,
+                params: map_values(et, "params"),
+                span: v.span,
+            })
+        }),
+        include: texts(t, "include"),
+        max_concurrency: count(t, "max_concurrency"),
+        budget: budget(t),
+        params: named(t, "params", param),
+        agents: named(t, "agents", agent),
+        resources: named(t, "resources", resource),
+        exits: named(t, "exits", exit),
+        stages: named(t, "stages", stage),
+        overrides: named(t, "overrides", override_),
+    }
+}
+
+fn text(t: &Table, key: &str) -> Option<Text> {
+    let v = t.get(key)?;
+    Some(Spanned::new(v.as_str()?.to_string(), v.span))
+}
+
+fn texts(t: &Table, key: &str) -> Vec<Text> {
+    match t.get(key) {
+        Some(Value { kind: ValueKind::Array(items), .. }) => {
+            items.iter().filter_map(|v| Some(Spanned::new(v.as_str()?.to_string(), v.span))).collect()
+        }
+        Some(v) => v.as_str().map(|s| vec![Spanned::new(s.to_string(), v.span)]).unwrap_or_default(),
+        None => Vec::new(),
+    }
+}
+
+fn ints(t: &Table, key: &str) -> Vec<Spanned<i64>> {
+    match t.get(key) {
+        Some(Value { kind: ValueKind::Array(items), .. }) => {
+            items.iter().filter_map(|v| Some(Spanned::new(v.as_int()?, v.span))).collect()
+        }
+        Some(v) => v.as_int().map(|i| vec![Spanned::new(i, v.span)]).unwrap_or_default(),
+        None => Vec::new(),
+    }
+}
+
+fn count(t: &Table, key: &str) -> Option<Spanned<Count>> {
+    let v = t.get(key)?;
+    let c = match &v.kind {
+        ValueKind::Int(n) => Count::Literal(u64::try_from(*n).ok()?),
+        ValueKind::Str(s) if s.contains("{{") => Count::Template(s.clone()),
+        _ => return None,
+    };
+    Some(Spanned::new(c, v.span))
+}
+
+fn duration(t: &Table, key: &str) -> Option<Spanned<Dur>> {
+    let v = t.get(key)?;
+    let d = match &v.kind {
+        ValueKind::Int(n) => Dur::Literal(std::time::Duration::from_secs(u64::try_from(*n).ok()?)),
+        ValueKind::Str(s) if s.contains("{{") => Dur::Template(s.clone()),
+        ValueKind::Str(s) => Dur::Literal(parse_duration(s)?),
+        _ => return None,
+    };
+    Some(Spanned::new(d, v.span))
+}
+
+fn action(t: &Table, key: &str) -> Option<Spanned<Action>> {
+    let v = t.get(key)?;
+    Some(Spanned::new(Action::parse(v.as_str()?)?, v.span))
+}
+
+fn float(t: &Table, key: &str) -> Option<Spanned<f64>> {
+    let v = t.get(key)?;
+    let f = match v.kind {
+        ValueKind::Int(i) => i as f64,
+        ValueKind::Float(f) => f,
+        _ => return None,
+    };
+    Some(Spanned::new(f, v.span))
+}
+
+fn table<'a>(t: &'a Table, key: &str) -> Option<(&'a Table, Span)> {
+    let v = t.get(key)?;
+    Some((v.as_table()?, v.span))
+}
+
+fn map_texts(t: &Table, key: &str) -> Vec<(Text, Text)> {
+    let Some((m, _)) = table(t, key) else { return Vec::new() };
+    m.entries
+        .iter()
+        .filter_map(|e| {
+            Some((Spanned::new(e.key.clone(), e.key_span), Spanned::new(e.value.as_str()?.to_string(), e.value.span)))
+        })
+        .collect()
+}
+
+fn map_values(t: &Table, key: &str) -> Vec<(Text, Value)> {
+    let Some((m, _)) = table(t, key) else { return Vec::new() };
+    m.entries.iter().map(|e| (Spanned::new(e.key.clone(), e.key_span), e.value.clone())).collect()
+}
+
+fn named<T>(t: &Table, key: &str, build: fn(Text, &Table, Span) -> Option<T>) -> Vec<T> {
+    let Some((m, _)) = table(t, key) else { return Vec::new() };
+    m.entries
+        .iter()
+        .filter_map(|e| build(Spanned::new(e.key.clone(), e.key_span), e.value.as_table()?, e.value.span))
+        .collect()
+}
+
+fn budget(t: &Table) -> Option<Budget> {
+    let (b, span) = table(t, "budget")?;
+    Some(Budget { tokens: count(b, "tokens"), cost_usd: float(b, "cost_usd"), on_exceeded: action(b, "on_exceeded"), span })
+}
+
+fn param(name: Text, t: &Table, span: Span) -> Option<Param> {
+    let ty_text = text(t, "type")?;
+    let ty = match ty_text.value.as_str() {
+        "string" => ParamType::String,
+        "int" => ParamType::Int,
+        "float" => ParamType::Float,
+        "bool" => ParamType::Bool,
+        "list" => ParamType::List,
+        _ => return None,
+    };
+    Some(Param {
+        name,
+        ty: Spanned::new(ty, ty_text.span),
+        default: t.get("default").cloned(),
+        description: text(t, "description"),
+        choices: t.get("choices").and_then(Value::as_array).map(<[Value]>::to_vec).unwrap_or_default(),
+        span,
+    })
+}
+
+fn agent(name: Text, t: &Table, span: Span) -> Option<Agent> {
+    let kind_text = text(t, "kind")?;
+    let kind = AgentKind::parse(&kind_text)?;
+    Some(Agent {
+        name,
+        kind: Spanned::new(kind, kind_text.span),
+        model: text(t, "model"),
+        args: texts(t, "args"),
+        env: map_texts(t, "env"),
+        timeout: duration(t, "timeout"),
+        idle_timeout: duration(t, "idle_timeout"),
+        context_window: count(t, "context_window"),
+        fallbacks: texts(t, "fallbacks"),
+        command: texts(t, "command"),
+        prompt_via: text(t, "prompt_via"),
+        base_url: text(t, "base_url"),
+        api_key_env: text(t, "api_key_env"),
+        api: text(t, "api"),
+        max_tokens: count(t, "max_tokens"),
+        file: text(t, "file"),
+        span,
+    })
+}
+
+fn resource(name: Text, t: &Table, span: Span) -> Option<Resource> {
+    Some(Resource { name, capacity: count(t, "capacity")?, order: texts(t, "order"), span })
+}
+
+fn exit(name: Text, t: &Table, span: Span) -> Option<Exit> {
+    let v = t.get("code")?;
+    Some(Exit { name, code: Spanned::new(v.as_int()?, v.span), message: text(t, "message"), span })
+}
+
+fn command(t: &Table) -> Option<CommandSpec> {
+    t.get("argv")?;
+    Some(CommandSpec {
+        argv: texts(t, "argv"),
+        cwd: text(t, "cwd"),
+        env: map_texts(t, "env"),
+        stdin: text(t, "stdin"),
+        ok_codes: ints(t, "ok_codes"),
+    })
+}
+
+fn stage(id: Text, t: &Table, span: Span) -> Option<Stage> {
+    let kind_text = text(t, "kind")?;
+    let kind = StageKind::parse(&kind_text)?;
+    let body = match kind {
+        StageKind::Agent => {
+            StageBody::Agent { agent: text(t, "agent"), prompt: text(t, "prompt"), prompt_file: text(t, "prompt_file") }
+        }
+        StageKind::Command => StageBody::Command(command(t).unwrap_or(CommandSpec {
+            argv: Vec::new(),
+            cwd: None,
+            env: Vec::new(),
+            stdin: None,
+            ok_codes: Vec::new(),
+        })),
+        StageKind::Check => StageBody::Check { command: command(t), pass_codes: ints(t, "pass_codes"), expect: text(t, "expect") },
+        StageKind::Gate => StageBody::Gate {
+            message: text(t, "message"),
+            show: texts(t, "show"),
+            on_timeout: action(t, "on_timeout"),
+            on_reject: action(t, "on_reject"),
+        },
+        StageKind::Subflow => StageBody::Subflow { workflow: text(t, "workflow"), params: map_texts(t, "params") },
+        StageKind::Loop => StageBody::Loop {
+            max_iterations: count(t, "max_iterations"),
+            until: text(t, "until"),
+            on_exhausted: action(t, "on_exhausted"),
+            stuck: table(t, "stuck").and_then(|(s, span)| {
+                Some(Stuck { on: text(s, "on")?, repeats: count(s, "repeats"), then: action(s, "then"), span })
+            }),
+            escalation: escalations(t),
+            worktree: worktree(t),
+            stages: named(t, "stages", stage),
+        },
+        StageKind::ForEach => StageBody::ForEach {
+            over: text(t, "over"),
+            as_name: text(t, "as"),
+            key: text(t, "key"),
+            max_concurrency: count(t, "max_concurrency"),
+            aggregate: aggregate(t),
+            result: text(t, "result"),
+            worktree: worktree(t),
+            stages: named(t, "stages", stage),
+        },
+        StageKind::Group => StageBody::Group {
+            max_concurrency: count(t, "max_concurrency"),
+            aggregate: aggregate(t),
+            result: text(t, "result"),
+            stages: named(t, "stages", stage),
+        },
+    };
+    Some(Stage {
+        id,
+        kind: Spanned::new(kind, kind_text.span),
+        span,
+        description: text(t, "description"),
+        needs: texts(t, "needs"),
+        when: text(t, "when"),
+        route: table(t, "route").and_then(|(r, span)| {
+            let cases = table(r, "cases")
+                .map(|(c, _)| {
+                    c.entries
+                        .iter()
+                        .filter_map(|e| {
+                            let a = Action::parse(e.value.as_str()?)?;
+                            Some((Spanned::new(e.key.clone(), e.key_span), Spanned::new(a, e.value.span)))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            Some(Route { on: text(r, "on")?, cases, default: action(r, "default"), span })
+        }),
+        on_fail: action(t, "on_fail"),
+        feedback: text(t, "feedback"),
+        timeout: duration(t, "timeout"),
+        idle_timeout: duration(t, "idle_timeout"),
+        retries: count(t, "retries"),
+        resource: text(t, "resource"),
+        priority: text(t, "priority"),
+        budget: budget(t),
+        output: table(t, "output").map(|(o, span)| output(o, span)),
+        body,
+    })
+}
+
+fn output(o: &Table, span: Span) -> OutputSpec {
+    let schema = o.get("schema").map(|v| match v.as_str() {
+        Some(s) => SchemaRef::File(Spanned::new(s.to_string(), v.span)),
+        None => SchemaRef::Inline(Spanned::new(v.to_json(), v.span)),
+    });
+    OutputSpec {
+        extract: text(o, "extract"),
+        schema,
+        pattern: text(o, "pattern"),
+        markers: named(o, "markers", |name, m, span| {
+            Some(Marker {
+                name,
+                prefix: text(m, "prefix"),
+                pattern: text(m, "pattern"),
+                many: m.get("many").and_then(Value::as_bool).unwrap_or(false),
+                values: texts(m, "values"),
+                span,
+            })
+        }),
+        files: texts(o, "files"),
+        span,
+    }
+}
+
+fn escalations(t: &Table) -> Vec<Escalation> {
+    let one = |v: &Value| {
+        let e = v.as_table()?;
+        Some(Escalation { when: text(e, "when")?, run: texts(e, "run"), description: text(e, "description"), span: v.span })
+    };
+    match t.get("escalation") {
+        Some(Value { kind: ValueKind::Array(items), .. }) => items.iter().filter_map(one).collect(),
+        Some(v) => one(v).into_iter().collect(),
+        None => Vec::new(),
+    }
+}
+
+fn aggregate(t: &Table) -> Option<Aggregate> {
+    let (a, span) = table(t, "aggregate")?;
+    Some(Aggregate { mode: text(a, "mode")?, field: text(a, "field"), order: texts(a, "order"), span })
+}
+
+fn worktree(t: &Table) -> Option<Worktree> {
+    let (w, span) = table(t, "worktree")?;
+    Some(Worktree { branch: text(w, "branch")?, base: text(w, "base"), cleanup: text(w, "cleanup"), span })
+}
+
+fn override_(stage: Text, t: &Table, span: Span) -> Option<Override> {
+    Some(Override {
+        stage,
+        prompt: text(t, "prompt"),
+        prompt_file: text(t, "prompt_file"),
+        agent: text(t, "agent"),
+        timeout: duration(t, "timeout"),
+        idle_timeout: duration(t, "idle_timeout"),
+        retries: count(t, "retries"),
+        max_iterations: count(t, "max_iterations"),
+        max_concurrency: count(t, "max_concurrency"),
+        when: text(t, "when"),
+        budget: budget(t),
+        span,
+    })
+}
+
+/// Reports a value that is not valid for a param of the given type.
+pub fn param_value_error(value: &Value, ty: ParamType, name: &str) -> Option<Diagnostic> {
+    let ok = match ty {
+        ParamType::String => value.as_str().is_some(),
+        ParamType::Int => value.as_int().is_some(),
+        ParamType::Float => matches!(value.kind, ValueKind::Int(_) | ValueKind::Float(_)),
+        ParamType::Bool => value.as_bool().is_some(),
+        ParamType::List => value.as_array().is_some_and(|a| a.iter().all(|v| v.as_str().is_some())),
+    };
+    (!ok).then(|| {
+        Diagnostic::new(
+            Code::ParamType,
+            value.span,
+            format!("param `{name}` is of type {}, but this value is {}", ty.as_str(), value.type_name()),
+        )
+        .label(format!("expected {}", ty.as_str()))
+    })
+}

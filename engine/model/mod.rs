@@ -1,0 +1,553 @@
+//! The workflow model shared by both syntaxes: what a file says, with names not yet resolved.
+
+pub mod lower;
+pub mod shape;
+pub mod spec;
+
+use std::time::Duration;
+
+use crate::source::{FileId, Span, Spanned};
+use crate::syntax::tree::Value;
+
+/// A template or expression string, with where it was written.
+pub type Text = Spanned<String>;
+
+/// A workflow file as written, after its shape was checked.
+#[derive(Clone, Debug)]
+pub struct Workflow {
+    pub file: FileId,
+    pub name: Text,
+    pub version: Option<Text>,
+    pub description: Option<Text>,
+    pub extends: Option<Extends>,
+    pub include: Vec<Text>,
+    pub max_concurrency: Option<Spanned<Count>>,
+    pub budget: Option<Budget>,
+    pub params: Vec<Param>,
+    pub agents: Vec<Agent>,
+    pub resources: Vec<Resource>,
+    pub exits: Vec<Exit>,
+    pub stages: Vec<Stage>,
+    pub overrides: Vec<Override>,
+}
+
+/// The base workflow a file extends.
+#[derive(Clone, Debug)]
+pub struct Extends {
+    pub workflow: Text,
+    pub params: Vec<(Text, Value)>,
+    pub span: Span,
+}
+
+/// A number written literally or as a template over params.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Count {
+    Literal(u64),
+    Template(String),
+}
+
+/// A duration written literally or as a template over params.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Dur {
+    Literal(Duration),
+    Template(String),
+}
+
+/// Token and cost limits.
+#[derive(Clone, Debug)]
+pub struct Budget {
+    pub tokens: Option<Spanned<Count>>,
+    pub cost_usd: Option<Spanned<f64>>,
+    pub on_exceeded: Option<Spanned<Action>>,
+    pub span: Span,
+}
+
+/// The type of a param.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParamType {
+    String,
+    Int,
+    Float,
+    Bool,
+    List,
+}
+
+impl ParamType {
+    /// Returns the name as written in files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ParamType::String => "string",
+            ParamType::Int => "int",
+            ParamType::Float => "float",
+            ParamType::Bool => "bool",
+            ParamType::List => "list",
+        }
+    }
+}
+
+/// A typed input of the workflow.
+#[derive(Clone, Debug)]
+pub struct Param {
+    pub name: Text,
+    pub ty: Spanned<ParamType>,
+    pub default: Option<Value>,
+    pub description: Option<Text>,
+    pub choices: Vec<Value>,
+    pub span: Span,
+}
+
+/// The kind of backend an agent uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AgentKind {
+    Claude,
+    Codex,
+    Gemini,
+    OpenAi,
+    Anthropic,
+    Command,
+    Replay,
+}
+
+impl AgentKind {
+    /// Parses the name written in files.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "claude" => AgentKind::Claude,
+            "codex" => AgentKind::Codex,
+            "gemini" => AgentKind::Gemini,
+            "openai" => AgentKind::OpenAi,
+            "anthropic" => AgentKind::Anthropic,
+            "command" => AgentKind::Command,
+            "replay" => AgentKind::Replay,
+            _ => return None,
+        })
+    }
+
+    /// Returns the name as written in files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentKind::Claude => "claude",
+            AgentKind::Codex => "codex",
+            AgentKind::Gemini => "gemini",
+            AgentKind::OpenAi => "openai",
+            AgentKind::Anthropic => "anthropic",
+            AgentKind::Command => "command",
+            AgentKind::Replay => "replay",
+        }
+    }
+}
+
+/// A named backend configuration.
+#[derive(Clone, Debug)]
+pub struct Agent {
+    pub name: Text,
+    pub kind: Spanned<AgentKind>,
+    pub model: Option<Text>,
+    pub args: Vec<Text>,
+    pub env: Vec<(Text, Text)>,
+    pub timeout: Option<Spanned<Dur>>,
+    pub idle_timeout: Option<Spanned<Dur>>,
+    pub context_window: Option<Spanned<Count>>,
+    pub fallbacks: Vec<Text>,
+    pub command: Vec<Text>,
+    pub prompt_via: Option<Text>,
+    pub base_url: Option<Text>,
+    pub api_key_env: Option<Text>,
+    pub api: Option<Text>,
+    pub max_tokens: Option<Spanned<Count>>,
+    pub file: Option<Text>,
+    pub span: Span,
+}
+
+/// A named resource with a capacity.
+#[derive(Clone, Debug)]
+pub struct Resource {
+    pub name: Text,
+    pub capacity: Spanned<Count>,
+    pub order: Vec<Text>,
+    pub span: Span,
+}
+
+/// A named outcome of a run.
+#[derive(Clone, Debug)]
+pub struct Exit {
+    pub name: Text,
+    pub code: Spanned<i64>,
+    pub message: Option<Text>,
+    pub span: Span,
+}
+
+/// What happens when a route case, a failure, a rejection or a limit is reached.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Ends the current iteration of the enclosing loop; the next one starts.
+    Continue,
+    /// Ends the enclosing loop successfully.
+    Break,
+    /// Fails the stage (and, outside a loop, the run).
+    Fail,
+    /// Gate timeouts only: approves.
+    Approve,
+    /// Gate timeouts only: rejects.
+    Reject,
+    /// Ends the whole run with a named exit.
+    Exit(String),
+    /// Runs the named stage next.
+    Goto(String),
+}
+
+impl Action {
+    /// Parses an action as written in files.
+    pub fn parse(s: &str) -> Option<Action> {
+        Some(match s {
+            "continue" => Action::Continue,
+            "break" => Action::Break,
+            "fail" => Action::Fail,
+            "approve" => Action::Approve,
+            "reject" => Action::Reject,
+            _ => match s.strip_prefix("exit:") {
+                Some(name) if is_ident(name) => Action::Exit(name.to_string()),
+                Some(_) => return None,
+                None if is_ident(s) => Action::Goto(s.to_string()),
+                None => return None,
+            },
+        })
+    }
+}
+
+impl std::fmt::Display for Action {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Action::Continue => f.write_str("continue"),
+            Action::Break => f.write_str("break"),
+            Action::Fail => f.write_str("fail"),
+            Action::Approve => f.write_str("approve"),
+            Action::Reject => f.write_str("reject"),
+            Action::Exit(name) => write!(f, "exit:{name}"),
+            Action::Goto(stage) => f.write_str(stage),
+        }
+    }
+}
+
+/// Words that cannot be used as ids, because actions or template names use them.
+pub const RESERVED: &[&str] = &[
+    "continue", "break", "fail", "approve", "reject", "exit", "params", "stages", "loops", "run", "iteration",
+    "max_iterations", "feedback", "history", "attempt", "output", "item", "index", "loop", "true", "false", "none",
+];
+
+/// Tells whether a string is a valid id: a letter or `_`, then letters, digits, `_` or `-`.
+pub fn is_ident(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+/// The kind of a stage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StageKind {
+    Agent,
+    Command,
+    Gate,
+    Check,
+    Subflow,
+    Loop,
+    ForEach,
+    Group,
+}
+
+impl StageKind {
+    /// Parses the name written in files.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "agent" => StageKind::Agent,
+            "command" => StageKind::Command,
+            "gate" => StageKind::Gate,
+            "check" => StageKind::Check,
+            "subflow" => StageKind::Subflow,
+            "loop" => StageKind::Loop,
+            "for_each" => StageKind::ForEach,
+            "group" => StageKind::Group,
+            _ => return None,
+        })
+    }
+
+    /// Returns the name as written in files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StageKind::Agent => "agent",
+            StageKind::Command => "command",
+            StageKind::Gate => "gate",
+            StageKind::Check => "check",
+            StageKind::Subflow => "subflow",
+            StageKind::Loop => "loop",
+            StageKind::ForEach => "for_each",
+            StageKind::Group => "group",
+        }
+    }
+
+    /// Tells whether the kind has a body of stages.
+    pub fn is_region(self) -> bool {
+        matches!(self, StageKind::Loop | StageKind::ForEach | StageKind::Group)
+    }
+}
+
+/// A step of the workflow.
+#[derive(Clone, Debug)]
+pub struct Stage {
+    pub id: Text,
+    pub kind: Spanned<StageKind>,
+    pub span: Span,
+    pub description: Option<Text>,
+    pub needs: Vec<Text>,
+    pub when: Option<Text>,
+    pub route: Option<Route>,
+    pub on_fail: Option<Spanned<Action>>,
+    pub feedback: Option<Text>,
+    pub timeout: Option<Spanned<Dur>>,
+    pub idle_timeout: Option<Spanned<Dur>>,
+    pub retries: Option<Spanned<Count>>,
+    pub resource: Option<Text>,
+    pub priority: Option<Text>,
+    pub budget: Option<Budget>,
+    pub output: Option<OutputSpec>,
+    pub body: StageBody,
+}
+
+/// The keys of a stage that depend on its kind.
+#[derive(Clone, Debug)]
+pub enum StageBody {
+    Agent {
+        agent: Option<Text>,
+        prompt: Option<Text>,
+        prompt_file: Option<Text>,
+    },
+    Command(CommandSpec),
+    Check {
+        command: Option<CommandSpec>,
+        pass_codes: Vec<Spanned<i64>>,
+        expect: Option<Text>,
+    },
+    Gate {
+        message: Option<Text>,
+        show: Vec<Text>,
+        on_timeout: Option<Spanned<Action>>,
+        on_reject: Option<Spanned<Action>>,
+    },
+    Subflow {
+        workflow: Option<Text>,
+        params: Vec<(Text, Text)>,
+    },
+    Loop {
+        max_iterations: Option<Spanned<Count>>,
+        until: Option<Text>,
+        on_exhausted: Option<Spanned<Action>>,
+        stuck: Option<Stuck>,
+        escalation: Vec<Escalation>,
+        worktree: Option<Worktree>,
+        stages: Vec<Stage>,
+    },
+    ForEach {
+        over: Option<Text>,
+        as_name: Option<Text>,
+        key: Option<Text>,
+        max_concurrency: Option<Spanned<Count>>,
+        aggregate: Option<Aggregate>,
+        result: Option<Text>,
+        worktree: Option<Worktree>,
+        stages: Vec<Stage>,
+    },
+    Group {
+        max_concurrency: Option<Spanned<Count>>,
+        aggregate: Option<Aggregate>,
+        result: Option<Text>,
+        stages: Vec<Stage>,
+    },
+}
+
+impl Stage {
+    /// Returns the body stages of a loop, for_each or group.
+    pub fn children(&self) -> &[Stage] {
+        match &self.body {
+            StageBody::Loop { stages, .. } | StageBody::ForEach { stages, .. } | StageBody::Group { stages, .. } => stages,
+            _ => &[],
+        }
+    }
+
+    /// Returns the body stages mutably.
+    pub fn children_mut(&mut self) -> Option<&mut Vec<Stage>> {
+        match &mut self.body {
+            StageBody::Loop { stages, .. } | StageBody::ForEach { stages, .. } | StageBody::Group { stages, .. } => {
+                Some(stages)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// A command to run: never through a shell.
+#[derive(Clone, Debug)]
+pub struct CommandSpec {
+    pub argv: Vec<Text>,
+    pub cwd: Option<Text>,
+    pub env: Vec<(Text, Text)>,
+    pub stdin: Option<Text>,
+    pub ok_codes: Vec<Spanned<i64>>,
+}
+
+/// Routing on a field of a stage's output.
+#[derive(Clone, Debug)]
+pub struct Route {
+    pub on: Text,
+    pub cases: Vec<(Text, Spanned<Action>)>,
+    pub default: Option<Spanned<Action>>,
+    pub span: Span,
+}
+
+/// How output is extracted and validated.
+#[derive(Clone, Debug)]
+pub struct OutputSpec {
+    pub extract: Option<Text>,
+    pub schema: Option<SchemaRef>,
+    pub pattern: Option<Text>,
+    pub markers: Vec<Marker>,
+    pub files: Vec<Text>,
+    pub span: Span,
+}
+
+/// Where an output schema comes from.
+#[derive(Clone, Debug)]
+pub enum SchemaRef {
+    File(Text),
+    Inline(Spanned<serde_json::Value>),
+}
+
+/// A field read from marker lines.
+#[derive(Clone, Debug)]
+pub struct Marker {
+    pub name: Text,
+    pub prefix: Option<Text>,
+    pub pattern: Option<Text>,
+    pub many: bool,
+    pub values: Vec<Text>,
+    pub span: Span,
+}
+
+/// Stuck detection of a loop.
+#[derive(Clone, Debug)]
+pub struct Stuck {
+    pub on: Text,
+    pub repeats: Option<Spanned<Count>>,
+    pub then: Option<Spanned<Action>>,
+    pub span: Span,
+}
+
+/// An escalation rule of a loop.
+#[derive(Clone, Debug)]
+pub struct Escalation {
+    pub when: Text,
+    pub run: Vec<Text>,
+    pub description: Option<Text>,
+    pub span: Span,
+}
+
+/// How fan-out results are combined.
+#[derive(Clone, Debug)]
+pub struct Aggregate {
+    pub mode: Text,
+    pub field: Option<Text>,
+    pub order: Vec<Text>,
+    pub span: Span,
+}
+
+/// An isolated git worktree.
+#[derive(Clone, Debug)]
+pub struct Worktree {
+    pub branch: Text,
+    pub base: Option<Text>,
+    pub cleanup: Option<Text>,
+    pub span: Span,
+}
+
+/// Changes to a stage of an extended workflow.
+#[derive(Clone, Debug)]
+pub struct Override {
+    pub stage: Text,
+    pub prompt: Option<Text>,
+    pub prompt_file: Option<Text>,
+    pub agent: Option<Text>,
+    pub timeout: Option<Spanned<Dur>>,
+    pub idle_timeout: Option<Spanned<Dur>>,
+    pub retries: Option<Spanned<Count>>,
+    pub max_iterations: Option<Spanned<Count>>,
+    pub max_concurrency: Option<Spanned<Count>>,
+    pub when: Option<Text>,
+    pub budget: Option<Budget>,
+    pub span: Span,
+}
+
+/// Parses a duration such as `90`, `90s`, `10m`, `2h`, `1d` or `1h30m`.
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    let s = s.trim();
+    if s.is_empty() {
+        return None;
+    }
+    if let Ok(secs) = s.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let mut total: u64 = 0;
+    let mut num = String::new();
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c.is_ascii_digit() {
+            num.push(c);
+            continue;
+        }
+        let n: u64 = num.parse().ok()?;
+        num.clear();
+        let unit = if c == 'm' && chars.peek() == Some(&'s') {
+            chars.next();
+            return finish_ms(total, n, chars.next().is_none());
+        } else {
+            match c {
+                's' => 1,
+                'm' => 60,
+                'h' => 3600,
+                'd' => 86_400,
+                _ => return None,
+            }
+        };
+        total = total.checked_add(n.checked_mul(unit)?)?;
+    }
+    if !num.is_empty() {
+        return None;
+    }
+    Some(Duration::from_secs(total))
+}
+
+fn finish_ms(total_secs: u64, ms: u64, at_end: bool) -> Option<Duration> {
+    at_end.then(|| Duration::from_secs(total_secs) + Duration::from_millis(ms))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("90"), Some(Duration::from_secs(90)));
+        assert_eq!(parse_duration("10m"), Some(Duration::from_secs(600)));
+        assert_eq!(parse_duration("1h30m"), Some(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2x"), None);
+        assert_eq!(parse_duration("m"), None);
+        assert_eq!(parse_duration("5m3"), None);
+    }
+
+    #[test]
+    fn actions_parse() {
+        assert_eq!(Action::parse("exit:stuck"), Some(Action::Exit("stuck".into())));
+        assert_eq!(Action::parse("fix_a"), Some(Action::Goto("fix_a".into())));
+        assert_eq!(Action::parse("exit:"), None);
+        assert_eq!(Action::parse("a b"), None);
+    }
+}
