@@ -129,6 +129,17 @@ impl Diagnostic {
         }
     }
 
+    /// Sets the advice unless a more specific one (such as a suggestion) is already there.
+    pub fn help_or(self, help: impl Into<String>) -> Self {
+        if self.help.is_some() { self } else { self.help(help) }
+    }
+
+    /// Lowers the diagnostic to a warning.
+    pub fn severity_warning(mut self) -> Self {
+        self.severity = Severity::Warning;
+        self
+    }
+
     /// Adds a secondary place.
     pub fn related(mut self, span: Span, label: impl Into<String>) -> Self {
         self.related.push((span, label.into()));

@@ -6,6 +6,7 @@
 pub mod check;
 pub mod compile;
 pub mod diag;
+pub mod load;
 pub mod model;
 pub mod source;
 pub mod suggest;

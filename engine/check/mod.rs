@@ -1,1 +1,148 @@
-//! Static checks of a lowered workflow.
+//! Static checks of a loaded workflow: every problem at once, each with a code and a span.
+//!
+//! **Invariant:** check does no I/O beyond reading the workflow's own files (prompt files and
+//! output schemas, through the [`Loader`]).
+
+mod graph;
+mod outputs;
+mod params;
+mod refs;
+pub mod scope;
+mod templates;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use crate::diag::{Diagnostic, Diagnostics};
+use crate::load::Loader;
+use crate::model::{Stage, StageKind, Workflow};
+use crate::source::{Sources, Span};
+
+pub use params::{ParamValues, parse_set};
+pub use refs::{ENGINE_CODES, IMPLICIT_EXITS};
+
+/// Identifies a stage of a checked workflow: its index in [`Checked::stages`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StageId(pub usize);
+
+/// One stage with its place in the tree of regions.
+#[derive(Debug)]
+pub struct StageInfo<'w> {
+    pub stage: &'w Stage,
+    /// The loop, for_each or group whose body holds this stage; `None` at the top level.
+    pub parent: Option<StageId>,
+    /// The body stages, for regions.
+    pub children: Vec<StageId>,
+    /// Resolved `needs`.
+    pub needs: Vec<StageId>,
+}
+
+/// A workflow that passed the checks, with its stages indexed and its files loaded.
+#[derive(Debug)]
+pub struct Checked<'w> {
+    pub workflow: &'w Workflow,
+    pub stages: Vec<StageInfo<'w>>,
+    pub top: Vec<StageId>,
+    pub by_id: HashMap<&'w str, StageId>,
+    /// The output schema of each stage, when one is known.
+    pub schemas: HashMap<StageId, serde_json::Value>,
+    /// The text of each stage's prompt file.
+    pub prompt_files: HashMap<StageId, (PathBuf, String)>,
+    /// The param values in force (defaults, then `--set`).
+    pub params: ParamValues,
+}
+
+impl<'w> Checked<'w> {
+    /// Returns a stage's info.
+    pub fn info(&self, id: StageId) -> &StageInfo<'w> {
+        &self.stages[id.0]
+    }
+
+    /// Returns the stages of a region's body (or of the top level for `None`).
+    pub fn body(&self, region: Option<StageId>) -> &[StageId] {
+        match region {
+            Some(r) => &self.stages[r.0].children,
+            None => &self.top,
+        }
+    }
+
+    /// Returns the chain of enclosing regions of a stage, innermost first.
+    pub fn ancestors(&self, id: StageId) -> Vec<StageId> {
+        let mut out = Vec::new();
+        let mut cur = self.stages[id.0].parent;
+        while let Some(p) = cur {
+            out.push(p);
+            cur = self.stages[p.0].parent;
+        }
+        out
+    }
+
+    /// Returns the innermost enclosing loop of a stage.
+    pub fn enclosing_loop(&self, id: StageId) -> Option<StageId> {
+        self.ancestors(id).into_iter().find(|a| self.stages[a.0].stage.kind.value == StageKind::Loop)
+    }
+
+    /// Looks a stage up by id.
+    pub fn find(&self, name: &str) -> Option<StageId> {
+        self.by_id.get(name).copied()
+    }
+}
+
+/// Directory against which a path written at `span` is resolved: the directory of its file.
+pub fn base_dir(sources: &Sources, span: Span) -> PathBuf {
+    sources.get(span.file).path.parent().map(Path::to_path_buf).unwrap_or_default()
+}
+
+/// Runs every check. Returns the checked workflow when there are no errors; the diagnostics
+/// (errors and warnings) are always added to `diags`.
+pub fn check<'w>(
+    workflow: &'w Workflow,
+    loader: &mut Loader<'_>,
+    sets: &[(String, String)],
+    require_params: bool,
+    diags: &mut Diagnostics,
+) -> Option<Checked<'w>> {
+    let mut checked = index(workflow, diags);
+    checked.params = params::check(workflow, sets, require_params, diags);
+    refs::check(&mut checked, diags);
+    graph::check(&checked, diags);
+    outputs::check(&mut checked, loader, diags);
+    templates::check(&mut checked, loader, diags);
+    (!diags.has_errors()).then_some(checked)
+}
+
+fn index<'w>(workflow: &'w Workflow, diags: &mut Diagnostics) -> Checked<'w> {
+    let mut checked = Checked {
+        workflow,
+        stages: Vec::new(),
+        top: Vec::new(),
+        by_id: HashMap::new(),
+        schemas: HashMap::new(),
+        prompt_files: HashMap::new(),
+        params: ParamValues::default(),
+    };
+    fn walk<'w>(stages: &'w [Stage], parent: Option<StageId>, c: &mut Checked<'w>, diags: &mut Diagnostics) -> Vec<StageId> {
+        let mut ids = Vec::new();
+        for stage in stages {
+            let id = StageId(c.stages.len());
+            c.stages.push(StageInfo { stage, parent, children: Vec::new(), needs: Vec::new() });
+            if let Some(prev) = c.by_id.get(stage.id.value.as_str()) {
+                let first = c.stages[prev.0].stage.id.span;
+                diags.push(
+                    Diagnostic::new(crate::diag::Code::Duplicate, stage.id.span, format!("stage `{}` is defined twice", stage.id.value))
+                        .label("defined again here")
+                        .related(first, "first defined here")
+                        .help("stage ids are unique across the whole workflow, bodies included"),
+                );
+            } else {
+                c.by_id.insert(stage.id.value.as_str(), id);
+            }
+            let children = walk(stage.children(), Some(id), c, diags);
+            c.stages[id.0].children = children;
+            ids.push(id);
+        }
+        ids
+    }
+    checked.top = walk(&workflow.stages, None, &mut checked, diags);
+    checked
+}

@@ -1,1 +1,241 @@
-//! Compilation of a checked workflow into an execution plan.
+//! Compilation of a checked workflow into an execution plan: per-body petgraph DAGs with
+//! every name resolved to an id, and every template compiled once.
+
+pub mod explain;
+pub mod render;
+
+use std::collections::HashMap;
+
+use petgraph::graph::{DiGraph, NodeIndex};
+
+use crate::check::scope::conditional;
+use crate::check::{Checked, StageId};
+use crate::model::{Action, Stage, StageKind, Workflow};
+
+/// Identifies a node of a plan: the same index as the checked stage.
+pub use crate::check::StageId as NodeId;
+
+/// Where control goes after a route case, a failure, a rejection or a limit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    Continue,
+    Break,
+    Fail,
+    Approve,
+    Reject,
+    /// An index into [`Plan::exits`].
+    Exit(usize),
+    Stage(NodeId),
+}
+
+/// An edge of a body's graph.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Edge {
+    /// The target needs the source.
+    Needs,
+    /// The source's route goes to the target for these values (`*` for the default).
+    Route(Vec<String>),
+}
+
+/// The DAG of one body (the top level, or a loop's, for_each's or group's body).
+#[derive(Debug)]
+pub struct Body {
+    pub graph: DiGraph<NodeId, Edge>,
+    pub index: HashMap<NodeId, NodeIndex>,
+    /// The body's nodes in a topological order.
+    pub order: Vec<NodeId>,
+}
+
+/// One stage of the plan.
+#[derive(Debug)]
+pub struct Node {
+    pub name: String,
+    pub kind: StageKind,
+    pub parent: Option<NodeId>,
+    pub needs: Vec<NodeId>,
+    /// The body, for loops, for_each and groups.
+    pub body: Option<Body>,
+    /// The resolved agent, when it is not chosen by a param.
+    pub agent: Option<usize>,
+    pub resource: Option<usize>,
+    pub routes: Vec<(String, Target)>,
+    pub route_default: Option<Target>,
+    /// What happens when the stage fails (the declared action, or the default for its place).
+    pub on_fail: Target,
+    /// Whether the stage may be skipped (a condition, a route or an escalation decides).
+    pub conditional: bool,
+    /// Escalation rules of a loop: condition template name and the nodes they run.
+    pub escalations: Vec<(String, Vec<NodeId>)>,
+}
+
+/// A named outcome with its exit code.
+#[derive(Clone, Debug)]
+pub struct ExitDef {
+    pub name: String,
+    pub code: i64,
+    pub message: Option<String>,
+}
+
+/// A compiled workflow, ready for the executor.
+#[derive(Debug)]
+pub struct Plan {
+    pub workflow: Workflow,
+    pub nodes: Vec<Node>,
+    pub top: Body,
+    pub exits: Vec<ExitDef>,
+    pub params: crate::check::ParamValues,
+    pub schemas: HashMap<NodeId, serde_json::Value>,
+    /// Every template and expression of the workflow, compiled once, by name
+    /// (`STAGE/prompt`, `STAGE/when`, `STAGE/argv/0`, ...).
+    pub templates: minijinja::Environment<'static>,
+}
+
+impl Plan {
+    /// Returns a node.
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.nodes[id.0]
+    }
+
+    /// Returns the model of a node's stage.
+    pub fn stage(&self, id: NodeId) -> &Stage {
+        fn find<'a>(stages: &'a [Stage], name: &str) -> Option<&'a Stage> {
+            stages.iter().find_map(|s| if s.id.value == name { Some(s) } else { find(s.children(), name) })
+        }
+        find(&self.workflow.stages, &self.nodes[id.0].name).unwrap_or_else(|| unreachable!("every node comes from a stage"))
+    }
+
+    /// Returns the body of a region, or the top level for `None`.
+    pub fn body(&self, region: Option<NodeId>) -> &Body {
+        match region {
+            Some(r) => self.nodes[r.0].body.as_ref().unwrap_or(&self.top),
+            None => &self.top,
+        }
+    }
+
+    /// Returns the id of an exit by name.
+    pub fn exit(&self, name: &str) -> Option<usize> {
+        self.exits.iter().position(|e| e.name == name)
+    }
+}
+
+/// Compiles a checked workflow into a plan.
+pub fn compile(checked: &Checked<'_>) -> Plan {
+    let wf = checked.workflow;
+    let mut exits: Vec<ExitDef> = wf
+        .exits
+        .iter()
+        .map(|e| ExitDef { name: e.name.value.clone(), code: e.code.value, message: e.message.as_ref().map(|m| m.value.clone()) })
+        .collect();
+    for (name, code) in crate::check::IMPLICIT_EXITS {
+        if !exits.iter().any(|e| e.name == *name) {
+            exits.push(ExitDef { name: (*name).to_string(), code: *code, message: None });
+        }
+    }
+    let target = |a: &Action, exits: &[ExitDef]| match a {
+        Action::Continue => Target::Continue,
+        Action::Break => Target::Break,
+        Action::Fail => Target::Fail,
+        Action::Approve => Target::Approve,
+        Action::Reject => Target::Reject,
+        Action::Exit(n) => Target::Exit(exits.iter().position(|e| e.name == *n).unwrap_or(0)),
+        Action::Goto(s) => Target::Stage(checked.find(s).unwrap_or(StageId(0))),
+    };
+    let mut templates = minijinja::Environment::new();
+    let mut nodes = Vec::with_capacity(checked.stages.len());
+    for (i, info) in checked.stages.iter().enumerate() {
+        let s = info.stage;
+        let id = StageId(i);
+        let in_loop = checked.enclosing_loop(id).is_some();
+        let mut add = |field: &str, src: &str| {
+            let _ = templates.add_template_owned(format!("{}/{field}", s.id.value), src.to_string());
+        };
+        if let Some(w) = &s.when {
+            add("when", &format!("{{{{ {} }}}}", w.value));
+        }
+        if let crate::model::StageBody::Agent { prompt: Some(p), .. } = &s.body {
+            add("prompt", &p.value);
+        }
+        if let Some((_, text)) = checked.prompt_files.get(&id) {
+            add("prompt", text);
+        }
+        let agent = match &s.body {
+            crate::model::StageBody::Agent { agent: Some(a), .. } => wf.agents.iter().position(|x| x.name.value == a.value),
+            _ => None,
+        };
+        let route = s.route.as_ref();
+        let escalations = match &s.body {
+            crate::model::StageBody::Loop { escalation, .. } => escalation
+                .iter()
+                .enumerate()
+                .map(|(n, r)| {
+                    let name = format!("{}/escalation/{n}", s.id.value);
+                    let _ = templates.add_template_owned(name.clone(), format!("{{{{ {} }}}}", r.when.value));
+                    (name, r.run.iter().filter_map(|t| checked.find(&t.value)).collect())
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        nodes.push(Node {
+            name: s.id.value.clone(),
+            kind: s.kind.value,
+            parent: info.parent,
+            needs: info.needs.clone(),
+            body: None,
+            agent,
+            resource: s.resource.as_ref().and_then(|r| wf.resources.iter().position(|x| x.name.value == r.value)),
+            routes: route.map(|r| r.cases.iter().map(|(k, a)| (k.value.clone(), target(&a.value, &exits))).collect()).unwrap_or_default(),
+            route_default: route.and_then(|r| r.default.as_ref()).map(|a| target(&a.value, &exits)),
+            on_fail: s.on_fail.as_ref().map_or(if in_loop { Target::Continue } else { Target::Fail }, |a| target(&a.value, &exits)),
+            conditional: conditional(checked, id),
+            escalations,
+        });
+    }
+    for i in 0..nodes.len() {
+        if checked.stages[i].stage.kind.value.is_region() {
+            nodes[i].body = Some(body(checked, Some(StageId(i)), &nodes));
+        }
+    }
+    let top = body(checked, None, &nodes);
+    Plan {
+        workflow: wf.clone(),
+        nodes,
+        top,
+        exits,
+        params: checked.params.clone(),
+        schemas: checked.schemas.clone(),
+        templates,
+    }
+}
+
+fn body(c: &Checked<'_>, region: Option<StageId>, nodes: &[Node]) -> Body {
+    let members = c.body(region);
+    let mut graph = DiGraph::new();
+    let mut index = HashMap::new();
+    for m in members {
+        index.insert(*m, graph.add_node(*m));
+    }
+    for m in members {
+        for need in &nodes[m.0].needs {
+            if let (Some(a), Some(b)) = (index.get(need), index.get(m)) {
+                graph.add_edge(*a, *b, Edge::Needs);
+            }
+        }
+        let mut by_target: Vec<(NodeId, Vec<String>)> = Vec::new();
+        let routes = nodes[m.0].routes.iter().map(|(k, t)| (k.clone(), t)).chain(nodes[m.0].route_default.iter().map(|t| ("*".to_string(), t)));
+        for (label, t) in routes {
+            if let Target::Stage(to) = t {
+                match by_target.iter_mut().find(|(x, _)| x == to) {
+                    Some((_, labels)) => labels.push(label),
+                    None => by_target.push((*to, vec![label])),
+                }
+            }
+        }
+        for (to, labels) in by_target {
+            if let (Some(a), Some(b)) = (index.get(m), index.get(&to)) {
+                graph.add_edge(*a, *b, Edge::Route(labels));
+            }
+        }
+    }
+    let order = petgraph::algo::toposort(&graph, None).map(|o| o.into_iter().map(|n| graph[n]).collect()).unwrap_or_else(|_| members.to_vec());
+    Body { graph, index, order }
+}

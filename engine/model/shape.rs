@@ -18,7 +18,7 @@ pub fn check_table(table: &Table, spec: &'static TableSpec, diags: &mut Diagnost
                 Diagnostic::new(Code::UnknownKey, entry.key_span, format!("unknown key `{}` in {}", entry.key, spec.name))
                     .label("not a key of this table")
                     .suggest(&entry.key, keys)
-                    .help_if_none(format!("the keys of {} are: {}", spec.name, key_list(spec, kind))),
+                    .help_or(format!("the keys of {} are: {}", spec.name, key_list(spec, kind))),
             );
             continue;
         };
@@ -191,12 +191,3 @@ fn check_value(value: &Value, ty: &Ty, key: &str, diags: &mut Diagnostics) {
     }
 }
 
-trait HelpIfNone {
-    fn help_if_none(self, help: String) -> Self;
-}
-
-impl HelpIfNone for Diagnostic {
-    fn help_if_none(self, help: String) -> Self {
-        if self.help.is_some() { self } else { self.help(help) }
-    }
-}

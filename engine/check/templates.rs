@@ -1,0 +1,530 @@
+//! Template and expression checks: syntax, and that every variable names something visible.
+
+use std::collections::HashSet;
+
+use super::scope::{Site, conditional, share_loop, upstream};
+use super::{Checked, StageId, base_dir};
+use crate::diag::{Code, Diagnostic, Diagnostics};
+use crate::load::Loader;
+use crate::model::{Count, Dur, StageBody, StageKind};
+use crate::source::{Sources, Span, Spanned};
+
+/// Helper functions templates may call; the run side provides them.
+pub const HELPERS: &[&str] = &["read_file", "glob", "git_diff", "git_status", "tail", "file_exists"];
+/// Functions minijinja itself provides.
+const BUILTINS: &[&str] = &["range", "dict", "namespace", "debug", "true", "false", "none", "True", "False", "None"];
+/// The attributes of `stages.ID`.
+pub const STAGE_ATTRS: &[&str] = &["output", "history", "last", "status", "ran", "feedback", "attempts"];
+/// The attributes of `run`.
+pub const RUN_ATTRS: &[&str] = &["id", "dir", "workflow", "started_at", "stage_dir"];
+/// The loop variables.
+pub const LOOP_VARS: &[&str] = &["iteration", "max_iterations", "feedback", "history"];
+
+/// What a piece of text is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Template,
+    Expr,
+}
+
+/// Who may be referenced.
+#[derive(Clone, Copy)]
+enum Scope {
+    /// Only params (and run metadata): limits and agent settings, fixed when the run starts.
+    Params,
+    /// Everything visible at a site.
+    At(Site),
+    /// At a site, with the stage's own `output` too.
+    WithOutput(Site),
+    /// Params, run and any stage (exit messages, evaluated when the run ends).
+    End,
+}
+
+struct Text<'a> {
+    source: &'a str,
+    /// Where the text came from: an inline string (span of the value) or a whole file.
+    span: Span,
+    in_file: bool,
+}
+
+pub fn check(c: &mut Checked<'_>, loader: &mut Loader<'_>, diags: &mut Diagnostics) {
+    let env = minijinja::Environment::new();
+    let wf = c.workflow;
+    let params = Scope::Params;
+    for a in &wf.agents {
+        for t in a.model.iter().chain(&a.args).chain(a.env.iter().map(|(_, v)| v)).chain(&a.command) {
+            inline(c, loader.sources, &env, t, Kind::Template, params, diags);
+        }
+        count_like(c, loader.sources, &env, a.context_window.as_ref(), diags);
+        count_like(c, loader.sources, &env, a.max_tokens.as_ref(), diags);
+        dur_like(c, loader.sources, &env, a.timeout.as_ref(), diags);
+        dur_like(c, loader.sources, &env, a.idle_timeout.as_ref(), diags);
+    }
+    for e in &wf.exits {
+        if let Some(m) = &e.message {
+            inline(c, loader.sources, &env, m, Kind::Template, Scope::End, diags);
+        }
+    }
+    for r in &wf.resources {
+        count_like(c, loader.sources, &env, Some(&r.capacity), diags);
+    }
+    count_like(c, loader.sources, &env, wf.max_concurrency.as_ref(), diags);
+    if let Some(b) = &wf.budget {
+        count_like(c, loader.sources, &env, b.tokens.as_ref(), diags);
+    }
+    for i in 0..c.stages.len() {
+        stage(c, StageId(i), loader, &env, diags);
+    }
+}
+
+fn stage(c: &mut Checked<'_>, id: StageId, loader: &mut Loader<'_>, env: &minijinja::Environment<'_>, diags: &mut Diagnostics) {
+    let s = c.info(id).stage;
+    let here = Scope::At(Site::Stage(id));
+    let own = Scope::WithOutput(Site::Stage(id));
+    let src = &*loader.sources;
+    let t = |c: &Checked<'_>, text: &Spanned<String>, scope: Scope, diags: &mut Diagnostics| inline(c, src, env, text, Kind::Template, scope, diags);
+    let e = |c: &Checked<'_>, text: &Spanned<String>, scope: Scope, diags: &mut Diagnostics| inline(c, src, env, text, Kind::Expr, scope, diags);
+    if let Some(w) = &s.when {
+        e(c, w, here, diags);
+    }
+    if let Some(f) = &s.feedback {
+        t(c, f, own, diags);
+    }
+    if let Some(p) = &s.priority {
+        e(c, p, here, diags);
+    }
+    for d in [&s.timeout, &s.idle_timeout] {
+        dur_like(c, src, env, d.as_ref(), diags);
+    }
+    count_like(c, src, env, s.retries.as_ref(), diags);
+    if let Some(b) = &s.budget {
+        count_like(c, src, env, b.tokens.as_ref(), diags);
+    }
+    if let Some(o) = &s.output {
+        for f in &o.files {
+            t(c, f, own, diags);
+        }
+    }
+    let mut prompt_file = None;
+    match &s.body {
+        StageBody::Agent { agent, prompt, prompt_file: file } => {
+            if let Some(a) = agent {
+                if a.value.contains("{{") {
+                    t(c, a, Scope::Params, diags);
+                    agent_choices(c, a, diags);
+                }
+            }
+            if let Some(p) = prompt {
+                t(c, p, here, diags);
+            }
+            prompt_file = file.clone();
+        }
+        StageBody::Command(cmd) | StageBody::Check { command: Some(cmd), .. } => {
+            for a in cmd.argv.iter().chain(&cmd.cwd).chain(&cmd.stdin).chain(cmd.env.iter().map(|(_, v)| v)) {
+                t(c, a, here, diags);
+            }
+        }
+        _ => {}
+    }
+    match &s.body {
+        StageBody::Check { expect: Some(x), .. } => e(c, x, own, diags),
+        StageBody::Gate { message, show, .. } => {
+            for m in message.iter().chain(show) {
+                t(c, m, here, diags);
+            }
+        }
+        StageBody::Subflow { params, .. } => {
+            for (_, v) in params {
+                t(c, v, here, diags);
+            }
+        }
+        StageBody::Loop { until, stuck, escalation, max_iterations, worktree, .. } => {
+            let end = Scope::At(Site::BodyEnd(id));
+            if let Some(u) = until {
+                e(c, u, end, diags);
+            }
+            if let Some(st) = stuck {
+                e(c, &st.on, end, diags);
+                count_like(c, src, env, st.repeats.as_ref(), diags);
+            }
+            for rule in escalation {
+                let site = rule.run.iter().find_map(|r| c.find(&r.value)).map_or(Site::BodyEnd(id), Site::Stage);
+                e(c, &rule.when, Scope::At(site), diags);
+            }
+            count_like(c, src, env, max_iterations.as_ref(), diags);
+            if let Some(w) = worktree {
+                for x in std::iter::once(&w.branch).chain(&w.base) {
+                    t(c, x, Scope::At(Site::Region(id)), diags);
+                }
+            }
+        }
+        StageBody::ForEach { over, key, max_concurrency, worktree, .. } => {
+            if let Some(o) = over {
+                e(c, o, Scope::At(Site::Region(id)), diags);
+            }
+            let item = Scope::At(Site::Stage(c.info(id).children.first().copied().unwrap_or(id)));
+            if let Some(k) = key {
+                e(c, k, item, diags);
+            }
+            if let Some(w) = worktree {
+                for x in std::iter::once(&w.branch).chain(&w.base) {
+                    t(c, x, item, diags);
+                }
+            }
+            count_like(c, src, env, max_concurrency.as_ref(), diags);
+        }
+        StageBody::Group { max_concurrency, .. } => count_like(c, src, env, max_concurrency.as_ref(), diags),
+        _ => {}
+    }
+    if let Some(pf) = prompt_file {
+        let path = base_dir(loader.sources, pf.span).join(&pf.value);
+        if let Some(file) = loader.read(&path, Some(pf.span), Code::MissingPromptFile, "prompt file") {
+            let text = loader.sources.get(file).text.clone();
+            let whole = Span::new(file, 0..text.len());
+            check_text(c, loader.sources, env, &Text { source: &text, span: whole, in_file: true }, Kind::Template, here, diags);
+            c.prompt_files.insert(id, (path, text.to_string()));
+        }
+    }
+}
+
+fn agent_choices(c: &Checked<'_>, a: &Spanned<String>, diags: &mut Diagnostics) {
+    // `{{ params.X }}` naming an agent: every choice of X must be an agent.
+    let inner = a.value.trim().strip_prefix("{{").and_then(|s| s.strip_suffix("}}")).map(str::trim);
+    let Some(param) = inner.and_then(|s| s.strip_prefix("params.")) else { return };
+    let Some(p) = c.workflow.params.iter().find(|p| p.name.value == param) else { return };
+    let values: Vec<serde_json::Value> = if p.choices.is_empty() {
+        p.default.iter().map(crate::syntax::tree::Value::to_json).collect()
+    } else {
+        p.choices.iter().map(crate::syntax::tree::Value::to_json).collect()
+    };
+    for v in values {
+        let name = v.as_str().unwrap_or_default();
+        if !c.workflow.agents.iter().any(|x| x.name.value == name) {
+            diags.push(
+                Diagnostic::new(Code::UnknownAgent, a.span, format!("param `{param}` can be `{name}`, which is not an agent"))
+                    .suggest(name, c.workflow.agents.iter().map(|x| x.name.value.as_str()))
+                    .help_or("make every choice of the param the name of an agent"),
+            );
+        }
+    }
+    if p.choices.is_empty() {
+        diags.push(
+            Diagnostic::new(Code::UnknownAgent, a.span, format!("param `{param}` names an agent but has no `choices`, so any value could be set"))
+                .severity_warning()
+                .help("add choices = [...] listing the agents it may name"),
+        );
+    }
+}
+
+fn count_like(c: &Checked<'_>, src: &Sources, env: &minijinja::Environment<'_>, v: Option<&Spanned<Count>>, diags: &mut Diagnostics) {
+    if let Some(Spanned { value: Count::Template(t), span }) = v {
+        inline(c, src, env, &Spanned::new(t.clone(), *span), Kind::Template, Scope::Params, diags);
+    }
+}
+
+fn dur_like(c: &Checked<'_>, src: &Sources, env: &minijinja::Environment<'_>, v: Option<&Spanned<Dur>>, diags: &mut Diagnostics) {
+    if let Some(Spanned { value: Dur::Template(t), span }) = v {
+        inline(c, src, env, &Spanned::new(t.clone(), *span), Kind::Template, Scope::Params, diags);
+    }
+}
+
+fn inline(c: &Checked<'_>, src: &Sources, env: &minijinja::Environment<'_>, t: &Spanned<String>, kind: Kind, scope: Scope, diags: &mut Diagnostics) {
+    check_text(c, src, env, &Text { source: &t.value, span: t.span, in_file: false }, kind, scope, diags);
+}
+
+/// Maps a byte range of the text to a span in its file.
+fn map(src: &Sources, text: &Text<'_>, range: std::ops::Range<usize>) -> Span {
+    if text.in_file {
+        return Span::new(text.span.file, range);
+    }
+    let raw = src.slice(text.span);
+    match raw.find(text.source) {
+        Some(base) if !text.source.is_empty() => {
+            let start = text.span.start as usize + base;
+            Span::new(text.span.file, start + range.start..start + range.end.min(text.source.len()))
+        }
+        _ => text.span,
+    }
+}
+
+fn locate(src: &Sources, text: &Text<'_>, needle: &str) -> Span {
+    match text.source.find(needle) {
+        Some(i) => map(src, text, i..i + needle.len()),
+        None => text.span,
+    }
+}
+
+fn check_text(c: &Checked<'_>, src: &Sources, env: &minijinja::Environment<'_>, text: &Text<'_>, kind: Kind, scope: Scope, diags: &mut Diagnostics) {
+    let vars: HashSet<String> = match kind {
+        Kind::Template => match env.template_from_str(text.source) {
+            Ok(t) => t.undeclared_variables(true),
+            Err(err) => {
+                syntax_error(src, text, &err, Code::TemplateSyntax, diags);
+                return;
+            }
+        },
+        Kind::Expr => {
+            if text.source.trim().is_empty() {
+                diags.push(Diagnostic::new(Code::ExpressionSyntax, text.span, "the expression is empty").help("write a condition such as `iteration > 1`"));
+                return;
+            }
+            match env.compile_expression(text.source) {
+                Ok(e) => e.undeclared_variables(true),
+                Err(err) => {
+                    syntax_error(src, text, &err, Code::ExpressionSyntax, diags);
+                    return;
+                }
+            }
+        }
+    };
+    let mut vars: Vec<String> = vars.into_iter().collect();
+    vars.sort();
+    let guarded: HashSet<String> = vars
+        .iter()
+        .filter_map(|v| {
+            let parts: Vec<&str> = v.split('.').collect();
+            (parts.len() >= 3 && parts[0] == "stages" && matches!(parts[2], "ran" | "status")).then(|| parts[1].to_string())
+        })
+        .collect();
+    for var in &vars {
+        variable(c, src, text, var, scope, &guarded, diags);
+    }
+}
+
+fn syntax_error(src: &Sources, text: &Text<'_>, err: &minijinja::Error, code: Code, diags: &mut Diagnostics) {
+    let span = err.range().map_or(text.span, |r| map(src, text, r));
+    let detail = err.detail().map(str::to_string).unwrap_or_else(|| err.kind().to_string());
+    let what = if code == Code::TemplateSyntax { "template" } else { "expression" };
+    diags.push(
+        Diagnostic::new(code, span, format!("invalid {what}: {detail}"))
+            .label("here")
+            .help("see the minijinja syntax; expressions are written without {{ }}"),
+    );
+}
+
+fn variable(c: &Checked<'_>, src: &Sources, text: &Text<'_>, var: &str, scope: Scope, guarded: &HashSet<String>, diags: &mut Diagnostics) {
+    let parts: Vec<&str> = var.split('.').collect();
+    let root = parts[0];
+    let span = locate(src, text, var);
+    let site = match scope {
+        Scope::At(s) | Scope::WithOutput(s) => Some(s),
+        Scope::Params | Scope::End => None,
+    };
+    if HELPERS.contains(&root) || BUILTINS.contains(&root) {
+        return;
+    }
+    match root {
+        "params" => {
+            if let Some(name) = parts.get(1) {
+                if !c.workflow.params.iter().any(|p| p.name.value == *name) {
+                    diags.push(
+                        Diagnostic::new(Code::UnknownParam, locate(src, text, &format!("params.{name}")), format!("there is no param `{name}`"))
+                            .label("unknown param")
+                            .suggest(name, c.workflow.params.iter().map(|p| p.name.value.as_str()))
+                            .help_or(format!("declare it under [params.{name}]")),
+                    );
+                }
+            }
+            return;
+        }
+        "run" => {
+            if let Some(attr) = parts.get(1) {
+                if !RUN_ATTRS.contains(attr) {
+                    diags.push(
+                        Diagnostic::new(Code::UnknownVariable, span, format!("`run` has no `{attr}`"))
+                            .suggest(attr, RUN_ATTRS.iter().copied())
+                            .help_or(format!("run has: {}", RUN_ATTRS.join(", "))),
+                    );
+                }
+            }
+            return;
+        }
+        _ => {}
+    }
+    if matches!(scope, Scope::Params) {
+        diags.push(
+            Diagnostic::new(Code::NotParamsOnly, span, format!("`{root}` is not known when the run starts"))
+                .label("only params and run are available here")
+                .help("limits and agent settings are fixed when the run starts; use params"),
+        );
+        return;
+    }
+    if root == "stages" {
+        stage_ref(c, src, text, &parts, site, guarded, diags);
+        return;
+    }
+    let Some(site) = site else {
+        diags.push(unknown(root, span, &[]));
+        return;
+    };
+    let at = site.stage();
+    let loops: Vec<StageId> = {
+        let mut l: Vec<StageId> = c.ancestors(at).into_iter().filter(|a| c.info(*a).stage.kind.value == StageKind::Loop).collect();
+        if matches!(site, Site::BodyEnd(_)) {
+            l.insert(0, at);
+        }
+        l
+    };
+    let items: Vec<(String, StageId)> = {
+        let mut anc = c.ancestors(at);
+        if matches!(site, Site::BodyEnd(_)) {
+            anc.insert(0, at);
+        }
+        anc.into_iter()
+            .filter_map(|a| match &c.info(a).stage.body {
+                StageBody::ForEach { as_name, .. } => Some((as_name.as_ref().map_or("item".to_string(), |n| n.value.clone()), a)),
+                _ => None,
+            })
+            .collect()
+    };
+    match root {
+        "attempt" => {}
+        "output" if matches!(scope, Scope::WithOutput(_)) => {}
+        "output" => diags.push(
+            Diagnostic::new(Code::UnknownVariable, span, "`output` is only available in a stage's `feedback`, `files` and a check's `expect`")
+                .help(format!("use `stages.{}.output` after the stage has run", c.info(at).stage.id.value)),
+        ),
+        r if LOOP_VARS.contains(&r) => {
+            if loops.is_empty() {
+                diags.push(
+                    Diagnostic::new(Code::LoopVarOutsideLoop, span, format!("`{r}` is a loop variable, but this is not inside a loop"))
+                        .help("loop variables exist only in the body of a `kind = \"loop\"` stage"),
+                );
+            }
+        }
+        "loops" => match parts.get(1) {
+            Some(name) if loops.iter().any(|l| c.info(*l).stage.id.value == *name) => {
+                if let Some(attr) = parts.get(2) {
+                    if !LOOP_VARS.contains(attr) {
+                        diags.push(Diagnostic::new(Code::UnknownVariable, span, format!("a loop has no `{attr}`")).help(format!("loops have: {}", LOOP_VARS.join(", "))));
+                    }
+                }
+            }
+            Some(name) => diags.push(
+                Diagnostic::new(Code::LoopVarOutsideLoop, span, format!("`{name}` is not a loop around this place"))
+                    .suggest(name, loops.iter().map(|l| c.info(*l).stage.id.value.as_str()))
+                    .help_or("`loops.NAME` names an enclosing loop"),
+            ),
+            None => {}
+        },
+        "index" if !items.is_empty() => {}
+        r if items.iter().any(|(n, _)| n == r) => {}
+        r => {
+            let mut known: Vec<&str> = vec!["params", "stages", "run", "attempt"];
+            if !loops.is_empty() {
+                known.extend(LOOP_VARS);
+                known.push("loops");
+            }
+            known.extend(items.iter().map(|(n, _)| n.as_str()));
+            let in_some_foreach = c.stages.iter().any(|s| match &s.stage.body {
+                StageBody::ForEach { as_name, .. } => as_name.as_ref().map_or("item", |n| n.value.as_str()) == r,
+                _ => false,
+            });
+            if in_some_foreach || r == "index" {
+                diags.push(
+                    Diagnostic::new(Code::LoopVarOutsideLoop, span, format!("`{r}` is a for_each variable, but this is not inside that for_each"))
+                        .help("item variables exist only in the body of their for_each"),
+                );
+            } else {
+                diags.push(unknown(r, span, &known));
+            }
+        }
+    }
+}
+
+fn unknown(name: &str, span: Span, known: &[&str]) -> Diagnostic {
+    Diagnostic::new(Code::UnknownVariable, span, format!("unknown variable `{name}`"))
+        .label("names no param, loop variable, stage or helper")
+        .suggest(name, known.iter().copied())
+        .help_or("templates see params.*, stages.*, run.*, attempt, loop variables, item variables and helper functions")
+}
+
+fn stage_ref(c: &Checked<'_>, src: &Sources, text: &Text<'_>, parts: &[&str], site: Option<Site>, guarded: &HashSet<String>, diags: &mut Diagnostics) {
+    let Some(name) = parts.get(1) else { return };
+    let span = locate(src, text, &format!("stages.{name}"));
+    let Some(target) = c.find(name) else {
+        diags.push(
+            Diagnostic::new(Code::UnknownStage, span, format!("there is no stage `{name}`"))
+                .label("unknown stage")
+                .suggest(name, c.by_id.keys().copied()),
+        );
+        return;
+    };
+    let Some(attr) = parts.get(2) else { return };
+    if !STAGE_ATTRS.contains(attr) {
+        diags.push(
+            Diagnostic::new(Code::UnknownVariable, locate(src, text, &parts[..3].join(".")), format!("a stage has no `{attr}`"))
+                .suggest(attr, STAGE_ATTRS.iter().copied())
+                .help_or(format!("stages have: {}", STAGE_ATTRS.join(", "))),
+        );
+        return;
+    }
+    let Some(site) = site else { return }; // exit messages see every stage
+    let at = site.stage();
+    let ups = upstream(c, site);
+    let in_foreach_body = |x: StageId| {
+        c.ancestors(x).into_iter().find(|a| c.info(*a).stage.kind.value == StageKind::ForEach).filter(|f| !c.ancestors(at).contains(f) && !(matches!(site, Site::BodyEnd(_)) && *f == at))
+    };
+    match *attr {
+        "output" | "feedback" | "attempts" => {
+            if let Some(f) = in_foreach_body(target) {
+                diags.push(
+                    Diagnostic::new(Code::NotUpstream, span, format!("stage `{name}` runs once per item of `{}`; there is no single output here", c.info(f).stage.id.value))
+                        .help(format!("use `stages.{}.output.results`, the fan-in of the items", c.info(f).stage.id.value)),
+                );
+                return;
+            }
+            if !ups.contains(&target) {
+                let me = &c.info(at).stage.id.value;
+                let mut d = Diagnostic::new(Code::NotUpstream, span, format!("stage `{name}` has not run when `{me}` uses its {attr}"))
+                    .label("not upstream of this place");
+                d = if share_loop(c, at, target) {
+                    d.help(format!("add `{name}` to needs, or read the previous iteration with `stages.{name}.last`"))
+                } else {
+                    d.help(format!("add `{name}` (or a stage after it) to `needs` of `{me}`"))
+                };
+                diags.push(d);
+                return;
+            }
+            let guard = guarded.contains(*name) || when_mentions(c, at, name);
+            if *attr == "output" && conditional(c, target) && !guard && !matches!(site, Site::BodyEnd(_)) {
+                diags.push(
+                    Diagnostic::new(Code::MaybeSkipped, span, format!("stage `{name}` may have been skipped here, leaving its output empty"))
+                        .label("may not have run")
+                        .help(format!("guard the use with `{{% if stages.{name}.ran %}}` (or in `when`), or give a default with `| default(...)` after checking `stages.{name}.ran`")),
+                );
+            }
+            if *attr == "output" && parts.len() > 3 {
+                field(c, src, text, target, &parts[3..], diags);
+            }
+        }
+        "history" | "last" => {
+            if !ups.contains(&target) && !share_loop(c, at, target) {
+                diags.push(
+                    Diagnostic::new(Code::NotUpstream, span, format!("stage `{name}` is not upstream and not in the same loop, so it has no {attr} here"))
+                        .help("history is available for stages upstream or in an enclosing loop's body"),
+                );
+            }
+        }
+        _ => {}
+    }
+}
+
+fn when_mentions(c: &Checked<'_>, at: StageId, name: &str) -> bool {
+    let needle = format!("stages.{name}.");
+    std::iter::once(at).chain(c.ancestors(at)).any(|s| c.info(s).stage.when.as_ref().is_some_and(|w| w.value.contains(&needle)))
+}
+
+fn field(c: &Checked<'_>, src: &Sources, text: &Text<'_>, target: StageId, path: &[&str], diags: &mut Diagnostics) {
+    let Some(schema) = c.schemas.get(&target) else { return };
+    if let Err((bad, known)) = super::outputs::walk_schema(schema, path) {
+        let name = &c.info(target).stage.id.value;
+        let full = format!("stages.{name}.output.{}", path.join("."));
+        diags.push(
+            Diagnostic::new(Code::UnknownField, locate(src, text, &full), format!("the output of `{name}` has no field `{bad}`"))
+                .label("not in the output schema")
+                .suggest(&bad, known.iter().map(String::as_str))
+                .help_or(if known.is_empty() { "the schema defines no fields here".to_string() } else { format!("its fields are: {}", known.join(", ")) }),
+        );
+    }
+}

@@ -1,0 +1,59 @@
+//! `ralph-flow graph` and `ralph-flow explain`: show what a workflow will do.
+
+use std::path::PathBuf;
+
+use ralph_flow::compile::render::{GraphFormat, render};
+use ralph_flow::compile::{compile, explain::explain as describe};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The workflow file.
+    file: PathBuf,
+    /// The drawing format.
+    #[arg(long, value_enum, default_value_t = Format::Mermaid)]
+    format: Format,
+    /// Set a param (`--set name=value`).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+}
+
+#[derive(clap::Args)]
+pub struct ExplainArgs {
+    /// The workflow file.
+    file: PathBuf,
+    /// Set a param (`--set name=value`).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Format {
+    Mermaid,
+    Dot,
+}
+
+pub fn run(args: &Args) -> i32 {
+    let Some(sets) = super::sets(&args.set) else { return super::EXIT_CONFIG };
+    let format = match args.format {
+        Format::Mermaid => GraphFormat::Mermaid,
+        Format::Dot => GraphFormat::Dot,
+    };
+    match super::with_checked(&args.file, &sets, false, |c| render(&compile(c), format)) {
+        Ok(text) => {
+            print!("{text}");
+            0
+        }
+        Err(code) => code,
+    }
+}
+
+pub fn explain(args: &ExplainArgs) -> i32 {
+    let Some(sets) = super::sets(&args.set) else { return super::EXIT_CONFIG };
+    match super::with_checked(&args.file, &sets, false, |c| describe(&compile(c))) {
+        Ok(text) => {
+            print!("{text}");
+            0
+        }
+        Err(code) => code,
+    }
+}

@@ -1,0 +1,130 @@
+//! Subcommands of the command line, one file each.
+
+mod check;
+mod fmt;
+mod graph;
+mod schema;
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+use clap::{Parser, Subcommand};
+use ralph_flow::check::{Checked, parse_set};
+use ralph_flow::diag::{Diagnostic, Diagnostics, render, render_short};
+use ralph_flow::load::{Loader, RealFs};
+use ralph_flow::model::Workflow;
+use ralph_flow::source::Sources;
+
+/// ralph-flow's own exit code for a configuration error (an invalid workflow or arguments).
+pub const EXIT_CONFIG: i32 = 3;
+
+#[derive(Parser)]
+#[command(name = "ralph-flow", version, about = "A declarative, durable workflow engine for Ralph loops of coding agents")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Check workflow files and report every problem at once.
+    Check(check::Args),
+    /// Draw a workflow as Mermaid or Graphviz DOT.
+    Graph(graph::Args),
+    /// Describe a workflow's plan in words.
+    Explain(graph::ExplainArgs),
+    /// Print the JSON Schema of the TOML form of workflow files.
+    Schema,
+    /// Convert a workflow between TOML and KDL.
+    Fmt(fmt::Args),
+}
+
+/// Runs the command line and returns the process exit code.
+pub fn main() -> i32 {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            let code = if err.use_stderr() { EXIT_CONFIG } else { 0 };
+            let _ = err.print();
+            return code;
+        }
+    };
+    match cli.command {
+        Command::Check(args) => check::run(&args),
+        Command::Graph(args) => graph::run(&args),
+        Command::Explain(args) => graph::explain(&args),
+        Command::Schema => schema::run(),
+        Command::Fmt(args) => fmt::run(&args),
+    }
+}
+
+/// Tells whether diagnostics on stderr may use color.
+pub fn color() -> bool {
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none()
+}
+
+/// Prints diagnostics to stderr in the long form.
+pub fn print_diagnostics(sources: &Sources, diags: &[Diagnostic]) {
+    if !diags.is_empty() {
+        eprint!("{}", render(sources, diags, color()));
+    }
+}
+
+/// Prints diagnostics to stderr one per line.
+pub fn print_short(sources: &Sources, diags: &[Diagnostic]) {
+    eprint!("{}", render_short(sources, diags));
+}
+
+/// Parses `--set` arguments, printing errors.
+pub fn sets(raw: &[String]) -> Option<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    for s in raw {
+        match parse_set(s) {
+            Ok(kv) => out.push(kv),
+            Err(e) => {
+                eprintln!("error: --set {e}");
+                return None;
+            }
+        }
+    }
+    Some(out)
+}
+
+/// Loads a workflow file and everything it refers to.
+pub fn load(path: &Path, sources: &mut Sources, diags: &mut Diagnostics) -> Option<Workflow> {
+    let fs = RealFs;
+    let mut loader = Loader::new(&fs, sources, diags);
+    loader.load(path, None)
+}
+
+/// Loads and checks a workflow, then hands the checked workflow to `f`. Prints diagnostics;
+/// returns the exit code for a configuration error when there are errors.
+pub fn with_checked<T>(
+    path: &PathBuf,
+    sets: &[(String, String)],
+    require_params: bool,
+    f: impl FnOnce(&Checked<'_>) -> T,
+) -> Result<T, i32> {
+    let mut sources = Sources::new();
+    let mut diags = Diagnostics::default();
+    let Some(wf) = load(path, &mut sources, &mut diags) else {
+        print_diagnostics(&sources, &diags.into_sorted());
+        return Err(EXIT_CONFIG);
+    };
+    let fs = RealFs;
+    let result = {
+        let mut loader = Loader::new(&fs, &mut sources, &mut diags);
+        let mut check_diags = Diagnostics::default();
+        let checked = ralph_flow::check::check(&wf, &mut loader, sets, require_params, &mut check_diags);
+        let out = checked.as_ref().map(f);
+        (out, check_diags)
+    };
+    let (out, check_diags) = result;
+    diags.extend(check_diags);
+    let has_errors = diags.has_errors();
+    print_diagnostics(&sources, &diags.into_sorted());
+    match out {
+        Some(v) if !has_errors => Ok(v),
+        _ => Err(EXIT_CONFIG),
+    }
+}
