@@ -131,7 +131,11 @@ impl Diagnostic {
 
     /// Sets the advice unless a more specific one (such as a suggestion) is already there.
     pub fn help_or(self, help: impl Into<String>) -> Self {
-        if self.help.is_some() { self } else { self.help(help) }
+        if self.help.is_some() {
+            self
+        } else {
+            self.help(help)
+        }
     }
 
     /// Lowers the diagnostic to a warning.
@@ -176,8 +180,10 @@ impl Diagnostics {
 
     /// Returns all diagnostics, sorted by file and position, without exact duplicates.
     pub fn into_sorted(mut self) -> Vec<Diagnostic> {
-        self.items.sort_by_key(|d| (d.span.map(|s| (s.file, s.start, s.end)), d.code));
-        self.items.dedup_by(|a, b| a.code == b.code && a.span == b.span && a.message == b.message);
+        self.items
+            .sort_by_key(|d| (d.span.map(|s| (s.file, s.start, s.end)), d.code));
+        self.items
+            .dedup_by(|a, b| a.code == b.code && a.span == b.span && a.message == b.message);
         self.items
     }
 
@@ -194,16 +200,26 @@ impl Diagnostics {
 
 /// Renders diagnostics with miette, with source snippets, as the CLI shows them.
 pub fn render(sources: &Sources, diagnostics: &[Diagnostic], color: bool) -> String {
-    use miette::{GraphicalReportHandler, GraphicalTheme, LabeledSpan, MietteDiagnostic, NamedSource};
-    let theme = if color { GraphicalTheme::unicode() } else { GraphicalTheme::unicode_nocolor() };
-    let handler = GraphicalReportHandler::new_themed(theme).with_width(100).with_links(false);
+    use miette::{
+        GraphicalReportHandler, GraphicalTheme, LabeledSpan, MietteDiagnostic, NamedSource,
+    };
+    let theme = if color {
+        GraphicalTheme::unicode()
+    } else {
+        GraphicalTheme::unicode_nocolor()
+    };
+    let handler = GraphicalReportHandler::new_themed(theme)
+        .with_width(100)
+        .with_links(false);
     let mut out = String::new();
     for d in diagnostics {
         let severity = match d.severity {
             Severity::Error => miette::Severity::Error,
             Severity::Warning => miette::Severity::Warning,
         };
-        let mut md = MietteDiagnostic::new(d.message.clone()).with_code(d.code.as_str()).with_severity(severity);
+        let mut md = MietteDiagnostic::new(d.message.clone())
+            .with_code(d.code.as_str())
+            .with_severity(severity);
         if let Some(help) = &d.help {
             md = md.with_help(help.clone());
         }
@@ -212,10 +228,16 @@ pub fn render(sources: &Sources, diagnostics: &[Diagnostic], color: bool) -> Str
                 let file = sources.get(span.file);
                 let (line, col) = file.line_col(span.start as usize);
                 md.message = format!("{}:{line}:{col}: {}", file.path.display(), d.message);
-                md = md.with_label(LabeledSpan::new_primary_with_span(d.label.clone(), span.range()));
+                md = md.with_label(LabeledSpan::new_primary_with_span(
+                    d.label.clone(),
+                    span.range(),
+                ));
                 for (rel, label) in &d.related {
                     if rel.file == span.file {
-                        md = md.with_label(LabeledSpan::new_with_span(Some(label.clone()), rel.range()));
+                        md = md.with_label(LabeledSpan::new_with_span(
+                            Some(label.clone()),
+                            rel.range(),
+                        ));
                     }
                 }
                 let src = NamedSource::new(file.path.display().to_string(), file.text.to_string());

@@ -22,7 +22,8 @@ pub struct RealFs;
 impl FileSystem for RealFs {
     fn read(&self, path: &Path) -> std::io::Result<String> {
         let bytes = std::fs::read(path)?;
-        String::from_utf8(bytes).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.utf8_error()))
+        String::from_utf8(bytes)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.utf8_error()))
     }
 }
 
@@ -39,29 +40,54 @@ pub struct Loader<'a> {
 
 impl<'a> Loader<'a> {
     /// Creates a loader.
-    pub fn new(fs: &'a dyn FileSystem, sources: &'a mut Sources, diags: &'a mut Diagnostics) -> Self {
-        Loader { fs, sources, diags, stack: Vec::new() }
+    pub fn new(
+        fs: &'a dyn FileSystem,
+        sources: &'a mut Sources,
+        diags: &'a mut Diagnostics,
+    ) -> Self {
+        Loader {
+            fs,
+            sources,
+            diags,
+            stack: Vec::new(),
+        }
     }
 
     /// Reads a file into the source map, reporting a read failure at `from` with `code`.
-    pub fn read(&mut self, path: &Path, from: Option<Span>, code: Code, what: &str) -> Option<FileId> {
+    pub fn read(
+        &mut self,
+        path: &Path,
+        from: Option<Span>,
+        code: Code,
+        what: &str,
+    ) -> Option<FileId> {
+        let shown = relative(&normalize(path));
+        let path = shown.as_path();
         if let Some(id) = self.sources.find(path) {
             return Some(id);
         }
         match self.fs.read(path) {
             Ok(text) if text.len() > MAX_FILE_BYTES => {
                 self.diags.push(
-                    Diagnostic::new(code, from, format!("{what} `{}` is larger than 16 MiB", path.display()))
-                        .help("split it into smaller files"),
+                    Diagnostic::new(
+                        code,
+                        from,
+                        format!("{what} `{}` is larger than 16 MiB", path.display()),
+                    )
+                    .help("split it into smaller files"),
                 );
                 None
             }
             Ok(text) => Some(self.sources.add(path, text)),
             Err(err) => {
                 self.diags.push(
-                    Diagnostic::new(code, from, format!("cannot read {what} `{}`: {err}", path.display()))
-                        .label("this file")
-                        .help("check the path; it is relative to the file that names it"),
+                    Diagnostic::new(
+                        code,
+                        from,
+                        format!("cannot read {what} `{}`: {err}", path.display()),
+                    )
+                    .label("this file")
+                    .help("check the path; it is relative to the file that names it"),
                 );
                 None
             }
@@ -72,12 +98,19 @@ impl<'a> Loader<'a> {
     pub fn load(&mut self, path: &Path, from: Option<Span>) -> Option<Workflow> {
         let canonical = normalize(path);
         if let Some(pos) = self.stack.iter().position(|p| *p == canonical) {
-            let chain: Vec<String> = self.stack[pos..].iter().map(|p| p.display().to_string()).collect();
+            let chain: Vec<String> = self.stack[pos..]
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect();
             self.diags.push(
                 Diagnostic::new(
                     Code::FileCycle,
                     from,
-                    format!("workflow files form a cycle: {} → {}", chain.join(" → "), canonical.display()),
+                    format!(
+                        "workflow files form a cycle: {} → {}",
+                        chain.join(" → "),
+                        canonical.display()
+                    ),
                 )
                 .help("remove one of the extends, include or subflow references"),
             );
@@ -88,7 +121,10 @@ impl<'a> Loader<'a> {
         let table = syntax::parse(file, &text, Format::from_path(&canonical), self.diags);
         let mut wf = lower(file, &table, self.diags);
         self.stack.push(canonical.clone());
-        let dir = canonical.parent().map(Path::to_path_buf).unwrap_or_default();
+        let dir = canonical
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
         for inc in std::mem::take(&mut wf.include) {
             if let Some(other) = self.load(&dir.join(&inc.value), Some(inc.span)) {
                 merge_include(&mut wf, other, self.diags);
@@ -102,6 +138,13 @@ impl<'a> Loader<'a> {
         self.stack.pop();
         Some(wf)
     }
+}
+
+/// Shows a path relative to the current directory when it lies below it.
+pub fn relative(path: &Path) -> PathBuf {
+    let cwd = std::env::current_dir().unwrap_or_default();
+    path.strip_prefix(&cwd)
+        .map_or_else(|_| path.to_path_buf(), Path::to_path_buf)
 }
 
 /// Makes a path absolute and removes `.` and `..` parts, without touching the file system.
@@ -126,10 +169,14 @@ pub fn normalize(path: &Path) -> PathBuf {
 
 fn duplicate(kind: &str, name: &Spanned<String>, first: Span, diags: &mut Diagnostics, help: &str) {
     diags.push(
-        Diagnostic::new(Code::Duplicate, name.span, format!("{kind} `{}` is defined twice", name.value))
-            .label("defined again here")
-            .related(first, "first defined here")
-            .help(help.to_string()),
+        Diagnostic::new(
+            Code::Duplicate,
+            name.span,
+            format!("{kind} `{}` is defined twice", name.value),
+        )
+        .label("defined again here")
+        .related(first, "first defined here")
+        .help(help.to_string()),
     );
 }
 
@@ -146,11 +193,36 @@ macro_rules! merge_named {
 }
 
 fn merge_include(wf: &mut Workflow, inc: Workflow, diags: &mut Diagnostics) {
+    wf.broken.extend(inc.broken.iter().cloned());
     let help = "each name may be defined in only one of the included files";
-    merge_named!(wf.params, inc.params, "param", diags, "each name may be defined in only one of the included files");
-    merge_named!(wf.agents, inc.agents, "agent", diags, "each name may be defined in only one of the included files");
-    merge_named!(wf.resources, inc.resources, "resource", diags, "each name may be defined in only one of the included files");
-    merge_named!(wf.exits, inc.exits, "exit", diags, "each name may be defined in only one of the included files");
+    merge_named!(
+        wf.params,
+        inc.params,
+        "param",
+        diags,
+        "each name may be defined in only one of the included files"
+    );
+    merge_named!(
+        wf.agents,
+        inc.agents,
+        "agent",
+        diags,
+        "each name may be defined in only one of the included files"
+    );
+    merge_named!(
+        wf.resources,
+        inc.resources,
+        "resource",
+        diags,
+        "each name may be defined in only one of the included files"
+    );
+    merge_named!(
+        wf.exits,
+        inc.exits,
+        "exit",
+        diags,
+        "each name may be defined in only one of the included files"
+    );
     for stage in inc.stages {
         if let Some(prev) = wf.stages.iter().find(|s| s.id.value == stage.id.value) {
             duplicate("stage", &stage.id, prev.id.span, diags, help);
@@ -165,13 +237,21 @@ fn merge_include(wf: &mut Workflow, inc: Workflow, diags: &mut Diagnostics) {
 /// param defaults, its stages are added, and its overrides change the base's stages.
 fn merge_extends(mut base: Workflow, child: Workflow, diags: &mut Diagnostics) -> Workflow {
     let ext = child.extends.clone();
+    base.broken.extend(child.broken.iter().cloned());
     if let Some(ext) = &ext {
         for (name, value) in &ext.params {
             match base.params.iter_mut().find(|p| p.name.value == name.value) {
                 Some(p) => p.default = Some(value.clone()),
                 None => diags.push(
-                    Diagnostic::new(Code::UnknownParam, name.span, format!("the base workflow has no param `{}`", name.value))
-                        .suggest(&name.value, base.params.iter().map(|p| p.name.value.as_str())),
+                    Diagnostic::new(
+                        Code::UnknownParam,
+                        name.span,
+                        format!("the base workflow has no param `{}`", name.value),
+                    )
+                    .suggest(
+                        &name.value,
+                        base.params.iter().map(|p| p.name.value.as_str()),
+                    ),
                 ),
             }
         }
@@ -198,7 +278,13 @@ fn merge_extends(mut base: Workflow, child: Workflow, diags: &mut Diagnostics) -
     for stage in child.stages {
         if let Some(prev) = find_stage(&base.stages, &stage.id.value) {
             let first = prev.id.span;
-            duplicate("stage", &stage.id, first, diags, "to change a stage of the base workflow, use [overrides.ID]");
+            duplicate(
+                "stage",
+                &stage.id,
+                first,
+                diags,
+                "to change a stage of the base workflow, use [overrides.ID]",
+            );
         } else {
             base.stages.push(stage);
         }
@@ -214,10 +300,19 @@ fn merge_extends(mut base: Workflow, child: Workflow, diags: &mut Diagnostics) -
 }
 
 fn find_stage<'s>(stages: &'s [crate::model::Stage], id: &str) -> Option<&'s crate::model::Stage> {
-    stages.iter().find_map(|s| if s.id.value == id { Some(s) } else { find_stage(s.children(), id) })
+    stages.iter().find_map(|s| {
+        if s.id.value == id {
+            Some(s)
+        } else {
+            find_stage(s.children(), id)
+        }
+    })
 }
 
-fn find_stage_mut<'s>(stages: &'s mut [crate::model::Stage], id: &str) -> Option<&'s mut crate::model::Stage> {
+fn find_stage_mut<'s>(
+    stages: &'s mut [crate::model::Stage],
+    id: &str,
+) -> Option<&'s mut crate::model::Stage> {
     for s in stages.iter_mut() {
         if s.id.value == id {
             return Some(s);
@@ -235,21 +330,36 @@ fn apply_override(stages: &mut [crate::model::Stage], o: &Override, diags: &mut 
     let names: Vec<String> = all_ids(stages);
     let Some(stage) = find_stage_mut(stages, &o.stage.value) else {
         diags.push(
-            Diagnostic::new(Code::BadOverride, o.stage.span, format!("the base workflow has no stage `{}`", o.stage.value))
-                .label("overrides a stage that does not exist")
-                .suggest(&o.stage.value, names.iter().map(String::as_str)),
+            Diagnostic::new(
+                Code::BadOverride,
+                o.stage.span,
+                format!("the base workflow has no stage `{}`", o.stage.value),
+            )
+            .label("overrides a stage that does not exist")
+            .suggest(&o.stage.value, names.iter().map(String::as_str)),
         );
         return;
     };
     let not_for = |key: &str, span: Span, kind: &str, diags: &mut Diagnostics| {
         diags.push(
-            Diagnostic::new(Code::BadOverride, span, format!("stage `{}` is a {kind} stage; `{key}` cannot be overridden on it", o.stage.value))
-                .help("override only keys the stage's kind has"),
+            Diagnostic::new(
+                Code::BadOverride,
+                span,
+                format!(
+                    "stage `{}` is a {kind} stage; `{key}` cannot be overridden on it",
+                    o.stage.value
+                ),
+            )
+            .help("override only keys the stage's kind has"),
         );
     };
     let kind = stage.kind.value.as_str();
     match &mut stage.body {
-        StageBody::Agent { agent, prompt, prompt_file } => {
+        StageBody::Agent {
+            agent,
+            prompt,
+            prompt_file,
+        } => {
             if let Some(p) = &o.prompt {
                 *prompt = Some(p.clone());
                 *prompt_file = None;
@@ -263,7 +373,11 @@ fn apply_override(stages: &mut [crate::model::Stage], o: &Override, diags: &mut 
             }
         }
         _ => {
-            for (key, span) in [("prompt", o.prompt.as_ref().map(|p| p.span)), ("prompt_file", o.prompt_file.as_ref().map(|p| p.span)), ("agent", o.agent.as_ref().map(|p| p.span))] {
+            for (key, span) in [
+                ("prompt", o.prompt.as_ref().map(|p| p.span)),
+                ("prompt_file", o.prompt_file.as_ref().map(|p| p.span)),
+                ("agent", o.agent.as_ref().map(|p| p.span)),
+            ] {
                 if let Some(span) = span {
                     not_for(key, span, kind, diags);
                 }
@@ -283,7 +397,12 @@ fn apply_override(stages: &mut [crate::model::Stage], o: &Override, diags: &mut 
         }
     }
     match &mut stage.body {
-        StageBody::ForEach { max_concurrency, .. } | StageBody::Group { max_concurrency, .. } => {
+        StageBody::ForEach {
+            max_concurrency, ..
+        }
+        | StageBody::Group {
+            max_concurrency, ..
+        } => {
             if let Some(m) = &o.max_concurrency {
                 *max_concurrency = Some(m.clone());
             }

@@ -19,7 +19,11 @@ impl Span {
     /// Builds a span from a byte range, clamping offsets that do not fit in 32 bits.
     pub fn new(file: FileId, range: std::ops::Range<usize>) -> Self {
         let clamp = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
-        Span { file, start: clamp(range.start), end: clamp(range.end.max(range.start)) }
+        Span {
+            file,
+            start: clamp(range.start),
+            end: clamp(range.end.max(range.start)),
+        }
     }
 
     /// Returns the byte range of the span.
@@ -101,7 +105,10 @@ impl Sources {
             return id;
         }
         let id = FileId(u32::try_from(self.files.len()).unwrap_or(u32::MAX));
-        self.files.push(SourceFile { path, text: text.into() });
+        self.files.push(SourceFile {
+            path,
+            text: text.into(),
+        });
         id
     }
 
@@ -129,6 +136,9 @@ impl Sources {
 
     /// Iterates over all files.
     pub fn iter(&self) -> impl Iterator<Item = (FileId, &SourceFile)> {
-        self.files.iter().enumerate().map(|(i, f)| (FileId(i as u32), f))
+        self.files
+            .iter()
+            .enumerate()
+            .map(|(i, f)| (FileId(i as u32), f))
     }
 }

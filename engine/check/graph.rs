@@ -33,7 +33,9 @@ pub fn body_graph(c: &Checked<'_>, region: Option<StageId>) -> DiGraph<StageId, 
 
 /// Returns the stages a stage's route can go to.
 pub fn route_targets(c: &Checked<'_>, id: StageId) -> Vec<StageId> {
-    let Some(route) = &c.info(id).stage.route else { return Vec::new() };
+    let Some(route) = &c.info(id).stage.route else {
+        return Vec::new();
+    };
     route
         .cases
         .iter()
@@ -48,7 +50,12 @@ pub fn route_targets(c: &Checked<'_>, id: StageId) -> Vec<StageId> {
 
 pub fn check(c: &Checked<'_>, diags: &mut Diagnostics) {
     let mut regions = vec![None];
-    regions.extend((0..c.stages.len()).map(StageId).filter(|id| c.info(*id).stage.kind.value.is_region()).map(Some));
+    regions.extend(
+        (0..c.stages.len())
+            .map(StageId)
+            .filter(|id| c.info(*id).stage.kind.value.is_region())
+            .map(Some),
+    );
     for region in regions {
         let g = body_graph(c, region);
         for scc in tarjan_scc(&g) {
@@ -57,7 +64,10 @@ pub fn check(c: &Checked<'_>, diags: &mut Diagnostics) {
             }
             let mut ids: Vec<StageId> = scc.iter().map(|n| g[*n]).collect();
             ids.sort();
-            let names: Vec<&str> = ids.iter().map(|id| c.info(*id).stage.id.value.as_str()).collect();
+            let names: Vec<&str> = ids
+                .iter()
+                .map(|id| c.info(*id).stage.id.value.as_str())
+                .collect();
             let first = c.info(ids[0]).stage;
             let mut d = Diagnostic::new(
                 Code::Cycle,
@@ -74,12 +84,21 @@ pub fn check(c: &Checked<'_>, diags: &mut Diagnostics) {
     }
     let mut never = vec![false; c.stages.len()];
     for (i, info) in c.stages.iter().enumerate() {
-        let Some(when) = &info.stage.when else { continue };
+        let Some(when) = &info.stage.when else {
+            continue;
+        };
         if is_constant_false(&when.value) {
             never[i] = true;
             diags.push(
-                Diagnostic::new(Code::Unreachable, when.span, format!("stage `{}` can never run: its condition is always false", info.stage.id.value))
-                    .help("remove the stage or fix the condition"),
+                Diagnostic::new(
+                    Code::Unreachable,
+                    when.span,
+                    format!(
+                        "stage `{}` can never run: its condition is always false",
+                        info.stage.id.value
+                    ),
+                )
+                .help("remove the stage or fix the condition"),
             );
         }
     }
@@ -91,8 +110,15 @@ pub fn check(c: &Checked<'_>, diags: &mut Diagnostics) {
                 never[i] = true;
                 changed = true;
                 diags.push(
-                    Diagnostic::new(Code::Unreachable, info.stage.id.span, format!("stage `{}` can never run: every stage it needs is never run", info.stage.id.value))
-                        .help("fix the conditions of the stages it needs"),
+                    Diagnostic::new(
+                        Code::Unreachable,
+                        info.stage.id.span,
+                        format!(
+                            "stage `{}` can never run: every stage it needs is never run",
+                            info.stage.id.value
+                        ),
+                    )
+                    .help("fix the conditions of the stages it needs"),
                 );
             }
         }
@@ -104,7 +130,9 @@ pub fn check(c: &Checked<'_>, diags: &mut Diagnostics) {
 
 fn is_constant_false(expr: &str) -> bool {
     let env = minijinja::Environment::new();
-    let Ok(e) = env.compile_expression(expr) else { return false };
+    let Ok(e) = env.compile_expression(expr) else {
+        return false;
+    };
     if !e.undeclared_variables(false).is_empty() {
         return false;
     }

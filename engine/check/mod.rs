@@ -79,7 +79,9 @@ impl<'w> Checked<'w> {
 
     /// Returns the innermost enclosing loop of a stage.
     pub fn enclosing_loop(&self, id: StageId) -> Option<StageId> {
-        self.ancestors(id).into_iter().find(|a| self.stages[a.0].stage.kind.value == StageKind::Loop)
+        self.ancestors(id)
+            .into_iter()
+            .find(|a| self.stages[a.0].stage.kind.value == StageKind::Loop)
     }
 
     /// Looks a stage up by id.
@@ -90,7 +92,12 @@ impl<'w> Checked<'w> {
 
 /// Directory against which a path written at `span` is resolved: the directory of its file.
 pub fn base_dir(sources: &Sources, span: Span) -> PathBuf {
-    sources.get(span.file).path.parent().map(Path::to_path_buf).unwrap_or_default()
+    sources
+        .get(span.file)
+        .path
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
 }
 
 /// Runs every check. Returns the checked workflow when there are no errors; the diagnostics
@@ -102,13 +109,35 @@ pub fn check<'w>(
     require_params: bool,
     diags: &mut Diagnostics,
 ) -> Option<Checked<'w>> {
-    let mut checked = index(workflow, diags);
-    checked.params = params::check(workflow, sets, require_params, diags);
-    refs::check(&mut checked, diags);
-    graph::check(&checked, diags);
-    outputs::check(&mut checked, loader, diags);
-    templates::check(&mut checked, loader, diags);
+    let mut found = Diagnostics::default();
+    let mut checked = index(workflow, &mut found);
+    checked.params = params::check(workflow, sets, require_params, &mut found);
+    refs::check(&mut checked, &mut found);
+    graph::check(&checked, &mut found);
+    outputs::check(&mut checked, loader, &mut found);
+    templates::check(&mut checked, loader, &mut found);
+    for d in found.into_sorted() {
+        if !is_cascade(workflow, &d) {
+            diags.push(d);
+        }
+    }
     (!diags.has_errors()).then_some(checked)
+}
+
+/// Tells whether a diagnostic only repeats an earlier one: a reference to a name whose
+/// definition had an error (the definition's error is the one worth reading).
+fn is_cascade(workflow: &Workflow, d: &Diagnostic) -> bool {
+    use crate::diag::Code::{
+        UnknownAgent, UnknownExit, UnknownParam, UnknownResource, UnknownStage,
+    };
+    matches!(
+        d.code,
+        UnknownAgent | UnknownExit | UnknownParam | UnknownResource | UnknownStage
+    ) && d
+        .message
+        .split('`')
+        .nth(1)
+        .is_some_and(|name| workflow.is_broken(name))
 }
 
 fn index<'w>(workflow: &'w Workflow, diags: &mut Diagnostics) -> Checked<'w> {
@@ -121,18 +150,32 @@ fn index<'w>(workflow: &'w Workflow, diags: &mut Diagnostics) -> Checked<'w> {
         prompt_files: HashMap::new(),
         params: ParamValues::default(),
     };
-    fn walk<'w>(stages: &'w [Stage], parent: Option<StageId>, c: &mut Checked<'w>, diags: &mut Diagnostics) -> Vec<StageId> {
+    fn walk<'w>(
+        stages: &'w [Stage],
+        parent: Option<StageId>,
+        c: &mut Checked<'w>,
+        diags: &mut Diagnostics,
+    ) -> Vec<StageId> {
         let mut ids = Vec::new();
         for stage in stages {
             let id = StageId(c.stages.len());
-            c.stages.push(StageInfo { stage, parent, children: Vec::new(), needs: Vec::new() });
+            c.stages.push(StageInfo {
+                stage,
+                parent,
+                children: Vec::new(),
+                needs: Vec::new(),
+            });
             if let Some(prev) = c.by_id.get(stage.id.value.as_str()) {
                 let first = c.stages[prev.0].stage.id.span;
                 diags.push(
-                    Diagnostic::new(crate::diag::Code::Duplicate, stage.id.span, format!("stage `{}` is defined twice", stage.id.value))
-                        .label("defined again here")
-                        .related(first, "first defined here")
-                        .help("stage ids are unique across the whole workflow, bodies included"),
+                    Diagnostic::new(
+                        crate::diag::Code::Duplicate,
+                        stage.id.span,
+                        format!("stage `{}` is defined twice", stage.id.value),
+                    )
+                    .label("defined again here")
+                    .related(first, "first defined here")
+                    .help("stage ids are unique across the whole workflow, bodies included"),
                 );
             } else {
                 c.by_id.insert(stage.id.value.as_str(), id);

@@ -52,7 +52,9 @@ pub fn walk_schema<'a>(schema: &'a Json, path: &[&str]) -> Result<&'a Json, (Str
                 None => return Ok(cur),
             }
         }
-        let Some(props) = cur.get("properties").and_then(Json::as_object) else { return Ok(cur) };
+        let Some(props) = cur.get("properties").and_then(Json::as_object) else {
+            return Ok(cur);
+        };
         match props.get(*part) {
             Some(next) => cur = next,
             None => return Err(((*part).to_string(), props.keys().cloned().collect())),
@@ -80,21 +82,36 @@ pub fn check(c: &mut Checked<'_>, loader: &mut Loader<'_>, diags: &mut Diagnosti
     }
 }
 
-fn output_schema(_c: &Checked<'_>, kind: StageKind, o: &OutputSpec, loader: &mut Loader<'_>, diags: &mut Diagnostics) -> Option<Json> {
+fn output_schema(
+    _c: &Checked<'_>,
+    kind: StageKind,
+    o: &OutputSpec,
+    loader: &mut Loader<'_>,
+    diags: &mut Diagnostics,
+) -> Option<Json> {
     let extract = o.extract.as_ref().map(|e| e.value.as_str());
     let mut schema = match &o.schema {
         Some(SchemaRef::File(path)) => {
             let full = base_dir(loader.sources, path.span).join(&path.value);
-            let file = loader.read(&full, Some(path.span), Code::MissingSchemaFile, "schema file")?;
+            let file = loader.read(
+                &full,
+                Some(path.span),
+                Code::MissingSchemaFile,
+                "schema file",
+            )?;
             let text = loader.sources.get(file).text.clone();
             match serde_json::from_str::<Json>(&text) {
                 Ok(v) => validate_schema(v, path.span, diags),
                 Err(err) => {
                     let offset = line_offset(&text, err.line(), err.column());
                     diags.push(
-                        Diagnostic::new(Code::MissingSchemaFile, crate::source::Span::new(file, offset..offset), format!("schema file is not valid JSON: {err}"))
-                            .related(path.span, "named here")
-                            .help("fix the JSON"),
+                        Diagnostic::new(
+                            Code::MissingSchemaFile,
+                            crate::source::Span::new(file, offset..offset),
+                            format!("schema file is not valid JSON: {err}"),
+                        )
+                        .related(path.span, "named here")
+                        .help("fix the JSON"),
                     );
                     None
                 }
@@ -106,45 +123,112 @@ fn output_schema(_c: &Checked<'_>, kind: StageKind, o: &OutputSpec, loader: &mut
     if schema.is_some() && matches!(extract, Some("text" | "markers")) {
         if let Some(e) = &o.extract {
             diags.push(
-                Diagnostic::new(Code::InvalidValue, e.span, format!("`extract = \"{}\"` makes text, which a schema cannot check", e.value))
-                    .help("use json, fenced_json or regex with a schema, or remove the schema"),
+                Diagnostic::new(
+                    Code::InvalidValue,
+                    e.span,
+                    format!(
+                        "`extract = \"{}\"` makes text, which a schema cannot check",
+                        e.value
+                    ),
+                )
+                .help("use json, fenced_json or regex with a schema, or remove the schema"),
             );
         }
     }
     if extract == Some("regex") {
         match &o.pattern {
-            None => diags.push(Diagnostic::new(Code::MissingKey, o.span, "`extract = \"regex\"` needs `pattern`").help("add pattern = \"(?P<name>...)\"")),
+            None => diags.push(
+                Diagnostic::new(
+                    Code::MissingKey,
+                    o.span,
+                    "`extract = \"regex\"` needs `pattern`",
+                )
+                .help("add pattern = \"(?P<name>...)\""),
+            ),
             Some(p) => match regex::Regex::new(&p.value) {
                 Ok(re) => {
                     if schema.is_none() {
-                        let props: serde_json::Map<String, Json> = re.capture_names().flatten().map(|n| (n.to_string(), json!({"type": "string"}))).collect();
+                        let props: serde_json::Map<String, Json> = re
+                            .capture_names()
+                            .flatten()
+                            .map(|n| (n.to_string(), json!({"type": "string"})))
+                            .collect();
                         if props.is_empty() {
-                            diags.push(Diagnostic::new(Code::InvalidRegex, p.span, "the pattern has no named groups, so it extracts nothing").help("name groups as (?P<verdict>...)"));
+                            diags.push(
+                                Diagnostic::new(
+                                    Code::InvalidRegex,
+                                    p.span,
+                                    "the pattern has no named groups, so it extracts nothing",
+                                )
+                                .help("name groups as (?P<verdict>...)"),
+                            );
                         }
                         schema = Some(json!({"type": "object", "properties": props}));
                     }
                 }
-                Err(err) => diags.push(Diagnostic::new(Code::InvalidRegex, p.span, format!("invalid regular expression: {err}")).help("fix the pattern")),
+                Err(err) => diags.push(
+                    Diagnostic::new(
+                        Code::InvalidRegex,
+                        p.span,
+                        format!("invalid regular expression: {err}"),
+                    )
+                    .help("fix the pattern"),
+                ),
             },
         }
     } else if let Some(p) = &o.pattern {
-        diags.push(Diagnostic::new(Code::KeyNotForKind, p.span, "`pattern` is only used with `extract = \"regex\"`").help("set extract = \"regex\" or remove pattern"));
+        diags.push(
+            Diagnostic::new(
+                Code::KeyNotForKind,
+                p.span,
+                "`pattern` is only used with `extract = \"regex\"`",
+            )
+            .help("set extract = \"regex\" or remove pattern"),
+        );
     }
     let mut marker_props = serde_json::Map::new();
     for m in &o.markers {
         match (&m.prefix, &m.pattern) {
-            (None, None) => diags.push(Diagnostic::new(Code::MissingKey, m.span, format!("marker `{}` needs `prefix` or `pattern`", m.name.value)).help("add prefix = \"VERDICT:\"")),
-            (Some(p), Some(_)) => diags.push(Diagnostic::new(Code::Duplicate, p.span, "a marker has `prefix` or `pattern`, not both").help("keep one")),
+            (None, None) => diags.push(
+                Diagnostic::new(
+                    Code::MissingKey,
+                    m.span,
+                    format!("marker `{}` needs `prefix` or `pattern`", m.name.value),
+                )
+                .help("add prefix = \"VERDICT:\""),
+            ),
+            (Some(p), Some(_)) => diags.push(
+                Diagnostic::new(
+                    Code::Duplicate,
+                    p.span,
+                    "a marker has `prefix` or `pattern`, not both",
+                )
+                .help("keep one"),
+            ),
             (None, Some(p)) => {
                 if let Err(err) = regex::Regex::new(&p.value) {
-                    diags.push(Diagnostic::new(Code::InvalidRegex, p.span, format!("invalid regular expression: {err}")).help("fix the pattern"));
+                    diags.push(
+                        Diagnostic::new(
+                            Code::InvalidRegex,
+                            p.span,
+                            format!("invalid regular expression: {err}"),
+                        )
+                        .help("fix the pattern"),
+                    );
                 }
             }
             (Some(_), None) => {}
         }
-        let flag = m.pattern.as_ref().is_some_and(|p| regex::Regex::new(&p.value).is_ok_and(|r| r.captures_len() == 1))
+        let flag = m
+            .pattern
+            .as_ref()
+            .is_some_and(|p| regex::Regex::new(&p.value).is_ok_and(|r| r.captures_len() == 1))
             || m.prefix.as_ref().is_some_and(|_| false);
-        let mut item = if flag { json!({"type": "boolean"}) } else { json!({"type": "string"}) };
+        let mut item = if flag {
+            json!({"type": "boolean"})
+        } else {
+            json!({"type": "string"})
+        };
         if !m.values.is_empty() {
             item = json!({"type": "string", "enum": m.values.iter().map(|v| v.value.clone()).collect::<Vec<_>>()});
         }
@@ -173,20 +257,42 @@ fn output_schema(_c: &Checked<'_>, kind: StageKind, o: &OutputSpec, loader: &mut
 }
 
 fn line_offset(text: &str, line: usize, col: usize) -> usize {
-    let start: usize = text.split_inclusive('\n').take(line.saturating_sub(1)).map(str::len).sum();
+    let start: usize = text
+        .split_inclusive('\n')
+        .take(line.saturating_sub(1))
+        .map(str::len)
+        .sum();
     (start + col.saturating_sub(1)).min(text.len())
 }
 
-fn validate_schema(schema: Json, span: crate::source::Span, diags: &mut Diagnostics) -> Option<Json> {
+fn validate_schema(
+    schema: Json,
+    span: crate::source::Span,
+    diags: &mut Diagnostics,
+) -> Option<Json> {
     if let Err(err) = jsonschema::meta::validate(&schema) {
         diags.push(
-            Diagnostic::new(Code::InvalidSchema, span, format!("not a valid JSON Schema: {err} at `{}`", err.instance_path()))
-                .help("fix the schema; ralph-flow validates outputs with JSON Schema draft 2020-12"),
+            Diagnostic::new(
+                Code::InvalidSchema,
+                span,
+                format!(
+                    "not a valid JSON Schema: {err} at `{}`",
+                    err.instance_path()
+                ),
+            )
+            .help("fix the schema; ralph-flow validates outputs with JSON Schema draft 2020-12"),
         );
         return None;
     }
     if let Err(err) = jsonschema::validator_for(&schema) {
-        diags.push(Diagnostic::new(Code::InvalidSchema, span, format!("the JSON Schema cannot be used: {err}")).help("schemas must be self-contained: refs point inside the schema"));
+        diags.push(
+            Diagnostic::new(
+                Code::InvalidSchema,
+                span,
+                format!("the JSON Schema cannot be used: {err}"),
+            )
+            .help("schemas must be self-contained: refs point inside the schema"),
+        );
         return None;
     }
     Some(schema)
@@ -195,33 +301,65 @@ fn validate_schema(schema: Json, span: crate::source::Span, diags: &mut Diagnost
 fn route(c: &Checked<'_>, id: StageId, diags: &mut Diagnostics) {
     let s = c.info(id).stage;
     let Some(r) = &s.route else { return };
-    let Some(schema) = c.schemas.get(&id) else { return };
+    let Some(schema) = c.schemas.get(&id) else {
+        return;
+    };
     let path: Vec<&str> = r.on.value.split('.').collect();
     match walk_schema(schema, &path) {
         Err((bad, known)) => diags.push(
-            Diagnostic::new(Code::UnknownField, r.on.span, format!("the output of `{}` has no field `{bad}` to route on", s.id.value))
-                .suggest(&bad, known.iter().map(String::as_str))
-                .help_or(format!("its fields are: {}", known.join(", "))),
+            Diagnostic::new(
+                Code::UnknownField,
+                r.on.span,
+                format!(
+                    "the output of `{}` has no field `{bad}` to route on",
+                    s.id.value
+                ),
+            )
+            .suggest(&bad, known.iter().map(String::as_str))
+            .help_or(format!("its fields are: {}", known.join(", "))),
         ),
         Ok(field) => {
-            let Some(values) = field.get("enum").and_then(Json::as_array) else { return };
-            let values: Vec<String> = values.iter().map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string)).collect();
+            let Some(values) = field.get("enum").and_then(Json::as_array) else {
+                return;
+            };
+            let values: Vec<String> = values
+                .iter()
+                .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string))
+                .collect();
             for (case, _) in &r.cases {
                 if !values.contains(&case.value) {
                     diags.push(
-                        Diagnostic::new(Code::UnknownField, case.span, format!("`{}` is not a value of `{}`", case.value, r.on.value))
-                            .suggest(&case.value, values.iter().map(String::as_str))
-                            .help_or(format!("its values are: {}", values.join(", "))),
+                        Diagnostic::new(
+                            Code::UnknownField,
+                            case.span,
+                            format!("`{}` is not a value of `{}`", case.value, r.on.value),
+                        )
+                        .suggest(&case.value, values.iter().map(String::as_str))
+                        .help_or(format!("its values are: {}", values.join(", "))),
                     );
                 }
             }
             if r.default.is_none() {
-                let missing: Vec<&String> = values.iter().filter(|v| !r.cases.iter().any(|(c, _)| c.value == **v)).collect();
+                let missing: Vec<&String> = values
+                    .iter()
+                    .filter(|v| !r.cases.iter().any(|(c, _)| c.value == **v))
+                    .collect();
                 if !missing.is_empty() {
                     diags.push(
-                        Diagnostic::new(Code::RouteUncovered, r.on.span, format!("the route has no case for {}", missing.iter().map(|m| format!("`{m}`")).collect::<Vec<_>>().join(", ")))
-                            .label("those values would fail the stage")
-                            .help("add cases for them, or a `default`"),
+                        Diagnostic::new(
+                            Code::RouteUncovered,
+                            r.on.span,
+                            format!(
+                                "the route has no case for {}",
+                                missing
+                                    .iter()
+                                    .map(|m| format!("`{m}`"))
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            ),
+                        )
+                        .label("those values would fail the stage")
+                        .help("add cases for them, or a `default`"),
                     );
                 }
             }
@@ -233,8 +371,15 @@ fn route(c: &Checked<'_>, id: StageId, diags: &mut Diagnostics) {
 fn aggregate(c: &Checked<'_>, id: StageId, diags: &mut Diagnostics) {
     let s = c.info(id).stage;
     let (agg, result, over) = match &s.body {
-        StageBody::ForEach { aggregate, result, over, .. } => (aggregate, result, over.as_ref()),
-        StageBody::Group { aggregate, result, .. } => (aggregate, result, None),
+        StageBody::ForEach {
+            aggregate,
+            result,
+            over,
+            ..
+        } => (aggregate, result, over.as_ref()),
+        StageBody::Group {
+            aggregate, result, ..
+        } => (aggregate, result, None),
         _ => return,
     };
     if let Some(over) = over {
@@ -244,7 +389,14 @@ fn aggregate(c: &Checked<'_>, id: StageId, diags: &mut Diagnostics) {
     let needs_field = !matches!(agg.mode.value.as_str(), "collect");
     let Some(field) = &agg.field else {
         if needs_field {
-            diags.push(Diagnostic::new(Code::MissingKey, agg.span, format!("aggregate mode `{}` needs `field`", agg.mode.value)).help("name the output field to compare, such as field = \"severity\""));
+            diags.push(
+                Diagnostic::new(
+                    Code::MissingKey,
+                    agg.span,
+                    format!("aggregate mode `{}` needs `field`", agg.mode.value),
+                )
+                .help("name the output field to compare, such as field = \"severity\""),
+            );
         }
         return;
     };
@@ -253,16 +405,28 @@ fn aggregate(c: &Checked<'_>, id: StageId, diags: &mut Diagnostics) {
         .and_then(|r| c.find(&r.value))
         .or_else(|| c.info(id).children.last().copied());
     let Some(rs) = result_stage else { return };
-    let Some(schema) = c.schemas.get(&rs) else { return };
+    let Some(schema) = c.schemas.get(&rs) else {
+        return;
+    };
     let path: Vec<&str> = field.value.split('.').collect();
     match walk_schema(schema, &path) {
         Err((bad, known)) => diags.push(
-            Diagnostic::new(Code::UnknownField, field.span, format!("the output of `{}` has no field `{bad}`", c.info(rs).stage.id.value))
-                .suggest(&bad, known.iter().map(String::as_str))
-                .help_or(format!("its fields are: {}", known.join(", "))),
+            Diagnostic::new(
+                Code::UnknownField,
+                field.span,
+                format!(
+                    "the output of `{}` has no field `{bad}`",
+                    c.info(rs).stage.id.value
+                ),
+            )
+            .suggest(&bad, known.iter().map(String::as_str))
+            .help_or(format!("its fields are: {}", known.join(", "))),
         ),
         Ok(f) => {
-            if matches!(agg.mode.value.as_str(), "worst" | "best") && agg.order.is_empty() && f.get("enum").is_none() {
+            if matches!(agg.mode.value.as_str(), "worst" | "best")
+                && agg.order.is_empty()
+                && f.get("enum").is_none()
+            {
                 diags.push(
                     Diagnostic::new(Code::MissingKey, agg.span, format!("`{}` needs an order of values", agg.mode.value))
                         .help("add order = [\"none\", \"minor\", \"major\"] or give the field an enum in its schema"),
@@ -275,16 +439,25 @@ fn aggregate(c: &Checked<'_>, id: StageId, diags: &mut Diagnostics) {
 fn for_each_over(c: &Checked<'_>, id: StageId, over: &crate::model::Text, diags: &mut Diagnostics) {
     // Only a plain path `stages.X.output.a.b` can be checked against a schema.
     let path = over.value.trim();
-    let Some(rest) = path.strip_prefix("stages.") else { return };
-    if !rest.chars().all(|ch| ch.is_ascii_alphanumeric() || ch == '_' || ch == '-' || ch == '.') {
+    let Some(rest) = path.strip_prefix("stages.") else {
+        return;
+    };
+    if !rest
+        .chars()
+        .all(|ch| ch.is_ascii_alphanumeric() || ch == '_' || ch == '-' || ch == '.')
+    {
         return;
     }
     let parts: Vec<&str> = rest.split('.').collect();
     if parts.len() < 2 || parts[1] != "output" {
         return;
     }
-    let Some(target) = c.find(parts[0]) else { return };
-    let Some(schema) = c.schemas.get(&target) else { return };
+    let Some(target) = c.find(parts[0]) else {
+        return;
+    };
+    let Some(schema) = c.schemas.get(&target) else {
+        return;
+    };
     if let Ok(field) = walk_schema(schema, &parts[2..]) {
         let ty = field.get("type");
         let is_array = match ty {
@@ -295,9 +468,20 @@ fn for_each_over(c: &Checked<'_>, id: StageId, over: &crate::model::Text, diags:
         };
         if !is_array {
             diags.push(
-                Diagnostic::new(Code::NotAnArray, over.span, format!("`{}` is not a list: its schema type is {}", path, ty.map_or("unknown".into(), ToString::to_string)))
-                    .label("for_each needs a list")
-                    .help(format!("fan out over an array field of `{}`'s output", parts[0])),
+                Diagnostic::new(
+                    Code::NotAnArray,
+                    over.span,
+                    format!(
+                        "`{}` is not a list: its schema type is {}",
+                        path,
+                        ty.map_or("unknown".into(), ToString::to_string)
+                    ),
+                )
+                .label("for_each needs a list")
+                .help(format!(
+                    "fan out over an array field of `{}`'s output",
+                    parts[0]
+                )),
             );
         }
     }

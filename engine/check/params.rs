@@ -23,7 +23,9 @@ fn convert(raw: &str, ty: ParamType) -> Option<serde_json::Value> {
     Some(match ty {
         ParamType::String => serde_json::Value::String(raw.to_string()),
         ParamType::Int => serde_json::Value::from(raw.trim().parse::<i64>().ok()?),
-        ParamType::Float => serde_json::Value::from(raw.trim().parse::<f64>().ok().filter(|f| f.is_finite())?),
+        ParamType::Float => {
+            serde_json::Value::from(raw.trim().parse::<f64>().ok().filter(|f| f.is_finite())?)
+        }
         ParamType::Bool => serde_json::Value::Bool(match raw.trim() {
             "true" | "yes" | "1" | "on" => true,
             "false" | "no" | "0" | "off" => false,
@@ -32,10 +34,17 @@ fn convert(raw: &str, ty: ParamType) -> Option<serde_json::Value> {
         ParamType::List => {
             if raw.trim().starts_with('[') {
                 let v: serde_json::Value = serde_json::from_str(raw).ok()?;
-                v.as_array()?.iter().all(serde_json::Value::is_string).then_some(v)?
+                v.as_array()?
+                    .iter()
+                    .all(serde_json::Value::is_string)
+                    .then_some(v)?
             } else {
                 serde_json::Value::Array(
-                    raw.split(',').map(str::trim).filter(|s| !s.is_empty()).map(|s| serde_json::Value::String(s.into())).collect(),
+                    raw.split(',')
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                        .map(|s| serde_json::Value::String(s.into()))
+                        .collect(),
                 )
             }
         }
@@ -43,13 +52,28 @@ fn convert(raw: &str, ty: ParamType) -> Option<serde_json::Value> {
 }
 
 /// Checks params and computes their values.
-pub fn check(wf: &Workflow, sets: &[(String, String)], require: bool, diags: &mut Diagnostics) -> ParamValues {
+pub fn check(
+    wf: &Workflow,
+    sets: &[(String, String)],
+    require: bool,
+    diags: &mut Diagnostics,
+) -> ParamValues {
     let mut values = ParamValues::new();
     for p in &wf.params {
         let mut default = p.default.clone();
         // A list param accepts a single string as a list of one (KDL writes one argument so).
-        if let (ParamType::List, Some(Value { kind: ValueKind::Str(s), span })) = (p.ty.value, &default) {
-            default = Some(Value::new(*span, ValueKind::Array(vec![Value::new(*span, ValueKind::Str(s.clone()))])));
+        if let (
+            ParamType::List,
+            Some(Value {
+                kind: ValueKind::Str(s),
+                span,
+            }),
+        ) = (p.ty.value, &default)
+        {
+            default = Some(Value::new(
+                *span,
+                ValueKind::Array(vec![Value::new(*span, ValueKind::Str(s.clone()))]),
+            ));
         }
         if let Some(d) = &default {
             match param_value_error(d, p.ty.value, &p.name.value) {
@@ -68,8 +92,15 @@ pub fn check(wf: &Workflow, sets: &[(String, String)], require: bool, diags: &mu
             let dj = d.to_json();
             if !p.choices.iter().any(|c| c.to_json() == dj) {
                 diags.push(
-                    Diagnostic::new(Code::ParamType, d.span, format!("the default of `{}` is not one of its choices", p.name.value))
-                        .help("add it to `choices` or change the default"),
+                    Diagnostic::new(
+                        Code::ParamType,
+                        d.span,
+                        format!(
+                            "the default of `{}` is not one of its choices",
+                            p.name.value
+                        ),
+                    )
+                    .help("add it to `choices` or change the default"),
                 );
             }
         }
@@ -77,25 +108,43 @@ pub fn check(wf: &Workflow, sets: &[(String, String)], require: bool, diags: &mu
     for (key, raw) in sets {
         let Some(p) = wf.params.iter().find(|p| p.name.value == *key) else {
             diags.push(
-                Diagnostic::new(Code::UnknownParam, None, format!("--set {key}: the workflow has no param `{key}`"))
-                    .suggest(key, wf.params.iter().map(|p| p.name.value.as_str()))
-                    .help_or(format!("its params are: {}", names(wf))),
+                Diagnostic::new(
+                    Code::UnknownParam,
+                    None,
+                    format!("--set {key}: the workflow has no param `{key}`"),
+                )
+                .suggest(key, wf.params.iter().map(|p| p.name.value.as_str()))
+                .help_or(format!("its params are: {}", names(wf))),
             );
             continue;
         };
         let Some(v) = convert(raw, p.ty.value) else {
             diags.push(
-                Diagnostic::new(Code::ParamType, p.ty.span, format!("--set {key}={raw}: `{raw}` is not a valid {}", p.ty.value.as_str()))
-                    .label(format!("`{key}` is declared as {} here", p.ty.value.as_str()))
-                    .help(format!("pass a {} value", p.ty.value.as_str())),
+                Diagnostic::new(
+                    Code::ParamType,
+                    p.ty.span,
+                    format!(
+                        "--set {key}={raw}: `{raw}` is not a valid {}",
+                        p.ty.value.as_str()
+                    ),
+                )
+                .label(format!(
+                    "`{key}` is declared as {} here",
+                    p.ty.value.as_str()
+                ))
+                .help(format!("pass a value of type {}", p.ty.value.as_str())),
             );
             continue;
         };
         if !p.choices.is_empty() && !p.choices.iter().any(|c| c.to_json() == v) {
             let choices: Vec<String> = p.choices.iter().map(|c| c.to_json().to_string()).collect();
             diags.push(
-                Diagnostic::new(Code::ParamType, p.name.span, format!("--set {key}={raw}: not one of the choices"))
-                    .help(format!("choose one of: {}", choices.join(", "))),
+                Diagnostic::new(
+                    Code::ParamType,
+                    p.name.span,
+                    format!("--set {key}={raw}: not one of the choices"),
+                )
+                .help(format!("choose one of: {}", choices.join(", "))),
             );
             continue;
         }
@@ -105,9 +154,13 @@ pub fn check(wf: &Workflow, sets: &[(String, String)], require: bool, diags: &mu
         for p in &wf.params {
             if !values.contains_key(&p.name.value) {
                 diags.push(
-                    Diagnostic::new(Code::ParamRequired, p.name.span, format!("param `{}` is required and has no value", p.name.value))
-                        .label("declared here without a default")
-                        .help(format!("pass --set {}=VALUE", p.name.value)),
+                    Diagnostic::new(
+                        Code::ParamRequired,
+                        p.name.span,
+                        format!("param `{}` is required and has no value", p.name.value),
+                    )
+                    .label("declared here without a default")
+                    .help(format!("pass --set {}=VALUE", p.name.value)),
                 );
             }
         }
@@ -117,9 +170,12 @@ pub fn check(wf: &Workflow, sets: &[(String, String)], require: bool, diags: &mu
 
 fn names(wf: &Workflow) -> String {
     let names: Vec<&str> = wf.params.iter().map(|p| p.name.value.as_str()).collect();
-    if names.is_empty() { "none".into() } else { names.join(", ") }
+    if names.is_empty() {
+        "none".into()
+    } else {
+        names.join(", ")
+    }
 }
-
 
 #[cfg(test)]
 mod tests {
@@ -129,9 +185,18 @@ mod tests {
     fn set_values_convert_by_type() {
         assert_eq!(convert("5", ParamType::Int), Some(serde_json::json!(5)));
         assert_eq!(convert("five", ParamType::Int), None);
-        assert_eq!(convert("yes", ParamType::Bool), Some(serde_json::json!(true)));
-        assert_eq!(convert("a, b", ParamType::List), Some(serde_json::json!(["a", "b"])));
-        assert_eq!(convert("[\"a\"]", ParamType::List), Some(serde_json::json!(["a"])));
+        assert_eq!(
+            convert("yes", ParamType::Bool),
+            Some(serde_json::json!(true))
+        );
+        assert_eq!(
+            convert("a, b", ParamType::List),
+            Some(serde_json::json!(["a", "b"]))
+        );
+        assert_eq!(
+            convert("[\"a\"]", ParamType::List),
+            Some(serde_json::json!(["a"]))
+        );
         assert_eq!(convert("[1]", ParamType::List), None);
         assert!(parse_set("novalue").is_err());
         assert_eq!(parse_set("a=b=c"), Ok(("a".into(), "b=c".into())));

@@ -10,25 +10,58 @@ use crate::source::Spanned;
 pub const IMPLICIT_EXITS: &[(&str, i64)] = &[("success", 0), ("failed", 1)];
 
 /// Exit codes the engine itself uses: configuration error, waiting on a gate, interrupted.
-pub const ENGINE_CODES: &[(i64, &str)] = &[(3, "configuration error"), (75, "waiting on a gate"), (130, "interrupted")];
+pub const ENGINE_CODES: &[(i64, &str)] = &[
+    (3, "configuration error"),
+    (75, "waiting on a gate"),
+    (130, "interrupted"),
+];
 
 pub fn check(c: &mut Checked<'_>, diags: &mut Diagnostics) {
     let wf = c.workflow;
-    if !wf.name.value.is_empty() && !wf.name.value.chars().all(|ch| ch.is_ascii_lowercase() || ch.is_ascii_digit() || ch == '-' || ch == '_') {
+    if !wf.name.value.is_empty()
+        && !wf
+            .name
+            .value
+            .chars()
+            .all(|ch| ch.is_ascii_lowercase() || ch.is_ascii_digit() || ch == '-' || ch == '_')
+    {
         diags.push(
-            Diagnostic::new(Code::InvalidValue, wf.name.span, format!("workflow name `{}` has characters other than a-z, 0-9, `-` and `_`", wf.name.value))
-                .help("names are used in paths and run ids; use lowercase letters, digits, `-` and `_`"),
+            Diagnostic::new(
+                Code::InvalidValue,
+                wf.name.span,
+                format!(
+                    "workflow name `{}` has characters other than a-z, 0-9, `-` and `_`",
+                    wf.name.value
+                ),
+            )
+            .help(
+                "names are used in paths and run ids; use lowercase letters, digits, `-` and `_`",
+            ),
         );
     }
     for e in &wf.exits {
         if let Some((_, what)) = ENGINE_CODES.iter().find(|(code, _)| *code == e.code.value) {
             diags.push(
-                Diagnostic::new(Code::ReservedExitCode, e.code.span, format!("exit code {} is what ralph-flow itself returns for a {what}", e.code.value))
-                    .help("choose another code so the two can be told apart"),
+                Diagnostic::new(
+                    Code::ReservedExitCode,
+                    e.code.span,
+                    format!(
+                        "exit code {} is what ralph-flow itself returns for a {what}",
+                        e.code.value
+                    ),
+                )
+                .help("choose another code so the two can be told apart"),
             );
         }
         if !(0..=255).contains(&e.code.value) {
-            diags.push(Diagnostic::new(Code::InvalidValue, e.code.span, "exit codes are between 0 and 255").help("choose a code from 0 to 255"));
+            diags.push(
+                Diagnostic::new(
+                    Code::InvalidValue,
+                    e.code.span,
+                    "exit codes are between 0 and 255",
+                )
+                .help("choose a code from 0 to 255"),
+            );
         }
     }
     for a in &wf.agents {
@@ -42,14 +75,29 @@ pub fn check(c: &mut Checked<'_>, diags: &mut Diagnostics) {
         };
         if let Some(key) = missing {
             diags.push(
-                Diagnostic::new(Code::AgentIncomplete, a.kind.span, format!("agent `{}` of kind `{}` needs `{key}`", a.name.value, a.kind.value.as_str()))
-                    .help(format!("add `{key}` to the agent")),
+                Diagnostic::new(
+                    Code::AgentIncomplete,
+                    a.kind.span,
+                    format!(
+                        "agent `{}` of kind `{}` needs `{key}`",
+                        a.name.value,
+                        a.kind.value.as_str()
+                    ),
+                )
+                .help(format!("add `{key}` to the agent")),
             );
         }
     }
     for r in &wf.resources {
         if r.capacity.value == Count::Literal(0) {
-            diags.push(Diagnostic::new(Code::InvalidValue, r.capacity.span, "a resource's capacity must be at least 1").help("set capacity = 1 for a queue"));
+            diags.push(
+                Diagnostic::new(
+                    Code::InvalidValue,
+                    r.capacity.span,
+                    "a resource's capacity must be at least 1",
+                )
+                .help("set capacity = 1 for a queue"),
+            );
         }
     }
     if let Some(b) = &wf.budget {
@@ -66,16 +114,28 @@ fn agent_ref(c: &Checked<'_>, name: &Spanned<String>, diags: &mut Diagnostics) {
     }
     if !c.workflow.agents.iter().any(|a| a.name.value == name.value) {
         diags.push(
-            Diagnostic::new(Code::UnknownAgent, name.span, format!("there is no agent `{}`", name.value))
-                .label("unknown agent")
-                .suggest(&name.value, c.workflow.agents.iter().map(|a| a.name.value.as_str()))
-                .help_or(agent_list(c)),
+            Diagnostic::new(
+                Code::UnknownAgent,
+                name.span,
+                format!("there is no agent `{}`", name.value),
+            )
+            .label("unknown agent")
+            .suggest(
+                &name.value,
+                c.workflow.agents.iter().map(|a| a.name.value.as_str()),
+            )
+            .help_or(agent_list(c)),
         );
     }
 }
 
 fn agent_list(c: &Checked<'_>) -> String {
-    let names: Vec<&str> = c.workflow.agents.iter().map(|a| a.name.value.as_str()).collect();
+    let names: Vec<&str> = c
+        .workflow
+        .agents
+        .iter()
+        .map(|a| a.name.value.as_str())
+        .collect();
     if names.is_empty() {
         "define it under [agents.NAME]".into()
     } else {
@@ -84,7 +144,12 @@ fn agent_list(c: &Checked<'_>) -> String {
 }
 
 fn exit_names(c: &Checked<'_>) -> Vec<String> {
-    let mut names: Vec<String> = c.workflow.exits.iter().map(|e| e.name.value.clone()).collect();
+    let mut names: Vec<String> = c
+        .workflow
+        .exits
+        .iter()
+        .map(|e| e.name.value.clone())
+        .collect();
     for (n, _) in IMPLICIT_EXITS {
         if !names.iter().any(|x| x == n) {
             names.push((*n).to_string());
@@ -94,34 +159,56 @@ fn exit_names(c: &Checked<'_>) -> Vec<String> {
 }
 
 /// Checks an action written on stage `at` (or at the top level for `None`).
-fn action_ok(c: &Checked<'_>, at: Option<StageId>, action: Option<&Spanned<Action>>, key: &str, diags: &mut Diagnostics) {
+fn action_ok(
+    c: &Checked<'_>,
+    at: Option<StageId>,
+    action: Option<&Spanned<Action>>,
+    key: &str,
+    diags: &mut Diagnostics,
+) {
     let Some(action) = action else { return };
     let in_loop = at.is_some_and(|s| c.enclosing_loop(s).is_some());
     match &action.value {
         Action::Continue | Action::Break if !in_loop => diags.push(
-            Diagnostic::new(Code::ActionOutOfPlace, action.span, format!("`{}` is only possible inside a loop", action.value))
-                .help("use `fail` or `exit:NAME` outside loops"),
+            Diagnostic::new(
+                Code::ActionOutOfPlace,
+                action.span,
+                format!("`{}` is only possible inside a loop", action.value),
+            )
+            .help("use `fail` or `exit:NAME` outside loops"),
         ),
         Action::Approve | Action::Reject if key != "on_timeout" => diags.push(
-            Diagnostic::new(Code::ActionOutOfPlace, action.span, format!("`{}` is only possible as a gate's on_timeout", action.value))
-                .help("use `continue`, `break`, `fail`, `exit:NAME` or a stage id"),
+            Diagnostic::new(
+                Code::ActionOutOfPlace,
+                action.span,
+                format!("`{}` is only possible as a gate's on_timeout", action.value),
+            )
+            .help("use `continue`, `break`, `fail`, `exit:NAME` or a stage id"),
         ),
         Action::Exit(name) => {
             let names = exit_names(c);
             if !names.iter().any(|n| n == name) {
                 diags.push(
-                    Diagnostic::new(Code::UnknownExit, action.span, format!("there is no exit `{name}`"))
-                        .label("unknown exit")
-                        .suggest(name, names.iter().map(String::as_str))
-                        .help_or(format!("declare it under [exits.{name}] with its code")),
+                    Diagnostic::new(
+                        Code::UnknownExit,
+                        action.span,
+                        format!("there is no exit `{name}`"),
+                    )
+                    .label("unknown exit")
+                    .suggest(name, names.iter().map(String::as_str))
+                    .help_or(format!("declare it under [exits.{name}] with its code")),
                 );
             }
         }
         Action::Goto(target) => match c.find(target) {
             None => diags.push(
-                Diagnostic::new(Code::UnknownStage, action.span, format!("there is no stage `{target}`"))
-                    .label("unknown stage")
-                    .suggest(target, c.by_id.keys().copied()),
+                Diagnostic::new(
+                    Code::UnknownStage,
+                    action.span,
+                    format!("there is no stage `{target}`"),
+                )
+                .label("unknown stage")
+                .suggest(target, c.by_id.keys().copied()),
             ),
             Some(t) => {
                 let here = at.and_then(|s| c.info(s).parent);
@@ -136,7 +223,14 @@ fn action_ok(c: &Checked<'_>, at: Option<StageId>, action: Option<&Spanned<Actio
                             .help("a route goes to a stage of the same body; to leave a loop, use `break` or `exit:NAME`"),
                     );
                 } else if Some(t) == at {
-                    diags.push(Diagnostic::new(Code::Cycle, action.span, format!("stage `{target}` routes to itself")).help("to run it again, put it in a loop and use `continue`"));
+                    diags.push(
+                        Diagnostic::new(
+                            Code::Cycle,
+                            action.span,
+                            format!("stage `{target}` routes to itself"),
+                        )
+                        .help("to run it again, put it in a loop and use `continue`"),
+                    );
                 }
             }
         },
@@ -146,9 +240,17 @@ fn action_ok(c: &Checked<'_>, at: Option<StageId>, action: Option<&Spanned<Actio
 
 fn require(stage: &Stage, key: &str, present: bool, diags: &mut Diagnostics) {
     if !present {
-        let code = if key == "max_iterations" { Code::UnboundedLoop } else { Code::MissingKey };
-        let mut d = Diagnostic::new(code, stage.kind.span, format!("a {} stage needs `{key}`", stage.kind.value.as_str()))
-            .label(format!("stage `{}` has no `{key}`", stage.id.value));
+        let code = if key == "max_iterations" {
+            Code::UnboundedLoop
+        } else {
+            Code::MissingKey
+        };
+        let mut d = Diagnostic::new(
+            code,
+            stage.kind.span,
+            format!("a {} stage needs `{key}`", stage.kind.value.as_str()),
+        )
+        .label(format!("stage `{}` has no `{key}`", stage.id.value));
         d = match key {
             "max_iterations" => d.help("every loop is bounded: add max_iterations = N"),
             "prompt" => d.help("add `prompt = \"...\"` or `prompt_file = \"prompts/....md.j2\"`"),
@@ -166,11 +268,27 @@ fn stage(c: &mut Checked<'_>, id: StageId, diags: &mut Diagnostics) {
     for need in &s.needs {
         match c.find(&need.value) {
             None => diags.push(
-                Diagnostic::new(Code::UnknownStage, need.span, format!("there is no stage `{}`", need.value))
-                    .label("unknown stage")
-                    .suggest(&need.value, c.body(parent).iter().map(|b| c.info(*b).stage.id.value.as_str())),
+                Diagnostic::new(
+                    Code::UnknownStage,
+                    need.span,
+                    format!("there is no stage `{}`", need.value),
+                )
+                .label("unknown stage")
+                .suggest(
+                    &need.value,
+                    c.body(parent)
+                        .iter()
+                        .map(|b| c.info(*b).stage.id.value.as_str()),
+                ),
             ),
-            Some(n) if n == id => diags.push(Diagnostic::new(Code::Cycle, need.span, format!("stage `{}` needs itself", need.value)).help("remove it from needs")),
+            Some(n) if n == id => diags.push(
+                Diagnostic::new(
+                    Code::Cycle,
+                    need.span,
+                    format!("stage `{}` needs itself", need.value),
+                )
+                .help("remove it from needs"),
+            ),
             Some(n) if c.info(n).parent != parent => {
                 let where_ = match c.info(n).parent {
                     Some(p) => format!("in the body of `{}`", c.info(p).stage.id.value),
@@ -188,16 +306,33 @@ fn stage(c: &mut Checked<'_>, id: StageId, diags: &mut Diagnostics) {
     if let Some(r) = &s.resource {
         if !c.workflow.resources.iter().any(|x| x.name.value == r.value) {
             diags.push(
-                Diagnostic::new(Code::UnknownResource, r.span, format!("there is no resource `{}`", r.value))
-                    .label("unknown resource")
-                    .suggest(&r.value, c.workflow.resources.iter().map(|x| x.name.value.as_str()))
-                    .help_or(format!("declare it under [resources.{}] with a capacity", r.value)),
+                Diagnostic::new(
+                    Code::UnknownResource,
+                    r.span,
+                    format!("there is no resource `{}`", r.value),
+                )
+                .label("unknown resource")
+                .suggest(
+                    &r.value,
+                    c.workflow.resources.iter().map(|x| x.name.value.as_str()),
+                )
+                .help_or(format!(
+                    "declare it under [resources.{}] with a capacity",
+                    r.value
+                )),
             );
         }
     }
     if s.priority.is_some() && s.resource.is_none() {
         if let Some(p) = &s.priority {
-            diags.push(Diagnostic::new(Code::KeyNotForKind, p.span, "`priority` has no effect without `resource`").help("add `resource = \"NAME\"` or remove priority"));
+            diags.push(
+                Diagnostic::new(
+                    Code::KeyNotForKind,
+                    p.span,
+                    "`priority` has no effect without `resource`",
+                )
+                .help("add `resource = \"NAME\"` or remove priority"),
+            );
         }
     }
     action_ok(c, Some(id), s.on_fail.as_ref(), "on_fail", diags);
@@ -211,29 +346,56 @@ fn stage(c: &mut Checked<'_>, id: StageId, diags: &mut Diagnostics) {
         action_ok(c, Some(id), route.default.as_ref(), "default", diags);
     }
     match &s.body {
-        StageBody::Agent { agent, prompt, prompt_file } => {
+        StageBody::Agent {
+            agent,
+            prompt,
+            prompt_file,
+        } => {
             require(s, "agent", agent.is_some(), diags);
-            require(s, "prompt", prompt.is_some() || prompt_file.is_some(), diags);
+            require(
+                s,
+                "prompt",
+                prompt.is_some() || prompt_file.is_some(),
+                diags,
+            );
             if let (Some(p), Some(_)) = (prompt, prompt_file) {
-                diags.push(Diagnostic::new(Code::Duplicate, p.span, "a stage has either `prompt` or `prompt_file`, not both").help("keep one of them"));
+                diags.push(
+                    Diagnostic::new(
+                        Code::Duplicate,
+                        p.span,
+                        "a stage has either `prompt` or `prompt_file`, not both",
+                    )
+                    .help("keep one of them"),
+                );
             }
             if let Some(a) = agent {
                 agent_ref(c, a, diags);
             }
         }
         StageBody::Command(cmd) => require(s, "argv", !cmd.argv.is_empty(), diags),
-        StageBody::Check { command, expect, .. } => {
+        StageBody::Check {
+            command, expect, ..
+        } => {
             if command.is_none() && expect.is_none() {
                 diags.push(
-                    Diagnostic::new(Code::MissingKey, s.kind.span, "a check stage needs `argv`, `expect` or both")
-                        .help("add argv = [...] to run a command, or expect = \"...\" to test outputs"),
+                    Diagnostic::new(
+                        Code::MissingKey,
+                        s.kind.span,
+                        "a check stage needs `argv`, `expect` or both",
+                    )
+                    .help("add argv = [...] to run a command, or expect = \"...\" to test outputs"),
                 );
             }
             if let Some(cmd) = command {
                 require(s, "argv", !cmd.argv.is_empty(), diags);
             }
         }
-        StageBody::Gate { message, on_timeout, on_reject, .. } => {
+        StageBody::Gate {
+            message,
+            on_timeout,
+            on_reject,
+            ..
+        } => {
             require(s, "message", message.is_some(), diags);
             action_ok(c, Some(id), on_timeout.as_ref(), "on_timeout", diags);
             action_ok(c, Some(id), on_reject.as_ref(), "on_reject", diags);
@@ -250,19 +412,45 @@ fn stage(c: &mut Checked<'_>, id: StageId, diags: &mut Diagnostics) {
             }
         }
         StageBody::Subflow { workflow, .. } => require(s, "workflow", workflow.is_some(), diags),
-        StageBody::Loop { max_iterations, on_exhausted, stuck, escalation, until, stages, .. } => {
+        StageBody::Loop {
+            max_iterations,
+            on_exhausted,
+            stuck,
+            escalation,
+            until,
+            stages,
+            ..
+        } => {
             require(s, "max_iterations", max_iterations.is_some(), diags);
             if let Some(m) = max_iterations {
                 if m.value == Count::Literal(0) {
-                    diags.push(Diagnostic::new(Code::UnboundedLoop, m.span, "max_iterations must be at least 1").help("set max_iterations to the most attempts you accept"));
+                    diags.push(
+                        Diagnostic::new(
+                            Code::UnboundedLoop,
+                            m.span,
+                            "max_iterations must be at least 1",
+                        )
+                        .help("set max_iterations to the most attempts you accept"),
+                    );
                 }
             }
             action_ok(c, Some(id), on_exhausted.as_ref(), "on_exhausted", diags);
             if let Some(st) = stuck {
                 action_ok(c, Some(id), st.then.as_ref(), "then", diags);
-                if st.repeats.as_ref().is_some_and(|r| matches!(r.value, Count::Literal(0 | 1))) {
+                if st
+                    .repeats
+                    .as_ref()
+                    .is_some_and(|r| matches!(r.value, Count::Literal(0 | 1)))
+                {
                     if let Some(r) = &st.repeats {
-                        diags.push(Diagnostic::new(Code::InvalidValue, r.span, "stuck.repeats must be at least 2").help("2 means: the same findings twice in a row"));
+                        diags.push(
+                            Diagnostic::new(
+                                Code::InvalidValue,
+                                r.span,
+                                "stuck.repeats must be at least 2",
+                            )
+                            .help("2 means: the same findings twice in a row"),
+                        );
                     }
                 }
             }
@@ -271,12 +459,23 @@ fn stage(c: &mut Checked<'_>, id: StageId, diags: &mut Diagnostics) {
                     match c.find(&target.value) {
                         Some(t) if c.info(t).parent == Some(id) => {}
                         Some(_) => diags.push(
-                            Diagnostic::new(Code::CrossRegionNeed, target.span, format!("stage `{}` is not in the body of loop `{}`", target.value, s.id.value))
-                                .help("escalation rules run stages of their own loop's body"),
+                            Diagnostic::new(
+                                Code::CrossRegionNeed,
+                                target.span,
+                                format!(
+                                    "stage `{}` is not in the body of loop `{}`",
+                                    target.value, s.id.value
+                                ),
+                            )
+                            .help("escalation rules run stages of their own loop's body"),
                         ),
                         None => diags.push(
-                            Diagnostic::new(Code::UnknownStage, target.span, format!("there is no stage `{}`", target.value))
-                                .suggest(&target.value, stages.iter().map(|b| b.id.value.as_str())),
+                            Diagnostic::new(
+                                Code::UnknownStage,
+                                target.span,
+                                format!("there is no stage `{}`", target.value),
+                            )
+                            .suggest(&target.value, stages.iter().map(|b| b.id.value.as_str())),
                         ),
                     }
                 }
@@ -289,20 +488,62 @@ fn stage(c: &mut Checked<'_>, id: StageId, diags: &mut Diagnostics) {
                 );
             }
             if stages.is_empty() {
-                diags.push(Diagnostic::new(Code::MissingKey, s.kind.span, format!("loop `{}` has no stages", s.id.value)).help("add stages to its body"));
+                diags.push(
+                    Diagnostic::new(
+                        Code::MissingKey,
+                        s.kind.span,
+                        format!("loop `{}` has no stages", s.id.value),
+                    )
+                    .help("add stages to its body"),
+                );
             }
         }
-        StageBody::ForEach { over, result, stages, max_concurrency, as_name, .. } => {
+        StageBody::ForEach {
+            over,
+            result,
+            stages,
+            max_concurrency,
+            as_name,
+            ..
+        } => {
             require(s, "over", over.is_some(), diags);
-            region_common(c, id, result.as_ref(), max_concurrency.as_ref(), stages, diags);
+            region_common(
+                c,
+                id,
+                result.as_ref(),
+                max_concurrency.as_ref(),
+                stages,
+                diags,
+            );
             if let Some(a) = as_name {
-                if !is_ident(&a.value) || crate::model::RESERVED.contains(&a.value.as_str()) && a.value != "item" {
-                    diags.push(Diagnostic::new(Code::InvalidValue, a.span, format!("`{}` cannot be a variable name", a.value)).help("use a plain name such as `ticket`"));
+                if !is_ident(&a.value)
+                    || crate::model::RESERVED.contains(&a.value.as_str()) && a.value != "item"
+                {
+                    diags.push(
+                        Diagnostic::new(
+                            Code::InvalidValue,
+                            a.span,
+                            format!("`{}` cannot be a variable name", a.value),
+                        )
+                        .help("use a plain name such as `ticket`"),
+                    );
                 }
             }
         }
-        StageBody::Group { result, stages, max_concurrency, .. } => {
-            region_common(c, id, result.as_ref(), max_concurrency.as_ref(), stages, diags);
+        StageBody::Group {
+            result,
+            stages,
+            max_concurrency,
+            ..
+        } => {
+            region_common(
+                c,
+                id,
+                result.as_ref(),
+                max_concurrency.as_ref(),
+                stages,
+                diags,
+            );
         }
     }
 }
@@ -317,18 +558,36 @@ fn region_common(
 ) {
     let s = c.info(id).stage;
     if stages.is_empty() {
-        diags.push(Diagnostic::new(Code::MissingKey, s.kind.span, format!("`{}` has no stages", s.id.value)).help("add stages to its body"));
+        diags.push(
+            Diagnostic::new(
+                Code::MissingKey,
+                s.kind.span,
+                format!("`{}` has no stages", s.id.value),
+            )
+            .help("add stages to its body"),
+        );
     }
     if let Some(m) = max_concurrency {
         if m.value == Count::Literal(0) {
-            diags.push(Diagnostic::new(Code::InvalidValue, m.span, "max_concurrency must be at least 1").help("1 runs one at a time"));
+            diags.push(
+                Diagnostic::new(
+                    Code::InvalidValue,
+                    m.span,
+                    "max_concurrency must be at least 1",
+                )
+                .help("1 runs one at a time"),
+            );
         }
     }
     if let Some(r) = result {
         if !stages.iter().any(|b| b.id.value == r.value) {
             diags.push(
-                Diagnostic::new(Code::UnknownStage, r.span, format!("`{}` is not a stage of this body", r.value))
-                    .suggest(&r.value, stages.iter().map(|b| b.id.value.as_str())),
+                Diagnostic::new(
+                    Code::UnknownStage,
+                    r.span,
+                    format!("`{}` is not a stage of this body", r.value),
+                )
+                .suggest(&r.value, stages.iter().map(|b| b.id.value.as_str())),
             );
         }
     }
@@ -337,11 +596,18 @@ fn region_common(
 fn body_leaves(stages: &[Stage]) -> bool {
     stages.iter().any(|s| {
         let leaves = |a: &Action| matches!(a, Action::Break | Action::Exit(_));
-        s.route.as_ref().is_some_and(|r| r.cases.iter().any(|(_, a)| leaves(&a.value)) || r.default.as_ref().is_some_and(|a| leaves(&a.value)))
-            || s.on_fail.as_ref().is_some_and(|a| leaves(&a.value))
+        s.route.as_ref().is_some_and(|r| {
+            r.cases.iter().any(|(_, a)| leaves(&a.value))
+                || r.default.as_ref().is_some_and(|a| leaves(&a.value))
+        }) || s.on_fail.as_ref().is_some_and(|a| leaves(&a.value))
             || match &s.body {
-                StageBody::Gate { on_reject, on_timeout, .. } => {
-                    on_reject.as_ref().is_some_and(|a| leaves(&a.value)) || on_timeout.as_ref().is_some_and(|a| leaves(&a.value))
+                StageBody::Gate {
+                    on_reject,
+                    on_timeout,
+                    ..
+                } => {
+                    on_reject.as_ref().is_some_and(|a| leaves(&a.value))
+                        || on_timeout.as_ref().is_some_and(|a| leaves(&a.value))
                 }
                 StageBody::Group { stages, .. } => body_leaves(stages),
                 _ => false,

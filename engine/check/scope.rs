@@ -63,7 +63,10 @@ pub fn upstream(c: &Checked<'_>, site: Site) -> BTreeSet<StageId> {
 /// Adds a stage and, for loops and groups, the stages of its body (their latest outputs).
 fn add_with_body(c: &Checked<'_>, id: StageId, out: &mut BTreeSet<StageId>) {
     out.insert(id);
-    if matches!(c.info(id).stage.kind.value, StageKind::Loop | StageKind::Group) {
+    if matches!(
+        c.info(id).stage.kind.value,
+        StageKind::Loop | StageKind::Group
+    ) {
         for child in &c.info(id).children {
             add_with_body(c, *child, out);
         }
@@ -95,16 +98,22 @@ fn conditional_inner(c: &Checked<'_>, id: StageId, seen: &mut BTreeSet<StageId>)
 
 /// Tells whether some route of the same body goes to this stage.
 pub fn is_route_target(c: &Checked<'_>, id: StageId) -> bool {
-    c.body(c.info(id).parent).iter().any(|s| route_targets(c, *s).contains(&id))
+    c.body(c.info(id).parent)
+        .iter()
+        .any(|s| route_targets(c, *s).contains(&id))
 }
 
 /// Tells whether an escalation rule of the enclosing loop runs this stage.
 pub fn is_escalated(c: &Checked<'_>, id: StageId) -> bool {
-    let Some(parent) = c.info(id).parent else { return false };
+    let Some(parent) = c.info(id).parent else {
+        return false;
+    };
     match &c.info(parent).stage.body {
         crate::model::StageBody::Loop { escalation, .. } => {
             let name = &c.info(id).stage.id.value;
-            escalation.iter().any(|r| r.run.iter().any(|t| t.value == *name))
+            escalation
+                .iter()
+                .any(|r| r.run.iter().any(|t| t.value == *name))
         }
         _ => false,
     }
@@ -112,7 +121,12 @@ pub fn is_escalated(c: &Checked<'_>, id: StageId) -> bool {
 
 /// Tells whether two stages share an enclosing loop (so one can read the other's history).
 pub fn share_loop(c: &Checked<'_>, a: StageId, b: StageId) -> bool {
-    let la: Vec<StageId> = c.ancestors(a).into_iter().filter(|x| c.info(*x).stage.kind.value == StageKind::Loop).collect();
+    let la: Vec<StageId> = c
+        .ancestors(a)
+        .into_iter()
+        .filter(|x| c.info(*x).stage.kind.value == StageKind::Loop)
+        .collect();
     let lb = c.ancestors(b);
-    la.iter().any(|l| lb.contains(l)) || (c.info(a).stage.kind.value == StageKind::Loop && lb.contains(&a))
+    la.iter().any(|l| lb.contains(l))
+        || (c.info(a).stage.kind.value == StageKind::Loop && lb.contains(&a))
 }

@@ -10,11 +10,31 @@ use crate::model::{Count, Dur, StageBody, StageKind};
 use crate::source::{Sources, Span, Spanned};
 
 /// Helper functions templates may call; the run side provides them.
-pub const HELPERS: &[&str] = &["read_file", "glob", "git_diff", "git_status", "tail", "file_exists"];
+pub const HELPERS: &[&str] = &[
+    "read_file",
+    "glob",
+    "git_diff",
+    "git_status",
+    "tail",
+    "file_exists",
+];
 /// Functions minijinja itself provides.
-const BUILTINS: &[&str] = &["range", "dict", "namespace", "debug", "true", "false", "none", "True", "False", "None"];
+const BUILTINS: &[&str] = &[
+    "range",
+    "dict",
+    "namespace",
+    "debug",
+    "true",
+    "false",
+    "none",
+    "True",
+    "False",
+    "None",
+];
 /// The attributes of `stages.ID`.
-pub const STAGE_ATTRS: &[&str] = &["output", "history", "last", "status", "ran", "feedback", "attempts"];
+pub const STAGE_ATTRS: &[&str] = &[
+    "output", "history", "last", "status", "ran", "feedback", "attempts",
+];
 /// The attributes of `run`.
 pub const RUN_ATTRS: &[&str] = &["id", "dir", "workflow", "started_at", "stage_dir"];
 /// The loop variables.
@@ -52,7 +72,13 @@ pub fn check(c: &mut Checked<'_>, loader: &mut Loader<'_>, diags: &mut Diagnosti
     let wf = c.workflow;
     let params = Scope::Params;
     for a in &wf.agents {
-        for t in a.model.iter().chain(&a.args).chain(a.env.iter().map(|(_, v)| v)).chain(&a.command) {
+        for t in a
+            .model
+            .iter()
+            .chain(&a.args)
+            .chain(a.env.iter().map(|(_, v)| v))
+            .chain(&a.command)
+        {
             inline(c, loader.sources, &env, t, Kind::Template, params, diags);
         }
         count_like(c, loader.sources, &env, a.context_window.as_ref(), diags);
@@ -62,7 +88,15 @@ pub fn check(c: &mut Checked<'_>, loader: &mut Loader<'_>, diags: &mut Diagnosti
     }
     for e in &wf.exits {
         if let Some(m) = &e.message {
-            inline(c, loader.sources, &env, m, Kind::Template, Scope::End, diags);
+            inline(
+                c,
+                loader.sources,
+                &env,
+                m,
+                Kind::Template,
+                Scope::End,
+                diags,
+            );
         }
     }
     for r in &wf.resources {
@@ -77,13 +111,23 @@ pub fn check(c: &mut Checked<'_>, loader: &mut Loader<'_>, diags: &mut Diagnosti
     }
 }
 
-fn stage(c: &mut Checked<'_>, id: StageId, loader: &mut Loader<'_>, env: &minijinja::Environment<'_>, diags: &mut Diagnostics) {
+fn stage(
+    c: &mut Checked<'_>,
+    id: StageId,
+    loader: &mut Loader<'_>,
+    env: &minijinja::Environment<'_>,
+    diags: &mut Diagnostics,
+) {
     let s = c.info(id).stage;
     let here = Scope::At(Site::Stage(id));
     let own = Scope::WithOutput(Site::Stage(id));
     let src = &*loader.sources;
-    let t = |c: &Checked<'_>, text: &Spanned<String>, scope: Scope, diags: &mut Diagnostics| inline(c, src, env, text, Kind::Template, scope, diags);
-    let e = |c: &Checked<'_>, text: &Spanned<String>, scope: Scope, diags: &mut Diagnostics| inline(c, src, env, text, Kind::Expr, scope, diags);
+    let t = |c: &Checked<'_>, text: &Spanned<String>, scope: Scope, diags: &mut Diagnostics| {
+        inline(c, src, env, text, Kind::Template, scope, diags)
+    };
+    let e = |c: &Checked<'_>, text: &Spanned<String>, scope: Scope, diags: &mut Diagnostics| {
+        inline(c, src, env, text, Kind::Expr, scope, diags)
+    };
     if let Some(w) = &s.when {
         e(c, w, here, diags);
     }
@@ -107,7 +151,11 @@ fn stage(c: &mut Checked<'_>, id: StageId, loader: &mut Loader<'_>, env: &miniji
     }
     let mut prompt_file = None;
     match &s.body {
-        StageBody::Agent { agent, prompt, prompt_file: file } => {
+        StageBody::Agent {
+            agent,
+            prompt,
+            prompt_file: file,
+        } => {
             if let Some(a) = agent {
                 if a.value.contains("{{") {
                     t(c, a, Scope::Params, diags);
@@ -119,15 +167,26 @@ fn stage(c: &mut Checked<'_>, id: StageId, loader: &mut Loader<'_>, env: &miniji
             }
             prompt_file = file.clone();
         }
-        StageBody::Command(cmd) | StageBody::Check { command: Some(cmd), .. } => {
-            for a in cmd.argv.iter().chain(&cmd.cwd).chain(&cmd.stdin).chain(cmd.env.iter().map(|(_, v)| v)) {
+        StageBody::Command(cmd)
+        | StageBody::Check {
+            command: Some(cmd), ..
+        } => {
+            for a in cmd
+                .argv
+                .iter()
+                .chain(&cmd.cwd)
+                .chain(&cmd.stdin)
+                .chain(cmd.env.iter().map(|(_, v)| v))
+            {
                 t(c, a, here, diags);
             }
         }
         _ => {}
     }
     match &s.body {
-        StageBody::Check { expect: Some(x), .. } => e(c, x, own, diags),
+        StageBody::Check {
+            expect: Some(x), ..
+        } => e(c, x, own, diags),
         StageBody::Gate { message, show, .. } => {
             for m in message.iter().chain(show) {
                 t(c, m, here, diags);
@@ -138,7 +197,14 @@ fn stage(c: &mut Checked<'_>, id: StageId, loader: &mut Loader<'_>, env: &miniji
                 t(c, v, here, diags);
             }
         }
-        StageBody::Loop { until, stuck, escalation, max_iterations, worktree, .. } => {
+        StageBody::Loop {
+            until,
+            stuck,
+            escalation,
+            max_iterations,
+            worktree,
+            ..
+        } => {
             let end = Scope::At(Site::BodyEnd(id));
             if let Some(u) = until {
                 e(c, u, end, diags);
@@ -148,7 +214,11 @@ fn stage(c: &mut Checked<'_>, id: StageId, loader: &mut Loader<'_>, env: &miniji
                 count_like(c, src, env, st.repeats.as_ref(), diags);
             }
             for rule in escalation {
-                let site = rule.run.iter().find_map(|r| c.find(&r.value)).map_or(Site::BodyEnd(id), Site::Stage);
+                let site = rule
+                    .run
+                    .iter()
+                    .find_map(|r| c.find(&r.value))
+                    .map_or(Site::BodyEnd(id), Site::Stage);
                 e(c, &rule.when, Scope::At(site), diags);
             }
             count_like(c, src, env, max_iterations.as_ref(), diags);
@@ -158,11 +228,19 @@ fn stage(c: &mut Checked<'_>, id: StageId, loader: &mut Loader<'_>, env: &miniji
                 }
             }
         }
-        StageBody::ForEach { over, key, max_concurrency, worktree, .. } => {
+        StageBody::ForEach {
+            over,
+            key,
+            max_concurrency,
+            worktree,
+            ..
+        } => {
             if let Some(o) = over {
                 e(c, o, Scope::At(Site::Region(id)), diags);
             }
-            let item = Scope::At(Site::Stage(c.info(id).children.first().copied().unwrap_or(id)));
+            let item = Scope::At(Site::Stage(
+                c.info(id).children.first().copied().unwrap_or(id),
+            ));
             if let Some(k) = key {
                 e(c, k, item, diags);
             }
@@ -173,15 +251,31 @@ fn stage(c: &mut Checked<'_>, id: StageId, loader: &mut Loader<'_>, env: &miniji
             }
             count_like(c, src, env, max_concurrency.as_ref(), diags);
         }
-        StageBody::Group { max_concurrency, .. } => count_like(c, src, env, max_concurrency.as_ref(), diags),
+        StageBody::Group {
+            max_concurrency, ..
+        } => count_like(c, src, env, max_concurrency.as_ref(), diags),
         _ => {}
     }
     if let Some(pf) = prompt_file {
         let path = base_dir(loader.sources, pf.span).join(&pf.value);
-        if let Some(file) = loader.read(&path, Some(pf.span), Code::MissingPromptFile, "prompt file") {
+        if let Some(file) =
+            loader.read(&path, Some(pf.span), Code::MissingPromptFile, "prompt file")
+        {
             let text = loader.sources.get(file).text.clone();
             let whole = Span::new(file, 0..text.len());
-            check_text(c, loader.sources, env, &Text { source: &text, span: whole, in_file: true }, Kind::Template, here, diags);
+            check_text(
+                c,
+                loader.sources,
+                env,
+                &Text {
+                    source: &text,
+                    span: whole,
+                    in_file: true,
+                },
+                Kind::Template,
+                here,
+                diags,
+            );
             c.prompt_files.insert(id, (path, text.to_string()));
         }
     }
@@ -189,47 +283,168 @@ fn stage(c: &mut Checked<'_>, id: StageId, loader: &mut Loader<'_>, env: &miniji
 
 fn agent_choices(c: &Checked<'_>, a: &Spanned<String>, diags: &mut Diagnostics) {
     // `{{ params.X }}` naming an agent: every choice of X must be an agent.
-    let inner = a.value.trim().strip_prefix("{{").and_then(|s| s.strip_suffix("}}")).map(str::trim);
-    let Some(param) = inner.and_then(|s| s.strip_prefix("params.")) else { return };
-    let Some(p) = c.workflow.params.iter().find(|p| p.name.value == param) else { return };
+    let inner = a
+        .value
+        .trim()
+        .strip_prefix("{{")
+        .and_then(|s| s.strip_suffix("}}"))
+        .map(str::trim);
+    let Some(param) = inner.and_then(|s| s.strip_prefix("params.")) else {
+        return;
+    };
+    let Some(p) = c.workflow.params.iter().find(|p| p.name.value == param) else {
+        return;
+    };
     let values: Vec<serde_json::Value> = if p.choices.is_empty() {
-        p.default.iter().map(crate::syntax::tree::Value::to_json).collect()
+        p.default
+            .iter()
+            .map(crate::syntax::tree::Value::to_json)
+            .collect()
     } else {
-        p.choices.iter().map(crate::syntax::tree::Value::to_json).collect()
+        p.choices
+            .iter()
+            .map(crate::syntax::tree::Value::to_json)
+            .collect()
     };
     for v in values {
         let name = v.as_str().unwrap_or_default();
         if !c.workflow.agents.iter().any(|x| x.name.value == name) {
             diags.push(
-                Diagnostic::new(Code::UnknownAgent, a.span, format!("param `{param}` can be `{name}`, which is not an agent"))
-                    .suggest(name, c.workflow.agents.iter().map(|x| x.name.value.as_str()))
-                    .help_or("make every choice of the param the name of an agent"),
+                Diagnostic::new(
+                    Code::UnknownAgent,
+                    a.span,
+                    format!("param `{param}` can be `{name}`, which is not an agent"),
+                )
+                .suggest(
+                    name,
+                    c.workflow.agents.iter().map(|x| x.name.value.as_str()),
+                )
+                .help_or("make every choice of the param the name of an agent"),
             );
         }
     }
     if p.choices.is_empty() {
         diags.push(
-            Diagnostic::new(Code::UnknownAgent, a.span, format!("param `{param}` names an agent but has no `choices`, so any value could be set"))
-                .severity_warning()
-                .help("add choices = [...] listing the agents it may name"),
+            Diagnostic::new(
+                Code::UnknownAgent,
+                a.span,
+                format!(
+                    "param `{param}` names an agent but has no `choices`, so any value could be set"
+                ),
+            )
+            .severity_warning()
+            .help("add choices = [...] listing the agents it may name"),
         );
     }
 }
 
-fn count_like(c: &Checked<'_>, src: &Sources, env: &minijinja::Environment<'_>, v: Option<&Spanned<Count>>, diags: &mut Diagnostics) {
-    if let Some(Spanned { value: Count::Template(t), span }) = v {
-        inline(c, src, env, &Spanned::new(t.clone(), *span), Kind::Template, Scope::Params, diags);
+fn count_like(
+    c: &Checked<'_>,
+    src: &Sources,
+    env: &minijinja::Environment<'_>,
+    v: Option<&Spanned<Count>>,
+    diags: &mut Diagnostics,
+) {
+    if let Some(Spanned {
+        value: value @ Count::Template(t),
+        span,
+    }) = v
+    {
+        let before = diags.error_count();
+        inline(
+            c,
+            src,
+            env,
+            &Spanned::new(t.clone(), *span),
+            Kind::Template,
+            Scope::Params,
+            diags,
+        );
+        if diags.error_count() == before && params_known(c, t) {
+            if let Err(e) = crate::compile::resolve_count(value, &c.params) {
+                diags.push(
+                    Diagnostic::new(
+                        Code::InvalidValue,
+                        *span,
+                        format!("with the params in force, {e}"),
+                    )
+                    .help("give the param a value that makes a whole number"),
+                );
+            }
+        }
     }
 }
 
-fn dur_like(c: &Checked<'_>, src: &Sources, env: &minijinja::Environment<'_>, v: Option<&Spanned<Dur>>, diags: &mut Diagnostics) {
-    if let Some(Spanned { value: Dur::Template(t), span }) = v {
-        inline(c, src, env, &Spanned::new(t.clone(), *span), Kind::Template, Scope::Params, diags);
+fn dur_like(
+    c: &Checked<'_>,
+    src: &Sources,
+    env: &minijinja::Environment<'_>,
+    v: Option<&Spanned<Dur>>,
+    diags: &mut Diagnostics,
+) {
+    if let Some(Spanned {
+        value: value @ Dur::Template(t),
+        span,
+    }) = v
+    {
+        let before = diags.error_count();
+        inline(
+            c,
+            src,
+            env,
+            &Spanned::new(t.clone(), *span),
+            Kind::Template,
+            Scope::Params,
+            diags,
+        );
+        if diags.error_count() == before && params_known(c, t) {
+            if let Err(e) = crate::compile::resolve_duration(value, &c.params) {
+                diags.push(
+                    Diagnostic::new(
+                        Code::InvalidValue,
+                        *span,
+                        format!("with the params in force, {e}"),
+                    )
+                    .help("give the param a value that makes a duration, such as 90 or \"10m\""),
+                );
+            }
+        }
     }
 }
 
-fn inline(c: &Checked<'_>, src: &Sources, env: &minijinja::Environment<'_>, t: &Spanned<String>, kind: Kind, scope: Scope, diags: &mut Diagnostics) {
-    check_text(c, src, env, &Text { source: &t.value, span: t.span, in_file: false }, kind, scope, diags);
+/// Tells whether every param a template uses has a value (required params may be unset at check).
+fn params_known(c: &Checked<'_>, template: &str) -> bool {
+    let env = minijinja::Environment::new();
+    env.template_from_str(template).is_ok_and(|t| {
+        t.undeclared_variables(true).iter().all(|v| {
+            v.strip_prefix("params.")
+                .is_none_or(|p| c.params.contains_key(p))
+        })
+    })
+}
+
+fn inline(
+    c: &Checked<'_>,
+    src: &Sources,
+    env: &minijinja::Environment<'_>,
+    t: &Spanned<String>,
+    kind: Kind,
+    scope: Scope,
+    diags: &mut Diagnostics,
+) {
+    check_text(
+        c,
+        src,
+        env,
+        &Text {
+            source: &t.value,
+            span: t.span,
+            in_file: false,
+        },
+        kind,
+        scope,
+        diags,
+    );
 }
 
 /// Maps a byte range of the text to a span in its file.
@@ -241,7 +456,10 @@ fn map(src: &Sources, text: &Text<'_>, range: std::ops::Range<usize>) -> Span {
     match raw.find(text.source) {
         Some(base) if !text.source.is_empty() => {
             let start = text.span.start as usize + base;
-            Span::new(text.span.file, start + range.start..start + range.end.min(text.source.len()))
+            Span::new(
+                text.span.file,
+                start + range.start..start + range.end.min(text.source.len()),
+            )
         }
         _ => text.span,
     }
@@ -254,7 +472,15 @@ fn locate(src: &Sources, text: &Text<'_>, needle: &str) -> Span {
     }
 }
 
-fn check_text(c: &Checked<'_>, src: &Sources, env: &minijinja::Environment<'_>, text: &Text<'_>, kind: Kind, scope: Scope, diags: &mut Diagnostics) {
+fn check_text(
+    c: &Checked<'_>,
+    src: &Sources,
+    env: &minijinja::Environment<'_>,
+    text: &Text<'_>,
+    kind: Kind,
+    scope: Scope,
+    diags: &mut Diagnostics,
+) {
     let vars: HashSet<String> = match kind {
         Kind::Template => match env.template_from_str(text.source) {
             Ok(t) => t.undeclared_variables(true),
@@ -265,7 +491,10 @@ fn check_text(c: &Checked<'_>, src: &Sources, env: &minijinja::Environment<'_>, 
         },
         Kind::Expr => {
             if text.source.trim().is_empty() {
-                diags.push(Diagnostic::new(Code::ExpressionSyntax, text.span, "the expression is empty").help("write a condition such as `iteration > 1`"));
+                diags.push(
+                    Diagnostic::new(Code::ExpressionSyntax, text.span, "the expression is empty")
+                        .help("write a condition such as `iteration > 1`"),
+                );
                 return;
             }
             match env.compile_expression(text.source) {
@@ -283,7 +512,8 @@ fn check_text(c: &Checked<'_>, src: &Sources, env: &minijinja::Environment<'_>, 
         .iter()
         .filter_map(|v| {
             let parts: Vec<&str> = v.split('.').collect();
-            (parts.len() >= 3 && parts[0] == "stages" && matches!(parts[2], "ran" | "status")).then(|| parts[1].to_string())
+            (parts.len() >= 3 && parts[0] == "stages" && matches!(parts[2], "ran" | "status"))
+                .then(|| parts[1].to_string())
         })
         .collect();
     for var in &vars {
@@ -291,10 +521,23 @@ fn check_text(c: &Checked<'_>, src: &Sources, env: &minijinja::Environment<'_>, 
     }
 }
 
-fn syntax_error(src: &Sources, text: &Text<'_>, err: &minijinja::Error, code: Code, diags: &mut Diagnostics) {
+fn syntax_error(
+    src: &Sources,
+    text: &Text<'_>,
+    err: &minijinja::Error,
+    code: Code,
+    diags: &mut Diagnostics,
+) {
     let span = err.range().map_or(text.span, |r| map(src, text, r));
-    let detail = err.detail().map(str::to_string).unwrap_or_else(|| err.kind().to_string());
-    let what = if code == Code::TemplateSyntax { "template" } else { "expression" };
+    let detail = err
+        .detail()
+        .map(str::to_string)
+        .unwrap_or_else(|| err.kind().to_string());
+    let what = if code == Code::TemplateSyntax {
+        "template"
+    } else {
+        "expression"
+    };
     diags.push(
         Diagnostic::new(code, span, format!("invalid {what}: {detail}"))
             .label("here")
@@ -302,7 +545,15 @@ fn syntax_error(src: &Sources, text: &Text<'_>, err: &minijinja::Error, code: Co
     );
 }
 
-fn variable(c: &Checked<'_>, src: &Sources, text: &Text<'_>, var: &str, scope: Scope, guarded: &HashSet<String>, diags: &mut Diagnostics) {
+fn variable(
+    c: &Checked<'_>,
+    src: &Sources,
+    text: &Text<'_>,
+    var: &str,
+    scope: Scope,
+    guarded: &HashSet<String>,
+    diags: &mut Diagnostics,
+) {
     let parts: Vec<&str> = var.split('.').collect();
     let root = parts[0];
     let span = locate(src, text, var);
@@ -318,10 +569,17 @@ fn variable(c: &Checked<'_>, src: &Sources, text: &Text<'_>, var: &str, scope: S
             if let Some(name) = parts.get(1) {
                 if !c.workflow.params.iter().any(|p| p.name.value == *name) {
                     diags.push(
-                        Diagnostic::new(Code::UnknownParam, locate(src, text, &format!("params.{name}")), format!("there is no param `{name}`"))
-                            .label("unknown param")
-                            .suggest(name, c.workflow.params.iter().map(|p| p.name.value.as_str()))
-                            .help_or(format!("declare it under [params.{name}]")),
+                        Diagnostic::new(
+                            Code::UnknownParam,
+                            locate(src, text, &format!("params.{name}")),
+                            format!("there is no param `{name}`"),
+                        )
+                        .label("unknown param")
+                        .suggest(
+                            name,
+                            c.workflow.params.iter().map(|p| p.name.value.as_str()),
+                        )
+                        .help_or(format!("declare it under [params.{name}]")),
                     );
                 }
             }
@@ -331,9 +589,13 @@ fn variable(c: &Checked<'_>, src: &Sources, text: &Text<'_>, var: &str, scope: S
             if let Some(attr) = parts.get(1) {
                 if !RUN_ATTRS.contains(attr) {
                     diags.push(
-                        Diagnostic::new(Code::UnknownVariable, span, format!("`run` has no `{attr}`"))
-                            .suggest(attr, RUN_ATTRS.iter().copied())
-                            .help_or(format!("run has: {}", RUN_ATTRS.join(", "))),
+                        Diagnostic::new(
+                            Code::UnknownVariable,
+                            span,
+                            format!("`run` has no `{attr}`"),
+                        )
+                        .suggest(attr, RUN_ATTRS.iter().copied())
+                        .help_or(format!("run has: {}", RUN_ATTRS.join(", "))),
                     );
                 }
             }
@@ -343,9 +605,13 @@ fn variable(c: &Checked<'_>, src: &Sources, text: &Text<'_>, var: &str, scope: S
     }
     if matches!(scope, Scope::Params) {
         diags.push(
-            Diagnostic::new(Code::NotParamsOnly, span, format!("`{root}` is not known when the run starts"))
-                .label("only params and run are available here")
-                .help("limits and agent settings are fixed when the run starts; use params"),
+            Diagnostic::new(
+                Code::NotParamsOnly,
+                span,
+                format!("`{root}` is not known when the run starts"),
+            )
+            .label("only params and run are available here")
+            .help("limits and agent settings are fixed when the run starts; use params"),
         );
         return;
     }
@@ -359,7 +625,11 @@ fn variable(c: &Checked<'_>, src: &Sources, text: &Text<'_>, var: &str, scope: S
     };
     let at = site.stage();
     let loops: Vec<StageId> = {
-        let mut l: Vec<StageId> = c.ancestors(at).into_iter().filter(|a| c.info(*a).stage.kind.value == StageKind::Loop).collect();
+        let mut l: Vec<StageId> = c
+            .ancestors(at)
+            .into_iter()
+            .filter(|a| c.info(*a).stage.kind.value == StageKind::Loop)
+            .collect();
         if matches!(site, Site::BodyEnd(_)) {
             l.insert(0, at);
         }
@@ -372,7 +642,12 @@ fn variable(c: &Checked<'_>, src: &Sources, text: &Text<'_>, var: &str, scope: S
         }
         anc.into_iter()
             .filter_map(|a| match &c.info(a).stage.body {
-                StageBody::ForEach { as_name, .. } => Some((as_name.as_ref().map_or("item".to_string(), |n| n.value.clone()), a)),
+                StageBody::ForEach { as_name, .. } => Some((
+                    as_name
+                        .as_ref()
+                        .map_or("item".to_string(), |n| n.value.clone()),
+                    a,
+                )),
                 _ => None,
             })
             .collect()
@@ -439,23 +714,39 @@ fn unknown(name: &str, span: Span, known: &[&str]) -> Diagnostic {
         .help_or("templates see params.*, stages.*, run.*, attempt, loop variables, item variables and helper functions")
 }
 
-fn stage_ref(c: &Checked<'_>, src: &Sources, text: &Text<'_>, parts: &[&str], site: Option<Site>, guarded: &HashSet<String>, diags: &mut Diagnostics) {
+fn stage_ref(
+    c: &Checked<'_>,
+    src: &Sources,
+    text: &Text<'_>,
+    parts: &[&str],
+    site: Option<Site>,
+    guarded: &HashSet<String>,
+    diags: &mut Diagnostics,
+) {
     let Some(name) = parts.get(1) else { return };
     let span = locate(src, text, &format!("stages.{name}"));
     let Some(target) = c.find(name) else {
         diags.push(
-            Diagnostic::new(Code::UnknownStage, span, format!("there is no stage `{name}`"))
-                .label("unknown stage")
-                .suggest(name, c.by_id.keys().copied()),
+            Diagnostic::new(
+                Code::UnknownStage,
+                span,
+                format!("there is no stage `{name}`"),
+            )
+            .label("unknown stage")
+            .suggest(name, c.by_id.keys().copied()),
         );
         return;
     };
     let Some(attr) = parts.get(2) else { return };
     if !STAGE_ATTRS.contains(attr) {
         diags.push(
-            Diagnostic::new(Code::UnknownVariable, locate(src, text, &parts[..3].join(".")), format!("a stage has no `{attr}`"))
-                .suggest(attr, STAGE_ATTRS.iter().copied())
-                .help_or(format!("stages have: {}", STAGE_ATTRS.join(", "))),
+            Diagnostic::new(
+                Code::UnknownVariable,
+                locate(src, text, &parts[..3].join(".")),
+                format!("a stage has no `{attr}`"),
+            )
+            .suggest(attr, STAGE_ATTRS.iter().copied())
+            .help_or(format!("stages have: {}", STAGE_ATTRS.join(", "))),
         );
         return;
     }
@@ -463,7 +754,12 @@ fn stage_ref(c: &Checked<'_>, src: &Sources, text: &Text<'_>, parts: &[&str], si
     let at = site.stage();
     let ups = upstream(c, site);
     let in_foreach_body = |x: StageId| {
-        c.ancestors(x).into_iter().find(|a| c.info(*a).stage.kind.value == StageKind::ForEach).filter(|f| !c.ancestors(at).contains(f) && !(matches!(site, Site::BodyEnd(_)) && *f == at))
+        c.ancestors(x)
+            .into_iter()
+            .find(|a| c.info(*a).stage.kind.value == StageKind::ForEach)
+            .filter(|f| {
+                !c.ancestors(at).contains(f) && !(matches!(site, Site::BodyEnd(_)) && *f == at)
+            })
     };
     match *attr {
         "output" | "feedback" | "attempts" => {
@@ -476,18 +772,28 @@ fn stage_ref(c: &Checked<'_>, src: &Sources, text: &Text<'_>, parts: &[&str], si
             }
             if !ups.contains(&target) {
                 let me = &c.info(at).stage.id.value;
-                let mut d = Diagnostic::new(Code::NotUpstream, span, format!("stage `{name}` has not run when `{me}` uses its {attr}"))
-                    .label("not upstream of this place");
+                let mut d = Diagnostic::new(
+                    Code::NotUpstream,
+                    span,
+                    format!("stage `{name}` has not run when `{me}` uses its {attr}"),
+                )
+                .label("not upstream of this place");
                 d = if share_loop(c, at, target) {
                     d.help(format!("add `{name}` to needs, or read the previous iteration with `stages.{name}.last`"))
                 } else {
-                    d.help(format!("add `{name}` (or a stage after it) to `needs` of `{me}`"))
+                    d.help(format!(
+                        "add `{name}` (or a stage after it) to `needs` of `{me}`"
+                    ))
                 };
                 diags.push(d);
                 return;
             }
             let guard = guarded.contains(*name) || when_mentions(c, at, name);
-            if *attr == "output" && conditional(c, target) && !guard && !matches!(site, Site::BodyEnd(_)) {
+            if *attr == "output"
+                && conditional(c, target)
+                && !guard
+                && !matches!(site, Site::BodyEnd(_))
+            {
                 diags.push(
                     Diagnostic::new(Code::MaybeSkipped, span, format!("stage `{name}` may have been skipped here, leaving its output empty"))
                         .label("may not have run")
@@ -512,19 +818,42 @@ fn stage_ref(c: &Checked<'_>, src: &Sources, text: &Text<'_>, parts: &[&str], si
 
 fn when_mentions(c: &Checked<'_>, at: StageId, name: &str) -> bool {
     let needle = format!("stages.{name}.");
-    std::iter::once(at).chain(c.ancestors(at)).any(|s| c.info(s).stage.when.as_ref().is_some_and(|w| w.value.contains(&needle)))
+    std::iter::once(at).chain(c.ancestors(at)).any(|s| {
+        c.info(s)
+            .stage
+            .when
+            .as_ref()
+            .is_some_and(|w| w.value.contains(&needle))
+    })
 }
 
-fn field(c: &Checked<'_>, src: &Sources, text: &Text<'_>, target: StageId, path: &[&str], diags: &mut Diagnostics) {
-    let Some(schema) = c.schemas.get(&target) else { return };
+fn field(
+    c: &Checked<'_>,
+    src: &Sources,
+    text: &Text<'_>,
+    target: StageId,
+    path: &[&str],
+    diags: &mut Diagnostics,
+) {
+    let Some(schema) = c.schemas.get(&target) else {
+        return;
+    };
     if let Err((bad, known)) = super::outputs::walk_schema(schema, path) {
         let name = &c.info(target).stage.id.value;
         let full = format!("stages.{name}.output.{}", path.join("."));
         diags.push(
-            Diagnostic::new(Code::UnknownField, locate(src, text, &full), format!("the output of `{name}` has no field `{bad}`"))
-                .label("not in the output schema")
-                .suggest(&bad, known.iter().map(String::as_str))
-                .help_or(if known.is_empty() { "the schema defines no fields here".to_string() } else { format!("its fields are: {}", known.join(", ")) }),
+            Diagnostic::new(
+                Code::UnknownField,
+                locate(src, text, &full),
+                format!("the output of `{name}` has no field `{bad}`"),
+            )
+            .label("not in the output schema")
+            .suggest(&bad, known.iter().map(String::as_str))
+            .help_or(if known.is_empty() {
+                "the schema defines no fields here".to_string()
+            } else {
+                format!("its fields are: {}", known.join(", "))
+            }),
         );
     }
 }

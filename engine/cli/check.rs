@@ -33,7 +33,9 @@ enum Format {
 }
 
 pub fn run(args: &Args) -> i32 {
-    let Some(sets) = super::sets(&args.set) else { return super::EXIT_CONFIG };
+    let Some(sets) = super::sets(&args.set) else {
+        return super::EXIT_CONFIG;
+    };
     let mut sources = Sources::new();
     let mut all = Diagnostics::default();
     let mut ok_files = 0;
@@ -52,7 +54,10 @@ pub fn run(args: &Args) -> i32 {
         all.extend(diags);
     }
     let diags = all.into_sorted();
-    let errors = diags.iter().filter(|d| d.severity == Severity::Error).count();
+    let errors = diags
+        .iter()
+        .filter(|d| d.severity == Severity::Error)
+        .count();
     let warnings = diags.len() - errors;
     match args.format {
         Format::Human => super::print_diagnostics(&sources, &diags),
@@ -76,7 +81,10 @@ pub fn run(args: &Args) -> i32 {
                     })
                 })
                 .collect();
-            println!("{}", serde_json::to_string_pretty(&items).unwrap_or_default());
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&items).unwrap_or_default()
+            );
         }
     }
     if !matches!(args.format, Format::Json) {
@@ -89,5 +97,9 @@ pub fn run(args: &Args) -> i32 {
         );
     }
     let _ = ok_files;
-    if errors > 0 || (args.deny_warnings && warnings > 0) { super::EXIT_CONFIG } else { 0 }
+    if errors > 0 || (args.deny_warnings && warnings > 0) {
+        super::EXIT_CONFIG
+    } else {
+        0
+    }
 }

@@ -33,7 +33,9 @@ enum Format {
 }
 
 pub fn run(args: &Args) -> i32 {
-    let Some(sets) = super::sets(&args.set) else { return super::EXIT_CONFIG };
+    let Some(sets) = super::sets(&args.set) else {
+        return super::EXIT_CONFIG;
+    };
     let format = match args.format {
         Format::Mermaid => GraphFormat::Mermaid,
         Format::Dot => GraphFormat::Dot,
@@ -48,7 +50,9 @@ pub fn run(args: &Args) -> i32 {
 }
 
 pub fn explain(args: &ExplainArgs) -> i32 {
-    let Some(sets) = super::sets(&args.set) else { return super::EXIT_CONFIG };
+    let Some(sets) = super::sets(&args.set) else {
+        return super::EXIT_CONFIG;
+    };
     match super::with_checked(&args.file, &sets, false, |c| describe(&compile(c))) {
         Ok(text) => {
             print!("{text}");

@@ -19,7 +19,11 @@ use ralph_flow::source::Sources;
 pub const EXIT_CONFIG: i32 = 3;
 
 #[derive(Parser)]
-#[command(name = "ralph-flow", version, about = "A declarative, durable workflow engine for Ralph loops of coding agents")]
+#[command(
+    name = "ralph-flow",
+    version,
+    about = "A declarative, durable workflow engine for Ralph loops of coding agents"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -115,7 +119,8 @@ pub fn with_checked<T>(
     let result = {
         let mut loader = Loader::new(&fs, &mut sources, &mut diags);
         let mut check_diags = Diagnostics::default();
-        let checked = ralph_flow::check::check(&wf, &mut loader, sets, require_params, &mut check_diags);
+        let checked =
+            ralph_flow::check::check(&wf, &mut loader, sets, require_params, &mut check_diags);
         let out = checked.as_ref().map(f);
         (out, check_diags)
     };

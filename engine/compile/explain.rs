@@ -4,19 +4,13 @@
 use std::fmt::Write;
 
 use super::{NodeId, Plan, Target};
-use crate::model::{Action, Count, Dur, StageBody};
+use crate::model::{Action, Dur, StageBody};
 
-fn count(c: &Count) -> String {
-    match c {
-        Count::Literal(n) => n.to_string(),
-        Count::Template(t) => t.clone(),
-    }
-}
-
-fn dur(d: &Dur) -> String {
-    match d {
-        Dur::Literal(d) => format!("{}s", d.as_secs()),
-        Dur::Template(t) => t.clone(),
+fn dur(plan: &Plan, d: &Dur) -> String {
+    match (d, super::resolve_duration(d, &plan.params)) {
+        (_, Ok(d)) => format!("{}s", d.as_secs()),
+        (Dur::Template(t), Err(_)) => t.clone(),
+        (Dur::Literal(d), Err(_)) => format!("{}s", d.as_secs()),
     }
 }
 
@@ -27,7 +21,10 @@ fn target(plan: &Plan, t: &Target) -> String {
         Target::Fail => "fail".into(),
         Target::Approve => "approve".into(),
         Target::Reject => "reject".into(),
-        Target::Exit(e) => format!("end the run with exit `{}` (code {})", plan.exits[*e].name, plan.exits[*e].code),
+        Target::Exit(e) => format!(
+            "end the run with exit `{}` (code {})",
+            plan.exits[*e].name, plan.exits[*e].code
+        ),
         Target::Stage(s) => format!("go to `{}`", plan.node(*s).name),
     }
 }
@@ -51,32 +48,84 @@ fn action(plan: &Plan, a: &Action) -> String {
 pub fn explain(plan: &Plan) -> String {
     let wf = &plan.workflow;
     let mut out = String::new();
-    let _ = writeln!(out, "Workflow `{}`{}", wf.name.value, wf.version.as_ref().map(|v| format!(" version {}", v.value)).unwrap_or_default());
+    let _ = writeln!(
+        out,
+        "Workflow `{}`{}",
+        wf.name.value,
+        wf.version
+            .as_ref()
+            .map(|v| format!(" version {}", v.value))
+            .unwrap_or_default()
+    );
     if let Some(d) = &wf.description {
         let _ = writeln!(out, "{}", d.value.trim());
     }
     if !wf.params.is_empty() {
         let _ = writeln!(out, "\nParams:");
         for p in &wf.params {
-            let value = plan.params.get(&p.name.value).map_or("required, no value".to_string(), |v| format!("= {v}"));
-            let _ = writeln!(out, "  {} ({}) {value}{}", p.name.value, p.ty.value.as_str(), p.description.as_ref().map(|d| format!(" — {}", d.value)).unwrap_or_default());
+            let value = plan
+                .params
+                .get(&p.name.value)
+                .map_or("required, no value".to_string(), |v| format!("= {v}"));
+            let _ = writeln!(
+                out,
+                "  {} ({}) {value}{}",
+                p.name.value,
+                p.ty.value.as_str(),
+                p.description
+                    .as_ref()
+                    .map(|d| format!(" — {}", d.value))
+                    .unwrap_or_default()
+            );
         }
     }
     if !wf.agents.is_empty() {
         let _ = writeln!(out, "\nAgents:");
         for a in &wf.agents {
-            let model = a.model.as_ref().map(|m| format!(", model {}", m.value)).unwrap_or_default();
-            let fb = if a.fallbacks.is_empty() { String::new() } else { format!(", falls back to {}", a.fallbacks.iter().map(|f| f.value.as_str()).collect::<Vec<_>>().join(", ")) };
-            let _ = writeln!(out, "  {}: {}{model}{fb}", a.name.value, a.kind.value.as_str());
+            let model = a
+                .model
+                .as_ref()
+                .map(|m| format!(", model {}", m.value))
+                .unwrap_or_default();
+            let fb = if a.fallbacks.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    ", falls back to {}",
+                    a.fallbacks
+                        .iter()
+                        .map(|f| f.value.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            };
+            let _ = writeln!(
+                out,
+                "  {}: {}{model}{fb}",
+                a.name.value,
+                a.kind.value.as_str()
+            );
         }
     }
     let _ = writeln!(out, "\nSteps:");
     body(plan, None, 1, &mut out);
     let _ = writeln!(out, "\nExits:");
     for e in &plan.exits {
-        let _ = writeln!(out, "  {} → code {}{}", e.name, e.code, e.message.as_ref().map(|m| format!(": {}", m.trim())).unwrap_or_default());
+        let _ = writeln!(
+            out,
+            "  {} → code {}{}",
+            e.name,
+            e.code,
+            e.message
+                .as_ref()
+                .map(|m| format!(": {}", m.trim()))
+                .unwrap_or_default()
+        );
     }
-    let _ = writeln!(out, "  (ralph-flow itself: 3 configuration error, 75 waiting on a gate, 130 interrupted)");
+    let _ = writeln!(
+        out,
+        "  (ralph-flow itself: 3 configuration error, 75 waiting on a gate, 130 interrupted)"
+    );
     out
 }
 
@@ -86,33 +135,83 @@ fn body(plan: &Plan, region: Option<NodeId>, depth: usize, out: &mut String) {
         let node = plan.node(*id);
         let s = plan.stage(*id);
         let what = match &s.body {
-            StageBody::Agent { agent, prompt_file, .. } => format!(
+            StageBody::Agent {
+                agent, prompt_file, ..
+            } => format!(
                 "the agent {} runs with {}",
-                agent.as_ref().map_or("?".into(), |a| format!("`{}`", a.value)),
-                prompt_file.as_ref().map_or("an inline prompt".into(), |p| format!("the prompt {}", p.value))
+                agent
+                    .as_ref()
+                    .map_or("?".into(), |a| format!("`{}`", a.value)),
+                prompt_file
+                    .as_ref()
+                    .map_or("an inline prompt".into(), |p| format!(
+                        "the prompt {}",
+                        p.value
+                    ))
             ),
-            StageBody::Command(c) => format!("runs `{}`", c.argv.iter().map(|a| a.value.as_str()).collect::<Vec<_>>().join(" ")),
-            StageBody::Check { command, expect, .. } => {
+            StageBody::Command(c) => format!(
+                "runs `{}`",
+                c.argv
+                    .iter()
+                    .map(|a| a.value.as_str())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            ),
+            StageBody::Check {
+                command, expect, ..
+            } => {
                 let mut parts = Vec::new();
                 if let Some(c) = command {
-                    parts.push(format!("`{}` must pass", c.argv.iter().map(|a| a.value.as_str()).collect::<Vec<_>>().join(" ")));
+                    parts.push(format!(
+                        "`{}` must pass",
+                        c.argv
+                            .iter()
+                            .map(|a| a.value.as_str())
+                            .collect::<Vec<_>>()
+                            .join(" ")
+                    ));
                 }
                 if let Some(e) = expect {
                     parts.push(format!("`{}` must hold", e.value));
                 }
                 format!("checks that {}", parts.join(" and "))
             }
-            StageBody::Gate { on_timeout, on_reject, .. } => {
+            StageBody::Gate {
+                on_timeout,
+                on_reject,
+                ..
+            } => {
                 let t = match (&s.timeout, on_timeout) {
-                    (Some(t), Some(a)) => format!("; after {} without an answer: {}", dur(&t.value), action(plan, &a.value)),
+                    (Some(t), Some(a)) => format!(
+                        "; after {} without an answer: {}",
+                        dur(plan, &t.value),
+                        action(plan, &a.value)
+                    ),
                     _ => "; it waits without a time limit".into(),
                 };
-                let r = on_reject.as_ref().map_or_else(|| target(plan, &node.on_fail), |a| action(plan, &a.value));
+                let r = on_reject
+                    .as_ref()
+                    .map_or_else(|| target(plan, &node.on_fail), |a| action(plan, &a.value));
                 format!("waits for a person to approve (`ralph-flow approve`){t}; on reject: {r}")
             }
-            StageBody::Subflow { workflow, .. } => format!("runs the workflow {}", workflow.as_ref().map_or("", |w| w.value.as_str())),
-            StageBody::Loop { max_iterations, until, stuck, on_exhausted, escalation, .. } => {
-                let mut t = format!("repeats its body at most {} times", max_iterations.as_ref().map_or("?".into(), |m| count(&m.value)));
+            StageBody::Subflow { workflow, .. } => format!(
+                "runs the workflow {}",
+                workflow.as_ref().map_or("", |w| w.value.as_str())
+            ),
+            StageBody::Loop {
+                max_iterations,
+                until,
+                stuck,
+                on_exhausted,
+                escalation,
+                ..
+            } => {
+                let mut t = format!(
+                    "repeats its body at most {} times",
+                    max_iterations
+                        .as_ref()
+                        .map_or("?".into(), |m| plan.count_text(&m.value))
+                );
                 if let Some(u) = until {
                     let _ = write!(t, "; it ends when `{}` holds after an iteration", u.value);
                 }
@@ -121,41 +220,90 @@ fn body(plan: &Plan, region: Option<NodeId>, depth: usize, out: &mut String) {
                         t,
                         "; it is stuck when `{}` is the same {} times in a row, and then: {}",
                         st.on.value,
-                        st.repeats.as_ref().map_or("2".into(), |r| count(&r.value)),
-                        st.then.as_ref().map_or("fail".into(), |a| action(plan, &a.value))
+                        st.repeats
+                            .as_ref()
+                            .map_or("2".into(), |r| plan.count_text(&r.value)),
+                        st.then
+                            .as_ref()
+                            .map_or("fail".into(), |a| action(plan, &a.value))
                     );
                 }
-                let _ = write!(t, "; when the iterations run out: {}", on_exhausted.as_ref().map_or("fail".into(), |a| action(plan, &a.value)));
+                let _ = write!(
+                    t,
+                    "; when the iterations run out: {}",
+                    on_exhausted
+                        .as_ref()
+                        .map_or("fail".into(), |a| action(plan, &a.value))
+                );
                 for r in escalation {
-                    let _ = write!(t, "; when `{}`, it also runs {}", r.when.value, r.run.iter().map(|x| format!("`{}`", x.value)).collect::<Vec<_>>().join(", "));
+                    let _ = write!(
+                        t,
+                        "; when `{}`, it also runs {}",
+                        r.when.value,
+                        r.run
+                            .iter()
+                            .map(|x| format!("`{}`", x.value))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    );
                 }
                 t
             }
-            StageBody::ForEach { over, as_name, max_concurrency, aggregate, .. } => {
+            StageBody::ForEach {
+                over,
+                as_name,
+                max_concurrency,
+                aggregate,
+                ..
+            } => {
                 let mut t = format!(
                     "runs its body for each `{}` in `{}`",
                     as_name.as_ref().map_or("item", |a| a.value.as_str()),
                     over.as_ref().map_or("", |o| o.value.as_str())
                 );
                 if let Some(m) = max_concurrency {
-                    let _ = write!(t, ", {} at a time", count(&m.value));
+                    let _ = write!(t, ", {} at a time", plan.count_text(&m.value));
                 }
                 if let Some(a) = aggregate {
-                    let _ = write!(t, ", and combines the results by `{}`{}", a.mode.value, a.field.as_ref().map(|f| format!(" of `{}`", f.value)).unwrap_or_default());
+                    let _ = write!(
+                        t,
+                        ", and combines the results by `{}`{}",
+                        a.mode.value,
+                        a.field
+                            .as_ref()
+                            .map(|f| format!(" of `{}`", f.value))
+                            .unwrap_or_default()
+                    );
                 }
                 t
             }
             StageBody::Group { aggregate, .. } => {
                 let mut t = "runs its members in parallel".to_string();
                 if let Some(a) = aggregate {
-                    let _ = write!(t, " and combines the results by `{}`{}", a.mode.value, a.field.as_ref().map(|f| format!(" of `{}`", f.value)).unwrap_or_default());
+                    let _ = write!(
+                        t,
+                        " and combines the results by `{}`{}",
+                        a.mode.value,
+                        a.field
+                            .as_ref()
+                            .map(|f| format!(" of `{}`", f.value))
+                            .unwrap_or_default()
+                    );
                 }
                 t
             }
         };
         let mut line = format!("{pad}{}. `{}` {what}", n + 1, node.name);
         if !node.needs.is_empty() {
-            let _ = write!(line, ", after {}", node.needs.iter().map(|x| format!("`{}`", plan.node(*x).name)).collect::<Vec<_>>().join(", "));
+            let _ = write!(
+                line,
+                ", after {}",
+                node.needs
+                    .iter()
+                    .map(|x| format!("`{}`", plan.node(*x).name))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
         }
         if let Some(w) = &s.when {
             let _ = write!(line, ", only when `{}`", w.value);
@@ -167,9 +315,20 @@ fn body(plan: &Plan, region: Option<NodeId>, depth: usize, out: &mut String) {
         let _ = writeln!(out, "{line}");
         if let Some(r) = &s.route {
             for (value, t) in &node.routes {
-                let _ = writeln!(out, "{pad}   when {} is `{value}`: {}", r.on.value, target(plan, t));
+                let _ = writeln!(
+                    out,
+                    "{pad}   when {} is `{value}`: {}",
+                    r.on.value,
+                    target(plan, t)
+                );
             }
-            let _ = writeln!(out, "{pad}   any other value: {}", node.route_default.as_ref().map_or("fail".into(), |t| target(plan, t)));
+            let _ = writeln!(
+                out,
+                "{pad}   any other value: {}",
+                node.route_default
+                    .as_ref()
+                    .map_or("fail".into(), |t| target(plan, t))
+            );
         }
         if s.on_fail.is_some() {
             let _ = writeln!(out, "{pad}   if it fails: {}", target(plan, &node.on_fail));

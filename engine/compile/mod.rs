@@ -99,9 +99,16 @@ impl Plan {
     /// Returns the model of a node's stage.
     pub fn stage(&self, id: NodeId) -> &Stage {
         fn find<'a>(stages: &'a [Stage], name: &str) -> Option<&'a Stage> {
-            stages.iter().find_map(|s| if s.id.value == name { Some(s) } else { find(s.children(), name) })
+            stages.iter().find_map(|s| {
+                if s.id.value == name {
+                    Some(s)
+                } else {
+                    find(s.children(), name)
+                }
+            })
         }
-        find(&self.workflow.stages, &self.nodes[id.0].name).unwrap_or_else(|| unreachable!("every node comes from a stage"))
+        find(&self.workflow.stages, &self.nodes[id.0].name)
+            .unwrap_or_else(|| unreachable!("every node comes from a stage"))
     }
 
     /// Returns the body of a region, or the top level for `None`.
@@ -109,6 +116,15 @@ impl Plan {
         match region {
             Some(r) => self.nodes[r.0].body.as_ref().unwrap_or(&self.top),
             None => &self.top,
+        }
+    }
+
+    /// Shows a count as a number when the params in force resolve it, else as written.
+    pub fn count_text(&self, c: &crate::model::Count) -> String {
+        match (c, resolve_count(c, &self.params)) {
+            (_, Ok(n)) => n.to_string(),
+            (crate::model::Count::Template(t), Err(_)) => t.clone(),
+            (crate::model::Count::Literal(n), Err(_)) => n.to_string(),
         }
     }
 
@@ -124,11 +140,19 @@ pub fn compile(checked: &Checked<'_>) -> Plan {
     let mut exits: Vec<ExitDef> = wf
         .exits
         .iter()
-        .map(|e| ExitDef { name: e.name.value.clone(), code: e.code.value, message: e.message.as_ref().map(|m| m.value.clone()) })
+        .map(|e| ExitDef {
+            name: e.name.value.clone(),
+            code: e.code.value,
+            message: e.message.as_ref().map(|m| m.value.clone()),
+        })
         .collect();
     for (name, code) in crate::check::IMPLICIT_EXITS {
         if !exits.iter().any(|e| e.name == *name) {
-            exits.push(ExitDef { name: (*name).to_string(), code: *code, message: None });
+            exits.push(ExitDef {
+                name: (*name).to_string(),
+                code: *code,
+                message: None,
+            });
         }
     }
     let target = |a: &Action, exits: &[ExitDef]| match a {
@@ -147,19 +171,25 @@ pub fn compile(checked: &Checked<'_>) -> Plan {
         let id = StageId(i);
         let in_loop = checked.enclosing_loop(id).is_some();
         let mut add = |field: &str, src: &str| {
-            let _ = templates.add_template_owned(format!("{}/{field}", s.id.value), src.to_string());
+            let _ =
+                templates.add_template_owned(format!("{}/{field}", s.id.value), src.to_string());
         };
         if let Some(w) = &s.when {
             add("when", &format!("{{{{ {} }}}}", w.value));
         }
-        if let crate::model::StageBody::Agent { prompt: Some(p), .. } = &s.body {
+        if let crate::model::StageBody::Agent {
+            prompt: Some(p), ..
+        } = &s.body
+        {
             add("prompt", &p.value);
         }
         if let Some((_, text)) = checked.prompt_files.get(&id) {
             add("prompt", text);
         }
         let agent = match &s.body {
-            crate::model::StageBody::Agent { agent: Some(a), .. } => wf.agents.iter().position(|x| x.name.value == a.value),
+            crate::model::StageBody::Agent { agent: Some(a), .. } => {
+                wf.agents.iter().position(|x| x.name.value == a.value)
+            }
             _ => None,
         };
         let route = s.route.as_ref();
@@ -169,8 +199,15 @@ pub fn compile(checked: &Checked<'_>) -> Plan {
                 .enumerate()
                 .map(|(n, r)| {
                     let name = format!("{}/escalation/{n}", s.id.value);
-                    let _ = templates.add_template_owned(name.clone(), format!("{{{{ {} }}}}", r.when.value));
-                    (name, r.run.iter().filter_map(|t| checked.find(&t.value)).collect())
+                    let _ = templates
+                        .add_template_owned(name.clone(), format!("{{{{ {} }}}}", r.when.value));
+                    (
+                        name,
+                        r.run
+                            .iter()
+                            .filter_map(|t| checked.find(&t.value))
+                            .collect(),
+                    )
                 })
                 .collect(),
             _ => Vec::new(),
@@ -182,10 +219,29 @@ pub fn compile(checked: &Checked<'_>) -> Plan {
             needs: info.needs.clone(),
             body: None,
             agent,
-            resource: s.resource.as_ref().and_then(|r| wf.resources.iter().position(|x| x.name.value == r.value)),
-            routes: route.map(|r| r.cases.iter().map(|(k, a)| (k.value.clone(), target(&a.value, &exits))).collect()).unwrap_or_default(),
-            route_default: route.and_then(|r| r.default.as_ref()).map(|a| target(&a.value, &exits)),
-            on_fail: s.on_fail.as_ref().map_or(if in_loop { Target::Continue } else { Target::Fail }, |a| target(&a.value, &exits)),
+            resource: s
+                .resource
+                .as_ref()
+                .and_then(|r| wf.resources.iter().position(|x| x.name.value == r.value)),
+            routes: route
+                .map(|r| {
+                    r.cases
+                        .iter()
+                        .map(|(k, a)| (k.value.clone(), target(&a.value, &exits)))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            route_default: route
+                .and_then(|r| r.default.as_ref())
+                .map(|a| target(&a.value, &exits)),
+            on_fail: s.on_fail.as_ref().map_or(
+                if in_loop {
+                    Target::Continue
+                } else {
+                    Target::Fail
+                },
+                |a| target(&a.value, &exits),
+            ),
             conditional: conditional(checked, id),
             escalations,
         });
@@ -221,7 +277,12 @@ fn body(c: &Checked<'_>, region: Option<StageId>, nodes: &[Node]) -> Body {
             }
         }
         let mut by_target: Vec<(NodeId, Vec<String>)> = Vec::new();
-        let routes = nodes[m.0].routes.iter().map(|(k, t)| (k.clone(), t)).chain(nodes[m.0].route_default.iter().map(|t| ("*".to_string(), t)));
+        let routes = nodes[m.0].routes.iter().map(|(k, t)| (k.clone(), t)).chain(
+            nodes[m.0]
+                .route_default
+                .iter()
+                .map(|t| ("*".to_string(), t)),
+        );
         for (label, t) in routes {
             if let Target::Stage(to) = t {
                 match by_target.iter_mut().find(|(x, _)| x == to) {
@@ -236,6 +297,52 @@ fn body(c: &Checked<'_>, region: Option<StageId>, nodes: &[Node]) -> Body {
             }
         }
     }
-    let order = petgraph::algo::toposort(&graph, None).map(|o| o.into_iter().map(|n| graph[n]).collect()).unwrap_or_else(|_| members.to_vec());
-    Body { graph, index, order }
+    let order = petgraph::algo::toposort(&graph, None)
+        .map(|o| o.into_iter().map(|n| graph[n]).collect())
+        .unwrap_or_else(|_| members.to_vec());
+    Body {
+        graph,
+        index,
+        order,
+    }
+}
+
+/// Renders a template over params only (limits, agent names) with the given param values.
+pub fn render_params(template: &str, params: &crate::check::ParamValues) -> Result<String, String> {
+    let env = minijinja::Environment::new();
+    let ctx =
+        minijinja::context! { params => minijinja::Value::from(minijinja::value::Serde(params)) };
+    env.render_str(template, ctx)
+        .map(|s| s.trim().to_string())
+        .map_err(|e| e.to_string())
+}
+
+/// Resolves a count to a number with the given param values.
+pub fn resolve_count(
+    c: &crate::model::Count,
+    params: &crate::check::ParamValues,
+) -> Result<u64, String> {
+    match c {
+        crate::model::Count::Literal(n) => Ok(*n),
+        crate::model::Count::Template(t) => {
+            let s = render_params(t, params)?;
+            s.parse()
+                .map_err(|_| format!("`{t}` renders to `{s}`, which is not a whole number"))
+        }
+    }
+}
+
+/// Resolves a duration with the given param values.
+pub fn resolve_duration(
+    d: &crate::model::Dur,
+    params: &crate::check::ParamValues,
+) -> Result<std::time::Duration, String> {
+    match d {
+        crate::model::Dur::Literal(d) => Ok(*d),
+        crate::model::Dur::Template(t) => {
+            let s = render_params(t, params)?;
+            crate::model::parse_duration(&s)
+                .ok_or_else(|| format!("`{t}` renders to `{s}`, which is not a duration"))
+        }
+    }
 }

@@ -4,7 +4,7 @@
 use std::fmt::Write;
 
 use super::{Body, Edge, NodeId, Plan, Target};
-use crate::model::{Count, StageBody, StageKind};
+use crate::model::{StageBody, StageKind};
 
 /// Output formats of `ralph-flow graph`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,28 +22,37 @@ pub fn render(plan: &Plan, format: GraphFormat) -> String {
 }
 
 fn ident(name: &str) -> String {
-    name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect()
+    name.chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect()
 }
 
 fn region_label(plan: &Plan, id: NodeId) -> String {
     let s = plan.stage(id);
     match &s.body {
-        StageBody::Loop { max_iterations, until, .. } => {
-            let max = match max_iterations.as_ref().map(|m| &m.value) {
-                Some(Count::Literal(n)) => n.to_string(),
-                Some(Count::Template(t)) => t.clone(),
-                None => "?".into(),
-            };
-            let until = until.as_ref().map(|u| format!(" until {}", u.value)).unwrap_or_default();
+        StageBody::Loop {
+            max_iterations,
+            until,
+            ..
+        } => {
+            let max = max_iterations
+                .as_ref()
+                .map_or("?".into(), |m| plan.count_text(&m.value));
+            let until = until
+                .as_ref()
+                .map(|u| format!(" until {}", u.value))
+                .unwrap_or_default();
             format!("loop {} (at most {max}){until}", s.id.value)
         }
-        StageBody::ForEach { over, max_concurrency, .. } => {
+        StageBody::ForEach {
+            over,
+            max_concurrency,
+            ..
+        } => {
             let over = over.as_ref().map_or(String::new(), |o| o.value.clone());
-            let conc = match max_concurrency.as_ref().map(|m| &m.value) {
-                Some(Count::Literal(n)) => format!(", {n} at once"),
-                Some(Count::Template(t)) => format!(", {t} at once"),
-                None => String::new(),
-            };
+            let conc = max_concurrency.as_ref().map_or(String::new(), |m| {
+                format!(", {} at once", plan.count_text(&m.value))
+            });
             format!("for each in {over}{conc}: {}", s.id.value)
         }
         _ => format!("group {}", s.id.value),
@@ -53,15 +62,41 @@ fn region_label(plan: &Plan, id: NodeId) -> String {
 fn node_label(plan: &Plan, id: NodeId) -> String {
     let s = plan.stage(id);
     let detail = match &s.body {
-        StageBody::Agent { agent, .. } => agent.as_ref().map_or("agent".into(), |a| format!("agent: {}", a.value)),
-        StageBody::Command(c) => format!("$ {}", c.argv.iter().map(|a| a.value.as_str()).collect::<Vec<_>>().join(" ")),
-        StageBody::Check { command, expect, .. } => match (command, expect) {
-            (Some(c), _) => format!("check $ {}", c.argv.iter().map(|a| a.value.as_str()).collect::<Vec<_>>().join(" ")),
+        StageBody::Agent { agent, .. } => agent.as_ref().map_or("agent".into(), |a| {
+            let name = if a.value.contains("{{") {
+                super::render_params(&a.value, &plan.params).unwrap_or_else(|_| a.value.clone())
+            } else {
+                a.value.clone()
+            };
+            format!("agent: {name}")
+        }),
+        StageBody::Command(c) => format!(
+            "$ {}",
+            c.argv
+                .iter()
+                .map(|a| a.value.as_str())
+                .collect::<Vec<_>>()
+                .join(" ")
+        ),
+        StageBody::Check {
+            command, expect, ..
+        } => match (command, expect) {
+            (Some(c), _) => format!(
+                "check $ {}",
+                c.argv
+                    .iter()
+                    .map(|a| a.value.as_str())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            ),
             (None, Some(e)) => format!("check {}", e.value),
             _ => "check".into(),
         },
         StageBody::Gate { .. } => "human approval".into(),
-        StageBody::Subflow { workflow, .. } => format!("subflow {}", workflow.as_ref().map_or("", |w| w.value.as_str())),
+        StageBody::Subflow { workflow, .. } => format!(
+            "subflow {}",
+            workflow.as_ref().map_or("", |w| w.value.as_str())
+        ),
         _ => String::new(),
     };
     let mut label = s.id.value.clone();
@@ -76,7 +111,11 @@ fn node_label(plan: &Plan, id: NodeId) -> String {
 }
 
 fn truncate(s: &str, n: usize) -> String {
-    if s.chars().count() <= n { s.to_string() } else { format!("{}…", s.chars().take(n).collect::<String>()) }
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        format!("{}…", s.chars().take(n).collect::<String>())
+    }
 }
 
 fn target_name(plan: &Plan, t: &Target) -> Option<String> {
@@ -90,16 +129,27 @@ fn target_name(plan: &Plan, t: &Target) -> Option<String> {
 fn edges(plan: &Plan) -> Vec<(String, String, String, bool)> {
     let mut out = Vec::new();
     let entry = |id: NodeId| {
-        if plan.node(id).body.is_some() { format!("{}__entry", ident(&plan.node(id).name)) } else { ident(&plan.node(id).name) }
+        if plan.node(id).body.is_some() {
+            format!("{}__entry", ident(&plan.node(id).name))
+        } else {
+            ident(&plan.node(id).name)
+        }
     };
     let mut bodies: Vec<&Body> = vec![&plan.top];
     bodies.extend(plan.nodes.iter().filter_map(|n| n.body.as_ref()));
     for body in bodies {
         for e in body.graph.edge_indices() {
-            let Some((a, b)) = body.graph.edge_endpoints(e) else { continue };
+            let Some((a, b)) = body.graph.edge_endpoints(e) else {
+                continue;
+            };
             let (a, b) = (body.graph[a], body.graph[b]);
             let label = match &body.graph[e] {
-                Edge::Needs => plan.stage(b).when.as_ref().map(|w| format!("when {}", w.value)).unwrap_or_default(),
+                Edge::Needs => plan
+                    .stage(b)
+                    .when
+                    .as_ref()
+                    .map(|w| format!("when {}", w.value))
+                    .unwrap_or_default(),
                 Edge::Route(values) => values.join(" | "),
             };
             out.push((entry(a), entry(b), label, false));
@@ -108,7 +158,8 @@ fn edges(plan: &Plan) -> Vec<(String, String, String, bool)> {
     for (i, node) in plan.nodes.iter().enumerate() {
         let id = NodeId(i);
         let from = entry(id);
-        let mut actions: Vec<(String, &Target)> = node.routes.iter().map(|(k, t)| (k.clone(), t)).collect();
+        let mut actions: Vec<(String, &Target)> =
+            node.routes.iter().map(|(k, t)| (k.clone(), t)).collect();
         if let Some(d) = &node.route_default {
             actions.push(("*".into(), d));
         }
@@ -118,28 +169,69 @@ fn edges(plan: &Plan) -> Vec<(String, String, String, bool)> {
         }
         for (label, t) in actions {
             match t {
-                Target::Exit(_) => out.push((from.clone(), target_name(plan, t).unwrap_or_default(), label, true)),
+                Target::Exit(_) => out.push((
+                    from.clone(),
+                    target_name(plan, t).unwrap_or_default(),
+                    label,
+                    true,
+                )),
                 Target::Continue => {
-                    if let Some(l) = plan.nodes.iter().enumerate().find(|(j, n)| n.kind == StageKind::Loop && is_inside(plan, id, NodeId(*j))).map(|(j, _)| j) {
-                        out.push((from.clone(), entry(NodeId(l)), format!("{label}: next iteration"), true));
+                    if let Some(l) = plan
+                        .nodes
+                        .iter()
+                        .enumerate()
+                        .find(|(j, n)| n.kind == StageKind::Loop && is_inside(plan, id, NodeId(*j)))
+                        .map(|(j, _)| j)
+                    {
+                        out.push((
+                            from.clone(),
+                            entry(NodeId(l)),
+                            format!("{label}: next iteration"),
+                            true,
+                        ));
                     }
                 }
                 _ => {}
             }
         }
-        if let StageBody::Loop { on_exhausted: Some(a), .. } = &s.body {
+        if let StageBody::Loop {
+            on_exhausted: Some(a),
+            ..
+        } = &s.body
+        {
             if let crate::model::Action::Exit(n) = &a.value {
-                out.push((from.clone(), format!("exit_{}", ident(n)), "exhausted".into(), true));
+                out.push((
+                    from.clone(),
+                    format!("exit_{}", ident(n)),
+                    "exhausted".into(),
+                    true,
+                ));
             }
         }
-        if let StageBody::Loop { stuck: Some(st), .. } = &s.body {
+        if let StageBody::Loop {
+            stuck: Some(st), ..
+        } = &s.body
+        {
             if let Some(crate::model::Action::Exit(n)) = st.then.as_ref().map(|t| &t.value) {
-                out.push((from.clone(), format!("exit_{}", ident(n)), "stuck".into(), true));
+                out.push((
+                    from.clone(),
+                    format!("exit_{}", ident(n)),
+                    "stuck".into(),
+                    true,
+                ));
             }
         }
-        if let StageBody::Gate { on_reject: Some(a), .. } = &s.body {
+        if let StageBody::Gate {
+            on_reject: Some(a), ..
+        } = &s.body
+        {
             if let crate::model::Action::Exit(n) = &a.value {
-                out.push((from.clone(), format!("exit_{}", ident(n)), "rejected".into(), true));
+                out.push((
+                    from.clone(),
+                    format!("exit_{}", ident(n)),
+                    "rejected".into(),
+                    true,
+                ));
             }
         }
     }
@@ -159,7 +251,13 @@ fn is_inside(plan: &Plan, id: NodeId, region: NodeId) -> bool {
 }
 
 fn used_exits(plan: &Plan, edges: &[(String, String, String, bool)]) -> Vec<usize> {
-    (0..plan.exits.len()).filter(|e| edges.iter().any(|(_, to, _, _)| *to == format!("exit_{}", ident(&plan.exits[*e].name)))).collect()
+    (0..plan.exits.len())
+        .filter(|e| {
+            edges
+                .iter()
+                .any(|(_, to, _, _)| *to == format!("exit_{}", ident(&plan.exits[*e].name)))
+        })
+        .collect()
 }
 
 fn mermaid_text(s: &str) -> String {
@@ -174,7 +272,11 @@ fn mermaid(plan: &Plan) -> String {
             let n = plan.node(*id);
             let name = ident(&n.name);
             if n.body.is_some() {
-                let _ = writeln!(out, "{pad}subgraph {name}[\"{}\"]", mermaid_text(&region_label(plan, *id)));
+                let _ = writeln!(
+                    out,
+                    "{pad}subgraph {name}[\"{}\"]",
+                    mermaid_text(&region_label(plan, *id))
+                );
                 let _ = writeln!(out, "{pad}  {name}__entry((\" \"))");
                 body(plan, Some(*id), depth + 1, out);
                 let _ = writeln!(out, "{pad}end");
@@ -195,26 +297,42 @@ fn mermaid(plan: &Plan) -> String {
     let edges = edges(plan);
     for e in used_exits(plan, &edges) {
         let x = &plan.exits[e];
-        let _ = writeln!(out, "  exit_{}([\"exit {} · code {}\"])", ident(&x.name), mermaid_text(&x.name), x.code);
+        let _ = writeln!(
+            out,
+            "  exit_{}([\"exit {} · code {}\"])",
+            ident(&x.name),
+            mermaid_text(&x.name),
+            x.code
+        );
     }
     for (from, to, label, dashed) in &edges {
         let arrow = if *dashed { "-.->" } else { "-->" };
         if label.is_empty() {
             let _ = writeln!(out, "  {from} {arrow} {to}");
         } else {
-            let _ = writeln!(out, "  {from} {arrow}|\"{}\"| {to}", mermaid_text(&truncate(label, 50)));
+            let _ = writeln!(
+                out,
+                "  {from} {arrow}|\"{}\"| {to}",
+                mermaid_text(&truncate(label, 50))
+            );
         }
     }
     out
 }
 
 fn dot_text(s: &str) -> String {
-    s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 fn dot(plan: &Plan) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "digraph \"{}\" {{", dot_text(&plan.workflow.name.value));
+    let _ = writeln!(
+        out,
+        "digraph \"{}\" {{",
+        dot_text(&plan.workflow.name.value)
+    );
     out.push_str("  compound=true;\n  rankdir=TB;\n  node [fontname=\"Helvetica\", fontsize=10];\n  edge [fontname=\"Helvetica\", fontsize=9];\n");
     fn body(plan: &Plan, region: Option<NodeId>, depth: usize, out: &mut String) {
         let pad = "  ".repeat(depth);
@@ -222,10 +340,21 @@ fn dot(plan: &Plan) -> String {
             let n = plan.node(*id);
             let name = ident(&n.name);
             if n.body.is_some() {
-                let style = if n.kind == StageKind::Loop { "rounded,dashed" } else { "rounded" };
+                let style = if n.kind == StageKind::Loop {
+                    "rounded,dashed"
+                } else {
+                    "rounded"
+                };
                 let _ = writeln!(out, "{pad}subgraph cluster_{name} {{");
-                let _ = writeln!(out, "{pad}  label=\"{}\"; style=\"{style}\";", dot_text(&region_label(plan, *id)));
-                let _ = writeln!(out, "{pad}  {name}__entry [label=\"\", shape=point, width=0.1];");
+                let _ = writeln!(
+                    out,
+                    "{pad}  label=\"{}\"; style=\"{style}\";",
+                    dot_text(&region_label(plan, *id))
+                );
+                let _ = writeln!(
+                    out,
+                    "{pad}  {name}__entry [label=\"\", shape=point, width=0.1];"
+                );
                 body(plan, Some(*id), depth + 1, out);
                 let _ = writeln!(out, "{pad}}}");
             } else {
@@ -236,7 +365,11 @@ fn dot(plan: &Plan) -> String {
                     StageKind::Subflow => "box3d",
                     _ => "box",
                 };
-                let _ = writeln!(out, "{pad}{name} [label=\"{}\", shape={shape}];", dot_text(&node_label(plan, *id)));
+                let _ = writeln!(
+                    out,
+                    "{pad}{name} [label=\"{}\", shape={shape}];",
+                    dot_text(&node_label(plan, *id))
+                );
             }
         }
     }
@@ -244,7 +377,13 @@ fn dot(plan: &Plan) -> String {
     let edges = edges(plan);
     for e in used_exits(plan, &edges) {
         let x = &plan.exits[e];
-        let _ = writeln!(out, "  exit_{} [label=\"exit {}\\ncode {}\", shape=doublecircle];", ident(&x.name), dot_text(&x.name), x.code);
+        let _ = writeln!(
+            out,
+            "  exit_{} [label=\"exit {}\\ncode {}\", shape=doublecircle];",
+            ident(&x.name),
+            dot_text(&x.name),
+            x.code
+        );
     }
     for (from, to, label, dashed) in &edges {
         let mut attrs = Vec::new();

@@ -20,7 +20,13 @@ pub fn lower(file: FileId, root: &Table, diags: &mut Diagnostics) -> Workflow {
     }
     let t = root;
     let file_span = Span::new(file, 0..0);
+    let mut broken = Vec::new();
+    for key in ["params", "agents", "resources", "exits"] {
+        collect_broken(t, key, &mut broken);
+    }
+    collect_broken_stages(t, &mut broken);
     Workflow {
+        broken,
         file,
         name: text(t, "name").unwrap_or_else(|| Spanned::new(String::new(), file_span)),
         version: text(t, "version"),
@@ -45,6 +51,47 @@ pub fn lower(file: FileId, root: &Table, diags: &mut Diagnostics) -> Workflow {
     }
 }
 
+/// Records names whose tables cannot be lowered (not a table, or without a valid `kind`/`type`).
+fn collect_broken(t: &Table, key: &str, out: &mut Vec<String>) {
+    let Some((m, _)) = table(t, key) else { return };
+    for e in &m.entries {
+        let ok = e.value.as_table().is_some_and(|x| match key {
+            "agents" => x
+                .get("kind")
+                .and_then(Value::as_str)
+                .is_some_and(|k| AgentKind::parse(k).is_some()),
+            "params" => x
+                .get("type")
+                .and_then(Value::as_str)
+                .is_some_and(|k| spec::PARAM_TYPES.contains(&k)),
+            "resources" => count(x, "capacity").is_some(),
+            "exits" => x.get("code").and_then(Value::as_int).is_some(),
+            _ => true,
+        });
+        if !ok {
+            out.push(e.key.clone());
+        }
+    }
+}
+
+fn collect_broken_stages(t: &Table, out: &mut Vec<String>) {
+    let Some((m, _)) = table(t, "stages") else {
+        return;
+    };
+    for e in &m.entries {
+        match e.value.as_table() {
+            Some(x)
+                if x.get("kind")
+                    .and_then(Value::as_str)
+                    .is_some_and(|k| StageKind::parse(k).is_some()) =>
+            {
+                collect_broken_stages(x, out);
+            }
+            _ => out.push(e.key.clone()),
+        }
+    }
+}
+
 fn text(t: &Table, key: &str) -> Option<Text> {
     let v = t.get(key)?;
     Some(Spanned::new(v.as_str()?.to_string(), v.span))
@@ -52,20 +99,34 @@ fn text(t: &Table, key: &str) -> Option<Text> {
 
 fn texts(t: &Table, key: &str) -> Vec<Text> {
     match t.get(key) {
-        Some(Value { kind: ValueKind::Array(items), .. }) => {
-            items.iter().filter_map(|v| Some(Spanned::new(v.as_str()?.to_string(), v.span))).collect()
-        }
-        Some(v) => v.as_str().map(|s| vec![Spanned::new(s.to_string(), v.span)]).unwrap_or_default(),
+        Some(Value {
+            kind: ValueKind::Array(items),
+            ..
+        }) => items
+            .iter()
+            .filter_map(|v| Some(Spanned::new(v.as_str()?.to_string(), v.span)))
+            .collect(),
+        Some(v) => v
+            .as_str()
+            .map(|s| vec![Spanned::new(s.to_string(), v.span)])
+            .unwrap_or_default(),
         None => Vec::new(),
     }
 }
 
 fn ints(t: &Table, key: &str) -> Vec<Spanned<i64>> {
     match t.get(key) {
-        Some(Value { kind: ValueKind::Array(items), .. }) => {
-            items.iter().filter_map(|v| Some(Spanned::new(v.as_int()?, v.span))).collect()
-        }
-        Some(v) => v.as_int().map(|i| vec![Spanned::new(i, v.span)]).unwrap_or_default(),
+        Some(Value {
+            kind: ValueKind::Array(items),
+            ..
+        }) => items
+            .iter()
+            .filter_map(|v| Some(Spanned::new(v.as_int()?, v.span)))
+            .collect(),
+        Some(v) => v
+            .as_int()
+            .map(|i| vec![Spanned::new(i, v.span)])
+            .unwrap_or_default(),
         None => Vec::new(),
     }
 }
@@ -112,31 +173,54 @@ fn table<'a>(t: &'a Table, key: &str) -> Option<(&'a Table, Span)> {
 }
 
 fn map_texts(t: &Table, key: &str) -> Vec<(Text, Text)> {
-    let Some((m, _)) = table(t, key) else { return Vec::new() };
+    let Some((m, _)) = table(t, key) else {
+        return Vec::new();
+    };
     m.entries
         .iter()
         .filter_map(|e| {
-            Some((Spanned::new(e.key.clone(), e.key_span), Spanned::new(e.value.as_str()?.to_string(), e.value.span)))
+            Some((
+                Spanned::new(e.key.clone(), e.key_span),
+                Spanned::new(e.value.as_str()?.to_string(), e.value.span),
+            ))
         })
         .collect()
 }
 
 fn map_values(t: &Table, key: &str) -> Vec<(Text, Value)> {
-    let Some((m, _)) = table(t, key) else { return Vec::new() };
-    m.entries.iter().map(|e| (Spanned::new(e.key.clone(), e.key_span), e.value.clone())).collect()
+    let Some((m, _)) = table(t, key) else {
+        return Vec::new();
+    };
+    m.entries
+        .iter()
+        .map(|e| (Spanned::new(e.key.clone(), e.key_span), e.value.clone()))
+        .collect()
 }
 
 fn named<T>(t: &Table, key: &str, build: fn(Text, &Table, Span) -> Option<T>) -> Vec<T> {
-    let Some((m, _)) = table(t, key) else { return Vec::new() };
+    let Some((m, _)) = table(t, key) else {
+        return Vec::new();
+    };
     m.entries
         .iter()
-        .filter_map(|e| build(Spanned::new(e.key.clone(), e.key_span), e.value.as_table()?, e.value.span))
+        .filter_map(|e| {
+            build(
+                Spanned::new(e.key.clone(), e.key_span),
+                e.value.as_table()?,
+                e.value.span,
+            )
+        })
         .collect()
 }
 
 fn budget(t: &Table) -> Option<Budget> {
     let (b, span) = table(t, "budget")?;
-    Some(Budget { tokens: count(b, "tokens"), cost_usd: float(b, "cost_usd"), on_exceeded: action(b, "on_exceeded"), span })
+    Some(Budget {
+        tokens: count(b, "tokens"),
+        cost_usd: float(b, "cost_usd"),
+        on_exceeded: action(b, "on_exceeded"),
+        span,
+    })
 }
 
 fn param(name: Text, t: &Table, span: Span) -> Option<Param> {
@@ -154,7 +238,11 @@ fn param(name: Text, t: &Table, span: Span) -> Option<Param> {
         ty: Spanned::new(ty, ty_text.span),
         default: t.get("default").cloned(),
         description: text(t, "description"),
-        choices: t.get("choices").and_then(Value::as_array).map(<[Value]>::to_vec).unwrap_or_default(),
+        choices: t
+            .get("choices")
+            .and_then(Value::as_array)
+            .map(<[Value]>::to_vec)
+            .unwrap_or_default(),
         span,
     })
 }
@@ -184,12 +272,22 @@ fn agent(name: Text, t: &Table, span: Span) -> Option<Agent> {
 }
 
 fn resource(name: Text, t: &Table, span: Span) -> Option<Resource> {
-    Some(Resource { name, capacity: count(t, "capacity")?, order: texts(t, "order"), span })
+    Some(Resource {
+        name,
+        capacity: count(t, "capacity")?,
+        order: texts(t, "order"),
+        span,
+    })
 }
 
 fn exit(name: Text, t: &Table, span: Span) -> Option<Exit> {
     let v = t.get("code")?;
-    Some(Exit { name, code: Spanned::new(v.as_int()?, v.span), message: text(t, "message"), span })
+    Some(Exit {
+        name,
+        code: Spanned::new(v.as_int()?, v.span),
+        message: text(t, "message"),
+        span,
+    })
 }
 
 fn command(t: &Table) -> Option<CommandSpec> {
@@ -207,9 +305,11 @@ fn stage(id: Text, t: &Table, span: Span) -> Option<Stage> {
     let kind_text = text(t, "kind")?;
     let kind = StageKind::parse(&kind_text)?;
     let body = match kind {
-        StageKind::Agent => {
-            StageBody::Agent { agent: text(t, "agent"), prompt: text(t, "prompt"), prompt_file: text(t, "prompt_file") }
-        }
+        StageKind::Agent => StageBody::Agent {
+            agent: text(t, "agent"),
+            prompt: text(t, "prompt"),
+            prompt_file: text(t, "prompt_file"),
+        },
         StageKind::Command => StageBody::Command(command(t).unwrap_or(CommandSpec {
             argv: Vec::new(),
             cwd: None,
@@ -217,20 +317,32 @@ fn stage(id: Text, t: &Table, span: Span) -> Option<Stage> {
             stdin: None,
             ok_codes: Vec::new(),
         })),
-        StageKind::Check => StageBody::Check { command: command(t), pass_codes: ints(t, "pass_codes"), expect: text(t, "expect") },
+        StageKind::Check => StageBody::Check {
+            command: command(t),
+            pass_codes: ints(t, "pass_codes"),
+            expect: text(t, "expect"),
+        },
         StageKind::Gate => StageBody::Gate {
             message: text(t, "message"),
             show: texts(t, "show"),
             on_timeout: action(t, "on_timeout"),
             on_reject: action(t, "on_reject"),
         },
-        StageKind::Subflow => StageBody::Subflow { workflow: text(t, "workflow"), params: map_texts(t, "params") },
+        StageKind::Subflow => StageBody::Subflow {
+            workflow: text(t, "workflow"),
+            params: map_texts(t, "params"),
+        },
         StageKind::Loop => StageBody::Loop {
             max_iterations: count(t, "max_iterations"),
             until: text(t, "until"),
             on_exhausted: action(t, "on_exhausted"),
             stuck: table(t, "stuck").and_then(|(s, span)| {
-                Some(Stuck { on: text(s, "on")?, repeats: count(s, "repeats"), then: action(s, "then"), span })
+                Some(Stuck {
+                    on: text(s, "on")?,
+                    repeats: count(s, "repeats"),
+                    then: action(s, "then"),
+                    span,
+                })
             }),
             escalation: escalations(t),
             worktree: worktree(t),
@@ -267,12 +379,20 @@ fn stage(id: Text, t: &Table, span: Span) -> Option<Stage> {
                         .iter()
                         .filter_map(|e| {
                             let a = Action::parse(e.value.as_str()?)?;
-                            Some((Spanned::new(e.key.clone(), e.key_span), Spanned::new(a, e.value.span)))
+                            Some((
+                                Spanned::new(e.key.clone(), e.key_span),
+                                Spanned::new(a, e.value.span),
+                            ))
                         })
                         .collect()
                 })
                 .unwrap_or_default();
-            Some(Route { on: text(r, "on")?, cases, default: action(r, "default"), span })
+            Some(Route {
+                on: text(r, "on")?,
+                cases,
+                default: action(r, "default"),
+                span,
+            })
         }),
         on_fail: action(t, "on_fail"),
         feedback: text(t, "feedback"),
@@ -314,10 +434,18 @@ fn output(o: &Table, span: Span) -> OutputSpec {
 fn escalations(t: &Table) -> Vec<Escalation> {
     let one = |v: &Value| {
         let e = v.as_table()?;
-        Some(Escalation { when: text(e, "when")?, run: texts(e, "run"), description: text(e, "description"), span: v.span })
+        Some(Escalation {
+            when: text(e, "when")?,
+            run: texts(e, "run"),
+            description: text(e, "description"),
+            span: v.span,
+        })
     };
     match t.get("escalation") {
-        Some(Value { kind: ValueKind::Array(items), .. }) => items.iter().filter_map(one).collect(),
+        Some(Value {
+            kind: ValueKind::Array(items),
+            ..
+        }) => items.iter().filter_map(one).collect(),
         Some(v) => one(v).into_iter().collect(),
         None => Vec::new(),
     }
@@ -325,12 +453,22 @@ fn escalations(t: &Table) -> Vec<Escalation> {
 
 fn aggregate(t: &Table) -> Option<Aggregate> {
     let (a, span) = table(t, "aggregate")?;
-    Some(Aggregate { mode: text(a, "mode")?, field: text(a, "field"), order: texts(a, "order"), span })
+    Some(Aggregate {
+        mode: text(a, "mode")?,
+        field: text(a, "field"),
+        order: texts(a, "order"),
+        span,
+    })
 }
 
 fn worktree(t: &Table) -> Option<Worktree> {
     let (w, span) = table(t, "worktree")?;
-    Some(Worktree { branch: text(w, "branch")?, base: text(w, "base"), cleanup: text(w, "cleanup"), span })
+    Some(Worktree {
+        branch: text(w, "branch")?,
+        base: text(w, "base"),
+        cleanup: text(w, "cleanup"),
+        span,
+    })
 }
 
 fn override_(stage: Text, t: &Table, span: Span) -> Option<Override> {
@@ -357,13 +495,19 @@ pub fn param_value_error(value: &Value, ty: ParamType, name: &str) -> Option<Dia
         ParamType::Int => value.as_int().is_some(),
         ParamType::Float => matches!(value.kind, ValueKind::Int(_) | ValueKind::Float(_)),
         ParamType::Bool => value.as_bool().is_some(),
-        ParamType::List => value.as_array().is_some_and(|a| a.iter().all(|v| v.as_str().is_some())),
+        ParamType::List => value
+            .as_array()
+            .is_some_and(|a| a.iter().all(|v| v.as_str().is_some())),
     };
     (!ok).then(|| {
         Diagnostic::new(
             Code::ParamType,
             value.span,
-            format!("param `{name}` is of type {}, but this value is {}", ty.as_str(), value.type_name()),
+            format!(
+                "param `{name}` is of type {}, but this value is {}",
+                ty.as_str(),
+                value.type_name()
+            ),
         )
         .label(format!("expected {}", ty.as_str()))
     })

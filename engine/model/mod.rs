@@ -1,5 +1,6 @@
 //! The workflow model shared by both syntaxes: what a file says, with names not yet resolved.
 
+pub mod jsonschema;
 pub mod lower;
 pub mod shape;
 pub mod spec;
@@ -29,6 +30,16 @@ pub struct Workflow {
     pub exits: Vec<Exit>,
     pub stages: Vec<Stage>,
     pub overrides: Vec<Override>,
+    /// Names of params, agents, resources, exits and stages that are defined but could not be
+    /// lowered (an error was reported there); references to them are not reported again.
+    pub broken: Vec<String>,
+}
+
+impl Workflow {
+    /// Tells whether a name was defined with an error already reported.
+    pub fn is_broken(&self, name: &str) -> bool {
+        self.broken.iter().any(|b| b == name)
+    }
 }
 
 /// The base workflow a file extends.
@@ -231,8 +242,28 @@ impl std::fmt::Display for Action {
 
 /// Words that cannot be used as ids, because actions or template names use them.
 pub const RESERVED: &[&str] = &[
-    "continue", "break", "fail", "approve", "reject", "exit", "params", "stages", "loops", "run", "iteration",
-    "max_iterations", "feedback", "history", "attempt", "output", "item", "index", "loop", "true", "false", "none",
+    "continue",
+    "break",
+    "fail",
+    "approve",
+    "reject",
+    "exit",
+    "params",
+    "stages",
+    "loops",
+    "run",
+    "iteration",
+    "max_iterations",
+    "feedback",
+    "history",
+    "attempt",
+    "output",
+    "item",
+    "index",
+    "loop",
+    "true",
+    "false",
+    "none",
 ];
 
 /// Tells whether a string is a valid id: a letter or `_`, then letters, digits, `_` or `-`.
@@ -287,7 +318,10 @@ impl StageKind {
 
     /// Tells whether the kind has a body of stages.
     pub fn is_region(self) -> bool {
-        matches!(self, StageKind::Loop | StageKind::ForEach | StageKind::Group)
+        matches!(
+            self,
+            StageKind::Loop | StageKind::ForEach | StageKind::Group
+        )
     }
 }
 
@@ -368,7 +402,9 @@ impl Stage {
     /// Returns the body stages of a loop, for_each or group.
     pub fn children(&self) -> &[Stage] {
         match &self.body {
-            StageBody::Loop { stages, .. } | StageBody::ForEach { stages, .. } | StageBody::Group { stages, .. } => stages,
+            StageBody::Loop { stages, .. }
+            | StageBody::ForEach { stages, .. }
+            | StageBody::Group { stages, .. } => stages,
             _ => &[],
         }
     }
@@ -376,9 +412,9 @@ impl Stage {
     /// Returns the body stages mutably.
     pub fn children_mut(&mut self) -> Option<&mut Vec<Stage>> {
         match &mut self.body {
-            StageBody::Loop { stages, .. } | StageBody::ForEach { stages, .. } | StageBody::Group { stages, .. } => {
-                Some(stages)
-            }
+            StageBody::Loop { stages, .. }
+            | StageBody::ForEach { stages, .. }
+            | StageBody::Group { stages, .. } => Some(stages),
             _ => None,
         }
     }
@@ -545,7 +581,10 @@ mod tests {
 
     #[test]
     fn actions_parse() {
-        assert_eq!(Action::parse("exit:stuck"), Some(Action::Exit("stuck".into())));
+        assert_eq!(
+            Action::parse("exit:stuck"),
+            Some(Action::Exit("stuck".into()))
+        );
         assert_eq!(Action::parse("fix_a"), Some(Action::Goto("fix_a".into())));
         assert_eq!(Action::parse("exit:"), None);
         assert_eq!(Action::parse("a b"), None);

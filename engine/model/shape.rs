@@ -10,15 +10,30 @@ pub fn check_table(table: &Table, spec: &'static TableSpec, diags: &mut Diagnost
     if spec.fields.is_empty() {
         return; // free-form (inline JSON Schema)
     }
-    let kind = spec.kind_key.and_then(|key| table.get(key)).and_then(Value::as_str);
+    let kind = spec
+        .kind_key
+        .and_then(|key| table.get(key))
+        .and_then(Value::as_str);
     for entry in &table.entries {
         let Some(field) = spec.field(&entry.key) else {
-            let keys = spec.fields.iter().filter(|f| applies(f, kind)).map(|f| f.key);
+            let keys = spec
+                .fields
+                .iter()
+                .filter(|f| applies(f, kind))
+                .map(|f| f.key);
             diags.push(
-                Diagnostic::new(Code::UnknownKey, entry.key_span, format!("unknown key `{}` in {}", entry.key, spec.name))
-                    .label("not a key of this table")
-                    .suggest(&entry.key, keys)
-                    .help_or(format!("the keys of {} are: {}", spec.name, key_list(spec, kind))),
+                Diagnostic::new(
+                    Code::UnknownKey,
+                    entry.key_span,
+                    format!("unknown key `{}` in {}", entry.key, spec.name),
+                )
+                .label("not a key of this table")
+                .suggest(&entry.key, keys)
+                .help_or(format!(
+                    "the keys of {} are: {}",
+                    spec.name,
+                    key_list(spec, kind)
+                )),
             );
             continue;
         };
@@ -28,9 +43,16 @@ pub fn check_table(table: &Table, spec: &'static TableSpec, diags: &mut Diagnost
                     Diagnostic::new(
                         Code::KeyNotForKind,
                         entry.key_span,
-                        format!("`{}` does not apply to a {} of kind `{kind}`", entry.key, spec.name),
+                        format!(
+                            "`{}` does not apply to a {} of kind `{kind}`",
+                            entry.key, spec.name
+                        ),
                     )
-                    .help(format!("`{}` applies to kinds: {}", entry.key, field.kinds.join(", "))),
+                    .help(format!(
+                        "`{}` applies to kinds: {}",
+                        entry.key,
+                        field.kinds.join(", ")
+                    )),
                 );
                 continue;
             }
@@ -39,13 +61,22 @@ pub fn check_table(table: &Table, spec: &'static TableSpec, diags: &mut Diagnost
     }
     for field in spec.fields.iter().filter(|f| f.required) {
         if table.get(field.key).is_none() {
-            diags.push(Diagnostic::new(Code::MissingKey, None, format!("missing key `{}` in {}", field.key, spec.name)));
+            diags.push(Diagnostic::new(
+                Code::MissingKey,
+                None,
+                format!("missing key `{}` in {}", field.key, spec.name),
+            ));
         }
     }
 }
 
 /// Like [`check_table`], but points missing-key errors at the table's own span.
-pub fn check_value_table(value: &Value, spec: &'static TableSpec, what: &str, diags: &mut Diagnostics) {
+pub fn check_value_table(
+    value: &Value,
+    spec: &'static TableSpec,
+    what: &str,
+    diags: &mut Diagnostics,
+) {
     let Some(table) = value.as_table() else {
         diags.push(wrong_type(value, "a table", what));
         return;
@@ -66,12 +97,21 @@ fn applies(field: &Field, kind: Option<&str>) -> bool {
 }
 
 fn key_list(spec: &TableSpec, kind: Option<&str>) -> String {
-    spec.fields.iter().filter(|f| applies(f, kind)).map(|f| f.key).collect::<Vec<_>>().join(", ")
+    spec.fields
+        .iter()
+        .filter(|f| applies(f, kind))
+        .map(|f| f.key)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn wrong_type(value: &Value, expected: &str, key: &str) -> Diagnostic {
-    Diagnostic::new(Code::WrongType, value.span, format!("`{key}` must be {expected}, not {}", value.type_name()))
-        .label(format!("expected {expected}"))
+    Diagnostic::new(
+        Code::WrongType,
+        value.span,
+        format!("`{key}` must be {expected}, not {}", value.type_name()),
+    )
+    .label(format!("expected {expected}"))
 }
 
 fn check_value(value: &Value, ty: &Ty, key: &str, diags: &mut Diagnostics) {
@@ -190,4 +230,3 @@ fn check_value(value: &Value, ty: &Ty, key: &str, diags: &mut Diagnostics) {
         },
     }
 }
-

@@ -77,25 +77,55 @@ impl TableSpec {
 }
 
 const fn f(key: &'static str, ty: Ty, doc: &'static str) -> Field {
-    Field { key, ty, required: false, kinds: &[], doc }
+    Field {
+        key,
+        ty,
+        required: false,
+        kinds: &[],
+        doc,
+    }
 }
 const fn req(key: &'static str, ty: Ty, doc: &'static str) -> Field {
-    Field { key, ty, required: true, kinds: &[], doc }
+    Field {
+        key,
+        ty,
+        required: true,
+        kinds: &[],
+        doc,
+    }
 }
 const fn k(key: &'static str, kinds: &'static [&'static str], ty: Ty, doc: &'static str) -> Field {
-    Field { key, ty, required: false, kinds, doc }
+    Field {
+        key,
+        ty,
+        required: false,
+        kinds,
+        doc,
+    }
 }
 
 /// The stage kinds.
-pub const STAGE_KINDS: &[&str] = &["agent", "command", "gate", "check", "subflow", "loop", "for_each", "group"];
+pub const STAGE_KINDS: &[&str] = &[
+    "agent", "command", "gate", "check", "subflow", "loop", "for_each", "group",
+];
 /// The agent backend kinds.
-pub const AGENT_KINDS: &[&str] = &["claude", "codex", "gemini", "openai", "anthropic", "command", "replay"];
+pub const AGENT_KINDS: &[&str] = &[
+    "claude",
+    "codex",
+    "gemini",
+    "openai",
+    "anthropic",
+    "command",
+    "replay",
+];
 /// The param types.
 pub const PARAM_TYPES: &[&str] = &["string", "int", "float", "bool", "list"];
 /// The output extraction modes.
 pub const EXTRACT_MODES: &[&str] = &["text", "json", "fenced_json", "markers", "regex"];
 /// The fan-in aggregation modes.
-pub const AGGREGATE_MODES: &[&str] = &["collect", "all", "any", "worst", "best", "highest", "lowest"];
+pub const AGGREGATE_MODES: &[&str] = &[
+    "collect", "all", "any", "worst", "best", "highest", "lowest",
+];
 
 const BODY: &[&str] = &["loop", "for_each", "group"];
 const RUNS_COMMAND: &[&str] = &["command", "check"];
@@ -106,19 +136,71 @@ pub static WORKFLOW: TableSpec = TableSpec {
     doc: "The top level of a workflow file.",
     kind_key: None,
     fields: &[
-        req("name", Ty::Str, "The workflow's name: lowercase letters, digits, `-` and `_`."),
-        f("version", Ty::Str, "The workflow's version, for people and lockfiles."),
-        f("description", Ty::Str, "What the workflow does, shown by `explain`."),
-        f("extends", Ty::Table(&EXTENDS), "A base workflow this file builds on; see Reuse."),
-        f("include", Ty::List(&Ty::Str), "Files whose params, agents, resources and exits are merged into this one."),
-        f("max_concurrency", Ty::Count, "The most stages that run at once in the whole run."),
-        f("budget", Ty::Table(&BUDGET), "Token and cost limits for the whole run."),
-        f("params", Ty::Named(&PARAM, "param"), "Typed inputs, set with `--set name=value`."),
-        f("agents", Ty::Named(&AGENT, "agent"), "Named backend configurations."),
-        f("resources", Ty::Named(&RESOURCE, "resource"), "Named resources with a capacity, such as a merge queue."),
-        f("exits", Ty::Named(&EXIT, "exit"), "Named outcomes with their process exit codes."),
-        f("stages", Ty::Named(&STAGE, "stage"), "The stages, keyed by id."),
-        f("overrides", Ty::Named(&OVERRIDE, "override"), "Changes to stages of the extended workflow, keyed by stage id."),
+        req(
+            "name",
+            Ty::Str,
+            "The workflow's name: lowercase letters, digits, `-` and `_`.",
+        ),
+        f(
+            "version",
+            Ty::Str,
+            "The workflow's version, for people and lockfiles.",
+        ),
+        f(
+            "description",
+            Ty::Str,
+            "What the workflow does, shown by `explain`.",
+        ),
+        f(
+            "extends",
+            Ty::Table(&EXTENDS),
+            "A base workflow this file builds on; see Reuse.",
+        ),
+        f(
+            "include",
+            Ty::List(&Ty::Str),
+            "Files whose params, agents, resources and exits are merged into this one.",
+        ),
+        f(
+            "max_concurrency",
+            Ty::Count,
+            "The most stages that run at once in the whole run.",
+        ),
+        f(
+            "budget",
+            Ty::Table(&BUDGET),
+            "Token and cost limits for the whole run.",
+        ),
+        f(
+            "params",
+            Ty::Named(&PARAM, "param"),
+            "Typed inputs, set with `--set name=value`.",
+        ),
+        f(
+            "agents",
+            Ty::Named(&AGENT, "agent"),
+            "Named backend configurations.",
+        ),
+        f(
+            "resources",
+            Ty::Named(&RESOURCE, "resource"),
+            "Named resources with a capacity, such as a merge queue.",
+        ),
+        f(
+            "exits",
+            Ty::Named(&EXIT, "exit"),
+            "Named outcomes with their process exit codes.",
+        ),
+        f(
+            "stages",
+            Ty::Named(&STAGE, "stage"),
+            "The stages, keyed by id.",
+        ),
+        f(
+            "overrides",
+            Ty::Named(&OVERRIDE, "override"),
+            "Changes to stages of the extended workflow, keyed by stage id.",
+        ),
     ],
 };
 
@@ -128,8 +210,16 @@ pub static EXTENDS: TableSpec = TableSpec {
     doc: "The base workflow and the params given to it.",
     kind_key: None,
     fields: &[
-        req("workflow", Ty::Str, "The base workflow: a path relative to this file."),
-        f("params", Ty::Map(&Ty::Any), "Values for the base workflow's params."),
+        req(
+            "workflow",
+            Ty::Str,
+            "The base workflow: a path relative to this file.",
+        ),
+        f(
+            "params",
+            Ty::Map(&Ty::Any),
+            "Values for the base workflow's params.",
+        ),
     ],
 };
 
@@ -139,9 +229,21 @@ pub static BUDGET: TableSpec = TableSpec {
     doc: "Limits on tokens and cost; when one is passed, `on_exceeded` is taken.",
     kind_key: None,
     fields: &[
-        f("tokens", Ty::Count, "The most tokens (input plus output) that may be used."),
-        f("cost_usd", Ty::Number, "The most money, in US dollars, that may be spent."),
-        f("on_exceeded", Ty::Action, "The action when a limit is passed (default `fail`)."),
+        f(
+            "tokens",
+            Ty::Count,
+            "The most tokens (input plus output) that may be used.",
+        ),
+        f(
+            "cost_usd",
+            Ty::Number,
+            "The most money, in US dollars, that may be spent.",
+        ),
+        f(
+            "on_exceeded",
+            Ty::Action,
+            "The action when a limit is passed (default `fail`).",
+        ),
     ],
 };
 
@@ -151,8 +253,16 @@ pub static PARAM: TableSpec = TableSpec {
     doc: "A typed input of the workflow.",
     kind_key: None,
     fields: &[
-        req("type", Ty::Enum(PARAM_TYPES), "The type: string, int, float, bool or list (of strings)."),
-        f("default", Ty::Any, "The value when none is set; a param without a default is required."),
+        req(
+            "type",
+            Ty::Enum(PARAM_TYPES),
+            "The type: string, int, float, bool or list (of strings).",
+        ),
+        f(
+            "default",
+            Ty::Any,
+            "The value when none is set; a param without a default is required.",
+        ),
         f("description", Ty::Str, "What the param is for."),
         f("choices", Ty::List(&Ty::Any), "The only values allowed."),
     ],
@@ -164,20 +274,78 @@ pub static AGENT: TableSpec = TableSpec {
     doc: "A named backend configuration.",
     kind_key: Some("kind"),
     fields: &[
-        req("kind", Ty::Enum(AGENT_KINDS), "The backend: claude, codex, gemini, openai, anthropic, command or replay."),
-        f("model", Ty::Template, "The model name, passed to the backend."),
-        f("args", Ty::List(&Ty::Template), "Extra arguments for CLI backends."),
-        f("env", Ty::Map(&Ty::Template), "Extra environment variables for CLI backends."),
+        req(
+            "kind",
+            Ty::Enum(AGENT_KINDS),
+            "The backend: claude, codex, gemini, openai, anthropic, command or replay.",
+        ),
+        f(
+            "model",
+            Ty::Template,
+            "The model name, passed to the backend.",
+        ),
+        f(
+            "args",
+            Ty::List(&Ty::Template),
+            "Extra arguments for CLI backends.",
+        ),
+        f(
+            "env",
+            Ty::Map(&Ty::Template),
+            "Extra environment variables for CLI backends.",
+        ),
         f("timeout", Ty::Duration, "The longest one call may take."),
-        f("idle_timeout", Ty::Duration, "The longest a call may go without output."),
-        f("context_window", Ty::Count, "The model's context window in tokens; longer prompts are refused before sending."),
-        f("fallbacks", Ty::List(&Ty::Str), "Agents that take over when this one is rate-limited or missing."),
-        k("command", &["command"], Ty::List(&Ty::Template), "The argv of a `command` agent."),
-        k("prompt_via", &["command"], Ty::Enum(&["stdin", "file", "arg"]), "How a `command` agent gets the prompt (default `stdin`)."),
-        k("base_url", &["openai", "anthropic"], Ty::Str, "The API's base URL, for compatible servers."),
-        k("api_key_env", &["openai", "anthropic"], Ty::Str, "The environment variable that holds the API key."),
-        k("api", &["openai"], Ty::Enum(&["chat", "responses"]), "Which OpenAI API to call (default `chat`)."),
-        k("max_tokens", &["openai", "anthropic"], Ty::Count, "The most output tokens to ask for."),
+        f(
+            "idle_timeout",
+            Ty::Duration,
+            "The longest a call may go without output.",
+        ),
+        f(
+            "context_window",
+            Ty::Count,
+            "The model's context window in tokens; longer prompts are refused before sending.",
+        ),
+        f(
+            "fallbacks",
+            Ty::List(&Ty::Str),
+            "Agents that take over when this one is rate-limited or missing.",
+        ),
+        k(
+            "command",
+            &["command"],
+            Ty::List(&Ty::Template),
+            "The argv of a `command` agent.",
+        ),
+        k(
+            "prompt_via",
+            &["command"],
+            Ty::Enum(&["stdin", "file", "arg"]),
+            "How a `command` agent gets the prompt (default `stdin`).",
+        ),
+        k(
+            "base_url",
+            &["openai", "anthropic"],
+            Ty::Str,
+            "The API's base URL, for compatible servers.",
+        ),
+        k(
+            "api_key_env",
+            &["openai", "anthropic"],
+            Ty::Str,
+            "The environment variable that holds the API key.",
+        ),
+        k(
+            "api",
+            &["openai"],
+            Ty::Enum(&["chat", "responses"]),
+            "Which OpenAI API to call (default `chat`).",
+        ),
+        k(
+            "max_tokens",
+            &["openai", "anthropic"],
+            Ty::Count,
+            "The most output tokens to ask for.",
+        ),
         k("file", &["replay"], Ty::Str, "The recording to replay."),
     ],
 };
@@ -188,8 +356,16 @@ pub static RESOURCE: TableSpec = TableSpec {
     doc: "A named resource that at most `capacity` stages hold at once.",
     kind_key: None,
     fields: &[
-        req("capacity", Ty::Count, "How many stages may hold it at once."),
-        f("order", Ty::List(&Ty::Str), "Priority values from first served to last; without it, higher numbers go first."),
+        req(
+            "capacity",
+            Ty::Count,
+            "How many stages may hold it at once.",
+        ),
+        f(
+            "order",
+            Ty::List(&Ty::Str),
+            "Priority values from first served to last; without it, higher numbers go first.",
+        ),
     ],
 };
 
@@ -200,7 +376,11 @@ pub static EXIT: TableSpec = TableSpec {
     kind_key: None,
     fields: &[
         req("code", Ty::Int, "The process exit code."),
-        f("message", Ty::Template, "What is printed when the run ends this way."),
+        f(
+            "message",
+            Ty::Template,
+            "What is printed when the run ends this way.",
+        ),
     ],
 };
 
@@ -210,49 +390,236 @@ pub static STAGE: TableSpec = TableSpec {
     doc: "A step of the workflow; `kind` says which keys apply.",
     kind_key: Some("kind"),
     fields: &[
-        req("kind", Ty::Enum(STAGE_KINDS), "agent, command, gate, check, subflow, loop, for_each or group."),
-        f("description", Ty::Str, "What the stage does, shown by `explain` and `graph`."),
-        f("needs", Ty::List(&Ty::Str), "Stages (in the same body) that must settle before this one starts."),
-        f("when", Ty::Expr, "A condition; when false the stage is skipped."),
-        f("route", Ty::Table(&ROUTE), "Where to go next, by a value of this stage's output."),
-        f("on_fail", Ty::Action, "The action when the stage fails (default: `continue` inside a loop, `fail` outside)."),
-        f("feedback", Ty::Template, "What this stage hands to the next iteration when it ends one."),
+        req(
+            "kind",
+            Ty::Enum(STAGE_KINDS),
+            "agent, command, gate, check, subflow, loop, for_each or group.",
+        ),
+        f(
+            "description",
+            Ty::Str,
+            "What the stage does, shown by `explain` and `graph`.",
+        ),
+        f(
+            "needs",
+            Ty::List(&Ty::Str),
+            "Stages (in the same body) that must settle before this one starts.",
+        ),
+        f(
+            "when",
+            Ty::Expr,
+            "A condition; when false the stage is skipped.",
+        ),
+        f(
+            "route",
+            Ty::Table(&ROUTE),
+            "Where to go next, by a value of this stage's output.",
+        ),
+        f(
+            "on_fail",
+            Ty::Action,
+            "The action when the stage fails (default: `continue` inside a loop, `fail` outside).",
+        ),
+        f(
+            "feedback",
+            Ty::Template,
+            "What this stage hands to the next iteration when it ends one.",
+        ),
         f("timeout", Ty::Duration, "The longest the stage may run."),
-        f("idle_timeout", Ty::Duration, "The longest the stage may go without output."),
-        f("retries", Ty::Count, "Retries of transient failures and of outputs that fail their schema (default 2)."),
-        f("resource", Ty::Str, "A resource the stage holds while it runs."),
-        f("priority", Ty::Expr, "The stage's place in the resource's queue."),
-        f("budget", Ty::Table(&BUDGET), "Token and cost limits for this stage."),
-        f("output", Ty::Table(&OUTPUT), "How to extract and validate the stage's output."),
-        k("agent", &["agent"], Ty::Template, "The agent to run; may be a template over params that names an agent."),
-        k("prompt", &["agent"], Ty::Template, "The prompt, written inline."),
-        k("prompt_file", &["agent"], Ty::Str, "The prompt, in a template file relative to the workflow."),
-        k("argv", RUNS_COMMAND, Ty::List(&Ty::Template), "The command and its arguments; never passed through a shell."),
+        f(
+            "idle_timeout",
+            Ty::Duration,
+            "The longest the stage may go without output.",
+        ),
+        f(
+            "retries",
+            Ty::Count,
+            "Retries of transient failures and of outputs that fail their schema (default 2).",
+        ),
+        f(
+            "resource",
+            Ty::Str,
+            "A resource the stage holds while it runs.",
+        ),
+        f(
+            "priority",
+            Ty::Expr,
+            "The stage's place in the resource's queue.",
+        ),
+        f(
+            "budget",
+            Ty::Table(&BUDGET),
+            "Token and cost limits for this stage.",
+        ),
+        f(
+            "output",
+            Ty::Table(&OUTPUT),
+            "How to extract and validate the stage's output.",
+        ),
+        k(
+            "agent",
+            &["agent"],
+            Ty::Template,
+            "The agent to run; may be a template over params that names an agent.",
+        ),
+        k(
+            "prompt",
+            &["agent"],
+            Ty::Template,
+            "The prompt, written inline.",
+        ),
+        k(
+            "prompt_file",
+            &["agent"],
+            Ty::Str,
+            "The prompt, in a template file relative to the workflow.",
+        ),
+        k(
+            "argv",
+            RUNS_COMMAND,
+            Ty::List(&Ty::Template),
+            "The command and its arguments; never passed through a shell.",
+        ),
         k("cwd", RUNS_COMMAND, Ty::Template, "The working directory."),
-        k("env", RUNS_COMMAND, Ty::Map(&Ty::Template), "Extra environment variables."),
-        k("stdin", RUNS_COMMAND, Ty::Template, "Text written to the command's standard input."),
-        k("ok_codes", &["command"], Ty::List(&Ty::Int), "Exit codes that count as success (default [0])."),
-        k("pass_codes", &["check"], Ty::List(&Ty::Int), "Exit codes that pass the check (default [0])."),
-        k("expect", &["check"], Ty::Expr, "A condition over outputs (and this command's `output`) that must hold."),
-        k("message", &["gate"], Ty::Template, "What the person approving is shown."),
-        k("show", &["gate"], Ty::List(&Ty::Template), "Files to show with the message."),
-        k("on_timeout", &["gate"], Ty::Action, "The action when nobody answers in time: approve, reject, fail or exit:NAME."),
-        k("on_reject", &["gate"], Ty::Action, "The action on reject (default: `continue` inside a loop, `fail` outside)."),
-        k("workflow", &["subflow"], Ty::Str, "The workflow file to run, relative to this file."),
-        k("params", &["subflow"], Ty::Map(&Ty::Template), "Params for the subflow."),
-        k("max_iterations", &["loop"], Ty::Count, "The most iterations; required."),
-        k("until", &["loop"], Ty::Expr, "The loop ends after an iteration where this holds."),
-        k("on_exhausted", &["loop"], Ty::Action, "The action when the iterations run out (default `fail`)."),
-        k("stuck", &["loop"], Ty::Table(&STUCK), "Stuck detection over iterations."),
-        k("escalation", &["loop"], Ty::Tables(&ESCALATION, "escalation"), "Rules that run extra stages when they hold."),
+        k(
+            "env",
+            RUNS_COMMAND,
+            Ty::Map(&Ty::Template),
+            "Extra environment variables.",
+        ),
+        k(
+            "stdin",
+            RUNS_COMMAND,
+            Ty::Template,
+            "Text written to the command's standard input.",
+        ),
+        k(
+            "ok_codes",
+            &["command"],
+            Ty::List(&Ty::Int),
+            "Exit codes that count as success (default [0]).",
+        ),
+        k(
+            "pass_codes",
+            &["check"],
+            Ty::List(&Ty::Int),
+            "Exit codes that pass the check (default [0]).",
+        ),
+        k(
+            "expect",
+            &["check"],
+            Ty::Expr,
+            "A condition over outputs (and this command's `output`) that must hold.",
+        ),
+        k(
+            "message",
+            &["gate"],
+            Ty::Template,
+            "What the person approving is shown.",
+        ),
+        k(
+            "show",
+            &["gate"],
+            Ty::List(&Ty::Template),
+            "Files to show with the message.",
+        ),
+        k(
+            "on_timeout",
+            &["gate"],
+            Ty::Action,
+            "The action when nobody answers in time: approve, reject, fail or exit:NAME.",
+        ),
+        k(
+            "on_reject",
+            &["gate"],
+            Ty::Action,
+            "The action on reject (default: `continue` inside a loop, `fail` outside).",
+        ),
+        k(
+            "workflow",
+            &["subflow"],
+            Ty::Str,
+            "The workflow file to run, relative to this file.",
+        ),
+        k(
+            "params",
+            &["subflow"],
+            Ty::Map(&Ty::Template),
+            "Params for the subflow.",
+        ),
+        k(
+            "max_iterations",
+            &["loop"],
+            Ty::Count,
+            "The most iterations; required.",
+        ),
+        k(
+            "until",
+            &["loop"],
+            Ty::Expr,
+            "The loop ends after an iteration where this holds.",
+        ),
+        k(
+            "on_exhausted",
+            &["loop"],
+            Ty::Action,
+            "The action when the iterations run out (default `fail`).",
+        ),
+        k(
+            "stuck",
+            &["loop"],
+            Ty::Table(&STUCK),
+            "Stuck detection over iterations.",
+        ),
+        k(
+            "escalation",
+            &["loop"],
+            Ty::Tables(&ESCALATION, "escalation"),
+            "Rules that run extra stages when they hold.",
+        ),
         k("over", &["for_each"], Ty::Expr, "The list to fan out over."),
-        k("as", &["for_each"], Ty::Str, "The name of the item variable (default `item`)."),
-        k("key", &["for_each"], Ty::Expr, "A stable id for each item (default: its index)."),
-        k("max_concurrency", &["for_each", "group"], Ty::Count, "The most items or members that run at once."),
-        k("aggregate", &["for_each", "group"], Ty::Table(&AGGREGATE), "How results fan in."),
-        k("result", &["for_each", "group"], Ty::Str, "The body stage whose output is the result of an item (default: the body's last stage)."),
-        k("worktree", &["loop", "for_each"], Ty::Table(&WORKTREE), "Run the body in its own git worktree."),
-        k("stages", BODY, Ty::Named(&STAGE, "stage"), "The body: stages keyed by id."),
+        k(
+            "as",
+            &["for_each"],
+            Ty::Str,
+            "The name of the item variable (default `item`).",
+        ),
+        k(
+            "key",
+            &["for_each"],
+            Ty::Expr,
+            "A stable id for each item (default: its index).",
+        ),
+        k(
+            "max_concurrency",
+            &["for_each", "group"],
+            Ty::Count,
+            "The most items or members that run at once.",
+        ),
+        k(
+            "aggregate",
+            &["for_each", "group"],
+            Ty::Table(&AGGREGATE),
+            "How results fan in.",
+        ),
+        k(
+            "result",
+            &["for_each", "group"],
+            Ty::Str,
+            "The body stage whose output is the result of an item (default: the body's last stage).",
+        ),
+        k(
+            "worktree",
+            &["loop", "for_each"],
+            Ty::Table(&WORKTREE),
+            "Run the body in its own git worktree.",
+        ),
+        k(
+            "stages",
+            BODY,
+            Ty::Named(&STAGE, "stage"),
+            "The body: stages keyed by id.",
+        ),
     ],
 };
 
@@ -262,9 +629,17 @@ pub static ROUTE: TableSpec = TableSpec {
     doc: "Chooses what happens next from one field of the stage's output.",
     kind_key: None,
     fields: &[
-        req("on", Ty::Str, "The output field to route on, as a dotted path such as `verdict`."),
+        req(
+            "on",
+            Ty::Str,
+            "The output field to route on, as a dotted path such as `verdict`.",
+        ),
         req("cases", Ty::Map(&Ty::Action), "Actions by value."),
-        f("default", Ty::Action, "The action for values without a case (default `fail`)."),
+        f(
+            "default",
+            Ty::Action,
+            "The action for values without a case (default `fail`).",
+        ),
     ],
 };
 
@@ -274,11 +649,31 @@ pub static OUTPUT: TableSpec = TableSpec {
     doc: "How the stage's output is extracted from its text and validated.",
     kind_key: None,
     fields: &[
-        f("extract", Ty::Enum(EXTRACT_MODES), "text, json, fenced_json, markers or regex (default: json when a schema is given, else text)."),
-        f("schema", Ty::StrOrTable(&SCHEMA_INLINE), "A JSON Schema file relative to the workflow, or an inline schema."),
-        f("pattern", Ty::Str, "With `extract = \"regex\"`: a regex whose named groups become fields."),
-        f("markers", Ty::Named(&MARKER, "marker"), "Marker lines that become fields, such as `VERDICT: ...`."),
-        f("files", Ty::List(&Ty::Template), "Files the stage produces, as paths or globs."),
+        f(
+            "extract",
+            Ty::Enum(EXTRACT_MODES),
+            "text, json, fenced_json, markers or regex (default: json when a schema is given, else text).",
+        ),
+        f(
+            "schema",
+            Ty::StrOrTable(&SCHEMA_INLINE),
+            "A JSON Schema file relative to the workflow, or an inline schema.",
+        ),
+        f(
+            "pattern",
+            Ty::Str,
+            "With `extract = \"regex\"`: a regex whose named groups become fields.",
+        ),
+        f(
+            "markers",
+            Ty::Named(&MARKER, "marker"),
+            "Marker lines that become fields, such as `VERDICT: ...`.",
+        ),
+        f(
+            "files",
+            Ty::List(&Ty::Template),
+            "Files the stage produces, as paths or globs.",
+        ),
     ],
 };
 
@@ -296,8 +691,16 @@ pub static MARKER: TableSpec = TableSpec {
     doc: "A field read from marker lines of the text. The last matching line wins.",
     kind_key: None,
     fields: &[
-        f("prefix", Ty::Str, "Lines starting with this text match; the rest of the line is the value."),
-        f("pattern", Ty::Str, "Lines matching this regex match; the first capture group is the value."),
+        f(
+            "prefix",
+            Ty::Str,
+            "Lines starting with this text match; the rest of the line is the value.",
+        ),
+        f(
+            "pattern",
+            Ty::Str,
+            "Lines matching this regex match; the first capture group is the value.",
+        ),
         f("many", Ty::Bool, "Collect every match into a list."),
         f("values", Ty::List(&Ty::Str), "The only values allowed."),
     ],
@@ -309,9 +712,21 @@ pub static STUCK: TableSpec = TableSpec {
     doc: "Stops a loop whose iterations keep producing the same findings.",
     kind_key: None,
     fields: &[
-        req("on", Ty::Expr, "The value compared across iterations, such as the review's findings."),
-        f("repeats", Ty::Count, "How many iterations in a row must agree (default 2)."),
-        f("then", Ty::Action, "The action when stuck (default `fail`)."),
+        req(
+            "on",
+            Ty::Expr,
+            "The value compared across iterations, such as the review's findings.",
+        ),
+        f(
+            "repeats",
+            Ty::Count,
+            "How many iterations in a row must agree (default 2).",
+        ),
+        f(
+            "then",
+            Ty::Action,
+            "The action when stuck (default `fail`).",
+        ),
     ],
 };
 
@@ -321,8 +736,16 @@ pub static ESCALATION: TableSpec = TableSpec {
     doc: "Runs extra stages of the loop body when a condition holds.",
     kind_key: None,
     fields: &[
-        req("when", Ty::Expr, "The condition, over loop variables and outputs."),
-        req("run", Ty::List(&Ty::Str), "Body stages that run only when a rule naming them holds."),
+        req(
+            "when",
+            Ty::Expr,
+            "The condition, over loop variables and outputs.",
+        ),
+        req(
+            "run",
+            Ty::List(&Ty::Str),
+            "Body stages that run only when a rule naming them holds.",
+        ),
         f("description", Ty::Str, "Why the rule exists."),
     ],
 };
@@ -333,9 +756,17 @@ pub static AGGREGATE: TableSpec = TableSpec {
     doc: "Combines the results of a fan-out into one value.",
     kind_key: None,
     fields: &[
-        req("mode", Ty::Enum(AGGREGATE_MODES), "collect, all, any, worst, best, highest or lowest."),
+        req(
+            "mode",
+            Ty::Enum(AGGREGATE_MODES),
+            "collect, all, any, worst, best, highest or lowest.",
+        ),
         f("field", Ty::Str, "The output field compared or tested."),
-        f("order", Ty::List(&Ty::Str), "For worst and best: the values from best to worst (default: the schema's enum order)."),
+        f(
+            "order",
+            Ty::List(&Ty::Str),
+            "For worst and best: the values from best to worst (default: the schema's enum order).",
+        ),
     ],
 };
 
@@ -346,8 +777,16 @@ pub static WORKTREE: TableSpec = TableSpec {
     kind_key: None,
     fields: &[
         req("branch", Ty::Template, "The branch name."),
-        f("base", Ty::Template, "The revision to branch from (default `HEAD`)."),
-        f("cleanup", Ty::Enum(&["on_success", "always", "never"]), "When to remove the worktree (default `on_success`)."),
+        f(
+            "base",
+            Ty::Template,
+            "The revision to branch from (default `HEAD`).",
+        ),
+        f(
+            "cleanup",
+            Ty::Enum(&["on_success", "always", "never"]),
+            "When to remove the worktree (default `on_success`).",
+        ),
     ],
 };
 
@@ -364,7 +803,11 @@ pub static OVERRIDE: TableSpec = TableSpec {
         f("idle_timeout", Ty::Duration, "A new idle timeout."),
         f("retries", Ty::Count, "A new number of retries."),
         f("max_iterations", Ty::Count, "A new bound for a loop."),
-        f("max_concurrency", Ty::Count, "A new concurrency limit for a fan-out."),
+        f(
+            "max_concurrency",
+            Ty::Count,
+            "A new concurrency limit for a fan-out.",
+        ),
         f("when", Ty::Expr, "A new condition."),
         f("budget", Ty::Table(&BUDGET), "A new budget."),
     ],

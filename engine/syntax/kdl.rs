@@ -23,18 +23,31 @@ pub fn parse(file: FileId, text: &str, diags: &mut Diagnostics) -> Table {
         }
         Err(err) => {
             for d in &err.diagnostics {
-                let mut message = d.message.clone().unwrap_or_else(|| "invalid KDL".to_string());
+                let mut message = d
+                    .message
+                    .clone()
+                    .unwrap_or_else(|| "invalid KDL".to_string());
                 if let Some(label) = &d.label {
                     if !message.contains(label.as_str()) {
                         message = format!("{message}: {label}");
                     }
                 }
-                let mut diag = Diagnostic::new(Code::Syntax, Span::new(file, d.span.offset()..d.span.offset() + d.span.len()), format!("invalid KDL: {message}"));
-                diag = diag.help(d.help.clone().unwrap_or_else(|| "fix the KDL syntax; https://kdl.dev describes KDL v2".to_string()));
+                let mut diag = Diagnostic::new(
+                    Code::Syntax,
+                    Span::new(file, d.span.offset()..d.span.offset() + d.span.len()),
+                    format!("invalid KDL: {message}"),
+                );
+                diag = diag.help(d.help.clone().unwrap_or_else(|| {
+                    "fix the KDL syntax; https://kdl.dev describes KDL v2".to_string()
+                }));
                 diags.push(diag);
             }
             if err.diagnostics.is_empty() {
-                diags.push(Diagnostic::new(Code::Syntax, Span::new(file, 0..0), "invalid KDL"));
+                diags.push(Diagnostic::new(
+                    Code::Syntax,
+                    Span::new(file, 0..0),
+                    "invalid KDL",
+                ));
             }
             Table::default()
         }
@@ -93,22 +106,40 @@ impl Cx<'_> {
                             return;
                         }
                     };
-                    let value = Value::new(node_span, ValueKind::Table(self.table_of(rest, node.children(), Some(item))));
+                    let value = Value::new(
+                        node_span,
+                        ValueKind::Table(self.table_of(rest, node.children(), Some(item))),
+                    );
                     let coll = self.collection(table, field.key, key_span);
                     if let Some(prev) = coll.entry(&id) {
                         let first = prev.key_span;
                         self.diags.push(
-                            Diagnostic::new(Code::Duplicate, id_span, format!("{} `{id}` is defined twice", item.name))
-                                .label("defined again here")
-                                .related(first, "first defined here")
-                                .help("give each one its own id"),
+                            Diagnostic::new(
+                                Code::Duplicate,
+                                id_span,
+                                format!("{} `{id}` is defined twice", item.name),
+                            )
+                            .label("defined again here")
+                            .related(first, "first defined here")
+                            .help("give each one its own id"),
                         );
                         return;
                     }
-                    coll.entries.push(Entry { key: id, key_span: id_span, value });
+                    coll.entries.push(Entry {
+                        key: id,
+                        key_span: id_span,
+                        value,
+                    });
                 }
                 Ty::Tables(item, _) => {
-                    let value = Value::new(node_span, ValueKind::Table(self.table_of(node.entries(), node.children(), Some(item))));
+                    let value = Value::new(
+                        node_span,
+                        ValueKind::Table(self.table_of(
+                            node.entries(),
+                            node.children(),
+                            Some(item),
+                        )),
+                    );
                     let slot = match table.entries.iter_mut().position(|e| e.key == field.key) {
                         Some(i) => &mut table.entries[i].value,
                         None => {
@@ -137,8 +168,12 @@ impl Cx<'_> {
     fn missing_id(&mut self, node: &KdlNode, key_span: Span) {
         let name = node.name().value();
         self.diags.push(
-            Diagnostic::new(Code::MissingKey, key_span, format!("`{name}` needs its id as the first argument"))
-                .help(format!("write it as `{name} \"my-id\" {{ ... }}`")),
+            Diagnostic::new(
+                Code::MissingKey,
+                key_span,
+                format!("`{name}` needs its id as the first argument"),
+            )
+            .help(format!("write it as `{name} \"my-id\" {{ ... }}`")),
         );
     }
 
@@ -175,7 +210,11 @@ impl Cx<'_> {
             );
             return;
         }
-        table.entries.push(Entry { key: key.to_string(), key_span, value });
+        table.entries.push(Entry {
+            key: key.to_string(),
+            key_span,
+            value,
+        });
     }
 
     fn scalar(&mut self, entry: &KdlEntry) -> Option<Value> {
@@ -185,18 +224,35 @@ impl Cx<'_> {
             KdlValue::Integer(i) => match i64::try_from(*i) {
                 Ok(n) => ValueKind::Int(n),
                 Err(_) => {
-                    self.diags.push(Diagnostic::new(Code::InvalidValue, span, "integer out of range").help("use a number between -2^63 and 2^63-1"));
+                    self.diags.push(
+                        Diagnostic::new(Code::InvalidValue, span, "integer out of range")
+                            .help("use a number between -2^63 and 2^63-1"),
+                    );
                     return None;
                 }
             },
             KdlValue::Float(f) if f.is_finite() => ValueKind::Float(*f),
             KdlValue::Float(_) => {
-                self.diags.push(Diagnostic::new(Code::UnsupportedValue, span, "infinite or NaN floats are not supported").help("write a finite number"));
+                self.diags.push(
+                    Diagnostic::new(
+                        Code::UnsupportedValue,
+                        span,
+                        "infinite or NaN floats are not supported",
+                    )
+                    .help("write a finite number"),
+                );
                 return None;
             }
             KdlValue::Bool(b) => ValueKind::Bool(*b),
             KdlValue::Null => {
-                self.diags.push(Diagnostic::new(Code::UnsupportedValue, span, "#null is not used in workflows").help("leave the key out instead"));
+                self.diags.push(
+                    Diagnostic::new(
+                        Code::UnsupportedValue,
+                        span,
+                        "#null is not used in workflows",
+                    )
+                    .help("leave the key out instead"),
+                );
                 return None;
             }
         };
@@ -206,7 +262,11 @@ impl Cx<'_> {
     /// Converts a node whose key is known to have type `ty`.
     fn typed(&mut self, node: &KdlNode, ty: &Ty) -> Option<Value> {
         let span = self.span(node.span());
-        let args: Vec<&KdlEntry> = node.entries().iter().filter(|e| e.name().is_none()).collect();
+        let args: Vec<&KdlEntry> = node
+            .entries()
+            .iter()
+            .filter(|e| e.name().is_none())
+            .collect();
         let has_props = node.entries().iter().any(|e| e.name().is_some());
         match ty {
             Ty::List(_) if node.children().is_none() && !has_props => {
@@ -222,7 +282,9 @@ impl Cx<'_> {
                 Some(Value::new(span, ValueKind::Table(t)))
             }
             Ty::Named(..) | Ty::Tables(..) => self.generic(node),
-            Ty::StrOrTable(_) if args.len() == 1 && !has_props && node.children().is_none() => self.scalar(args[0]),
+            Ty::StrOrTable(_) if args.len() == 1 && !has_props && node.children().is_none() => {
+                self.scalar(args[0])
+            }
             Ty::StrOrTable(_) | Ty::Any => self.generic(node),
             _ if args.len() == 1 && !has_props && node.children().is_none() => self.scalar(args[0]),
             _ => self.generic(node),
@@ -230,7 +292,12 @@ impl Cx<'_> {
     }
 
     /// Builds a table from properties and children.
-    fn table_of(&mut self, entries: &[KdlEntry], children: Option<&KdlDocument>, spec: Option<&'static TableSpec>) -> Table {
+    fn table_of(
+        &mut self,
+        entries: &[KdlEntry],
+        children: Option<&KdlDocument>,
+        spec: Option<&'static TableSpec>,
+    ) -> Table {
         let mut table = Table::default();
         for e in entries {
             match e.name() {
@@ -261,11 +328,21 @@ impl Cx<'_> {
     /// several arguments an array, one argument a scalar.
     fn generic(&mut self, node: &KdlNode) -> Option<Value> {
         let span = self.span(node.span());
-        let args: Vec<&KdlEntry> = node.entries().iter().filter(|e| e.name().is_none()).collect();
+        let args: Vec<&KdlEntry> = node
+            .entries()
+            .iter()
+            .filter(|e| e.name().is_none())
+            .collect();
         let has_props = node.entries().iter().any(|e| e.name().is_some());
         if let Some(children) = node.children() {
-            if !children.nodes().is_empty() && children.nodes().iter().all(|n| n.name().value() == "-") {
-                let items = children.nodes().iter().filter_map(|n| self.generic(n)).collect();
+            if !children.nodes().is_empty()
+                && children.nodes().iter().all(|n| n.name().value() == "-")
+            {
+                let items = children
+                    .nodes()
+                    .iter()
+                    .filter_map(|n| self.generic(n))
+                    .collect();
                 return Some(Value::new(span, ValueKind::Array(items)));
             }
         }

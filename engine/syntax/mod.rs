@@ -1,5 +1,6 @@
 //! Parsing: TOML and KDL text into one spanned syntax tree.
 
+pub mod emit;
 pub mod kdl;
 pub mod toml;
 pub mod tree;

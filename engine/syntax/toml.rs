@@ -32,20 +32,32 @@ fn convert_table(file: FileId, table: &DeTable<'_>, diags: &mut Diagnostics) -> 
     for (key, value) in table {
         if let Some(value) = convert(file, value.get_ref(), value.span(), diags) {
             let key_text: &Cow<'_, str> = key.get_ref();
-            out.entries.push(Entry { key: key_text.to_string(), key_span: Span::new(file, key.span()), value });
+            out.entries.push(Entry {
+                key: key_text.to_string(),
+                key_span: Span::new(file, key.span()),
+                value,
+            });
         }
     }
     out
 }
 
-fn convert(file: FileId, value: &DeValue<'_>, range: std::ops::Range<usize>, diags: &mut Diagnostics) -> Option<Value> {
+fn convert(
+    file: FileId,
+    value: &DeValue<'_>,
+    range: std::ops::Range<usize>,
+    diags: &mut Diagnostics,
+) -> Option<Value> {
     let span = Span::new(file, range);
     let kind = match value {
         DeValue::String(s) => ValueKind::Str(s.to_string()),
         DeValue::Integer(i) => match i64::from_str_radix(&i.as_str().replace('_', ""), i.radix()) {
             Ok(n) => ValueKind::Int(n),
             Err(_) => {
-                diags.push(Diagnostic::new(Code::InvalidValue, span, "integer out of range").help("use a number between -2^63 and 2^63-1"));
+                diags.push(
+                    Diagnostic::new(Code::InvalidValue, span, "integer out of range")
+                        .help("use a number between -2^63 and 2^63-1"),
+                );
                 return None;
             }
         },
@@ -60,7 +72,14 @@ fn convert(file: FileId, value: &DeValue<'_>, range: std::ops::Range<usize>, dia
             match parsed {
                 Some(v) if v.is_finite() => ValueKind::Float(v),
                 _ => {
-                    diags.push(Diagnostic::new(Code::UnsupportedValue, span, "infinite or NaN floats are not supported").help("write a finite number"));
+                    diags.push(
+                        Diagnostic::new(
+                            Code::UnsupportedValue,
+                            span,
+                            "infinite or NaN floats are not supported",
+                        )
+                        .help("write a finite number"),
+                    );
                     return None;
                 }
             }
@@ -68,14 +87,21 @@ fn convert(file: FileId, value: &DeValue<'_>, range: std::ops::Range<usize>, dia
         DeValue::Boolean(b) => ValueKind::Bool(*b),
         DeValue::Datetime(_) => {
             diags.push(
-                Diagnostic::new(Code::UnsupportedValue, span, "date-time values are not used in workflows")
-                    .help("quote it to make it a string"),
+                Diagnostic::new(
+                    Code::UnsupportedValue,
+                    span,
+                    "date-time values are not used in workflows",
+                )
+                .help("quote it to make it a string"),
             );
             return None;
         }
-        DeValue::Array(items) => {
-            ValueKind::Array(items.iter().filter_map(|v| convert(file, v.get_ref(), v.span(), diags)).collect())
-        }
+        DeValue::Array(items) => ValueKind::Array(
+            items
+                .iter()
+                .filter_map(|v| convert(file, v.get_ref(), v.span(), diags))
+                .collect(),
+        ),
         DeValue::Table(t) => ValueKind::Table(convert_table(file, t, diags)),
     };
     Some(Value { span, kind })

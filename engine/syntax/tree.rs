@@ -117,11 +117,15 @@ impl Value {
         match &self.kind {
             ValueKind::Str(s) => serde_json::Value::String(s.clone()),
             ValueKind::Int(i) => serde_json::Value::from(*i),
-            ValueKind::Float(f) => serde_json::Number::from_f64(*f).map_or(serde_json::Value::Null, serde_json::Value::Number),
+            ValueKind::Float(f) => serde_json::Number::from_f64(*f)
+                .map_or(serde_json::Value::Null, serde_json::Value::Number),
             ValueKind::Bool(b) => serde_json::Value::Bool(*b),
             ValueKind::Array(a) => serde_json::Value::Array(a.iter().map(Value::to_json).collect()),
             ValueKind::Table(t) => serde_json::Value::Object(
-                t.entries.iter().map(|e| (e.key.clone(), e.value.to_json())).collect(),
+                t.entries
+                    .iter()
+                    .map(|e| (e.key.clone(), e.value.to_json()))
+                    .collect(),
             ),
         }
     }
@@ -136,11 +140,19 @@ impl Value {
                 None => ValueKind::Float(n.as_f64()?),
             },
             serde_json::Value::String(s) => ValueKind::Str(s.clone()),
-            serde_json::Value::Array(a) => ValueKind::Array(a.iter().filter_map(|v| Value::from_json(v, span)).collect()),
+            serde_json::Value::Array(a) => {
+                ValueKind::Array(a.iter().filter_map(|v| Value::from_json(v, span)).collect())
+            }
             serde_json::Value::Object(o) => ValueKind::Table(Table {
                 entries: o
                     .iter()
-                    .filter_map(|(k, v)| Some(Entry { key: k.clone(), key_span: span, value: Value::from_json(v, span)? }))
+                    .filter_map(|(k, v)| {
+                        Some(Entry {
+                            key: k.clone(),
+                            key_span: span,
+                            value: Value::from_json(v, span)?,
+                        })
+                    })
                     .collect(),
             }),
         };
