@@ -50,6 +50,8 @@ pub struct Checked<'w> {
     pub prompt_files: HashMap<StageId, (PathBuf, String)>,
     /// The param values in force (defaults, then `--set`).
     pub params: ParamValues,
+    /// Whether each stage may be skipped in a run (see [`scope::conditional`]).
+    pub conditional: Vec<bool>,
 }
 
 impl<'w> Checked<'w> {
@@ -113,6 +115,7 @@ pub fn check<'w>(
     let mut checked = index(workflow, &mut found);
     checked.params = params::check(workflow, sets, require_params, &mut found);
     refs::check(&mut checked, &mut found);
+    checked.conditional = scope::compute_conditional(&checked);
     graph::check(&checked, &mut found);
     outputs::check(&mut checked, loader, &mut found);
     templates::check(&mut checked, loader, &mut found);
@@ -149,6 +152,7 @@ fn index<'w>(workflow: &'w Workflow, diags: &mut Diagnostics) -> Checked<'w> {
         schemas: HashMap::new(),
         prompt_files: HashMap::new(),
         params: ParamValues::default(),
+        conditional: Vec::new(),
     };
     fn walk<'w>(
         stages: &'w [Stage],

@@ -74,26 +74,42 @@ fn add_with_body(c: &Checked<'_>, id: StageId, out: &mut BTreeSet<StageId>) {
 }
 
 /// Tells whether a stage may be skipped in a run: it has a condition, is reached only by a
-/// route or an escalation rule, or needs only stages that may be skipped.
+/// route or an escalation rule, sits in a body that may be skipped, or needs only stages that
+/// may be skipped. Computed once for all stages by [`compute_conditional`].
 pub fn conditional(c: &Checked<'_>, id: StageId) -> bool {
-    let mut seen = BTreeSet::new();
-    conditional_inner(c, id, &mut seen)
+    c.conditional.get(id.0).copied().unwrap_or(false)
 }
 
-fn conditional_inner(c: &Checked<'_>, id: StageId, seen: &mut BTreeSet<StageId>) -> bool {
-    if !seen.insert(id) {
-        return false;
-    }
-    let info = c.info(id);
-    if info.stage.when.is_some() || is_route_target(c, id) || is_escalated(c, id) {
-        return true;
-    }
-    if let Some(p) = info.parent {
-        if conditional_inner(c, p, seen) {
-            return true;
+/// Computes [`conditional`] for every stage, as a fixpoint over needs and parents.
+pub fn compute_conditional(c: &Checked<'_>) -> Vec<bool> {
+    let n = c.stages.len();
+    let mut targets = vec![false; n];
+    for i in 0..n {
+        for t in route_targets(c, StageId(i)) {
+            targets[t.0] = true;
         }
     }
-    !info.needs.is_empty() && info.needs.iter().all(|n| conditional_inner(c, *n, seen))
+    let mut cond: Vec<bool> = (0..n)
+        .map(|i| c.stages[i].stage.when.is_some() || targets[i] || is_escalated(c, StageId(i)))
+        .collect();
+    loop {
+        let mut changed = false;
+        for i in 0..n {
+            if cond[i] {
+                continue;
+            }
+            let info = &c.stages[i];
+            let from_parent = info.parent.is_some_and(|p| cond[p.0]);
+            let from_needs = !info.needs.is_empty() && info.needs.iter().all(|x| cond[x.0]);
+            if from_parent || from_needs {
+                cond[i] = true;
+                changed = true;
+            }
+        }
+        if !changed {
+            return cond;
+        }
+    }
 }
 
 /// Tells whether some route of the same body goes to this stage.

@@ -758,7 +758,7 @@ fn stage_ref(
             .into_iter()
             .find(|a| c.info(*a).stage.kind.value == StageKind::ForEach)
             .filter(|f| {
-                !c.ancestors(at).contains(f) && !(matches!(site, Site::BodyEnd(_)) && *f == at)
+                !(c.ancestors(at).contains(f) || matches!(site, Site::BodyEnd(_)) && *f == at)
             })
     };
     match *attr {
@@ -804,13 +804,11 @@ fn stage_ref(
                 field(c, src, text, target, &parts[3..], diags);
             }
         }
-        "history" | "last" => {
-            if !ups.contains(&target) && !share_loop(c, at, target) {
-                diags.push(
-                    Diagnostic::new(Code::NotUpstream, span, format!("stage `{name}` is not upstream and not in the same loop, so it has no {attr} here"))
-                        .help("history is available for stages upstream or in an enclosing loop's body"),
-                );
-            }
+        "history" | "last" if !ups.contains(&target) && !share_loop(c, at, target) => {
+            diags.push(
+                Diagnostic::new(Code::NotUpstream, span, format!("stage `{name}` is not upstream and not in the same loop, so it has no {attr} here"))
+                    .help("history is available for stages upstream or in an enclosing loop's body"),
+            );
         }
         _ => {}
     }

@@ -6,7 +6,7 @@ mod graph;
 mod schema;
 
 use std::io::IsTerminal;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use clap::{Parser, Subcommand};
 use ralph_flow::check::{Checked, parse_set};
@@ -104,7 +104,7 @@ pub fn load(path: &Path, sources: &mut Sources, diags: &mut Diagnostics) -> Opti
 /// Loads and checks a workflow, then hands the checked workflow to `f`. Prints diagnostics;
 /// returns the exit code for a configuration error when there are errors.
 pub fn with_checked<T>(
-    path: &PathBuf,
+    path: &Path,
     sets: &[(String, String)],
     require_params: bool,
     f: impl FnOnce(&Checked<'_>) -> T,

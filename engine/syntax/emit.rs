@@ -1,13 +1,16 @@
 //! Writes a workflow syntax tree back out as TOML or KDL v2 text.
 //!
 //! Both writers are the inverse of the readers in [`super::toml`] and [`super::kdl`]: the text
-//! they produce parses back to the same tree (spans aside), with the same key order.
+//! they produce parses back to the same tree (spans aside), in the same key order with the one
+//! TOML exception below.
 //!
 //! TOML: keyed collections (`stages`, `agents`, `params`, ...) become `[stages.review]`
-//! sections, nested bodies `[stages.loop.stages.driver]`, arrays of tables `[[...]]`, and short
+//! sections, nested bodies `[stages.loop.stages.driver]`, arrays of tables `[[...]]` and short
 //! tables inline (`budget = { tokens = 1000 }`). TOML puts a table's plain keys before its
-//! sections, so a table that comes before a plain key of the same table is written inline, or
-//! as dotted keys (`output.extract = "json"`) when it is long; the key order is kept.
+//! sections, so a table that comes before a plain key is written inline, or as dotted keys
+//! (`output.extract = "json"`) when it is long. The one change of order: in a table with fixed
+//! keys (the top level, a stage), a keyed collection that comes before plain keys moves after
+//! them, so that it can still be written as sections (the order of its items is kept).
 //!
 //! KDL: the mapping of [`super::kdl`], driven by the spec. A scalar key is `key value`; a
 //! `Ty::List` is a node with arguments (`needs "a" "b"`; one item is a node with one argument,
@@ -17,18 +20,19 @@
 //! repeated `singular { ... }` nodes; everything else is generic: a table is a node with
 //! children, an array of two or more scalars a node with arguments, any other array a node
 //! with `-` children, a scalar a node with one argument. The leading short scalars of a table
-//! become properties (`stage "review" kind="agent" { ... }`).
+//! become properties (`stage "review" kind="agent" { ... }`). An array of tables whose singular
+//! is its own key (`escalation`) is written as repeated nodes of that name. An empty array is
+//! a bare node (`default`), an empty table a node with empty braces (`default {}`).
 //!
-//! What does not round-trip exactly (none of it comes out of a parsed file that passes the
-//! shape check, except the first):
+//! What does not round-trip exactly:
 //! - KDL: a plain scalar written for a `Ty::List` key (`needs = "plan"`) reads back as an
 //!   array of one (`["plan"]`), unless it is among the leading properties of its node (never at
 //!   the top level, which has no node). Lowering treats both the same.
-//! - KDL: an empty array in a generic or `Ty::Tables` position reads back as an empty table;
-//!   a generic table whose keys are all `-` reads back as an array; an unknown key named like a
-//!   collection's singular (`stage` at the top level) reads back as an item of that collection;
-//!   an array (other than one of two or more scalars) under a `Ty::Table` or `Ty::Map` key
-//!   does not read back.
+//! - KDL, rarer: a generic table whose child nodes are all named `-` reads back as an array;
+//!   and in trees that fail the shape check anyway, an unknown key named like a collection's
+//!   singular (`stage` at the top level) reads back as an item of that collection, and an
+//!   array (other than one of two or more scalars) under a `Ty::Table` or `Ty::Map` key does
+//!   not read back.
 //! - Both: NaN and infinite floats, which neither reader accepts.
 
 use std::fmt::Write as _;
@@ -36,7 +40,7 @@ use std::fmt::Write as _;
 use kdl::{KdlDocument, KdlEntry, KdlEntryFormat, KdlIdentifier, KdlNode, KdlValue};
 
 use crate::model::spec::{TableSpec, Ty, WORKFLOW};
-use crate::syntax::tree::{Table, Value, ValueKind};
+use crate::syntax::tree::{Entry, Table, Value, ValueKind};
 
 /// Longest line the TOML writer aims for when it puts a value on one line.
 const TOML_WIDTH: usize = 80;
@@ -103,12 +107,9 @@ struct TomlWriter {
 impl TomlWriter {
     /// Writes a table as a section (`[path]` or `[[path]]`) followed by its subsections.
     fn section(&mut self, path: &mut Vec<String>, header: Header, table: &Table, ctx: Ctx) {
-        let entries = &table.entries;
+        let entries = ordered(table, ctx);
         // Only a trailing run of tables and arrays of tables can become subsections.
-        let mut split = entries.len();
-        while split > 0 && headerable(&entries[split - 1].value) {
-            split -= 1;
-        }
+        let split = trailing_sections(&entries);
         let mut inline_end = split;
         while inline_end < entries.len()
             && prefers_inline(&entries[inline_end].key, &entries[inline_end].value, ctx)
@@ -166,6 +167,34 @@ impl TomlWriter {
             }
         }
     }
+}
+
+/// Returns the entries in the order they are written: as they are, except that in a table
+/// with fixed keys, keyed collections followed by plain keys move after them (their items
+/// keep their order), so that they can be written as sections.
+fn ordered(table: &Table, ctx: Ctx) -> Vec<&Entry> {
+    let entries: Vec<&Entry> = table.entries.iter().collect();
+    if !matches!(ctx, Ctx::Fields(_)) {
+        return entries;
+    }
+    let split = trailing_sections(&entries);
+    let is_collection =
+        |e: &&Entry| matches!(ctx.child(&e.key), Ctx::Items(_)) && headerable(&e.value);
+    let (moved, kept): (Vec<&Entry>, Vec<&Entry>) =
+        entries[..split].iter().copied().partition(is_collection);
+    kept.into_iter()
+        .chain(moved)
+        .chain(entries[split..].iter().copied())
+        .collect()
+}
+
+/// Returns where the trailing run of entries that can be sections starts.
+fn trailing_sections(entries: &[&Entry]) -> usize {
+    let mut split = entries.len();
+    while split > 0 && headerable(&entries[split - 1].value) {
+        split -= 1;
+    }
+    split
 }
 
 /// Tells whether a value can be written as a section: a table or a non-empty array of tables.
@@ -279,9 +308,10 @@ fn entry_nodes(out: &mut Vec<KdlNode>, key: &str, value: &Value, spec: Option<&'
         out.push(generic_node(key, value));
         return;
     };
-    // The reader looks keys up before singular names, so a collection whose singular is also
-    // a key of the table (`escalation`) is only readable in the generic form.
-    let singular_free = |singular: &str| spec.is_some_and(|s| s.field(singular).is_none());
+    // A collection whose singular is another key of the table would be misread; one whose
+    // singular is its own key (`escalation`) is read as repeated items.
+    let singular_free =
+        |singular: &str| singular == key || spec.is_some_and(|s| s.field(singular).is_none());
     match (&field.ty, &value.kind) {
         (Ty::Named(item, singular), ValueKind::Table(t))
             if singular_free(singular)
@@ -346,6 +376,8 @@ fn generic_node(key: &str, value: &Value) -> KdlNode {
                 }
             }
         }
+        // A bare node is an empty array.
+        ValueKind::Array(items) if items.is_empty() => {}
         ValueKind::Array(items) => {
             let children = node.ensure_children();
             for v in items {
@@ -690,8 +722,8 @@ ok_codes = [0, 1]
 timeout = 90
 "#;
 
-    /// Keys in an order TOML sections cannot express (a table before a plain key), written
-    /// in KDL.
+    /// Keys in an order TOML sections cannot express (tables before plain keys), written in
+    /// KDL with repeated `escalation` nodes.
     const ORDER_KDL: &str = r#"
 name "ordered"
 stage "review" {
@@ -715,18 +747,14 @@ stage "review" {
         }
         extract "json"
     }
-    escalation {
-        - when="x"
-    }
+    escalation when="x"
     agent "claude"
     prompt "Review\nthe \"work\"."
 }
 stage "loop" kind="loop" max_iterations=3 {
-    escalation {
-        - when="a" run="b"
-        - when="a long condition that makes this escalation too long for one line" {
-            run "b" "c"
-        }
+    escalation when="a" run="b"
+    escalation when="a long condition that makes this escalation too long for one line" {
+        run "b" "c"
     }
     stages {
     }
@@ -745,13 +773,51 @@ description "set at the end"
     #[test]
     fn kdl_workflow_round_trips_through_both_writers() {
         let tree = parse_ok(ORDER_KDL, Format::Kdl);
-        assert_round_trips(&tree);
-        // Written as TOML and read back, then through KDL again.
-        let again = parse_ok(&to_toml(&tree), Format::Toml);
+        let kdl = to_kdl(&tree);
         assert_eq!(
-            plain_table(&parse_ok(&to_kdl(&again), Format::Kdl)),
-            plain_table(&tree)
+            plain_table(&parse_ok(&kdl, Format::Kdl)),
+            plain_table(&tree),
+            "{kdl}"
         );
+        // TOML keeps the order too, except that keyed collections move after plain keys.
+        let toml = to_toml(&tree);
+        let mut expected = tree.clone();
+        move_to_end(&mut expected, "stages");
+        let stages = expected
+            .entries
+            .iter_mut()
+            .find(|e| e.key == "stages")
+            .and_then(|e| as_table_mut(&mut e.value));
+        let looped = stages
+            .and_then(|s| s.entries.iter_mut().find(|e| e.key == "loop"))
+            .and_then(|e| as_table_mut(&mut e.value));
+        move_to_end(looped.expect("the loop stage"), "stages");
+        let back = parse_ok(&toml, Format::Toml);
+        assert_eq!(plain_table(&back), plain_table(&expected), "{toml}");
+        assert!(toml.lines().any(|l| l == "[stages.review]"), "{toml}");
+        assert!(
+            toml.contains("\noutput.schema.type = \"object\"\n"),
+            "{toml}"
+        );
+        // And from that TOML to KDL and back.
+        assert_round_trips(&back);
+    }
+
+    fn move_to_end(table: &mut Table, key: &str) {
+        let i = table
+            .entries
+            .iter()
+            .position(|e| e.key == key)
+            .expect("the key");
+        let entry = table.entries.remove(i);
+        table.entries.push(entry);
+    }
+
+    fn as_table_mut(value: &mut Value) -> Option<&mut Table> {
+        match &mut value.kind {
+            ValueKind::Table(t) => Some(t),
+            _ => None,
+        }
     }
 
     #[test]
@@ -857,6 +923,22 @@ retries = 1
 budget = { tokens = 1000, cost_usd = 0.25 }
 "#;
         assert_round_trips(&parse_ok(text, Format::Toml));
+    }
+
+    #[test]
+    fn empty_arrays_and_tables_round_trip() {
+        // An empty array is a bare node; an empty table has empty braces.
+        let tree = parse_ok(
+            "name = \"x\"\n[params.p]\ntype = \"list\"\ndefault = []\n[params.q]\ntype = \"string\"\ndefault = {}\n",
+            Format::Toml,
+        );
+        let back = parse_ok(&to_kdl(&tree), Format::Kdl);
+        assert_eq!(plain_table(&back), plain_table(&tree));
+        // TOML has one.
+        assert_eq!(
+            plain_table(&parse_ok(&to_toml(&tree), Format::Toml)),
+            plain_table(&tree)
+        );
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! a node with properties and/or children; a keyed collection uses its singular name with the
 //! id as argument (`stage "review" kind="agent" { ... }`); an array of tables repeats a node
 //! (`escalation when="..." run="oracle"`). Free-form values (param defaults, inline JSON
-//! Schemas) map children to tables, several arguments to arrays, and `-` children to arrays.
+//! Schemas) map children to tables (`key {}` is an empty table), several arguments to
+//! arrays, `-` children to arrays, and a bare `key` to an empty array.
 
 use kdl::{KdlDocument, KdlEntry, KdlNode, KdlValue};
 
@@ -77,7 +78,11 @@ impl Cx<'_> {
         let name = node.name().value();
         let key_span = self.span(node.name().span());
         let node_span = self.span(node.span());
-        let field = spec.and_then(|s| s.fields.iter().find(|f| f.key == name));
+        // A key whose singular is its own name (`escalation`) is an array of tables: each
+        // node appends one item.
+        let field = spec
+            .and_then(|s| s.fields.iter().find(|f| f.key == name))
+            .filter(|f| !matches!(f.ty, Ty::Tables(_, singular) if singular == name));
         if let Some(field) = field {
             let value = self.typed(node, &field.ty);
             self.insert(table, name, key_span, value);
@@ -346,7 +351,11 @@ impl Cx<'_> {
                 return Some(Value::new(span, ValueKind::Array(items)));
             }
         }
-        if node.children().is_some() || has_props || args.is_empty() {
+        if node.children().is_none() && !has_props && args.is_empty() {
+            // A bare `key` is an empty list; an empty table is written `key {}`.
+            return Some(Value::new(span, ValueKind::Array(Vec::new())));
+        }
+        if node.children().is_some() || has_props {
             let t = self.table_of(node.entries(), node.children(), None);
             return Some(Value::new(span, ValueKind::Table(t)));
         }
