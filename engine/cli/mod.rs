@@ -38,7 +38,7 @@ enum Command {
     /// Describe a workflow's plan in words.
     Explain(graph::ExplainArgs),
     /// Print the JSON Schema of the TOML form of workflow files.
-    Schema,
+    Schema(schema::Args),
     /// Convert a workflow between TOML and KDL.
     Fmt(fmt::Args),
 }
@@ -57,7 +57,7 @@ pub fn main() -> i32 {
         Command::Check(args) => check::run(&args),
         Command::Graph(args) => graph::run(&args),
         Command::Explain(args) => graph::explain(&args),
-        Command::Schema => schema::run(),
+        Command::Schema(args) => schema::run(&args),
         Command::Fmt(args) => fmt::run(&args),
     }
 }

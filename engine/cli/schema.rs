@@ -1,6 +1,17 @@
-//! `ralph-flow schema`: print the JSON Schema of the TOML form.
+//! `ralph-flow schema`: print the JSON Schema of the TOML form, or the key reference.
 
-pub fn run() -> i32 {
+#[derive(clap::Args)]
+pub struct Args {
+    /// Print the key reference as Markdown (as in WORKFLOW-SPEC.md) instead.
+    #[arg(long)]
+    markdown: bool,
+}
+
+pub fn run(args: &Args) -> i32 {
+    if args.markdown {
+        print!("{}", ralph_flow::model::jsonschema::markdown_reference());
+        return 0;
+    }
     let schema = ralph_flow::model::jsonschema::workflow_schema();
     match serde_json::to_string_pretty(&schema) {
         Ok(text) => {

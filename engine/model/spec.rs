@@ -159,7 +159,7 @@ pub static WORKFLOW: TableSpec = TableSpec {
         f(
             "include",
             Ty::List(&Ty::Str),
-            "Files whose params, agents, resources and exits are merged into this one.",
+            "Files whose params, agents, resources, exits and stages are merged into this one.",
         ),
         f(
             "max_concurrency",
