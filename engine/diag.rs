@@ -234,7 +234,7 @@ pub fn render(sources: &Sources, diagnostics: &[Diagnostic], color: bool) -> Str
                 ));
                 for (rel, label) in &d.related {
                     if rel.file == span.file {
-                        md = md.with_label(LabeledSpan::new_with_span(
+                        md = md.and_label(LabeledSpan::new_with_span(
                             Some(label.clone()),
                             rel.range(),
                         ));

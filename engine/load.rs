@@ -118,7 +118,12 @@ impl<'a> Loader<'a> {
         }
         let file = self.read(&canonical, from, Code::MissingWorkflowFile, "workflow file")?;
         let text = self.sources.get(file).text.clone();
+        let before = self.diags.error_count();
         let table = syntax::parse(file, &text, Format::from_path(&canonical), self.diags);
+        if self.diags.error_count() > before {
+            // A file that does not parse has nothing more worth reporting.
+            return None;
+        }
         let mut wf = lower(file, &table, self.diags);
         self.stack.push(canonical.clone());
         let dir = canonical

@@ -61,14 +61,23 @@ fn shipped_toml_workflows_validate_against_the_schema() {
 #[test]
 fn workflow_spec_documents_every_key_and_code() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let spec = std::fs::read_to_string(root.join("WORKFLOW-SPEC.md")).expect("read WORKFLOW-SPEC.md");
+    let spec =
+        std::fs::read_to_string(root.join("WORKFLOW-SPEC.md")).expect("read WORKFLOW-SPEC.md");
     assert!(
         spec.contains(&ralph_flow::model::jsonschema::markdown_reference()),
         "WORKFLOW-SPEC.md's key reference is stale: paste the output of `ralph-flow schema --markdown`"
     );
     for code in ralph_flow::diag::Code::ALL {
         let row = format!("| {} | ", code.as_str());
-        assert!(spec.contains(&row), "WORKFLOW-SPEC.md does not list {}", code.as_str());
-        assert!(spec.contains(code.summary()), "WORKFLOW-SPEC.md does not explain {}", code.as_str());
+        assert!(
+            spec.contains(&row),
+            "WORKFLOW-SPEC.md does not list {}",
+            code.as_str()
+        );
+        assert!(
+            spec.contains(code.summary()),
+            "WORKFLOW-SPEC.md does not explain {}",
+            code.as_str()
+        );
     }
 }

@@ -19,7 +19,7 @@ use crate::model::{Stage, StageKind, Workflow};
 use crate::source::{Sources, Span};
 
 pub use params::{ParamValues, parse_set};
-pub use refs::{ENGINE_CODES, IMPLICIT_EXITS};
+pub use refs::{ENGINE_CODES, IMPLICIT_EXITS, article};
 
 /// Identifies a stage of a checked workflow: its index in [`Checked::stages`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

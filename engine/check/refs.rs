@@ -248,7 +248,7 @@ fn require(stage: &Stage, key: &str, present: bool, diags: &mut Diagnostics) {
         let mut d = Diagnostic::new(
             code,
             stage.kind.span,
-            format!("a {} stage needs `{key}`", stage.kind.value.as_str()),
+            format!("{} stage needs `{key}`", article(stage.kind.value.as_str())),
         )
         .label(format!("stage `{}` has no `{key}`", stage.id.value));
         d = match key {
@@ -613,4 +613,10 @@ fn body_leaves(stages: &[Stage]) -> bool {
                 _ => false,
             }
     })
+}
+
+/// Puts "a" or "an" before a word.
+pub fn article(word: &str) -> String {
+    let an = word.starts_with(['a', 'e', 'i', 'o', 'u']);
+    format!("{} {word}", if an { "an" } else { "a" })
 }

@@ -44,8 +44,9 @@ pub fn check_table(table: &Table, spec: &'static TableSpec, diags: &mut Diagnost
                         Code::KeyNotForKind,
                         entry.key_span,
                         format!(
-                            "`{}` does not apply to a {} of kind `{kind}`",
-                            entry.key, spec.name
+                            "`{}` does not apply to {} of kind `{kind}`",
+                            entry.key,
+                            crate::check::article(spec.name)
                         ),
                     )
                     .help(format!(
