@@ -135,6 +135,14 @@ impl<'a> Loader<'a> {
                 merge_include(&mut wf, other, self.diags);
             }
         }
+        if wf.extends.is_none() {
+            for o in &wf.overrides {
+                self.diags.push(
+                    Diagnostic::new(Code::BadOverride, o.stage.span, format!("override of `{}` in a file that extends nothing", o.stage.value))
+                        .help("overrides change stages of the extended workflow: add `extends`, or edit the stage itself"),
+                );
+            }
+        }
         if let Some(ext) = wf.extends.clone() {
             if let Some(base) = self.load(&dir.join(&ext.workflow.value), Some(ext.workflow.span)) {
                 wf = merge_extends(base, wf, self.diags);

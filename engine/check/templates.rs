@@ -256,6 +256,13 @@ fn stage(
         } => count_like(c, src, env, max_concurrency.as_ref(), diags),
         _ => {}
     }
+    if let StageBody::Subflow {
+        workflow: Some(w),
+        params,
+    } = &s.body
+    {
+        subflow(loader, w, params, diags);
+    }
     if let Some(pf) = prompt_file {
         let path = base_dir(loader.sources, pf.span).join(&pf.value);
         if let Some(file) =
@@ -853,5 +860,46 @@ fn field(
                 format!("its fields are: {}", known.join(", "))
             }),
         );
+    }
+}
+
+/// Loads a subflow's file (its own problems are reported by the loader) and checks that the
+/// params given to it exist there and that its required params are given.
+fn subflow(
+    loader: &mut Loader<'_>,
+    w: &Spanned<String>,
+    params: &[(Spanned<String>, Spanned<String>)],
+    diags: &mut Diagnostics,
+) {
+    let path = base_dir(loader.sources, w.span).join(&w.value);
+    let Some(sub) = loader.load(&path, Some(w.span)) else {
+        return;
+    };
+    for (k, _) in params {
+        if !sub.params.iter().any(|p| p.name.value == k.value) {
+            diags.push(
+                Diagnostic::new(
+                    Code::UnknownParam,
+                    k.span,
+                    format!("the subflow `{}` has no param `{}`", w.value, k.value),
+                )
+                .suggest(&k.value, sub.params.iter().map(|p| p.name.value.as_str())),
+            );
+        }
+    }
+    for p in &sub.params {
+        if p.default.is_none() && !params.iter().any(|(k, _)| k.value == p.name.value) {
+            diags.push(
+                Diagnostic::new(
+                    Code::ParamRequired,
+                    w.span,
+                    format!(
+                        "the subflow's param `{}` is required and not given",
+                        p.name.value
+                    ),
+                )
+                .help(format!("add `{}` to this stage's params", p.name.value)),
+            );
+        }
     }
 }
