@@ -85,8 +85,11 @@ pub struct Plan {
     pub exits: Vec<ExitDef>,
     pub params: crate::check::ParamValues,
     pub schemas: HashMap<NodeId, serde_json::Value>,
-    /// Every template and expression of the workflow, compiled once, by name
-    /// (`STAGE/prompt`, `STAGE/when`, `STAGE/argv/0`, ...).
+    /// Every template of the workflow, compiled once, by name (`STAGE/prompt`,
+    /// `STAGE/argv/0`, `STAGE/env/KEY`, `STAGE/message`, `STAGE/feedback`, ...), and each
+    /// stage's `when` and each escalation rule's condition as `{{ ... }}` templates. Other
+    /// expressions (`until`, `expect`, `over`, ...) are kept as source in the model and
+    /// compiled with `compile_expression` where they are evaluated, to keep their types.
     pub templates: minijinja::Environment<'static>,
 }
 
@@ -185,6 +188,59 @@ pub fn compile(checked: &Checked<'_>) -> Plan {
         }
         if let Some((_, text)) = checked.prompt_files.get(&id) {
             add("prompt", text);
+        }
+        if let Some(f) = &s.feedback {
+            add("feedback", &f.value);
+        }
+        if let Some(o) = &s.output {
+            for (n, f) in o.files.iter().enumerate() {
+                add(&format!("files/{n}"), &f.value);
+            }
+        }
+        use crate::model::StageBody as B;
+        match &s.body {
+            B::Command(cmd)
+            | B::Check {
+                command: Some(cmd), ..
+            } => {
+                for (n, a) in cmd.argv.iter().enumerate() {
+                    add(&format!("argv/{n}"), &a.value);
+                }
+                for (k, v) in &cmd.env {
+                    add(&format!("env/{}", k.value), &v.value);
+                }
+                if let Some(c) = &cmd.cwd {
+                    add("cwd", &c.value);
+                }
+                if let Some(i) = &cmd.stdin {
+                    add("stdin", &i.value);
+                }
+            }
+            B::Gate { message, show, .. } => {
+                if let Some(m) = message {
+                    add("message", &m.value);
+                }
+                for (n, x) in show.iter().enumerate() {
+                    add(&format!("show/{n}"), &x.value);
+                }
+            }
+            B::Subflow { params, .. } => {
+                for (k, v) in params {
+                    add(&format!("params/{}", k.value), &v.value);
+                }
+            }
+            B::Loop {
+                worktree: Some(w), ..
+            }
+            | B::ForEach {
+                worktree: Some(w), ..
+            } => {
+                add("worktree/branch", &w.branch.value);
+                if let Some(b) = &w.base {
+                    add("worktree/base", &b.value);
+                }
+            }
+            _ => {}
         }
         let agent = match &s.body {
             crate::model::StageBody::Agent { agent: Some(a), .. } => {
