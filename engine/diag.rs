@@ -93,6 +93,8 @@ pub struct Diagnostic {
     pub help: Option<String>,
     /// Secondary places that explain the problem, such as the first definition of a duplicate.
     pub related: Vec<(Span, String)>,
+    /// The name an unknown-reference diagnostic is about (see [`Diagnostic::unknown`]).
+    pub subject: Option<String>,
 }
 
 impl Diagnostic {
@@ -106,7 +108,24 @@ impl Diagnostic {
             label: None,
             help: None,
             related: Vec::new(),
+            subject: None,
         }
+    }
+
+    /// Reports a reference to a `what` (stage, agent, param, ...) named `name` that is not
+    /// defined, suggesting the closest of `candidates`.
+    pub fn unknown<'a>(
+        code: Code,
+        span: Span,
+        what: &str,
+        name: &str,
+        candidates: impl IntoIterator<Item = &'a str>,
+    ) -> Self {
+        let mut d = Diagnostic::new(code, span, format!("there is no {what} `{name}`"))
+            .label(format!("unknown {what}"))
+            .suggest(name, candidates);
+        d.subject = Some(name.to_string());
+        d
     }
 
     /// Sets the label shown under the snippet.

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::diag::{Code, Diagnostic, Diagnostics};
-use crate::model::{Count, Override, StageBody, Workflow, lower::lower};
+use crate::model::{Count, Named, Override, StageBody, Workflow, lower::lower};
 use crate::source::{FileId, Sources, Span, Spanned};
 use crate::syntax::{self, Format};
 
@@ -193,56 +193,39 @@ fn duplicate(kind: &str, name: &Spanned<String>, first: Span, diags: &mut Diagno
     );
 }
 
-macro_rules! merge_named {
-    ($into:expr, $from:expr, $kind:literal, $diags:expr, $help:literal) => {
-        for item in $from {
-            if let Some(prev) = $into.iter().find(|p| p.name.value == item.name.value) {
-                duplicate($kind, &item.name, prev.name.span, $diags, $help);
-            } else {
-                $into.push(item);
-            }
+/// Adds included definitions; a name defined in both files is an error.
+fn add_all<T: Named>(into: &mut Vec<T>, from: Vec<T>, kind: &str, diags: &mut Diagnostics) {
+    for item in from {
+        if let Some(prev) = into.iter().find(|p| p.name().value == item.name().value) {
+            let first = prev.name().span;
+            duplicate(
+                kind,
+                item.name(),
+                first,
+                diags,
+                "each name may be defined in only one of the included files",
+            );
+        } else {
+            into.push(item);
         }
-    };
+    }
+}
+
+/// Adds definitions of an extending file, replacing the base's definitions of the same name.
+fn replace_all<T: Named>(base: &mut Vec<T>, child: Vec<T>) {
+    for item in child {
+        base.retain(|b| b.name().value != item.name().value);
+        base.push(item);
+    }
 }
 
 fn merge_include(wf: &mut Workflow, inc: Workflow, diags: &mut Diagnostics) {
     wf.broken.extend(inc.broken.iter().cloned());
-    let help = "each name may be defined in only one of the included files";
-    merge_named!(
-        wf.params,
-        inc.params,
-        "param",
-        diags,
-        "each name may be defined in only one of the included files"
-    );
-    merge_named!(
-        wf.agents,
-        inc.agents,
-        "agent",
-        diags,
-        "each name may be defined in only one of the included files"
-    );
-    merge_named!(
-        wf.resources,
-        inc.resources,
-        "resource",
-        diags,
-        "each name may be defined in only one of the included files"
-    );
-    merge_named!(
-        wf.exits,
-        inc.exits,
-        "exit",
-        diags,
-        "each name may be defined in only one of the included files"
-    );
-    for stage in inc.stages {
-        if let Some(prev) = wf.stages.iter().find(|s| s.id.value == stage.id.value) {
-            duplicate("stage", &stage.id, prev.id.span, diags, help);
-        } else {
-            wf.stages.push(stage);
-        }
-    }
+    add_all(&mut wf.params, inc.params, "param", diags);
+    add_all(&mut wf.agents, inc.agents, "agent", diags);
+    add_all(&mut wf.resources, inc.resources, "resource", diags);
+    add_all(&mut wf.exits, inc.exits, "exit", diags);
+    add_all(&mut wf.stages, inc.stages, "stage", diags);
 }
 
 /// Merges a file into the base it extends: the child's agents replace the base's agents of
@@ -269,22 +252,10 @@ fn merge_extends(mut base: Workflow, child: Workflow, diags: &mut Diagnostics) -
             }
         }
     }
-    for p in child.params {
-        base.params.retain(|b| b.name.value != p.name.value);
-        base.params.push(p);
-    }
-    for a in child.agents {
-        base.agents.retain(|b| b.name.value != a.name.value);
-        base.agents.push(a);
-    }
-    for r in child.resources {
-        base.resources.retain(|b| b.name.value != r.name.value);
-        base.resources.push(r);
-    }
-    for e in child.exits {
-        base.exits.retain(|b| b.name.value != e.name.value);
-        base.exits.push(e);
-    }
+    replace_all(&mut base.params, child.params);
+    replace_all(&mut base.agents, child.agents);
+    replace_all(&mut base.resources, child.resources);
+    replace_all(&mut base.exits, child.exits);
     for o in &child.overrides {
         apply_override(&mut base.stages, o, diags);
     }

@@ -130,16 +130,8 @@ pub fn check<'w>(
 /// Tells whether a diagnostic only repeats an earlier one: a reference to a name whose
 /// definition had an error (the definition's error is the one worth reading).
 fn is_cascade(workflow: &Workflow, d: &Diagnostic) -> bool {
-    use crate::diag::Code::{
-        UnknownAgent, UnknownExit, UnknownParam, UnknownResource, UnknownStage,
-    };
-    matches!(
-        d.code,
-        UnknownAgent | UnknownExit | UnknownParam | UnknownResource | UnknownStage
-    ) && d
-        .message
-        .split('`')
-        .nth(1)
+    d.subject
+        .as_deref()
         .is_some_and(|name| workflow.is_broken(name))
 }
 

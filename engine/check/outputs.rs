@@ -6,7 +6,7 @@ use serde_json::{Value as Json, json};
 use super::{Checked, StageId, base_dir};
 use crate::diag::{Code, Diagnostic, Diagnostics};
 use crate::load::Loader;
-use crate::model::{Action, OutputSpec, SchemaRef, StageBody, StageKind};
+use crate::model::{OutputSpec, SchemaRef, StageBody, StageKind};
 
 /// The schema of what a command stage produces.
 pub fn command_schema() -> Json {
@@ -222,8 +222,7 @@ fn output_schema(
         let flag = m
             .pattern
             .as_ref()
-            .is_some_and(|p| regex::Regex::new(&p.value).is_ok_and(|r| r.captures_len() == 1))
-            || m.prefix.as_ref().is_some_and(|_| false);
+            .is_some_and(|p| regex::Regex::new(&p.value).is_ok_and(|r| r.captures_len() == 1));
         let mut item = if flag {
             json!({"type": "boolean"})
         } else {
@@ -365,7 +364,6 @@ fn route(c: &Checked<'_>, id: StageId, diags: &mut Diagnostics) {
             }
         }
     }
-    let _ = Action::Fail;
 }
 
 fn aggregate(c: &Checked<'_>, id: StageId, diags: &mut Diagnostics) {
@@ -383,7 +381,7 @@ fn aggregate(c: &Checked<'_>, id: StageId, diags: &mut Diagnostics) {
         _ => return,
     };
     if let Some(over) = over {
-        for_each_over(c, id, over, diags);
+        for_each_over(c, over, diags);
     }
     let Some(agg) = agg else { return };
     let needs_field = !matches!(agg.mode.value.as_str(), "collect");
@@ -436,7 +434,7 @@ fn aggregate(c: &Checked<'_>, id: StageId, diags: &mut Diagnostics) {
     }
 }
 
-fn for_each_over(c: &Checked<'_>, id: StageId, over: &crate::model::Text, diags: &mut Diagnostics) {
+fn for_each_over(c: &Checked<'_>, over: &crate::model::Text, diags: &mut Diagnostics) {
     // Only a plain path `stages.X.output.a.b` can be checked against a schema.
     let path = over.value.trim();
     let Some(rest) = path.strip_prefix("stages.") else {
@@ -485,5 +483,4 @@ fn for_each_over(c: &Checked<'_>, id: StageId, over: &crate::model::Text, diags:
             );
         }
     }
-    let _ = id;
 }

@@ -114,13 +114,10 @@ fn agent_ref(c: &Checked<'_>, name: &Spanned<String>, diags: &mut Diagnostics) {
     }
     if !c.workflow.agents.iter().any(|a| a.name.value == name.value) {
         diags.push(
-            Diagnostic::new(
+            Diagnostic::unknown(
                 Code::UnknownAgent,
                 name.span,
-                format!("there is no agent `{}`", name.value),
-            )
-            .label("unknown agent")
-            .suggest(
+                "agent",
                 &name.value,
                 c.workflow.agents.iter().map(|a| a.name.value.as_str()),
             )
@@ -189,27 +186,25 @@ fn action_ok(
             let names = exit_names(c);
             if !names.iter().any(|n| n == name) {
                 diags.push(
-                    Diagnostic::new(
+                    Diagnostic::unknown(
                         Code::UnknownExit,
                         action.span,
-                        format!("there is no exit `{name}`"),
+                        "exit",
+                        name,
+                        names.iter().map(String::as_str),
                     )
-                    .label("unknown exit")
-                    .suggest(name, names.iter().map(String::as_str))
                     .help_or(format!("declare it under [exits.{name}] with its code")),
                 );
             }
         }
         Action::Goto(target) => match c.find(target) {
-            None => diags.push(
-                Diagnostic::new(
-                    Code::UnknownStage,
-                    action.span,
-                    format!("there is no stage `{target}`"),
-                )
-                .label("unknown stage")
-                .suggest(target, c.by_id.keys().copied()),
-            ),
+            None => diags.push(Diagnostic::unknown(
+                Code::UnknownStage,
+                action.span,
+                "stage",
+                target,
+                c.by_id.keys().copied(),
+            )),
             Some(t) => {
                 let here = at.and_then(|s| c.info(s).parent);
                 if key != "cases" && key != "default" {
@@ -267,20 +262,15 @@ fn stage(c: &mut Checked<'_>, id: StageId, diags: &mut Diagnostics) {
     let mut resolved = Vec::new();
     for need in &s.needs {
         match c.find(&need.value) {
-            None => diags.push(
-                Diagnostic::new(
-                    Code::UnknownStage,
-                    need.span,
-                    format!("there is no stage `{}`", need.value),
-                )
-                .label("unknown stage")
-                .suggest(
-                    &need.value,
-                    c.body(parent)
-                        .iter()
-                        .map(|b| c.info(*b).stage.id.value.as_str()),
-                ),
-            ),
+            None => diags.push(Diagnostic::unknown(
+                Code::UnknownStage,
+                need.span,
+                "stage",
+                &need.value,
+                c.body(parent)
+                    .iter()
+                    .map(|b| c.info(*b).stage.id.value.as_str()),
+            )),
             Some(n) if n == id => diags.push(
                 Diagnostic::new(
                     Code::Cycle,
@@ -306,13 +296,10 @@ fn stage(c: &mut Checked<'_>, id: StageId, diags: &mut Diagnostics) {
     if let Some(r) = &s.resource {
         if !c.workflow.resources.iter().any(|x| x.name.value == r.value) {
             diags.push(
-                Diagnostic::new(
+                Diagnostic::unknown(
                     Code::UnknownResource,
                     r.span,
-                    format!("there is no resource `{}`", r.value),
-                )
-                .label("unknown resource")
-                .suggest(
+                    "resource",
                     &r.value,
                     c.workflow.resources.iter().map(|x| x.name.value.as_str()),
                 )
@@ -423,7 +410,8 @@ fn stage(c: &mut Checked<'_>, id: StageId, diags: &mut Diagnostics) {
         } => {
             require(s, "max_iterations", max_iterations.is_some(), diags);
             if let Some(m) = max_iterations {
-                if m.value == Count::Literal(0) {
+                // A template counts too, when the params in force resolve it to 0.
+                if crate::compile::resolve_count(&m.value, &c.params) == Ok(0) {
                     diags.push(
                         Diagnostic::new(
                             Code::UnboundedLoop,
@@ -469,14 +457,13 @@ fn stage(c: &mut Checked<'_>, id: StageId, diags: &mut Diagnostics) {
                             )
                             .help("escalation rules run stages of their own loop's body"),
                         ),
-                        None => diags.push(
-                            Diagnostic::new(
-                                Code::UnknownStage,
-                                target.span,
-                                format!("there is no stage `{}`", target.value),
-                            )
-                            .suggest(&target.value, stages.iter().map(|b| b.id.value.as_str())),
-                        ),
+                        None => diags.push(Diagnostic::unknown(
+                            Code::UnknownStage,
+                            target.span,
+                            "stage",
+                            &target.value,
+                            stages.iter().map(|b| b.id.value.as_str()),
+                        )),
                     }
                 }
             }

@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 
 use super::scope::{Site, conditional, share_loop, upstream};
-use super::{Checked, StageId, base_dir};
+use super::{Checked, ParamValues, StageId, base_dir};
 use crate::diag::{Code, Diagnostic, Diagnostics};
 use crate::load::Loader;
 use crate::model::{Count, Dur, StageBody, StageKind};
@@ -217,7 +217,8 @@ fn stage(
                 let site = rule
                     .run
                     .iter()
-                    .find_map(|r| c.find(&r.value))
+                    .filter_map(|r| c.find(&r.value))
+                    .find(|r| c.info(*r).parent == Some(id))
                     .map_or(Site::BodyEnd(id), Site::Stage);
                 e(c, &rule.when, Scope::At(site), diags);
             }
@@ -357,28 +358,8 @@ fn count_like(
         span,
     }) = v
     {
-        let before = diags.error_count();
-        inline(
-            c,
-            src,
-            env,
-            &Spanned::new(t.clone(), *span),
-            Kind::Template,
-            Scope::Params,
-            diags,
-        );
-        if diags.error_count() == before && params_known(c, t) {
-            if let Err(e) = crate::compile::resolve_count(value, &c.params) {
-                diags.push(
-                    Diagnostic::new(
-                        Code::InvalidValue,
-                        *span,
-                        format!("with the params in force, {e}"),
-                    )
-                    .help("give the param a value that makes a whole number"),
-                );
-            }
-        }
+        let resolve = |p: &ParamValues| crate::compile::resolve_count(value, p).map(drop);
+        limit(c, src, env, t, *span, resolve, "a whole number", diags);
     }
 }
 
@@ -394,27 +375,46 @@ fn dur_like(
         span,
     }) = v
     {
-        let before = diags.error_count();
-        inline(
+        let resolve = |p: &ParamValues| crate::compile::resolve_duration(value, p).map(drop);
+        limit(
             c,
             src,
             env,
-            &Spanned::new(t.clone(), *span),
-            Kind::Template,
-            Scope::Params,
+            t,
+            *span,
+            resolve,
+            "a duration, such as 90 or \"10m\"",
             diags,
         );
-        if diags.error_count() == before && params_known(c, t) {
-            if let Err(e) = crate::compile::resolve_duration(value, &c.params) {
-                diags.push(
-                    Diagnostic::new(
-                        Code::InvalidValue,
-                        *span,
-                        format!("with the params in force, {e}"),
-                    )
-                    .help("give the param a value that makes a duration, such as 90 or \"10m\""),
-                );
-            }
+    }
+}
+
+/// Checks a limit written as a template: it may use only params, and with the params in
+/// force (when they all have values) it must render to a valid value.
+#[allow(clippy::too_many_arguments)]
+fn limit(
+    c: &Checked<'_>,
+    src: &Sources,
+    env: &minijinja::Environment<'_>,
+    template: &str,
+    span: Span,
+    resolve: impl Fn(&ParamValues) -> Result<(), String>,
+    makes: &str,
+    diags: &mut Diagnostics,
+) {
+    let before = diags.error_count();
+    let text = Spanned::new(template.to_string(), span);
+    inline(c, src, env, &text, Kind::Template, Scope::Params, diags);
+    if diags.error_count() == before && params_known(c, template) {
+        if let Err(e) = resolve(&c.params) {
+            diags.push(
+                Diagnostic::new(
+                    Code::InvalidValue,
+                    span,
+                    format!("with the params in force, {e}"),
+                )
+                .help(format!("give the param a value that makes {makes}")),
+            );
         }
     }
 }
@@ -576,13 +576,10 @@ fn variable(
             if let Some(name) = parts.get(1) {
                 if !c.workflow.params.iter().any(|p| p.name.value == *name) {
                     diags.push(
-                        Diagnostic::new(
+                        Diagnostic::unknown(
                             Code::UnknownParam,
                             locate(src, text, &format!("params.{name}")),
-                            format!("there is no param `{name}`"),
-                        )
-                        .label("unknown param")
-                        .suggest(
+                            "param",
                             name,
                             c.workflow.params.iter().map(|p| p.name.value.as_str()),
                         )
@@ -733,15 +730,13 @@ fn stage_ref(
     let Some(name) = parts.get(1) else { return };
     let span = locate(src, text, &format!("stages.{name}"));
     let Some(target) = c.find(name) else {
-        diags.push(
-            Diagnostic::new(
-                Code::UnknownStage,
-                span,
-                format!("there is no stage `{name}`"),
-            )
-            .label("unknown stage")
-            .suggest(name, c.by_id.keys().copied()),
-        );
+        diags.push(Diagnostic::unknown(
+            Code::UnknownStage,
+            span,
+            "stage",
+            name,
+            c.by_id.keys().copied(),
+        ));
         return;
     };
     let Some(attr) = parts.get(2) else { return };

@@ -38,7 +38,6 @@ pub fn run(args: &Args) -> i32 {
     };
     let mut sources = Sources::new();
     let mut all = Diagnostics::default();
-    let mut ok_files = 0;
     for file in &args.files {
         let mut diags = Diagnostics::default();
         let fs = RealFs;
@@ -47,9 +46,6 @@ pub fn run(args: &Args) -> i32 {
             let mut cd = Diagnostics::default();
             let _ = ralph_flow::check::check(&wf, &mut loader, &sets, !sets.is_empty(), &mut cd);
             diags.extend(cd);
-        }
-        if !diags.has_errors() {
-            ok_files += 1;
         }
         all.extend(diags);
     }
@@ -96,7 +92,6 @@ pub fn run(args: &Args) -> i32 {
             if warnings == 1 { "" } else { "s" }
         );
     }
-    let _ = ok_files;
     if errors > 0 || (args.deny_warnings && warnings > 0) {
         super::EXIT_CONFIG
     } else {

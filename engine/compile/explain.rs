@@ -149,27 +149,13 @@ fn body(plan: &Plan, region: Option<NodeId>, depth: usize, out: &mut String) {
                         p.value
                     ))
             ),
-            StageBody::Command(c) => format!(
-                "runs `{}`",
-                c.argv
-                    .iter()
-                    .map(|a| a.value.as_str())
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            ),
+            StageBody::Command(c) => format!("runs `{}`", c.display()),
             StageBody::Check {
                 command, expect, ..
             } => {
                 let mut parts = Vec::new();
                 if let Some(c) = command {
-                    parts.push(format!(
-                        "`{}` must pass",
-                        c.argv
-                            .iter()
-                            .map(|a| a.value.as_str())
-                            .collect::<Vec<_>>()
-                            .join(" ")
-                    ));
+                    parts.push(format!("`{}` must pass", c.display()));
                 }
                 if let Some(e) = expect {
                     parts.push(format!("`{}` must hold", e.value));

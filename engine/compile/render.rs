@@ -70,25 +70,11 @@ fn node_label(plan: &Plan, id: NodeId) -> String {
             };
             format!("agent: {name}")
         }),
-        StageBody::Command(c) => format!(
-            "$ {}",
-            c.argv
-                .iter()
-                .map(|a| a.value.as_str())
-                .collect::<Vec<_>>()
-                .join(" ")
-        ),
+        StageBody::Command(c) => format!("$ {}", c.display()),
         StageBody::Check {
             command, expect, ..
         } => match (command, expect) {
-            (Some(c), _) => format!(
-                "check $ {}",
-                c.argv
-                    .iter()
-                    .map(|a| a.value.as_str())
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            ),
+            (Some(c), _) => format!("check $ {}", c.display()),
             (None, Some(e)) => format!("check {}", e.value),
             _ => "check".into(),
         },

@@ -42,6 +42,24 @@ impl Workflow {
     }
 }
 
+/// A definition with a name: params, agents, resources, exits and stages.
+pub trait Named {
+    /// Returns the name (a stage's id).
+    fn name(&self) -> &Text;
+}
+
+macro_rules! named {
+    ($($t:ty => $field:ident),*) => {
+        $(impl Named for $t {
+            fn name(&self) -> &Text {
+                &self.$field
+            }
+        })*
+    };
+}
+
+named!(Param => name, Agent => name, Resource => name, Exit => name, Stage => id);
+
 /// The base workflow a file extends.
 #[derive(Clone, Debug)]
 pub struct Extends {
@@ -428,6 +446,17 @@ pub struct CommandSpec {
     pub env: Vec<(Text, Text)>,
     pub stdin: Option<Text>,
     pub ok_codes: Vec<Spanned<i64>>,
+}
+
+impl CommandSpec {
+    /// Shows the argv as written, separated by spaces (for people, not for a shell).
+    pub fn display(&self) -> String {
+        self.argv
+            .iter()
+            .map(|a| a.value.as_str())
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
 }
 
 /// Routing on a field of a stage's output.
