@@ -3,11 +3,14 @@
 //! The pipeline is parse ([`syntax`]) → shape and lower ([`model`]) → check ([`check`]) →
 //! compile ([`compile`]); the CLI in `main.rs` drives it. See ARCHITECTURE.md.
 
+pub mod backend;
 pub mod check;
 pub mod compile;
 pub mod diag;
 pub mod load;
 pub mod model;
+pub mod run;
 pub mod source;
+pub mod store;
 pub mod suggest;
 pub mod syntax;

@@ -126,13 +126,14 @@ pub struct Param {
 }
 
 /// The kind of backend an agent uses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AgentKind {
     Claude,
     Codex,
     Gemini,
     OpenAi,
     Anthropic,
+    #[default]
     Command,
     Replay,
 }

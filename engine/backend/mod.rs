@@ -1,0 +1,202 @@
+//! Agent backends: one trait, one call per fresh context.
+//!
+//! A backend turns an [`AgentCall`] (a rendered prompt and settings) into an [`AgentReply`]
+//! (the final text and the usage) or a classified [`CallError`]. The executor decides what
+//! an error means: transient errors retry with backoff, rate limits pause without using up an
+//! attempt (or hand over to a fallback agent), a missing backend hands over to a fallback.
+//! Cancellation is by dropping the future: every backend kills what it started when dropped.
+
+pub mod cli;
+pub mod http;
+pub mod process;
+pub mod replay;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Tokens and cost of one call, or summed over many.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Usage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// Input tokens served from a prompt cache (part of, not added to, `input_tokens`
+    /// where the backend reports them that way; as reported otherwise).
+    pub cached_tokens: u64,
+    /// The cost in US dollars, when the backend reports it.
+    pub cost_usd: Option<f64>,
+}
+
+impl Usage {
+    /// Adds another usage to this one.
+    pub fn add(&mut self, other: &Usage) {
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+        self.cached_tokens += other.cached_tokens;
+        self.cost_usd = match (self.cost_usd, other.cost_usd) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or(0.0) + b.unwrap_or(0.0)),
+        };
+    }
+
+    /// Returns input plus output tokens.
+    pub fn tokens(&self) -> u64 {
+        self.input_tokens + self.output_tokens
+    }
+}
+
+/// What a backend can do natively.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Capabilities {
+    /// The backend constrains its output to a JSON Schema given in [`AgentCall::schema`].
+    pub json_schema: bool,
+    /// The backend reports cost in dollars.
+    pub cost: bool,
+    /// The backend reports token usage.
+    pub usage: bool,
+}
+
+/// One call to an agent with a fresh context.
+#[derive(Clone, Debug)]
+pub struct AgentCall {
+    /// The stage id (for logs and record/replay keys).
+    pub stage: String,
+    /// Where in the run the stage is (`""` at the top level, `attempts#3`, `tickets#T-1`...).
+    pub scope: String,
+    /// The attempt number, from 1.
+    pub attempt: u32,
+    pub prompt: String,
+    pub model: Option<String>,
+    /// Extra arguments (CLI backends).
+    pub args: Vec<String>,
+    /// Extra environment variables (CLI backends).
+    pub env: Vec<(String, String)>,
+    /// The working directory (the run's, or the frame's worktree).
+    pub cwd: PathBuf,
+    /// This attempt's artifact directory; it exists. Backends may write files there
+    /// (`stdout`, `stderr`, `response.json`); the executor writes the prompt and output.
+    pub dir: PathBuf,
+    pub timeout: Option<Duration>,
+    pub idle_timeout: Option<Duration>,
+    /// The output schema, for backends with native JSON-schema output.
+    pub schema: Option<serde_json::Value>,
+    pub max_tokens: Option<u64>,
+}
+
+/// What an agent answered.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AgentReply {
+    /// The final text of the agent: what outputs are extracted from.
+    pub text: String,
+    /// The raw output (stdout or response body), kept as an artifact.
+    pub raw: String,
+    pub usage: Usage,
+    pub session_id: Option<String>,
+    /// The model that answered, when the backend says.
+    pub model: Option<String>,
+}
+
+/// Why a call did not produce a reply, classified for the executor.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum CallError {
+    /// A rate limit or quota: wait (or hand over to a fallback); never uses up an attempt.
+    RateLimited {
+        message: String,
+        retry_after: Option<Duration>,
+    },
+    /// Worth retrying with backoff: a non-zero exit, HTTP 5xx or 429 without quota words,
+    /// a dropped connection.
+    Transient {
+        message: String,
+        retry_after: Option<Duration>,
+    },
+    /// The backend is not there: an executable not found, an API key variable not set.
+    Missing { message: String },
+    /// The stage's timeout or idle timeout ended the call; the process group was killed.
+    Timeout {
+        after: Duration,
+        idle: bool,
+        /// The last lines of output, for the feedback and the logs.
+        tail: String,
+    },
+    /// A permanent failure: the agent reported an error that retrying will not fix.
+    Failed { message: String },
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallError::RateLimited {
+                message,
+                retry_after,
+            } => {
+                write!(f, "rate limited: {message}")?;
+                if let Some(d) = retry_after {
+                    write!(f, " (retry after {}s)", d.as_secs_f64())?;
+                }
+                Ok(())
+            }
+            CallError::Transient { message, .. } => write!(f, "transient failure: {message}"),
+            CallError::Missing { message } => write!(f, "backend unavailable: {message}"),
+            CallError::Timeout { after, idle, .. } => {
+                if *idle {
+                    write!(f, "no output for {}s (idle timeout)", after.as_secs())
+                } else {
+                    write!(f, "timed out after {}s", after.as_secs())
+                }
+            }
+            CallError::Failed { message } => f.write_str(message),
+        }
+    }
+}
+
+/// The future a backend returns.
+pub type CallFuture<'a> = Pin<Box<dyn Future<Output = Result<AgentReply, CallError>> + Send + 'a>>;
+
+/// An agent backend.
+pub trait Backend: Send + Sync {
+    /// What the backend can do natively.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Makes one call with a fresh context. Dropping the future cancels the call and kills
+    /// whatever it started.
+    fn call<'a>(&'a self, call: &'a AgentCall) -> CallFuture<'a>;
+}
+
+/// An agent's settings with every template rendered over the params.
+#[derive(Clone, Debug, Default)]
+pub struct AgentConfig {
+    pub name: String,
+    pub kind: crate::model::AgentKind,
+    pub model: Option<String>,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    /// The argv of a `command` agent.
+    pub command: Vec<String>,
+    /// `stdin` (default), `file` (the prompt file's path replaces `{prompt_file}` in argv, or
+    /// is appended) or `arg` (the prompt replaces `{prompt}` in argv, or is appended).
+    pub prompt_via: Option<String>,
+    pub base_url: Option<String>,
+    pub api_key_env: Option<String>,
+    /// `chat` (default) or `responses`, for openai.
+    pub api: Option<String>,
+    pub max_tokens: Option<u64>,
+    /// The recording of a `replay` agent.
+    pub file: Option<PathBuf>,
+    /// Where a CLI backend finds its executable (default: `claude`, `codex`, `gemini` on
+    /// PATH; `RALPH_FLOW_CLAUDE` and the like override it).
+    pub program: Option<String>,
+}
+
+/// Builds the backend of an agent.
+pub fn build(config: &AgentConfig) -> Result<Box<dyn Backend>, String> {
+    use crate::model::AgentKind as K;
+    match config.kind {
+        K::Claude | K::Codex | K::Gemini | K::Command => cli::build(config),
+        K::OpenAi | K::Anthropic => http::build(config),
+        K::Replay => replay::build(config),
+    }
+}

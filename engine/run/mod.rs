@@ -1,0 +1,1 @@
+//! The executor: runs a compiled plan (being built).

@@ -1,0 +1,280 @@
+//! Durable run state behind one trait.
+//!
+//! The executor writes only what changed: a node's settlement, an attempt, an event, a gate
+//! request; several writes that happen together go in one [`Store::commit`] (one transaction).
+//! Everything a resume needs is here; artifacts people read live on disk beside it.
+//! [`sqlite::SqliteStore`] is the default; a PostgreSQL store can implement the same trait.
+
+pub mod sqlite;
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::Usage;
+
+/// A store error, with what to do about it.
+#[derive(Debug)]
+pub struct StoreError(pub String);
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// The state of a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunStatus {
+    /// An executor is working on it (or died without saying; see the lock).
+    Running,
+    /// Stopped to wait on a gate; `resume` continues it.
+    Waiting,
+    /// Stopped by Ctrl-C; `resume` continues it.
+    Interrupted,
+    /// Ended with an exit (success or a declared outcome).
+    Finished,
+}
+
+impl RunStatus {
+    /// Returns the name stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Running => "running",
+            RunStatus::Waiting => "waiting",
+            RunStatus::Interrupted => "interrupted",
+            RunStatus::Finished => "finished",
+        }
+    }
+
+    /// Parses a stored name.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "running" => RunStatus::Running,
+            "waiting" => RunStatus::Waiting,
+            "interrupted" => RunStatus::Interrupted,
+            "finished" => RunStatus::Finished,
+            _ => return None,
+        })
+    }
+}
+
+/// A run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunRecord {
+    pub id: String,
+    /// The workflow's `name`.
+    pub workflow: String,
+    /// The workflow file, as given to `run`.
+    pub file: String,
+    /// SHA-256 of the workflow's files (the file, its includes, bases and prompt files).
+    pub workflow_hash: String,
+    /// The params in force.
+    pub params: serde_json::Value,
+    pub status: RunStatus,
+    /// The exit taken, once finished (name and code).
+    pub exit: Option<(String, i64)>,
+    /// Milliseconds since the Unix epoch.
+    pub started_at: i64,
+    pub updated_at: i64,
+    /// The run's artifact directory.
+    pub dir: String,
+}
+
+/// How a node settled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeState {
+    /// It ran and produced its output.
+    Done,
+    /// A condition, route or escalation rule left it out.
+    Skipped,
+    /// It failed (after its retries).
+    Failed,
+    /// Its timeout ended it.
+    TimedOut,
+}
+
+impl NodeState {
+    /// Returns the name stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeState::Done => "done",
+            NodeState::Skipped => "skipped",
+            NodeState::Failed => "failed",
+            NodeState::TimedOut => "timed_out",
+        }
+    }
+
+    /// Parses a stored name.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "done" => NodeState::Done,
+            "skipped" => NodeState::Skipped,
+            "failed" => NodeState::Failed,
+            "timed_out" => NodeState::TimedOut,
+            _ => return None,
+        })
+    }
+}
+
+/// A settled node: the unit of resume. Keyed by (run, scope, node).
+///
+/// `scope` says where in the run: `""` at the top level, `attempts#3` for the third
+/// iteration of loop `attempts`, `tickets#T-1/attempts#2` nested. Besides stages, the
+/// executor stores its own decisions the same way, under node names starting with `@`
+/// (a for_each's item list, a loop iteration's end), so a resume replays them exactly.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeRecord {
+    pub run: String,
+    pub scope: String,
+    pub node: String,
+    pub state: NodeState,
+    /// The output (JSON); `null` when skipped.
+    pub output: serde_json::Value,
+    /// The action the node took (`continue`, `break`, `exit:NAME`, a stage id), if any.
+    pub action: Option<String>,
+    /// The feedback it gives the next iteration, if any.
+    pub feedback: Option<String>,
+    /// How many attempts it took.
+    pub attempts: u32,
+    pub usage: Usage,
+    pub started_at: i64,
+    pub finished_at: i64,
+}
+
+/// One attempt of a node: written when it starts and again when it ends.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AttemptRecord {
+    pub run: String,
+    pub scope: String,
+    pub node: String,
+    pub attempt: u32,
+    /// `running`, `ok`, `invalid` (output failed validation), `failed`, `timed_out`,
+    /// `rate_limited`, `interrupted`.
+    pub state: String,
+    /// The agent that answered, for agent stages.
+    pub agent: Option<String>,
+    /// The attempt's artifact directory.
+    pub dir: String,
+    pub error: Option<String>,
+    pub usage: Usage,
+    pub started_at: i64,
+    pub finished_at: Option<i64>,
+}
+
+/// Something that happened, for `logs` and the progress display.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub run: String,
+    /// Milliseconds since the Unix epoch.
+    pub at: i64,
+    pub scope: String,
+    /// The stage, or `""` for the run.
+    pub node: String,
+    /// `started`, `done`, `skipped`, `failed`, `retry`, `rate_limited`, `waiting`,
+    /// `approved`, `rejected`, `iteration`, `exit`, ...
+    pub kind: String,
+    pub message: String,
+}
+
+/// A gate waiting for a person.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GateRequest {
+    pub run: String,
+    pub scope: String,
+    pub gate: String,
+    /// The rendered message.
+    pub message: String,
+    /// Files to look at.
+    pub show: Vec<String>,
+    pub requested_at: i64,
+    /// When an answer is due, if the gate has a timeout.
+    pub deadline: Option<i64>,
+}
+
+/// A person's answer to a gate.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Approval {
+    pub run: String,
+    pub scope: String,
+    pub gate: String,
+    pub approved: bool,
+    pub comment: Option<String>,
+    /// Who answered (the user name, or `timeout`).
+    pub by: String,
+    pub at: i64,
+}
+
+/// One write of a group commit.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Write {
+    Node(NodeRecord),
+    Attempt(AttemptRecord),
+    Event(Event),
+    Gate(GateRequest),
+    Approval(Approval),
+}
+
+/// Who holds a run.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockOwner {
+    pub pid: u32,
+    pub host: String,
+    pub since: i64,
+}
+
+/// Durable run state.
+pub trait Store: Send {
+    /// Creates a run.
+    fn create_run(&mut self, run: &RunRecord) -> Result<()>;
+
+    /// Returns a run by id.
+    fn run(&self, id: &str) -> Result<Option<RunRecord>>;
+
+    /// Returns the newest runs first, at most `limit`.
+    fn runs(&self, limit: usize) -> Result<Vec<RunRecord>>;
+
+    /// Sets a run's status and, once finished, its exit.
+    fn set_status(&mut self, id: &str, status: RunStatus, exit: Option<(&str, i64)>) -> Result<()>;
+
+    /// Writes a group of records in one durable transaction.
+    fn commit(&mut self, writes: &[Write]) -> Result<()>;
+
+    /// Returns every settled node of a run, in the order they were written.
+    fn nodes(&self, run: &str) -> Result<Vec<NodeRecord>>;
+
+    /// Returns the attempts of a run, optionally of one stage, in order.
+    fn attempts(&self, run: &str, node: Option<&str>) -> Result<Vec<AttemptRecord>>;
+
+    /// Returns the events of a run, optionally of one stage, in order.
+    fn events(&self, run: &str, node: Option<&str>) -> Result<Vec<Event>>;
+
+    /// Returns the gates of a run that wait for an answer.
+    fn pending_gates(&self, run: &str) -> Result<Vec<GateRequest>>;
+
+    /// Returns the answer to a gate, if there is one.
+    fn approval(&self, run: &str, scope: &str, gate: &str) -> Result<Option<Approval>>;
+
+    /// Answers a waiting gate. Fails when the gate is not waiting.
+    fn answer(&mut self, approval: &Approval) -> Result<()>;
+
+    /// Takes the run's lock for this process. Fails, naming the holder, when a live
+    /// process holds it; takes over a lock whose holder on this host is dead.
+    fn lock(&mut self, run: &str, owner: &LockOwner) -> Result<()>;
+
+    /// Releases the run's lock if this process holds it.
+    fn unlock(&mut self, run: &str, pid: u32) -> Result<()>;
+
+    /// Returns the outputs of a node in earlier runs of a workflow, newest first, at most
+    /// `limit` (cross-run memory).
+    fn history(
+        &self,
+        workflow: &str,
+        node: &str,
+        limit: usize,
+    ) -> Result<Vec<(String, NodeRecord)>>;
+}
