@@ -1,12 +1,199 @@
-//! Backends (being built).
+//! Record and replay: every backend exchange written to a JSON Lines file, and a backend
+//! that answers from such a file, deterministically and with no agent at all.
+//!
+//! A recording is keyed by where the call was made (scope, stage, attempt); several calls of
+//! one attempt (a retry after a rate limit, a fallback) are replayed in the order recorded.
 
-use super::{AgentConfig, Backend};
+use std::collections::{HashMap, VecDeque};
+use std::io::Write as _;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
 
-/// Builds a backend of this family.
+use serde::{Deserialize, Serialize};
+
+use super::{AgentCall, AgentConfig, AgentReply, Backend, CallError, CallFuture, Capabilities};
+
+/// One exchange of a recording.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Exchange {
+    pub scope: String,
+    pub stage: String,
+    pub attempt: u32,
+    /// The agent that was called.
+    pub agent: String,
+    /// The prompt's length (the prompt itself is in the run's artifacts).
+    pub prompt_bytes: usize,
+    #[serde(flatten)]
+    pub result: Answer,
+}
+
+/// What the backend answered.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Answer {
+    Reply(AgentReply),
+    Error(CallError),
+}
+
+type Key = (String, String, u32);
+
+/// Answers calls from a recording.
+pub struct ReplayBackend {
+    answers: Mutex<HashMap<Key, VecDeque<Answer>>>,
+    file: String,
+}
+
+impl ReplayBackend {
+    /// Reads a recording.
+    pub fn open(path: &Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read the recording {}: {e}", path.display()))?;
+        let mut answers: HashMap<Key, VecDeque<Answer>> = HashMap::new();
+        for (i, line) in text.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            let ex: Exchange = serde_json::from_str(line).map_err(|e| {
+                format!(
+                    "{}:{}: not an exchange of a recording: {e}",
+                    path.display(),
+                    i + 1
+                )
+            })?;
+            answers
+                .entry((ex.scope, ex.stage, ex.attempt))
+                .or_default()
+                .push_back(ex.result);
+        }
+        Ok(ReplayBackend {
+            answers: Mutex::new(answers),
+            file: path.display().to_string(),
+        })
+    }
+}
+
+impl Backend for ReplayBackend {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            json_schema: false,
+            cost: true,
+            usage: true,
+        }
+    }
+
+    fn call<'a>(&'a self, call: &'a AgentCall) -> CallFuture<'a> {
+        Box::pin(async move {
+            let key = (call.scope.clone(), call.stage.clone(), call.attempt);
+            let answer = self
+                .answers
+                .lock()
+                .map_err(|_| CallError::Failed {
+                    message: "the recording is unusable after a panic".into(),
+                })?
+                .get_mut(&key)
+                .and_then(VecDeque::pop_front);
+            match answer {
+                Some(Answer::Reply(r)) => {
+                    if let Err(e) = std::fs::write(call.dir.join("raw.replayed"), &r.raw) {
+                        tracing::debug!("cannot write the replayed answer: {e}");
+                    }
+                    Ok(r)
+                }
+                Some(Answer::Error(e)) => Err(e),
+                None => Err(CallError::Failed {
+                    message: format!(
+                        "the recording {} has no answer for stage `{}`{} attempt {}; record the run again with --record",
+                        self.file,
+                        call.stage,
+                        if call.scope.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" in `{}`", call.scope)
+                        },
+                        call.attempt
+                    ),
+                }),
+            }
+        })
+    }
+}
+
+/// Appends every exchange of the backends it wraps to a file.
+pub struct Recorder {
+    file: Mutex<std::fs::File>,
+}
+
+impl Recorder {
+    /// Creates (truncates) a recording.
+    pub fn create(path: &Path) -> Result<Self, String> {
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+        }
+        let file = std::fs::File::create(path)
+            .map_err(|e| format!("cannot create the recording {}: {e}", path.display()))?;
+        Ok(Recorder {
+            file: Mutex::new(file),
+        })
+    }
+
+    /// Wraps a backend so that its exchanges are recorded under an agent's name.
+    pub fn wrap(self: &Arc<Self>, inner: Arc<dyn Backend>, agent: &str) -> Recording {
+        Recording {
+            inner,
+            recorder: self.clone(),
+            agent: agent.to_string(),
+        }
+    }
+
+    fn append(&self, ex: &Exchange) {
+        let Ok(line) = serde_json::to_string(ex) else {
+            return;
+        };
+        if let Ok(mut f) = self.file.lock() {
+            if let Err(e) = writeln!(f, "{line}").and_then(|()| f.flush()) {
+                tracing::warn!("cannot write to the recording: {e}");
+            }
+        }
+    }
+}
+
+/// A backend whose exchanges are recorded.
+pub struct Recording {
+    inner: Arc<dyn Backend>,
+    recorder: Arc<Recorder>,
+    agent: String,
+}
+
+impl Backend for Recording {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    fn call<'a>(&'a self, call: &'a AgentCall) -> CallFuture<'a> {
+        Box::pin(async move {
+            let result = self.inner.call(call).await;
+            self.recorder.append(&Exchange {
+                scope: call.scope.clone(),
+                stage: call.stage.clone(),
+                attempt: call.attempt,
+                agent: self.agent.clone(),
+                prompt_bytes: call.prompt.len(),
+                result: match &result {
+                    Ok(r) => Answer::Reply(r.clone()),
+                    Err(e) => Answer::Error(e.clone()),
+                },
+            });
+            result
+        })
+    }
+}
+
+/// Builds the backend of a `replay` agent.
 pub fn build(config: &AgentConfig) -> Result<Box<dyn Backend>, String> {
-    Err(format!(
-        "agent `{}`: the {} backend is not built yet",
-        config.name,
-        config.kind.as_str()
-    ))
+    let file = config
+        .file
+        .as_ref()
+        .ok_or_else(|| format!("agent `{}` of kind replay needs `file`", config.name))?;
+    Ok(Box::new(ReplayBackend::open(file)?))
 }

@@ -4,7 +4,7 @@
 //! output schemas, through the [`Loader`]).
 
 mod graph;
-mod outputs;
+pub mod outputs;
 mod params;
 mod refs;
 pub mod scope;

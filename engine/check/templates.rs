@@ -36,7 +36,7 @@ pub const STAGE_ATTRS: &[&str] = &[
     "output", "history", "last", "status", "ran", "feedback", "attempts",
 ];
 /// The attributes of `run`.
-pub const RUN_ATTRS: &[&str] = &["id", "dir", "workflow", "started_at", "stage_dir"];
+pub const RUN_ATTRS: &[&str] = &["id", "dir", "workflow", "started_at", "stage_dir", "cwd"];
 /// The loop variables.
 pub const LOOP_VARS: &[&str] = &["iteration", "max_iterations", "feedback", "history"];
 

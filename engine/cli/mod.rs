@@ -3,6 +3,7 @@
 mod check;
 mod fmt;
 mod graph;
+mod run;
 mod schema;
 
 use std::io::IsTerminal;
@@ -41,10 +42,23 @@ enum Command {
     Schema(schema::Args),
     /// Convert a workflow between TOML and KDL.
     Fmt(fmt::Args),
+    /// Run a workflow.
+    Run(run::RunArgs),
+    /// Continue a run after a crash, Ctrl-C or a wait on a gate.
+    Resume(run::ResumeArgs),
+    /// Approve a gate of a run.
+    Approve(run::AnswerArgs),
+    /// Reject a gate of a run; the comment is the next attempt's feedback.
+    Reject(run::AnswerArgs),
 }
 
 /// Runs the command line and returns the process exit code.
 pub fn main() -> i32 {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("RUST_LOG"))
+        .with_writer(std::io::stderr)
+        .with_ansi(color())
+        .init();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) => {
@@ -59,6 +73,10 @@ pub fn main() -> i32 {
         Command::Explain(args) => graph::explain(&args),
         Command::Schema(args) => schema::run(&args),
         Command::Fmt(args) => fmt::run(&args),
+        Command::Run(args) => run::run(&args),
+        Command::Resume(args) => run::resume(&args),
+        Command::Approve(args) => run::answer(&args, true),
+        Command::Reject(args) => run::answer(&args, false),
     }
 }
 

@@ -1,1 +1,216 @@
-//! The executor: runs a compiled plan (being built).
+//! The run side: a generic executor over a compiled [`Plan`], with backends, a durable store
+//! and artifacts on disk. Nothing here knows any particular workflow.
+//!
+//! - [`prepare`] loads, checks and compiles a workflow (no I/O beyond its own files) and
+//!   hashes its files for resume.
+//! - [`execute`] runs (or resumes) it and returns how the run ended.
+
+mod exec;
+pub mod extract;
+pub mod helpers;
+pub mod progress;
+mod resource;
+mod stage;
+mod worktree;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+use crate::check::ParamValues;
+use crate::compile::{Plan, compile};
+use crate::diag::{Diagnostic, Diagnostics};
+use crate::load::{Loader, RealFs};
+use crate::source::{FileId, Sources};
+
+pub use exec::execute;
+
+/// A workflow ready to run: its plan, the hash of its files and where its files are.
+pub struct Prepared {
+    pub plan: Plan,
+    /// SHA-256 over every file the workflow was built from (hex).
+    pub hash: String,
+    /// The path of each loaded file, to resolve paths written in it.
+    pub files: HashMap<FileId, PathBuf>,
+    /// The workflow file as given.
+    pub path: PathBuf,
+    /// Warnings found on the way (errors make [`prepare`] fail).
+    pub warnings: Vec<Diagnostic>,
+    pub sources: Sources,
+}
+
+/// Why a workflow could not be prepared: the diagnostics, with the sources to render them.
+pub struct PrepareError {
+    pub sources: Sources,
+    pub diagnostics: Vec<Diagnostic>,
+}
+
+impl PrepareError {
+    /// Renders the diagnostics without color.
+    pub fn render(&self) -> String {
+        crate::diag::render(&self.sources, &self.diagnostics, false)
+    }
+}
+
+/// Loads, checks and compiles a workflow with `--set` values; every param must have a value.
+pub fn prepare(path: &Path, sets: &[(String, String)]) -> Result<Prepared, Box<PrepareError>> {
+    let mut sources = Sources::new();
+    let mut diags = Diagnostics::default();
+    let fs = RealFs;
+    let wf = {
+        let mut loader = Loader::new(&fs, &mut sources, &mut diags);
+        loader.load(path, None)
+    };
+    let Some(wf) = wf else {
+        return Err(Box::new(PrepareError {
+            sources,
+            diagnostics: diags.into_sorted(),
+        }));
+    };
+    let plan = {
+        let mut loader = Loader::new(&fs, &mut sources, &mut diags);
+        let mut check_diags = Diagnostics::default();
+        let checked = crate::check::check(&wf, &mut loader, sets, true, &mut check_diags);
+        let plan = checked.as_ref().map(compile);
+        diags.extend(check_diags);
+        plan
+    };
+    let has_errors = diags.has_errors();
+    let all = diags.into_sorted();
+    match plan {
+        Some(plan) if !has_errors => {
+            let mut hasher = Sha256::new();
+            let mut files = HashMap::new();
+            for (id, f) in sources.iter() {
+                hasher.update(f.path.to_string_lossy().as_bytes());
+                hasher.update([0]);
+                hasher.update(f.text.as_bytes());
+                hasher.update([0]);
+                files.insert(id, f.path.clone());
+            }
+            let hash = hasher
+                .finalize()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            Ok(Prepared {
+                plan,
+                hash,
+                files,
+                path: path.to_path_buf(),
+                warnings: all,
+                sources,
+            })
+        }
+        _ => Err(Box::new(PrepareError {
+            sources,
+            diagnostics: all,
+        })),
+    }
+}
+
+/// How a run is carried out.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// The state directory (`.ralph-flow`): the store and the artifacts.
+    pub state_dir: PathBuf,
+    /// The directory commands and agents run in (the project).
+    pub cwd: PathBuf,
+    /// Caps every running stage, whatever the workflow says.
+    pub max_concurrency: Option<usize>,
+    /// Keep polling gates (`true`), or stop with the waiting code when only gates are left.
+    pub wait: bool,
+    /// How often a waiting gate looks for an answer.
+    pub gate_poll: Duration,
+    /// Record every backend exchange to this file.
+    pub record: Option<PathBuf>,
+    /// Answer every agent call from this recording instead of a backend.
+    pub replay: Option<PathBuf>,
+    /// The first delay of exponential backoff for transient failures and rate limits.
+    pub backoff: Duration,
+    /// How many times a transient failure is retried.
+    pub transient_retries: u32,
+    /// The longest a rate-limited stage waits in all before it fails.
+    pub rate_limit_wait: Duration,
+    /// Durable commits with `synchronous=FULL` instead of `NORMAL`.
+    pub full_sync: bool,
+    pub progress: progress::Mode,
+    /// Resume this run instead of starting one.
+    pub resume: Option<String>,
+}
+
+impl RunOptions {
+    /// The defaults for a project directory.
+    pub fn new(cwd: PathBuf) -> Self {
+        RunOptions {
+            state_dir: cwd.join(".ralph-flow"),
+            cwd,
+            max_concurrency: None,
+            wait: true,
+            gate_poll: Duration::from_millis(500),
+            record: None,
+            replay: None,
+            backoff: Duration::from_secs(2),
+            transient_retries: 3,
+            rate_limit_wait: Duration::from_secs(6 * 3600),
+            full_sync: false,
+            progress: progress::Mode::Plain,
+            resume: None,
+        }
+    }
+}
+
+/// How a run ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RunEnd {
+    /// It took an exit: `success`, `failed` or a declared one.
+    Exit {
+        name: String,
+        code: i64,
+        message: Option<String>,
+    },
+    /// It stopped to wait on gates (their names).
+    Waiting(Vec<String>),
+    /// Ctrl-C stopped it.
+    Interrupted,
+}
+
+/// What [`execute`] returns.
+#[derive(Clone, Debug)]
+pub struct RunResult {
+    pub run_id: String,
+    pub end: RunEnd,
+    /// The outputs of the top-level stages that ran, by id.
+    pub outputs: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Ralph-flow's exit code when a run stops to wait on a gate (EX_TEMPFAIL).
+pub const EXIT_WAITING: i32 = 75;
+/// Ralph-flow's exit code when a run is interrupted (128 + SIGINT).
+pub const EXIT_INTERRUPTED: i32 = 130;
+
+impl RunEnd {
+    /// Returns the process exit code.
+    pub fn code(&self) -> i32 {
+        match self {
+            RunEnd::Exit { code, .. } => i32::try_from(*code).unwrap_or(1),
+            RunEnd::Waiting(_) => EXIT_WAITING,
+            RunEnd::Interrupted => EXIT_INTERRUPTED,
+        }
+    }
+}
+
+/// Returns milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// The parameter values of a run as JSON.
+pub fn params_json(params: &ParamValues) -> serde_json::Value {
+    serde_json::to_value(params).unwrap_or_default()
+}

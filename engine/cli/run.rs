@@ -1,0 +1,397 @@
+//! `ralph-flow run`, `resume`, `approve` and `reject`.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ralph_flow::run::progress::Mode;
+use ralph_flow::run::{RunEnd, RunOptions, execute, now_ms, prepare};
+use ralph_flow::store::sqlite::{SqliteStore, default_path};
+use ralph_flow::store::{Approval, RunStatus, Store};
+
+use super::EXIT_CONFIG;
+
+/// Options shared by `run` and `resume`.
+#[derive(clap::Args)]
+pub struct ExecArgs {
+    /// The state directory: the store and every attempt's artifacts.
+    #[arg(long, value_name = "DIR", default_value = ".ralph-flow")]
+    state_dir: PathBuf,
+    /// The most stages running at once, whatever the workflow allows.
+    #[arg(long, value_name = "N")]
+    max_concurrency: Option<usize>,
+    /// When only gates are left to wait on, stop with exit code 75 instead of polling;
+    /// `ralph-flow resume` continues after `approve`/`reject`.
+    #[arg(long)]
+    no_wait: bool,
+    /// Record every agent exchange to this file (JSON Lines) for `--replay`.
+    #[arg(long, value_name = "FILE")]
+    record: Option<PathBuf>,
+    /// Answer every agent call from a recording: no agent runs, no network.
+    #[arg(long, value_name = "FILE")]
+    replay: Option<PathBuf>,
+    /// The first delay of the exponential backoff of retries (`2s`, `500ms`).
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = duration)]
+    backoff: Duration,
+    /// How many times a transient agent failure (non-zero exit, HTTP 5xx) is retried.
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    transient_retries: u32,
+    /// Commit with synchronous=FULL (survives power loss, not only crashes).
+    #[arg(long)]
+    full_sync: bool,
+    /// How to show progress (stderr): a live display on a terminal, else plain lines.
+    #[arg(long, value_enum, default_value_t = ProgressArg::Auto)]
+    progress: ProgressArg,
+    /// Print the result as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ProgressArg {
+    Auto,
+    Tty,
+    Plain,
+    Quiet,
+}
+
+fn duration(s: &str) -> Result<Duration, String> {
+    ralph_flow::model::parse_duration(s)
+        .ok_or_else(|| format!("`{s}` is not a duration (such as 500ms, 2s, 1m)"))
+}
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// The workflow file.
+    file: PathBuf,
+    /// Set a param (`--set name=value`).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    #[command(flatten)]
+    exec: ExecArgs,
+}
+
+#[derive(clap::Args)]
+pub struct ResumeArgs {
+    /// The run to continue (`ralph-flow runs` lists them).
+    run: String,
+    /// Continue even though the workflow's files changed since the run started; the new
+    /// version must still have every stage the run has settled.
+    #[arg(long)]
+    allow_changed: bool,
+    #[command(flatten)]
+    exec: ExecArgs,
+}
+
+#[derive(clap::Args)]
+pub struct AnswerArgs {
+    /// The run.
+    run: String,
+    /// The gate (a stage id).
+    gate: String,
+    /// A comment; after a rejection it is the next attempt's feedback.
+    #[arg(long)]
+    comment: Option<String>,
+    /// Who answers (default: $USER).
+    #[arg(long)]
+    by: Option<String>,
+    /// The state directory.
+    #[arg(long, value_name = "DIR", default_value = ".ralph-flow")]
+    state_dir: PathBuf,
+}
+
+fn options(a: &ExecArgs) -> Result<RunOptions, String> {
+    let cwd = std::env::current_dir().map_err(|e| format!("no current directory: {e}"))?;
+    let mut o = RunOptions::new(cwd.clone());
+    o.state_dir = if a.state_dir.is_absolute() {
+        a.state_dir.clone()
+    } else {
+        cwd.join(&a.state_dir)
+    };
+    o.max_concurrency = a.max_concurrency;
+    o.wait = !a.no_wait;
+    o.record = a.record.clone();
+    o.replay = a.replay.clone();
+    o.backoff = a.backoff;
+    o.transient_retries = a.transient_retries;
+    o.full_sync = a.full_sync;
+    o.progress = match a.progress {
+        ProgressArg::Auto if std::io::stderr().is_terminal() => Mode::Tty,
+        ProgressArg::Auto | ProgressArg::Plain => Mode::Plain,
+        ProgressArg::Tty => Mode::Tty,
+        ProgressArg::Quiet => Mode::Quiet,
+    };
+    Ok(o)
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))
+}
+
+/// `ralph-flow run`.
+pub fn run(args: &RunArgs) -> i32 {
+    let Some(sets) = super::sets(&args.set) else {
+        return EXIT_CONFIG;
+    };
+    let prepared = match prepare(&args.file, &sets) {
+        Ok(p) => p,
+        Err(e) => {
+            super::print_diagnostics(&e.sources, &e.diagnostics);
+            return EXIT_CONFIG;
+        }
+    };
+    super::print_diagnostics(&prepared.sources, &prepared.warnings);
+    let opts = match options(&args.exec) {
+        Ok(o) => o,
+        Err(e) => return fail(&e),
+    };
+    finish(&args.exec, go(&prepared, opts))
+}
+
+fn go(
+    prepared: &ralph_flow::run::Prepared,
+    opts: RunOptions,
+) -> Result<ralph_flow::run::RunResult, String> {
+    runtime()?.block_on(execute(prepared, opts))
+}
+
+fn fail(msg: &str) -> i32 {
+    eprintln!("error: {msg}");
+    EXIT_CONFIG
+}
+
+fn finish(args: &ExecArgs, result: Result<ralph_flow::run::RunResult, String>) -> i32 {
+    let r = match result {
+        Ok(r) => r,
+        Err(e) => return fail(&e),
+    };
+    let code = r.end.code();
+    if args.json {
+        let (status, exit, message) = match &r.end {
+            RunEnd::Exit {
+                name,
+                code: _,
+                message,
+            } => ("finished", Some(name.clone()), message.clone()),
+            RunEnd::Waiting(_) => ("waiting", None, None),
+            RunEnd::Interrupted => ("interrupted", None, None),
+        };
+        let doc = serde_json::json!({
+            "run": r.run_id,
+            "status": status,
+            "exit": exit,
+            "code": code,
+            "message": message,
+            "waiting_on": match &r.end { RunEnd::Waiting(g) => g.clone(), _ => Vec::new() },
+            "outputs": r.outputs,
+        });
+        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+    }
+    match &r.end {
+        RunEnd::Exit {
+            name,
+            code,
+            message,
+        } => {
+            eprintln!(
+                "run {} ended: {name} (exit code {code}){}",
+                r.run_id,
+                message
+                    .as_ref()
+                    .map(|m| format!("\n  {}", m.replace('\n', "\n  ")))
+                    .unwrap_or_default()
+            );
+        }
+        RunEnd::Waiting(gates) => {
+            eprintln!(
+                "run {} is waiting on {}; answer with `ralph-flow approve {} GATE` or `ralph-flow reject {} GATE --comment ...`, then `ralph-flow resume {}`",
+                r.run_id,
+                if gates.is_empty() {
+                    "a gate".to_string()
+                } else {
+                    gates.join(", ")
+                },
+                r.run_id,
+                r.run_id,
+                r.run_id
+            );
+        }
+        RunEnd::Interrupted => {
+            eprintln!(
+                "run {} was interrupted; continue it with `ralph-flow resume {}`",
+                r.run_id, r.run_id
+            );
+        }
+    }
+    code
+}
+
+fn open_store(state_dir: &Path) -> Result<SqliteStore, String> {
+    let path = default_path(state_dir);
+    if !path.exists() {
+        return Err(format!(
+            "there is no run state in {} (no run has started here); pass --state-dir to look elsewhere",
+            state_dir.display()
+        ));
+    }
+    SqliteStore::open(&path).map_err(|e| e.to_string())
+}
+
+/// `ralph-flow resume`.
+pub fn resume(args: &ResumeArgs) -> i32 {
+    let opts = match options(&args.exec) {
+        Ok(o) => o,
+        Err(e) => return fail(&e),
+    };
+    let store = match open_store(&opts.state_dir) {
+        Ok(s) => s,
+        Err(e) => return fail(&e),
+    };
+    let record = match store.run(&args.run) {
+        Ok(Some(r)) => r,
+        Ok(None) => {
+            let recent: Vec<String> = store
+                .runs(5)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|r| format!("{} ({}, {})", r.id, r.workflow, r.status.as_str()))
+                .collect();
+            return fail(&format!(
+                "there is no run `{}`{}",
+                args.run,
+                if recent.is_empty() {
+                    String::new()
+                } else {
+                    format!("; recent runs: {}", recent.join(", "))
+                }
+            ));
+        }
+        Err(e) => return fail(&e.to_string()),
+    };
+    if record.status == RunStatus::Finished {
+        return fail(&format!(
+            "run `{}` has already finished{}; start a new run with `ralph-flow run {}`",
+            record.id,
+            record
+                .exit
+                .as_ref()
+                .map(|(n, c)| format!(" with `{n}` ({c})"))
+                .unwrap_or_default(),
+            record.file
+        ));
+    }
+    let sets: Vec<(String, String)> = record
+        .params
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| {
+                    let s = match v {
+                        serde_json::Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    };
+                    (k.clone(), s)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let prepared = match prepare(Path::new(&record.file), &sets) {
+        Ok(p) => p,
+        Err(e) => {
+            super::print_diagnostics(&e.sources, &e.diagnostics);
+            return EXIT_CONFIG;
+        }
+    };
+    if prepared.hash != record.workflow_hash {
+        if !args.allow_changed {
+            return fail(&format!(
+                "the workflow {} changed since run `{}` started; resume with --allow-changed to continue with the new version (settled stages are kept), or start a new run",
+                record.file, record.id
+            ));
+        }
+        let settled = store.nodes(&record.id).unwrap_or_default();
+        let missing: Vec<String> = settled
+            .iter()
+            .filter(|n| !n.node.starts_with('@') && !n.scope.contains('>'))
+            .filter(|n| !prepared.plan.nodes.iter().any(|p| p.name == n.node))
+            .map(|n| n.node.clone())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        if !missing.is_empty() {
+            return fail(&format!(
+                "the changed workflow no longer has stages that run `{}` settled: {}; restore them or start a new run",
+                record.id,
+                missing.join(", ")
+            ));
+        }
+        eprintln!(
+            "note: the workflow changed since the run started; continuing with the new version"
+        );
+    }
+    drop(store);
+    let mut opts = opts;
+    opts.resume = Some(record.id.clone());
+    finish(&args.exec, go(&prepared, opts))
+}
+
+/// `ralph-flow approve` and `ralph-flow reject`.
+pub fn answer(args: &AnswerArgs, approved: bool) -> i32 {
+    if !approved && args.comment.is_none() {
+        return fail("a rejection needs --comment: it is the feedback of the next attempt");
+    }
+    let mut store = match open_store(&args.state_dir) {
+        Ok(s) => s,
+        Err(e) => return fail(&e),
+    };
+    let run = match store.run(&args.run) {
+        Ok(Some(r)) => r,
+        Ok(None) => return fail(&format!("there is no run `{}`", args.run)),
+        Err(e) => return fail(&e.to_string()),
+    };
+    let pending = store.pending_gates(&run.id).unwrap_or_default();
+    let Some(gate) = pending.iter().find(|g| g.gate == args.gate) else {
+        let waiting: Vec<String> = pending.iter().map(|g| g.gate.clone()).collect();
+        return fail(&format!(
+            "gate `{}` of run `{}` is not waiting for an answer{}",
+            args.gate,
+            run.id,
+            if waiting.is_empty() {
+                "; no gate of this run is waiting".to_string()
+            } else {
+                format!("; waiting: {}", waiting.join(", "))
+            }
+        ));
+    };
+    let by = args
+        .by
+        .clone()
+        .or_else(|| std::env::var("USER").ok())
+        .unwrap_or_else(|| "unknown".into());
+    let approval = Approval {
+        run: run.id.clone(),
+        scope: gate.scope.clone(),
+        gate: gate.gate.clone(),
+        approved,
+        comment: args.comment.clone(),
+        by: by.clone(),
+        at: now_ms(),
+    };
+    if let Err(e) = store.answer(&approval) {
+        return fail(&e.to_string());
+    }
+    let verb = if approved { "approved" } else { "rejected" };
+    let next = if run.status == RunStatus::Running {
+        "the run picks the answer up".to_string()
+    } else {
+        format!("continue the run with `ralph-flow resume {}`", run.id)
+    };
+    eprintln!(
+        "{verb} gate `{}` of run {} as {by}; {next}",
+        args.gate, run.id
+    );
+    0
+}

@@ -1,0 +1,1996 @@
+//! The executor: runs the bodies of a plan as DAGs, loops as bounded repetitions of a body,
+//! fan-outs as concurrent bodies. Single-threaded (a current-thread tokio runtime): agents
+//! and commands are processes and requests, so one thread is plenty, and the state needs no
+//! locks. Every settled node is committed before anything that depends on it starts; nodes
+//! that settle together are committed together.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use futures_util::future::LocalBoxFuture;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use minijinja::Value;
+use petgraph::Direction;
+use petgraph::visit::EdgeRef;
+use serde_json::{Value as Json, json};
+use tokio::sync::{Semaphore, watch};
+
+use super::extract::Extractor;
+use super::progress::Progress;
+use super::resource::PrioritySemaphore;
+use super::{Prepared, RunEnd, RunOptions, RunResult, now_ms};
+use crate::backend::replay::{Recorder, ReplayBackend};
+use crate::backend::{AgentConfig, Backend, Usage};
+use crate::check::StageId as NodeId;
+use crate::compile::{Edge, Plan, Target, resolve_count, resolve_duration};
+use crate::model::{Action, StageBody, StageKind};
+use crate::source::FileId;
+use crate::store::{LockOwner, NodeRecord, NodeState, RunRecord, RunStatus, Store, Write};
+
+/// What is shared by a run and its subflows.
+pub(crate) struct Shared {
+    pub opts: RunOptions,
+    pub run: RunRecord,
+    pub store: RefCell<Box<dyn Store>>,
+    pub pending: RefCell<Vec<Write>>,
+    /// Settled nodes of an earlier attempt at this run, by (scope, node).
+    pub resumed: RefCell<HashMap<(String, String), NodeRecord>>,
+    pub interrupt: watch::Sender<bool>,
+    pub progress: Progress,
+    pub global: Option<Semaphore>,
+    /// Usage by key: `""` for the run, a loop instance's key for a loop.
+    pub usage: RefCell<HashMap<String, Usage>>,
+    pub replay: Option<Arc<ReplayBackend>>,
+    pub recorder: Option<Arc<Recorder>>,
+    /// A store failure: the run cannot be trusted to be durable any more, so it stops.
+    pub store_error: RefCell<Option<String>>,
+}
+
+impl Shared {
+    /// Queues a write for the next group commit.
+    pub fn write(&self, w: Write) {
+        self.pending.borrow_mut().push(w);
+    }
+
+    /// Commits every queued write in one transaction.
+    pub fn flush(&self) {
+        let writes: Vec<Write> = std::mem::take(&mut *self.pending.borrow_mut());
+        if writes.is_empty() {
+            return;
+        }
+        if let Err(e) = self.store.borrow_mut().commit(&writes) {
+            tracing::error!("store commit failed: {e}");
+            self.store_error.borrow_mut().get_or_insert(e.0);
+            let _ = self.interrupt.send(true);
+        }
+    }
+
+    /// Queues an event.
+    pub fn event(&self, scope: &str, node: &str, kind: &str, message: String) {
+        self.write(Write::Event(crate::store::Event {
+            run: self.run.id.clone(),
+            at: now_ms(),
+            scope: scope.to_string(),
+            node: node.to_string(),
+            kind: kind.to_string(),
+            message,
+        }));
+    }
+}
+
+/// A frame: one execution of a body (the top level, a loop iteration, a for_each item, a
+/// group), with what its templates see.
+pub(crate) struct Frame<'a> {
+    pub parent: Option<&'a Frame<'a>>,
+    pub region: Option<NodeId>,
+    /// Where in the run (`""`, `attempts#2`, `tickets#T-1/attempts#1`).
+    pub scope: String,
+    pub cwd: PathBuf,
+    /// Variables this frame adds (loop variables, the item).
+    pub vars: Vec<(String, Value)>,
+    /// For a loop iteration: the loop's name and its variables (for `loops.ID`).
+    pub loop_vars: Option<(String, Value)>,
+    /// For a loop iteration: the outputs of earlier iterations, oldest first.
+    pub earlier: Rc<Vec<BTreeMap<String, Json>>>,
+    /// For a loop iteration: the key under which the loop's usage is summed, and its budget.
+    pub usage_key: Option<(String, NodeId)>,
+    /// What ran in this frame (and the latest outputs of loops and groups inside it).
+    pub outputs: RefCell<BTreeMap<String, View>>,
+    /// A group's concurrency limit.
+    pub limit: Option<Rc<Semaphore>>,
+}
+
+impl Frame<'_> {
+    fn chain(&self) -> Vec<&Frame<'_>> {
+        let mut out = vec![self];
+        let mut cur = self.parent;
+        while let Some(f) = cur {
+            out.push(f);
+            cur = f.parent;
+        }
+        out.reverse();
+        out
+    }
+
+    pub fn child_scope(&self, part: &str) -> String {
+        if self.scope.is_empty() {
+            part.to_string()
+        } else {
+            format!("{}/{part}", self.scope)
+        }
+    }
+}
+
+/// What templates see of a settled stage.
+#[derive(Clone, Debug)]
+pub(crate) struct View {
+    pub output: Json,
+    pub state: NodeState,
+    pub feedback: Option<String>,
+    pub attempts: u32,
+}
+
+/// How a node settled, or why it did not.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    Settled(Settled),
+    /// A gate waits for an answer (and the run does not keep polling).
+    Waiting,
+    /// The run is stopping (Ctrl-C, an exit elsewhere).
+    Stopped,
+}
+
+#[derive(Debug)]
+pub(crate) struct Settled {
+    pub state: NodeState,
+    pub output: Json,
+    pub action: Option<Target>,
+    pub feedback: Option<String>,
+    /// Why it failed, for the run's message.
+    pub message: Option<String>,
+    pub attempts: u32,
+    pub usage: Usage,
+    pub started_at: i64,
+    /// It came from the store (a resume); it is not written again.
+    pub resumed: bool,
+}
+
+impl Settled {
+    pub fn new(state: NodeState, output: Json, started_at: i64) -> Self {
+        Settled {
+            state,
+            output,
+            action: None,
+            feedback: None,
+            message: None,
+            attempts: 0,
+            usage: Usage::default(),
+            started_at,
+            resumed: false,
+        }
+    }
+}
+
+/// How a body ended.
+#[derive(Debug)]
+pub(crate) enum BodyEnd {
+    Completed,
+    Continue(Option<String>),
+    Break,
+    Exit(usize),
+    Failed {
+        node: String,
+        message: String,
+        feedback: Option<String>,
+    },
+    Waiting,
+    Stopped,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ns {
+    Pending,
+    Running,
+    Ran,
+    Failed,
+    Skipped,
+    Waiting,
+}
+
+/// The executor of one plan (the run's, or a subflow's).
+pub(crate) struct Exec<'p> {
+    pub shared: &'p Shared,
+    pub plan: &'p Plan,
+    pub files: &'p HashMap<FileId, PathBuf>,
+    pub env: minijinja::Environment<'static>,
+    /// Prefix of every scope (a subflow's place in the parent run).
+    pub prefix: String,
+    pub agents: Vec<AgentConfig>,
+    pub backends: RefCell<HashMap<String, Arc<dyn Backend>>>,
+    pub extractors: HashMap<NodeId, Extractor>,
+    pub resources: Vec<PrioritySemaphore>,
+    pub stop: watch::Sender<bool>,
+    pub exit: Cell<Option<usize>>,
+    pub params: Value,
+}
+
+/// Runs a prepared workflow (or resumes a run of it) to its end.
+pub async fn execute(prepared: &Prepared, opts: RunOptions) -> Result<RunResult, String> {
+    std::fs::create_dir_all(&opts.state_dir)
+        .map_err(|e| format!("cannot create {}: {e}", opts.state_dir.display()))?;
+    let durability = if opts.full_sync {
+        crate::store::sqlite::Durability::Full
+    } else {
+        crate::store::sqlite::Durability::Normal
+    };
+    let store = crate::store::sqlite::SqliteStore::open_with(
+        &crate::store::sqlite::default_path(&opts.state_dir),
+        durability,
+    )
+    .map_err(|e| e.to_string())?;
+    let mut store: Box<dyn Store> = Box::new(store);
+    let plan = &prepared.plan;
+    let (run, resumed) = match &opts.resume {
+        Some(id) => {
+            let run = store
+                .run(id)
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| format!("there is no run `{id}`; `ralph-flow runs` lists them"))?;
+            if run.status == RunStatus::Finished {
+                return Err(format!(
+                    "run `{id}` has finished (exit {}); start a new one with `ralph-flow run`",
+                    run.exit
+                        .as_ref()
+                        .map_or("?".to_string(), |(n, c)| format!("{n} = {c}"))
+                ));
+            }
+            let nodes = store.nodes(id).map_err(|e| e.to_string())?;
+            let map = nodes
+                .into_iter()
+                .map(|n| ((n.scope.clone(), n.node.clone()), n))
+                .collect();
+            (run, map)
+        }
+        None => {
+            let started = now_ms();
+            let id = new_run_id(started);
+            let run = RunRecord {
+                id: id.clone(),
+                workflow: plan.workflow.name.value.clone(),
+                file: prepared.path.to_string_lossy().into_owned(),
+                workflow_hash: prepared.hash.clone(),
+                params: super::params_json(&plan.params),
+                status: RunStatus::Running,
+                exit: None,
+                started_at: started,
+                updated_at: started,
+                dir: opts
+                    .state_dir
+                    .join("runs")
+                    .join(&id)
+                    .to_string_lossy()
+                    .into_owned(),
+            };
+            store.create_run(&run).map_err(|e| e.to_string())?;
+            (run, HashMap::new())
+        }
+    };
+    let owner = LockOwner {
+        pid: std::process::id(),
+        host: hostname(),
+        since: now_ms(),
+    };
+    store.lock(&run.id, &owner).map_err(|e| e.to_string())?;
+    store
+        .set_status(&run.id, RunStatus::Running, None)
+        .map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(&run.dir).map_err(|e| format!("cannot create {}: {e}", run.dir))?;
+    let replay = match &opts.replay {
+        Some(p) => Some(Arc::new(ReplayBackend::open(p)?)),
+        None => None,
+    };
+    let recorder = match &opts.record {
+        Some(p) => Some(Arc::new(Recorder::create(p)?)),
+        None => None,
+    };
+    let (interrupt, _) = watch::channel(false);
+    let shared = Shared {
+        global: opts.max_concurrency.map(|n| Semaphore::new(n.max(1))),
+        progress: Progress::new(opts.progress),
+        opts,
+        run,
+        store: RefCell::new(store),
+        pending: RefCell::new(Vec::new()),
+        resumed: RefCell::new(resumed),
+        interrupt,
+        usage: RefCell::new(HashMap::new()),
+        replay,
+        recorder,
+        store_error: RefCell::new(None),
+    };
+    if shared.opts.resume.is_some() {
+        shared.event("", "", "resumed", format!("resumed by pid {}", owner.pid));
+    } else {
+        shared.event(
+            "",
+            "",
+            "started",
+            format!("run of {}", prepared.path.display()),
+        );
+    }
+    shared.flush();
+    // Earlier usage counts against the budgets of a resumed run.
+    for rec in shared.resumed.borrow().values() {
+        shared
+            .usage
+            .borrow_mut()
+            .entry(String::new())
+            .or_default()
+            .add(&rec.usage);
+    }
+    let exec = Exec::new(&shared, plan, &prepared.files, String::new())?;
+    let top = Frame {
+        parent: None,
+        region: None,
+        scope: String::new(),
+        cwd: shared.opts.cwd.clone(),
+        vars: Vec::new(),
+        loop_vars: None,
+        earlier: Rc::new(Vec::new()),
+        usage_key: None,
+        outputs: RefCell::new(BTreeMap::new()),
+        limit: None,
+    };
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            let _ = shared.interrupt.send(true);
+        }
+        std::future::pending::<()>().await;
+    };
+    let end = tokio::select! {
+        end = exec.run_body(&top) => end,
+        () = ctrl_c => BodyEnd::Stopped,
+    };
+    shared.flush();
+    shared.progress.finish();
+    let end = if let Some(e) = shared.store_error.borrow().clone() {
+        return Err(format!(
+            "the store failed, so the run stopped (resume it once the cause is fixed): {e}"
+        ));
+    } else if *shared.interrupt.borrow() {
+        RunEnd::Interrupted
+    } else {
+        exec.run_end(end)
+    };
+    let mut store = shared.store.into_inner();
+    let (status, exit) = match &end {
+        RunEnd::Exit { name, code, .. } => (RunStatus::Finished, Some((name.as_str(), *code))),
+        RunEnd::Waiting(_) => (RunStatus::Waiting, None),
+        RunEnd::Interrupted => (RunStatus::Interrupted, None),
+    };
+    let event = crate::store::Event {
+        run: shared.run.id.clone(),
+        at: now_ms(),
+        scope: String::new(),
+        node: String::new(),
+        kind: status.as_str().to_string(),
+        message: match &end {
+            RunEnd::Exit {
+                name,
+                code,
+                message,
+            } => format!(
+                "exit {name} ({code}){}",
+                message
+                    .as_ref()
+                    .map(|m| format!(": {m}"))
+                    .unwrap_or_default()
+            ),
+            RunEnd::Waiting(g) => format!("waiting on {}", g.join(", ")),
+            RunEnd::Interrupted => "interrupted".to_string(),
+        },
+    };
+    store
+        .commit(&[Write::Event(event)])
+        .and_then(|()| store.set_status(&shared.run.id, status, exit))
+        .and_then(|()| store.unlock(&shared.run.id, owner.pid))
+        .map_err(|e| e.to_string())?;
+    let outputs = top
+        .outputs
+        .borrow()
+        .iter()
+        .filter(|(_, v)| v.state != NodeState::Skipped)
+        .map(|(k, v)| (k.clone(), v.output.clone()))
+        .collect();
+    Ok(RunResult {
+        run_id: shared.run.id.clone(),
+        end,
+        outputs,
+    })
+}
+
+fn new_run_id(ms: i64) -> String {
+    let secs = ms / 1000;
+    let t = std::time::UNIX_EPOCH + Duration::from_secs(u64::try_from(secs).unwrap_or(0));
+    let stamp = humantime::format_rfc3339_seconds(t).to_string();
+    let stamp: String = stamp
+        .chars()
+        .filter(|c| c.is_ascii_digit())
+        .take(14)
+        .collect();
+    let salt = (u64::from(std::process::id()) << 20) ^ (ms as u64 % 1000) ^ nanos();
+    format!("{}-{}-{:04x}", &stamp[..8], &stamp[8..], salt & 0xffff)
+}
+
+fn nanos() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::from(d.subsec_nanos()))
+        .unwrap_or(0)
+}
+
+/// Returns this host's name.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/etc/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
+/// Makes a scope or a key safe as one path component.
+pub fn sanitize(s: &str) -> String {
+    let out: String = s
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '#') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(80)
+        .collect();
+    if out.is_empty() || out.starts_with('.') {
+        format!("_{out}")
+    } else {
+        out
+    }
+}
+
+impl<'p> Exec<'p> {
+    pub fn new(
+        shared: &'p Shared,
+        plan: &'p Plan,
+        files: &'p HashMap<FileId, PathBuf>,
+        prefix: String,
+    ) -> Result<Self, String> {
+        let mut env = plan.templates.clone();
+        super::helpers::register(&mut env);
+        env.set_undefined_behavior(minijinja::UndefinedBehavior::Lenient);
+        let mut agents = Vec::new();
+        for a in &plan.workflow.agents {
+            agents.push(agent_config(a, plan, files)?);
+        }
+        let mut extractors = HashMap::new();
+        for (i, node) in plan.nodes.iter().enumerate() {
+            let id = NodeId(i);
+            if matches!(
+                node.kind,
+                StageKind::Agent | StageKind::Command | StageKind::Check
+            ) {
+                let st = plan.stage(id);
+                let declared = st.output.as_ref().and_then(|o| o.schema.as_ref());
+                let schema = declared.and(plan.schemas.get(&id));
+                let ex = Extractor::new(st.output.as_ref(), schema)
+                    .map_err(|e| format!("stage `{}`: {e}", node.name))?;
+                extractors.insert(id, ex);
+            }
+        }
+        let mut resources = Vec::new();
+        for r in &plan.workflow.resources {
+            let cap = resolve_count(&r.capacity.value, &plan.params)
+                .map_err(|e| format!("resource `{}`: {e}", r.name.value))?;
+            resources.push(PrioritySemaphore::new(usize::try_from(cap).unwrap_or(1)));
+        }
+        let (stop, _) = watch::channel(false);
+        Ok(Exec {
+            shared,
+            plan,
+            files,
+            env,
+            prefix,
+            agents,
+            backends: RefCell::new(HashMap::new()),
+            extractors,
+            resources,
+            stop,
+            exit: Cell::new(None),
+            params: jv(&plan.params),
+        })
+    }
+
+    /// The full scope of a frame (with a subflow's prefix).
+    pub fn scope(&self, frame: &Frame<'_>) -> String {
+        match (self.prefix.is_empty(), frame.scope.is_empty()) {
+            (true, _) => frame.scope.clone(),
+            (false, true) => self.prefix.clone(),
+            (false, false) => format!("{}/{}", self.prefix, frame.scope),
+        }
+    }
+
+    pub fn halted(&self) -> bool {
+        *self.stop.borrow() || *self.shared.interrupt.borrow()
+    }
+
+    /// Completes when the run stops (an exit taken, Ctrl-C, a store failure).
+    pub async fn stopped(&self) {
+        let mut a = self.stop.subscribe();
+        let mut b = self.shared.interrupt.subscribe();
+        tokio::select! {
+            _ = a.wait_for(|v| *v) => {},
+            _ = b.wait_for(|v| *v) => {},
+        }
+    }
+
+    /// Ends the run with an exit: stops everything else.
+    fn take_exit(&self, i: usize) {
+        if self.exit.get().is_none() {
+            self.exit.set(Some(i));
+        }
+        let _ = self.stop.send(true);
+    }
+
+    pub(crate) fn run_end(&self, end: BodyEnd) -> RunEnd {
+        let exit = |name: &str, message: Option<String>| {
+            let i = self.plan.exit(name).unwrap_or(0);
+            let e = &self.plan.exits[i];
+            RunEnd::Exit {
+                name: e.name.clone(),
+                code: e.code,
+                message: message.or_else(|| e.message.clone()),
+            }
+        };
+        if let Some(i) = self.exit.get() {
+            let e = &self.plan.exits[i];
+            return RunEnd::Exit {
+                name: e.name.clone(),
+                code: e.code,
+                message: e.message.clone(),
+            };
+        }
+        match end {
+            BodyEnd::Completed | BodyEnd::Break | BodyEnd::Continue(_) => exit("success", None),
+            BodyEnd::Exit(i) => {
+                let e = &self.plan.exits[i];
+                RunEnd::Exit {
+                    name: e.name.clone(),
+                    code: e.code,
+                    message: e.message.clone(),
+                }
+            }
+            BodyEnd::Failed { node, message, .. } => {
+                exit("failed", Some(format!("stage `{node}` failed: {message}")))
+            }
+            BodyEnd::Waiting => {
+                let gates = self
+                    .shared
+                    .store
+                    .borrow()
+                    .pending_gates(&self.shared.run.id)
+                    .map(|g| g.into_iter().map(|g| g.gate).collect())
+                    .unwrap_or_default();
+                RunEnd::Waiting(gates)
+            }
+            BodyEnd::Stopped => RunEnd::Interrupted,
+        }
+    }
+
+    // ----- templates -----
+
+    /// Builds the template context of a frame, with extra variables.
+    pub fn context(&self, frame: &Frame<'_>, extra: &[(&str, Value)]) -> Value {
+        let chain = frame.chain();
+        let mut stages: BTreeMap<String, BTreeMap<&'static str, Value>> = BTreeMap::new();
+        let mut vars: BTreeMap<String, Value> = BTreeMap::new();
+        let mut loops: BTreeMap<String, Value> = BTreeMap::new();
+        for f in &chain {
+            if let Some(last) = f.earlier.last() {
+                let mut names: HashSet<&String> = HashSet::new();
+                for it in f.earlier.iter() {
+                    names.extend(it.keys());
+                }
+                for name in names {
+                    let e = stages.entry(name.clone()).or_default();
+                    e.insert("last", last.get(name).map(jv).unwrap_or(Value::from(())));
+                    let hist: Vec<Value> = f
+                        .earlier
+                        .iter()
+                        .filter_map(|m| m.get(name).map(jv))
+                        .collect();
+                    e.insert("history", Value::from(hist));
+                }
+            }
+            for (name, v) in f.outputs.borrow().iter() {
+                let e = stages.entry(name.clone()).or_default();
+                e.insert("output", jv(&v.output));
+                e.insert("status", Value::from(v.state.as_str()));
+                e.insert("ran", Value::from(v.state != NodeState::Skipped));
+                e.insert(
+                    "feedback",
+                    v.feedback.clone().map(Value::from).unwrap_or_default(),
+                );
+                e.insert("attempts", Value::from(v.attempts));
+            }
+            for (k, v) in &f.vars {
+                vars.insert(k.clone(), v.clone());
+            }
+            if let Some((name, v)) = &f.loop_vars {
+                loops.insert(name.clone(), v.clone());
+            }
+        }
+        let mut run: BTreeMap<&str, Value> = BTreeMap::new();
+        run.insert("id", Value::from(self.shared.run.id.clone()));
+        run.insert("dir", Value::from(self.shared.run.dir.clone()));
+        run.insert(
+            "workflow",
+            Value::from(self.plan.workflow.name.value.clone()),
+        );
+        run.insert(
+            "started_at",
+            Value::from(rfc3339(self.shared.run.started_at)),
+        );
+        run.insert("cwd", Value::from(frame.cwd.to_string_lossy().into_owned()));
+        let mut ctx: BTreeMap<String, Value> = vars;
+        ctx.insert("params".into(), self.params.clone());
+        ctx.insert(
+            "stages".into(),
+            Value::from(
+                stages
+                    .into_iter()
+                    .map(|(k, v)| (k, Value::from(v)))
+                    .collect::<BTreeMap<_, _>>(),
+            ),
+        );
+        ctx.insert("loops".into(), Value::from(loops));
+        for (k, v) in extra {
+            if *k == "stage_dir" {
+                run.insert("stage_dir", v.clone());
+            } else {
+                ctx.insert((*k).to_string(), v.clone());
+            }
+        }
+        ctx.insert("run".into(), Value::from(run));
+        Value::from(ctx)
+    }
+
+    /// Renders a compiled template of the plan (`STAGE/prompt`, ...).
+    pub fn render(&self, name: &str, ctx: &Value) -> Result<String, String> {
+        let t = self
+            .env
+            .get_template(name)
+            .map_err(|e| format!("template `{name}`: {e}"))?;
+        t.render(ctx).map_err(|e| describe_error(&e))
+    }
+
+    /// Evaluates an expression (`when`, `until`, `over`, ...).
+    pub fn eval(&self, src: &str, ctx: &Value) -> Result<Value, String> {
+        let expr = self
+            .env
+            .compile_expression(src)
+            .map_err(|e| describe_error(&e))?;
+        expr.eval(ctx)
+            .map_err(|e| format!("`{src}`: {}", describe_error(&e)))
+    }
+
+    // ----- bodies -----
+
+    /// Runs a body to its end.
+    pub fn run_body<'s>(&'s self, frame: &'s Frame<'s>) -> LocalBoxFuture<'s, BodyEnd> {
+        async move {
+            let body = self.plan.body(frame.region);
+            let g = &body.graph;
+            let mut state: HashMap<NodeId, Ns> =
+                body.order.iter().map(|n| (*n, Ns::Pending)).collect();
+            let mut chosen: HashSet<NodeId> = HashSet::new();
+            let mut ending: Option<BodyEnd> = None;
+            let mut waiting = false;
+            let mut running: FuturesUnordered<LocalBoxFuture<'s, (NodeId, Outcome)>> =
+                FuturesUnordered::new();
+            loop {
+                if ending.is_none() && !self.halted() {
+                    let mut progressed = true;
+                    while progressed {
+                        progressed = false;
+                        for &n in &body.order {
+                            if state[&n] != Ns::Pending {
+                                continue;
+                            }
+                            let Some(&idx) = body.index.get(&n) else {
+                                continue;
+                            };
+                            let mut ready = true;
+                            let mut needs_ran = Vec::new();
+                            let mut routed = false;
+                            for e in g.edges_directed(idx, Direction::Incoming) {
+                                let from = g[e.source()];
+                                match state[&from] {
+                                    Ns::Pending | Ns::Running | Ns::Waiting => ready = false,
+                                    s => match e.weight() {
+                                        Edge::Needs => needs_ran.push(s == Ns::Ran),
+                                        Edge::Route(_) => routed = true,
+                                    },
+                                }
+                            }
+                            if !ready {
+                                continue;
+                            }
+                            progressed = true;
+                            let run = match self.decide(frame, n, &needs_ran, routed, &chosen) {
+                                Ok(run) => run,
+                                Err(message) => {
+                                    let node = self.plan.node(n).name.clone();
+                                    let mut s =
+                                        Settled::new(NodeState::Failed, Json::Null, now_ms());
+                                    s.message = Some(message.clone());
+                                    s.feedback = Some(message);
+                                    s.action = Some(Target::Fail);
+                                    self.settle(frame, n, &s);
+                                    state.insert(n, Ns::Failed);
+                                    ending.get_or_insert(BodyEnd::Failed {
+                                        node,
+                                        message: s.message.unwrap_or_default(),
+                                        feedback: s.feedback,
+                                    });
+                                    break;
+                                }
+                            };
+                            if run {
+                                state.insert(n, Ns::Running);
+                                running.push(self.run_node(frame, n));
+                            } else {
+                                let s = Settled::new(NodeState::Skipped, Json::Null, now_ms());
+                                self.settle(frame, n, &s);
+                                state.insert(n, Ns::Skipped);
+                            }
+                        }
+                        if ending.is_some() {
+                            break;
+                        }
+                    }
+                }
+                self.shared.flush();
+                let Some((n, outcome)) = running.next().await else {
+                    break;
+                };
+                let mut done = vec![(n, outcome)];
+                while let Some(Some(more)) = running.next().now_or_never() {
+                    done.push(more);
+                }
+                for (n, outcome) in done {
+                    match outcome {
+                        Outcome::Settled(s) => {
+                            self.settle(frame, n, &s);
+                            state.insert(
+                                n,
+                                match s.state {
+                                    NodeState::Done => Ns::Ran,
+                                    NodeState::Skipped => Ns::Skipped,
+                                    NodeState::Failed | NodeState::TimedOut => Ns::Failed,
+                                },
+                            );
+                            let node = self.plan.node(n).name.clone();
+                            match s.action {
+                                None => {}
+                                Some(Target::Stage(t)) => {
+                                    chosen.insert(t);
+                                }
+                                Some(Target::Continue) => {
+                                    ending.get_or_insert(BodyEnd::Continue(s.feedback));
+                                }
+                                Some(Target::Break) => {
+                                    ending.get_or_insert(BodyEnd::Break);
+                                }
+                                Some(Target::Exit(i)) => {
+                                    self.take_exit(i);
+                                    ending.get_or_insert(BodyEnd::Exit(i));
+                                }
+                                Some(Target::Fail | Target::Reject) => {
+                                    ending.get_or_insert(BodyEnd::Failed {
+                                        node,
+                                        message: s.message.unwrap_or_else(|| "failed".into()),
+                                        feedback: s.feedback,
+                                    });
+                                }
+                                Some(Target::Approve) => {}
+                            }
+                        }
+                        Outcome::Waiting => {
+                            state.insert(n, Ns::Waiting);
+                            waiting = true;
+                        }
+                        Outcome::Stopped => {
+                            state.insert(n, Ns::Skipped);
+                            ending.get_or_insert(BodyEnd::Stopped);
+                        }
+                    }
+                }
+            }
+            self.shared.flush();
+            if self.halted() && ending.is_none() {
+                return match self.exit.get() {
+                    Some(i) => BodyEnd::Exit(i),
+                    None => BodyEnd::Stopped,
+                };
+            }
+            match ending {
+                Some(e) => e,
+                None if waiting => BodyEnd::Waiting,
+                None => BodyEnd::Completed,
+            }
+        }
+        .boxed_local()
+    }
+
+    /// Decides whether a ready node runs (`true`) or is skipped.
+    fn decide(
+        &self,
+        frame: &Frame<'_>,
+        n: NodeId,
+        needs_ran: &[bool],
+        routed: bool,
+        chosen: &HashSet<NodeId>,
+    ) -> Result<bool, String> {
+        let scope = self.scope(frame);
+        let name = &self.plan.node(n).name;
+        if let Some(rec) = self
+            .shared
+            .resumed
+            .borrow()
+            .get(&(scope.clone(), name.clone()))
+        {
+            return Ok(rec.state != NodeState::Skipped);
+        }
+        if routed {
+            if !chosen.contains(&n) {
+                return Ok(false);
+            }
+        } else if !needs_ran.is_empty() && !needs_ran.iter().any(|r| *r) {
+            return Ok(false);
+        }
+        if let Some(parent) = self.plan.node(n).parent {
+            let rules: Vec<&String> = self
+                .plan
+                .node(parent)
+                .escalations
+                .iter()
+                .filter(|(_, targets)| targets.contains(&n))
+                .map(|(t, _)| t)
+                .collect();
+            if !rules.is_empty() {
+                let ctx = self.context(frame, &[]);
+                let mut any = false;
+                for r in rules {
+                    let v = self.render(r, &ctx)?;
+                    if truthy(&v) {
+                        any = true;
+                        break;
+                    }
+                }
+                if !any {
+                    return Ok(false);
+                }
+            }
+        }
+        if let Some(w) = &self.plan.stage(n).when {
+            let ctx = self.context(frame, &[]);
+            let v = self
+                .eval(&w.value, &ctx)
+                .map_err(|e| format!("its `when` could not be evaluated: {e}"))?;
+            if !v.is_true() {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Records a settled node: in the frame (for templates) and in the store.
+    fn settle(&self, frame: &Frame<'_>, n: NodeId, s: &Settled) {
+        let name = self.plan.node(n).name.clone();
+        let scope = self.scope(frame);
+        frame.outputs.borrow_mut().insert(
+            name.clone(),
+            View {
+                output: s.output.clone(),
+                state: s.state,
+                feedback: s.feedback.clone(),
+                attempts: s.attempts,
+            },
+        );
+        if s.resumed {
+            return;
+        }
+        let finished = now_ms();
+        self.shared.progress.settled(
+            &scope,
+            &name,
+            s.state.as_str(),
+            Duration::from_millis(u64::try_from(finished - s.started_at).unwrap_or(0)),
+            &s.usage,
+        );
+        let msg = match (&s.message, &s.action) {
+            (Some(m), _) => m.clone(),
+            (None, Some(a)) => format!("then {}", self.action_text(a)),
+            (None, None) => String::new(),
+        };
+        self.shared.event(&scope, &name, s.state.as_str(), msg);
+        self.shared.write(Write::Node(NodeRecord {
+            run: self.shared.run.id.clone(),
+            scope,
+            node: name,
+            state: s.state,
+            output: s.output.clone(),
+            action: s.action.as_ref().map(|a| self.action_text(a)),
+            feedback: s.feedback.clone(),
+            attempts: s.attempts,
+            usage: s.usage.clone(),
+            started_at: s.started_at,
+            finished_at: finished,
+        }));
+    }
+
+    /// Writes an action as stored.
+    pub fn action_text(&self, t: &Target) -> String {
+        match t {
+            Target::Continue => "continue".into(),
+            Target::Break => "break".into(),
+            Target::Fail => "fail".into(),
+            Target::Approve => "approve".into(),
+            Target::Reject => "reject".into(),
+            Target::Exit(i) => format!("exit:{}", self.plan.exits[*i].name),
+            Target::Stage(s) => self.plan.node(*s).name.clone(),
+        }
+    }
+
+    /// Reads a stored action back.
+    pub fn parse_action(&self, s: &str) -> Option<Target> {
+        Some(match Action::parse(s)? {
+            Action::Continue => Target::Continue,
+            Action::Break => Target::Break,
+            Action::Fail => Target::Fail,
+            Action::Approve => Target::Approve,
+            Action::Reject => Target::Reject,
+            Action::Exit(n) => Target::Exit(self.plan.exit(&n)?),
+            Action::Goto(n) => {
+                Target::Stage(NodeId(self.plan.nodes.iter().position(|x| x.name == n)?))
+            }
+        })
+    }
+
+    /// Returns a settled node from an earlier attempt at the run, if there is one.
+    pub fn resumed(&self, frame: &Frame<'_>, n: NodeId) -> Option<Settled> {
+        let key = (self.scope(frame), self.plan.node(n).name.clone());
+        let rec = self.shared.resumed.borrow().get(&key).cloned()?;
+        self.from_record(&rec)
+    }
+
+    /// Turns a stored record into a settlement.
+    pub fn from_record(&self, rec: &NodeRecord) -> Option<Settled> {
+        let action = match &rec.action {
+            Some(a) => Some(self.parse_action(a)?),
+            None => None,
+        };
+        Some(Settled {
+            state: rec.state,
+            output: rec.output.clone(),
+            action,
+            feedback: rec.feedback.clone(),
+            message: None,
+            attempts: rec.attempts,
+            usage: rec.usage.clone(),
+            started_at: rec.started_at,
+            resumed: true,
+        })
+    }
+
+    /// Runs one node to its settlement.
+    fn run_node<'s>(
+        &'s self,
+        frame: &'s Frame<'s>,
+        n: NodeId,
+    ) -> LocalBoxFuture<'s, (NodeId, Outcome)> {
+        async move {
+            let kind = self.plan.node(n).kind;
+            if !kind.is_region() {
+                if let Some(s) = self.resumed(frame, n) {
+                    return (n, Outcome::Settled(s));
+                }
+            }
+            let work = async {
+                match kind {
+                    StageKind::Loop => self.run_loop(frame, n).await,
+                    StageKind::ForEach => self.run_for_each(frame, n).await,
+                    StageKind::Group => self.run_group(frame, n).await,
+                    StageKind::Subflow => self.run_subflow(frame, n).await,
+                    StageKind::Gate => self.run_gate(frame, n).await,
+                    _ => self.run_leaf(frame, n).await,
+                }
+            };
+            let outcome = if kind.is_region() {
+                work.await
+            } else {
+                tokio::select! {
+                    o = work => o,
+                    () = self.stopped() => Outcome::Stopped,
+                }
+            };
+            (n, outcome)
+        }
+        .boxed_local()
+    }
+
+    /// Takes the permits a leaf stage needs (global, groups, its resource) and runs it.
+    async fn run_leaf(&self, frame: &Frame<'_>, n: NodeId) -> Outcome {
+        let _global = match &self.shared.global {
+            Some(s) => s.acquire().await.ok(),
+            None => None,
+        };
+        let mut _limits = Vec::new();
+        let mut cur = Some(frame);
+        while let Some(f) = cur {
+            if let Some(l) = &f.limit {
+                _limits.push(l.acquire().await.ok());
+            }
+            cur = f.parent;
+        }
+        let _resource = match self.plan.node(n).resource {
+            Some(r) => {
+                let prio = self.priority(frame, n, r);
+                Some(self.resources[r].acquire(prio).await)
+            }
+            None => None,
+        };
+        match self.plan.node(n).kind {
+            StageKind::Agent => self.run_agent(frame, n).await,
+            StageKind::Command | StageKind::Check => self.run_command(frame, n).await,
+            _ => Outcome::Settled(Settled::new(NodeState::Done, Json::Null, now_ms())),
+        }
+    }
+
+    /// Ranks a stage waiting for a resource: by the resource's `order`, else higher first.
+    fn priority(&self, frame: &Frame<'_>, n: NodeId, r: usize) -> i64 {
+        let Some(p) = &self.plan.stage(n).priority else {
+            return 0;
+        };
+        let ctx = self.context(frame, &[]);
+        let Ok(v) = self.eval(&p.value, &ctx) else {
+            return 0;
+        };
+        let order = &self.plan.workflow.resources[r].order;
+        if !order.is_empty() {
+            let s = v
+                .as_str()
+                .map(str::to_string)
+                .unwrap_or_else(|| v.to_string());
+            return order
+                .iter()
+                .position(|o| o.value == s)
+                .map_or(order.len() as i64, |i| i as i64);
+        }
+        match i64::try_from(v.clone()) {
+            Ok(x) => -x,
+            Err(_) => f64::try_from(v).map(|f| -(f as i64)).unwrap_or(0),
+        }
+    }
+
+    // ----- regions -----
+
+    async fn run_loop(&self, frame: &Frame<'_>, n: NodeId) -> Outcome {
+        let started = now_ms();
+        let st = self.plan.stage(n);
+        let node = self.plan.node(n);
+        let StageBody::Loop {
+            max_iterations,
+            until,
+            on_exhausted,
+            stuck,
+            worktree,
+            ..
+        } = &st.body
+        else {
+            return Outcome::Settled(Settled::new(NodeState::Failed, Json::Null, started));
+        };
+        let max = match max_iterations
+            .as_ref()
+            .map(|m| resolve_count(&m.value, &self.plan.params))
+        {
+            Some(Ok(m)) => m,
+            Some(Err(e)) => return self.fail_now(n, started, format!("max_iterations: {e}")),
+            None => 1,
+        };
+        let cwd = match worktree {
+            Some(_) => match self
+                .enter_worktree(frame, n, &frame.child_scope(&node.name))
+                .await
+            {
+                Ok(p) => p,
+                Err(e) => return self.fail_now(n, started, e),
+            },
+            None => frame.cwd.clone(),
+        };
+        let usage_key = format!("{}#{}", self.scope(frame), node.name);
+        let mut earlier: Vec<BTreeMap<String, Json>> = Vec::new();
+        let mut history: Vec<Value> = Vec::new();
+        let mut feedback: Option<String> = None;
+        let mut stuck_prev: Option<Json> = None;
+        let mut stuck_count = 0u64;
+        let repeats = stuck
+            .as_ref()
+            .and_then(|s| s.repeats.as_ref())
+            .and_then(|r| resolve_count(&r.value, &self.plan.params).ok())
+            .unwrap_or(2);
+        let outcome_of = |s: &str, it: u64| json!({"iterations": it, "outcome": s});
+        for it in 1..=max {
+            let scope = frame.child_scope(&format!("{}#{it}", node.name));
+            let mut lv: BTreeMap<&str, Value> = BTreeMap::new();
+            lv.insert("iteration", Value::from(it));
+            lv.insert("max_iterations", Value::from(max));
+            lv.insert(
+                "feedback",
+                feedback.clone().map(Value::from).unwrap_or(Value::from("")),
+            );
+            lv.insert("history", Value::from(history.clone()));
+            let loop_value = Value::from(lv.clone());
+            let iframe = Frame {
+                parent: Some(frame),
+                region: Some(n),
+                scope,
+                cwd: cwd.clone(),
+                vars: lv
+                    .iter()
+                    .map(|(k, v)| ((*k).to_string(), v.clone()))
+                    .collect(),
+                loop_vars: Some((node.name.clone(), loop_value)),
+                earlier: Rc::new(earlier.clone()),
+                usage_key: Some((usage_key.clone(), n)),
+                outputs: RefCell::new(BTreeMap::new()),
+                limit: None,
+            };
+            if !self
+                .shared
+                .resumed
+                .borrow()
+                .keys()
+                .any(|(s, _)| s.starts_with(&self.scope(&iframe)))
+            {
+                self.shared.progress.note(&format!(
+                    "↻ {} iteration {it} of {max}",
+                    if self.scope(&iframe).is_empty() {
+                        node.name.clone()
+                    } else {
+                        self.scope(&iframe)
+                    }
+                ));
+            }
+            let end = self.run_body(&iframe).await;
+            // The iteration's outputs: the loop's history, and the latest outputs outside.
+            let outs: BTreeMap<String, View> = iframe.outputs.take();
+            let mut snapshot = BTreeMap::new();
+            for (k, v) in &outs {
+                if v.state != NodeState::Skipped {
+                    snapshot.insert(k.clone(), v.output.clone());
+                }
+                frame.outputs.borrow_mut().insert(k.clone(), v.clone());
+            }
+            let iter_feedback = match &end {
+                BodyEnd::Continue(f) => f.clone(),
+                BodyEnd::Failed {
+                    feedback, message, ..
+                } => Some(feedback.clone().unwrap_or_else(|| message.clone())),
+                _ => {
+                    let mut parts = Vec::new();
+                    for (k, v) in &outs {
+                        if let Some(f) = &v.feedback {
+                            parts.push(format!("{k}: {f}"));
+                        }
+                    }
+                    (!parts.is_empty()).then(|| parts.join("\n\n"))
+                }
+            };
+            match end {
+                BodyEnd::Stopped => return Outcome::Stopped,
+                BodyEnd::Waiting => return Outcome::Waiting,
+                BodyEnd::Exit(i) => {
+                    let mut s = Settled::new(NodeState::Done, outcome_of("exit", it), started);
+                    s.action = Some(Target::Exit(i));
+                    return Outcome::Settled(s);
+                }
+                BodyEnd::Break => {
+                    self.leave_worktree(frame, n, &cwd, true).await;
+                    return Outcome::Settled(Settled::new(
+                        NodeState::Done,
+                        outcome_of("break", it),
+                        started,
+                    ));
+                }
+                BodyEnd::Failed {
+                    node: failed,
+                    message,
+                    feedback,
+                } => {
+                    self.leave_worktree(frame, n, &cwd, false).await;
+                    let mut s = Settled::new(NodeState::Failed, outcome_of("failed", it), started);
+                    s.message = Some(format!("`{failed}` failed in iteration {it}: {message}"));
+                    s.feedback = feedback;
+                    s.action = Some(node.on_fail.clone());
+                    return Outcome::Settled(s);
+                }
+                BodyEnd::Completed | BodyEnd::Continue(_) => {}
+            }
+            // `until` and `stuck` see the iteration's outputs.
+            let end_frame = Frame {
+                parent: Some(frame),
+                region: Some(n),
+                scope: iframe.scope.clone(),
+                cwd: cwd.clone(),
+                vars: iframe.vars.clone(),
+                loop_vars: iframe.loop_vars.clone(),
+                earlier: iframe.earlier.clone(),
+                usage_key: None,
+                outputs: RefCell::new(outs),
+                limit: None,
+            };
+            let ctx = self.context(&end_frame, &[]);
+            if let Some(u) = until {
+                match self.eval(&u.value, &ctx) {
+                    Ok(v) if v.is_true() => {
+                        self.leave_worktree(frame, n, &cwd, true).await;
+                        return Outcome::Settled(Settled::new(
+                            NodeState::Done,
+                            outcome_of("until", it),
+                            started,
+                        ));
+                    }
+                    Ok(_) => {}
+                    Err(e) => return self.fail_now(n, started, format!("its `until` failed: {e}")),
+                }
+            }
+            if let Some(sk) = stuck {
+                match self.eval(&sk.on.value, &ctx) {
+                    Ok(v) => {
+                        let j: Json = serde_json::to_value(&v).unwrap_or(Json::Null);
+                        let empty = j.is_null()
+                            || j.as_array().is_some_and(Vec::is_empty)
+                            || j.as_str().is_some_and(str::is_empty);
+                        if !empty && stuck_prev.as_ref() == Some(&j) {
+                            stuck_count += 1;
+                        } else {
+                            stuck_count = 1;
+                        }
+                        stuck_prev = Some(j);
+                        if !empty && stuck_count >= repeats {
+                            self.shared.progress.note(&format!(
+                                "⟳ {} is stuck: the same findings {stuck_count} times in a row",
+                                node.name
+                            ));
+                            self.leave_worktree(frame, n, &cwd, false).await;
+                            let then = sk
+                                .then
+                                .as_ref()
+                                .map(|a| self.target_of(&a.value))
+                                .unwrap_or(Target::Fail);
+                            return Outcome::Settled(self.loop_end(
+                                n,
+                                started,
+                                "stuck",
+                                it,
+                                then,
+                                format!(
+                                    "stuck: the same findings {stuck_count} iterations in a row"
+                                ),
+                            ));
+                        }
+                    }
+                    Err(e) => {
+                        return self.fail_now(n, started, format!("its `stuck.on` failed: {e}"));
+                    }
+                }
+            }
+            feedback = iter_feedback.clone();
+            let mut h: BTreeMap<&str, Value> = BTreeMap::new();
+            h.insert("iteration", Value::from(it));
+            h.insert(
+                "feedback",
+                iter_feedback.map(Value::from).unwrap_or(Value::from("")),
+            );
+            h.insert("outputs", jv(&snapshot));
+            history.push(Value::from(h));
+            earlier.push(snapshot);
+        }
+        self.leave_worktree(frame, n, &cwd, false).await;
+        let then = on_exhausted
+            .as_ref()
+            .map(|a| self.target_of(&a.value))
+            .unwrap_or(Target::Fail);
+        Outcome::Settled(self.loop_end(
+            n,
+            started,
+            "exhausted",
+            max,
+            then,
+            format!("no success after {max} iterations"),
+        ))
+    }
+
+    /// The settlement of a loop that ended by a rule (`stuck`, exhausted) with an action.
+    fn loop_end(
+        &self,
+        n: NodeId,
+        started: i64,
+        outcome: &str,
+        it: u64,
+        then: Target,
+        message: String,
+    ) -> Settled {
+        let output = json!({"iterations": it, "outcome": outcome});
+        match then {
+            Target::Fail => {
+                let mut s = Settled::new(NodeState::Failed, output, started);
+                s.message = Some(message.clone());
+                s.feedback = Some(message);
+                s.action = Some(self.plan.node(n).on_fail.clone());
+                s
+            }
+            other => {
+                let mut s = Settled::new(NodeState::Done, output, started);
+                s.message = Some(message);
+                if other != Target::Break {
+                    s.action = Some(other);
+                }
+                s
+            }
+        }
+    }
+
+    /// Resolves an action of the model.
+    pub fn target_of(&self, a: &Action) -> Target {
+        self.parse_action(&a.to_string()).unwrap_or(Target::Fail)
+    }
+
+    /// A node that fails before it starts (a limit that cannot be resolved, a template).
+    pub fn fail_now(&self, n: NodeId, started: i64, message: String) -> Outcome {
+        let mut s = Settled::new(NodeState::Failed, Json::Null, started);
+        s.feedback = Some(message.clone());
+        s.message = Some(message);
+        s.action = Some(Target::Fail);
+        let _ = n;
+        Outcome::Settled(s)
+    }
+
+    async fn run_for_each(&self, frame: &Frame<'_>, n: NodeId) -> Outcome {
+        let started = now_ms();
+        let st = self.plan.stage(n);
+        let node = self.plan.node(n);
+        let StageBody::ForEach {
+            over,
+            as_name,
+            key,
+            max_concurrency,
+            aggregate,
+            result,
+            worktree,
+            ..
+        } = &st.body
+        else {
+            return Outcome::Stopped;
+        };
+        let scope = self.scope(frame);
+        let items_key = (scope.clone(), format!("@items:{}", node.name));
+        let items: Vec<Json> = match self.shared.resumed.borrow().get(&items_key) {
+            Some(rec) => rec.output.as_array().cloned().unwrap_or_default(),
+            None => Vec::new(),
+        };
+        let items = if self.shared.resumed.borrow().contains_key(&items_key) {
+            items
+        } else {
+            let ctx = self.context(frame, &[]);
+            let src = over.as_ref().map(|o| o.value.as_str()).unwrap_or("[]");
+            let v = match self.eval(src, &ctx) {
+                Ok(v) => v,
+                Err(e) => return self.fail_now(n, started, format!("its `over` failed: {e}")),
+            };
+            let j: Json = serde_json::to_value(&v).unwrap_or(Json::Null);
+            let Some(list) = j.as_array().cloned() else {
+                return self.fail_now(
+                    n,
+                    started,
+                    format!("its `over` must give a list, but gave {}", short_json(&j)),
+                );
+            };
+            self.shared.write(Write::Node(NodeRecord {
+                run: self.shared.run.id.clone(),
+                scope: scope.clone(),
+                node: items_key.1.clone(),
+                state: NodeState::Done,
+                output: Json::Array(list.clone()),
+                action: None,
+                feedback: None,
+                attempts: 1,
+                usage: Usage::default(),
+                started_at: started,
+                finished_at: now_ms(),
+            }));
+            self.shared.flush();
+            list
+        };
+        let var = as_name
+            .as_ref()
+            .map(|a| a.value.clone())
+            .unwrap_or_else(|| "item".to_string());
+        let limit = match max_concurrency
+            .as_ref()
+            .map(|m| resolve_count(&m.value, &self.plan.params))
+        {
+            Some(Ok(m)) => usize::try_from(m).unwrap_or(usize::MAX).max(1),
+            Some(Err(e)) => return self.fail_now(n, started, format!("max_concurrency: {e}")),
+            None => items.len().max(1),
+        };
+        let sem = Rc::new(Semaphore::new(limit));
+        let result_stage = result
+            .as_ref()
+            .and_then(|r| self.plan.nodes.iter().position(|x| x.name == r.value))
+            .map(NodeId)
+            .or_else(|| {
+                st.children()
+                    .last()
+                    .and_then(|c| self.plan.nodes.iter().position(|x| x.name == c.id.value))
+                    .map(NodeId)
+            });
+        let mut keys = Vec::new();
+        let mut seen = HashSet::new();
+        for (i, item) in items.iter().enumerate() {
+            let k = match key {
+                Some(k) => {
+                    let ctx = self.context(
+                        frame,
+                        &[(var.as_str(), jv(item)), ("index", Value::from(i))],
+                    );
+                    match self.eval(&k.value, &ctx) {
+                        Ok(v) => v
+                            .as_str()
+                            .map(str::to_string)
+                            .unwrap_or_else(|| v.to_string()),
+                        Err(e) => {
+                            return self.fail_now(n, started, format!("its `key` failed: {e}"));
+                        }
+                    }
+                }
+                None => i.to_string(),
+            };
+            let k = sanitize(&k);
+            if !seen.insert(k.clone()) {
+                return self.fail_now(
+                    n,
+                    started,
+                    format!("two items have the key `{k}`; keys must be unique"),
+                );
+            }
+            keys.push(k);
+        }
+        let mut running: FuturesUnordered<LocalBoxFuture<'_, (usize, BodyEnd, Option<Json>)>> =
+            FuturesUnordered::new();
+        for (i, item) in items.iter().enumerate() {
+            let sem = sem.clone();
+            let var = var.clone();
+            let k = keys[i].clone();
+            let fut = async move {
+                let _permit = sem.acquire().await.ok();
+                let scope = frame.child_scope(&format!("{}#{k}", node.name));
+                let cwd = match worktree {
+                    Some(_) => match self
+                        .enter_worktree_item(frame, n, &scope, &var, item, i)
+                        .await
+                    {
+                        Ok(p) => p,
+                        Err(e) => {
+                            return (
+                                i,
+                                BodyEnd::Failed {
+                                    node: node.name.clone(),
+                                    message: e,
+                                    feedback: None,
+                                },
+                                None,
+                            );
+                        }
+                    },
+                    None => frame.cwd.clone(),
+                };
+                let iframe = Frame {
+                    parent: Some(frame),
+                    region: Some(n),
+                    scope,
+                    cwd: cwd.clone(),
+                    vars: vec![
+                        (var.clone(), jv(item)),
+                        ("index".to_string(), Value::from(i)),
+                    ],
+                    loop_vars: None,
+                    earlier: Rc::new(Vec::new()),
+                    usage_key: None,
+                    outputs: RefCell::new(BTreeMap::new()),
+                    limit: None,
+                };
+                let end = self.run_body(&iframe).await;
+                let ok = matches!(
+                    end,
+                    BodyEnd::Completed | BodyEnd::Break | BodyEnd::Continue(_)
+                );
+                if worktree.is_some() {
+                    self.leave_worktree_at(n, &cwd, ok).await;
+                }
+                let result = result_stage.and_then(|r| {
+                    iframe
+                        .outputs
+                        .borrow()
+                        .get(&self.plan.node(r).name)
+                        .filter(|v| v.state == NodeState::Done)
+                        .map(|v| v.output.clone())
+                });
+                (i, end, result)
+            };
+            running.push(fut.boxed_local());
+        }
+        let mut results: Vec<Option<Json>> = vec![None; items.len()];
+        let mut failures = Vec::new();
+        let mut waiting = false;
+        let mut stopped = false;
+        let mut exit = None;
+        while let Some((i, end, result)) = running.next().await {
+            results[i] = result;
+            match end {
+                BodyEnd::Completed | BodyEnd::Break | BodyEnd::Continue(_) => {}
+                BodyEnd::Failed {
+                    node: f, message, ..
+                } => {
+                    failures.push(format!("item `{}`: `{f}` failed: {message}", keys[i]));
+                }
+                BodyEnd::Waiting => waiting = true,
+                BodyEnd::Stopped => stopped = true,
+                BodyEnd::Exit(x) => exit = Some(x),
+            }
+        }
+        if let Some(x) = exit {
+            let mut s = Settled::new(NodeState::Done, Json::Null, started);
+            s.action = Some(Target::Exit(x));
+            return Outcome::Settled(s);
+        }
+        if stopped {
+            return Outcome::Stopped;
+        }
+        if waiting {
+            return Outcome::Waiting;
+        }
+        let results: Vec<Json> = results
+            .into_iter()
+            .map(|r| r.unwrap_or(Json::Null))
+            .collect();
+        let value = self.aggregate(aggregate.as_ref(), result_stage, &results);
+        let output = json!({"results": results, "value": value});
+        if failures.is_empty() {
+            Outcome::Settled(Settled::new(NodeState::Done, output, started))
+        } else {
+            let mut s = Settled::new(NodeState::Failed, output, started);
+            let msg = format!(
+                "{} of {} items failed: {}",
+                failures.len(),
+                items.len(),
+                failures.join("; ")
+            );
+            s.feedback = Some(msg.clone());
+            s.message = Some(msg);
+            s.action = Some(node.on_fail.clone());
+            Outcome::Settled(s)
+        }
+    }
+
+    async fn run_group(&self, frame: &Frame<'_>, n: NodeId) -> Outcome {
+        let started = now_ms();
+        let st = self.plan.stage(n);
+        let node = self.plan.node(n);
+        let StageBody::Group {
+            max_concurrency,
+            aggregate,
+            result,
+            ..
+        } = &st.body
+        else {
+            return Outcome::Stopped;
+        };
+        let limit = match max_concurrency
+            .as_ref()
+            .map(|m| resolve_count(&m.value, &self.plan.params))
+        {
+            Some(Ok(m)) => Some(Rc::new(Semaphore::new(
+                usize::try_from(m).unwrap_or(1).max(1),
+            ))),
+            Some(Err(e)) => return self.fail_now(n, started, format!("max_concurrency: {e}")),
+            None => None,
+        };
+        let gframe = Frame {
+            parent: Some(frame),
+            region: Some(n),
+            scope: frame.child_scope(&node.name),
+            cwd: frame.cwd.clone(),
+            vars: Vec::new(),
+            loop_vars: None,
+            earlier: Rc::new(Vec::new()),
+            usage_key: None,
+            outputs: RefCell::new(BTreeMap::new()),
+            limit,
+        };
+        let end = self.run_body(&gframe).await;
+        let outs = gframe.outputs.take();
+        let mut results = Vec::new();
+        for c in st.children() {
+            if let Some(v) = outs.get(&c.id.value) {
+                if v.state == NodeState::Done {
+                    results.push(v.output.clone());
+                }
+            }
+        }
+        for (k, v) in outs {
+            frame.outputs.borrow_mut().insert(k, v);
+        }
+        let result_stage = result
+            .as_ref()
+            .and_then(|r| self.plan.nodes.iter().position(|x| x.name == r.value))
+            .map(NodeId)
+            .or_else(|| {
+                st.children()
+                    .last()
+                    .and_then(|c| self.plan.nodes.iter().position(|x| x.name == c.id.value))
+                    .map(NodeId)
+            });
+        let value = self.aggregate(aggregate.as_ref(), result_stage, &results);
+        let output = json!({"results": results, "value": value});
+        match end {
+            BodyEnd::Stopped => Outcome::Stopped,
+            BodyEnd::Waiting => Outcome::Waiting,
+            BodyEnd::Exit(i) => {
+                let mut s = Settled::new(NodeState::Done, output, started);
+                s.action = Some(Target::Exit(i));
+                Outcome::Settled(s)
+            }
+            BodyEnd::Continue(f) => {
+                let mut s = Settled::new(NodeState::Done, output, started);
+                s.action = Some(Target::Continue);
+                s.feedback = f;
+                Outcome::Settled(s)
+            }
+            BodyEnd::Break => {
+                let mut s = Settled::new(NodeState::Done, output, started);
+                s.action = Some(Target::Break);
+                Outcome::Settled(s)
+            }
+            BodyEnd::Completed => Outcome::Settled(Settled::new(NodeState::Done, output, started)),
+            BodyEnd::Failed {
+                node: f,
+                message,
+                feedback,
+            } => {
+                let mut s = Settled::new(NodeState::Failed, output, started);
+                s.message = Some(format!("`{f}` failed: {message}"));
+                s.feedback = feedback;
+                s.action = Some(node.on_fail.clone());
+                Outcome::Settled(s)
+            }
+        }
+    }
+
+    /// Combines fan-out results.
+    fn aggregate(
+        &self,
+        agg: Option<&crate::model::Aggregate>,
+        result_stage: Option<NodeId>,
+        results: &[Json],
+    ) -> Json {
+        let Some(agg) = agg else {
+            return Json::Array(results.to_vec());
+        };
+        let field = agg.field.as_ref().map(|f| f.value.as_str()).unwrap_or("");
+        let get = |r: &Json| -> Json {
+            field
+                .split('.')
+                .filter(|p| !p.is_empty())
+                .fold(r.clone(), |cur, p| {
+                    cur.get(p).cloned().unwrap_or(Json::Null)
+                })
+        };
+        let present: Vec<&Json> = results.iter().filter(|r| !r.is_null()).collect();
+        match agg.mode.value.as_str() {
+            "all" => Json::Bool(
+                !present.is_empty() && present.iter().all(|r| get(r) == Json::Bool(true)),
+            ),
+            "any" => Json::Bool(present.iter().any(|r| get(r) == Json::Bool(true))),
+            "worst" | "best" => {
+                let order: Vec<String> = if agg.order.is_empty() {
+                    result_stage
+                        .and_then(|r| self.plan.schemas.get(&r))
+                        .and_then(|s| {
+                            let path: Vec<&str> = field.split('.').collect();
+                            crate::check::outputs::walk_schema(s, &path).ok().cloned()
+                        })
+                        .and_then(|f| f.get("enum").cloned())
+                        .and_then(|e| serde_json::from_value(e).ok())
+                        .unwrap_or_default()
+                } else {
+                    agg.order.iter().map(|o| o.value.clone()).collect()
+                };
+                let rank = |r: &Json| {
+                    let v = get(r);
+                    let s = v
+                        .as_str()
+                        .map(str::to_string)
+                        .unwrap_or_else(|| v.to_string());
+                    order.iter().position(|o| *o == s)
+                };
+                let ranked = present.iter().filter_map(|r| rank(r).map(|i| (i, get(r))));
+                let pick = if agg.mode.value == "worst" {
+                    ranked.max_by_key(|(i, _)| *i)
+                } else {
+                    ranked.min_by_key(|(i, _)| *i)
+                };
+                pick.map(|(_, v)| v).unwrap_or(Json::Null)
+            }
+            "highest" | "lowest" => {
+                let num = |r: &Json| get(r).as_f64();
+                let mut best: Option<(&Json, f64)> = None;
+                for r in &present {
+                    if let Some(x) = num(r) {
+                        let better = match best {
+                            None => true,
+                            Some((_, b)) => {
+                                if agg.mode.value == "highest" {
+                                    x > b
+                                } else {
+                                    x < b
+                                }
+                            }
+                        };
+                        if better {
+                            best = Some((r, x));
+                        }
+                    }
+                }
+                best.map(|(r, _)| r.clone()).unwrap_or(Json::Null)
+            }
+            _ => Json::Array(results.to_vec()),
+        }
+    }
+
+    // ----- worktrees -----
+
+    async fn enter_worktree(
+        &self,
+        frame: &Frame<'_>,
+        n: NodeId,
+        scope: &str,
+    ) -> Result<PathBuf, String> {
+        let ctx = self.context(frame, &[]);
+        self.make_worktree(n, scope, &ctx).await
+    }
+
+    async fn enter_worktree_item(
+        &self,
+        frame: &Frame<'_>,
+        n: NodeId,
+        scope: &str,
+        var: &str,
+        item: &Json,
+        index: usize,
+    ) -> Result<PathBuf, String> {
+        let ctx = self.context(frame, &[(var, jv(item)), ("index", Value::from(index))]);
+        self.make_worktree(n, scope, &ctx).await
+    }
+
+    async fn make_worktree(&self, n: NodeId, scope: &str, ctx: &Value) -> Result<PathBuf, String> {
+        let name = &self.plan.node(n).name;
+        let branch = self.render(&format!("{name}/worktree/branch"), ctx)?;
+        let base = match self.env.get_template(&format!("{name}/worktree/base")) {
+            Ok(_) => self.render(&format!("{name}/worktree/base"), ctx)?,
+            Err(_) => "HEAD".to_string(),
+        };
+        let full = if self.prefix.is_empty() {
+            scope.to_string()
+        } else {
+            format!("{}/{scope}", self.prefix)
+        };
+        let path = self
+            .shared
+            .opts
+            .state_dir
+            .join("worktrees")
+            .join(&self.shared.run.id)
+            .join(full.split('/').map(sanitize).collect::<Vec<_>>().join("/"));
+        super::worktree::ensure(&self.shared.opts.cwd, &path, branch.trim(), base.trim())
+            .await
+            .map_err(|e| format!("cannot create the worktree for `{name}`: {e}"))?;
+        self.shared.write(Write::Node(NodeRecord {
+            run: self.shared.run.id.clone(),
+            scope: full,
+            node: format!("@worktree:{name}"),
+            state: NodeState::Done,
+            output: json!({"path": path.to_string_lossy(), "branch": branch.trim()}),
+            action: None,
+            feedback: None,
+            attempts: 1,
+            usage: Usage::default(),
+            started_at: now_ms(),
+            finished_at: now_ms(),
+        }));
+        self.shared.event(
+            scope,
+            name,
+            "worktree",
+            format!("{} on {}", path.display(), branch.trim()),
+        );
+        self.shared.flush();
+        Ok(path)
+    }
+
+    async fn leave_worktree(&self, frame: &Frame<'_>, n: NodeId, cwd: &Path, ok: bool) {
+        if cwd != frame.cwd {
+            self.leave_worktree_at(n, cwd, ok).await;
+        }
+    }
+
+    async fn leave_worktree_at(&self, n: NodeId, path: &Path, ok: bool) {
+        let cleanup = match &self.plan.stage(n).body {
+            StageBody::Loop {
+                worktree: Some(w), ..
+            }
+            | StageBody::ForEach {
+                worktree: Some(w), ..
+            } => w.cleanup.as_ref().map(|c| c.value.clone()),
+            _ => return,
+        };
+        let remove = match cleanup.as_deref() {
+            Some("always") => true,
+            Some("never") => false,
+            _ => ok,
+        };
+        if remove {
+            if let Err(e) = super::worktree::remove(&self.shared.opts.cwd, path).await {
+                self.shared
+                    .progress
+                    .note(&format!("! could not remove {}: {e}", path.display()));
+            }
+        }
+    }
+
+    /// Builds (once) and returns the backend of an agent.
+    pub fn backend(&self, agent: usize) -> Result<Arc<dyn Backend>, String> {
+        let cfg = &self.agents[agent];
+        if let Some(b) = self.backends.borrow().get(&cfg.name) {
+            return Ok(b.clone());
+        }
+        let b: Arc<dyn Backend> = match &self.shared.replay {
+            Some(r) => r.clone(),
+            None => Arc::from(crate::backend::build(cfg)?),
+        };
+        let b: Arc<dyn Backend> = match &self.shared.recorder {
+            Some(rec) => Arc::new(rec.wrap(b, &cfg.name)),
+            None => b,
+        };
+        self.backends
+            .borrow_mut()
+            .insert(cfg.name.clone(), b.clone());
+        Ok(b)
+    }
+}
+
+/// Renders an agent's settings over the params.
+fn agent_config(
+    a: &crate::model::Agent,
+    plan: &Plan,
+    files: &HashMap<FileId, PathBuf>,
+) -> Result<AgentConfig, String> {
+    let r = |t: &crate::model::Text| {
+        crate::compile::render_params(&t.value, &plan.params)
+            .map_err(|e| format!("agent `{}`: {e}", a.name.value))
+    };
+    let opt = |t: &Option<crate::model::Text>| t.as_ref().map(r).transpose();
+    Ok(AgentConfig {
+        name: a.name.value.clone(),
+        kind: a.kind.value,
+        model: opt(&a.model)?,
+        args: a.args.iter().map(r).collect::<Result<_, _>>()?,
+        env: a
+            .env
+            .iter()
+            .map(|(k, v)| Ok((k.value.clone(), r(v)?)))
+            .collect::<Result<_, String>>()?,
+        command: a.command.iter().map(r).collect::<Result<_, _>>()?,
+        prompt_via: opt(&a.prompt_via)?,
+        base_url: opt(&a.base_url)?,
+        api_key_env: opt(&a.api_key_env)?,
+        api: opt(&a.api)?,
+        max_tokens: a
+            .max_tokens
+            .as_ref()
+            .map(|m| resolve_count(&m.value, &plan.params))
+            .transpose()
+            .map_err(|e| format!("agent `{}`: max_tokens: {e}", a.name.value))?,
+        file: a.file.as_ref().map(|f| {
+            let base = files
+                .get(&f.span.file)
+                .and_then(|p| p.parent())
+                .map(Path::to_path_buf)
+                .unwrap_or_default();
+            base.join(&f.value)
+        }),
+        program: None,
+    })
+}
+
+/// Tells whether a rendered condition is true.
+pub fn truthy(s: &str) -> bool {
+    !matches!(
+        s.trim(),
+        "" | "false" | "False" | "none" | "None" | "0" | "[]" | "{}" | "undefined"
+    )
+}
+
+/// Converts a serializable value for templates.
+pub fn jv<T: serde::Serialize + ?Sized>(x: &T) -> Value {
+    Value::from(minijinja::value::Serde(x))
+}
+
+/// Writes milliseconds since the epoch as RFC 3339.
+pub fn rfc3339(ms: i64) -> String {
+    let t = std::time::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+/// A minijinja error with its cause chain, on one line.
+pub fn describe_error(e: &minijinja::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(inner) = src {
+        s.push_str(&format!(": {inner}"));
+        src = inner.source();
+    }
+    s
+}
+
+/// A JSON value shortened for a message.
+pub fn short_json(j: &Json) -> String {
+    let s = j.to_string();
+    if s.len() > 120 {
+        let mut cut = 120;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        format!("{}…", &s[..cut])
+    } else {
+        s
+    }
+}
+
+/// Returns the duration of a limit: the stage's, else the agent's.
+pub fn limit(
+    stage: Option<&crate::source::Spanned<crate::model::Dur>>,
+    agent: Option<&crate::source::Spanned<crate::model::Dur>>,
+    plan: &Plan,
+) -> Option<Duration> {
+    stage
+        .or(agent)
+        .and_then(|d| resolve_duration(&d.value, &plan.params).ok())
+}

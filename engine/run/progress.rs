@@ -1,0 +1,169 @@
+//! What a run shows while it works: a live tree of running stages on a terminal, plain
+//! lines otherwise. Everything goes to stderr; stdout is left for results.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::backend::Usage;
+
+/// How progress is shown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// A live display of running stages with elapsed time, attempt and tokens.
+    Tty,
+    /// One line per event.
+    Plain,
+    /// Nothing.
+    Quiet,
+}
+
+/// The progress display of a run.
+pub struct Progress {
+    mode: Mode,
+    start: Instant,
+    multi: Option<MultiProgress>,
+    bars: RefCell<HashMap<String, ProgressBar>>,
+}
+
+fn key(scope: &str, stage: &str) -> String {
+    if scope.is_empty() {
+        stage.to_string()
+    } else {
+        format!("{scope}/{stage}")
+    }
+}
+
+fn depth(scope: &str) -> usize {
+    if scope.is_empty() {
+        0
+    } else {
+        scope.matches('/').count() + 1
+    }
+}
+
+/// Shows a duration shortly: `850ms`, `12.3s`, `4m05s`, `1h02m`.
+pub fn short_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms < 1000 {
+        format!("{ms}ms")
+    } else if ms < 60_000 {
+        format!("{:.1}s", d.as_secs_f64())
+    } else if ms < 3_600_000 {
+        format!("{}m{:02}s", ms / 60_000, (ms / 1000) % 60)
+    } else {
+        format!("{}h{:02}m", ms / 3_600_000, (ms / 60_000) % 60)
+    }
+}
+
+/// Shows a token count shortly: `950`, `12.4k`, `1.2M`.
+pub fn short_tokens(n: u64) -> String {
+    if n < 1000 {
+        n.to_string()
+    } else if n < 1_000_000 {
+        format!("{:.1}k", n as f64 / 1000.0)
+    } else {
+        format!("{:.1}M", n as f64 / 1_000_000.0)
+    }
+}
+
+impl Progress {
+    /// Creates a display.
+    pub fn new(mode: Mode) -> Self {
+        let multi = (mode == Mode::Tty)
+            .then(|| MultiProgress::with_draw_target(ProgressDrawTarget::stderr_with_hz(8)));
+        Progress {
+            mode,
+            start: Instant::now(),
+            multi,
+            bars: RefCell::new(HashMap::new()),
+        }
+    }
+
+    fn line(&self, text: &str) {
+        match (&self.multi, self.mode) {
+            (Some(m), _) => {
+                let _ = m.println(text);
+            }
+            (None, Mode::Plain) => {
+                eprintln!("[{:>7}] {text}", short_duration(self.start.elapsed()));
+            }
+            _ => {}
+        }
+    }
+
+    /// A stage started an attempt.
+    pub fn started(&self, scope: &str, stage: &str, attempt: u32, what: &str) {
+        let k = key(scope, stage);
+        match &self.multi {
+            Some(m) => {
+                let bar = m.add(ProgressBar::new_spinner());
+                bar.set_style(
+                    ProgressStyle::with_template("{spinner} {msg} {elapsed}")
+                        .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+                );
+                bar.enable_steady_tick(Duration::from_millis(125));
+                let indent = "  ".repeat(depth(scope));
+                let at = if scope.is_empty() {
+                    String::new()
+                } else {
+                    format!(" [{scope}]")
+                };
+                bar.set_message(format!("{indent}{stage}{at} {what} · attempt {attempt}"));
+                if let Some(old) = self.bars.borrow_mut().insert(k, bar) {
+                    old.finish_and_clear();
+                }
+            }
+            None => {
+                let more = if attempt > 1 {
+                    format!(" (attempt {attempt})")
+                } else {
+                    String::new()
+                };
+                self.line(&format!("▶ {k} {what}{more}"));
+            }
+        }
+    }
+
+    /// A stage settled.
+    pub fn settled(&self, scope: &str, stage: &str, state: &str, elapsed: Duration, usage: &Usage) {
+        let k = key(scope, stage);
+        if let Some(bar) = self.bars.borrow_mut().remove(&k) {
+            bar.finish_and_clear();
+        }
+        let mark = match state {
+            "done" => "✓",
+            "skipped" => "·",
+            "waiting" => "⏸",
+            _ => "✗",
+        };
+        let mut text = format!("{mark} {k} {state}");
+        if state != "skipped" {
+            text.push_str(&format!(" in {}", short_duration(elapsed)));
+        }
+        if usage.tokens() > 0 {
+            text.push_str(&format!(" · {} tokens", short_tokens(usage.tokens())));
+        }
+        if let Some(c) = usage.cost_usd {
+            text.push_str(&format!(" · ${c:.4}"));
+        }
+        self.line(&text);
+    }
+
+    /// Something worth a line: a retry, a rate limit, a gate waiting, an iteration.
+    pub fn note(&self, text: &str) {
+        self.line(text);
+    }
+
+    /// Ends the display.
+    pub fn finish(&self) {
+        for (_, bar) in self.bars.borrow_mut().drain() {
+            bar.finish_and_clear();
+        }
+        if let Some(m) = &self.multi {
+            let _ = m.clear();
+        }
+    }
+}

@@ -1,0 +1,70 @@
+//! Isolated git worktrees for loops and for_each items.
+
+use std::path::Path;
+
+use tokio::process::Command;
+
+async fn git(repo: &Path, args: &[&str]) -> Result<String, String> {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(repo)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .map_err(|e| format!("cannot run git: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!(
+            "git {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// Makes sure a worktree of `repo` exists at `path` on `branch` (created from `base` when
+/// the branch does not exist yet). An existing worktree there is reused (resume).
+pub async fn ensure(repo: &Path, path: &Path, branch: &str, base: &str) -> Result<(), String> {
+    if path.join(".git").exists() {
+        return Ok(());
+    }
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+    }
+    // A worktree whose directory vanished is still registered: forget it first.
+    let _ = git(repo, &["worktree", "prune"]).await;
+    let p = path.to_string_lossy();
+    let exists = git(
+        repo,
+        &[
+            "rev-parse",
+            "--verify",
+            "--quiet",
+            &format!("refs/heads/{branch}"),
+        ],
+    )
+    .await
+    .is_ok();
+    if exists {
+        git(repo, &["worktree", "add", &p, branch]).await?;
+    } else {
+        git(repo, &["worktree", "add", "-b", branch, &p, base]).await?;
+    }
+    Ok(())
+}
+
+/// Removes a worktree (the branch stays).
+pub async fn remove(repo: &Path, path: &Path) -> Result<(), String> {
+    if !path.exists() {
+        return Ok(());
+    }
+    git(
+        repo,
+        &["worktree", "remove", "--force", &path.to_string_lossy()],
+    )
+    .await
+    .map(|_| ())
+}
