@@ -548,33 +548,17 @@ impl<'p> Exec<'p> {
     }
 
     pub(crate) fn run_end(&self, end: BodyEnd) -> RunEnd {
-        let exit = |name: &str, message: Option<String>| {
-            let i = self.plan.exit(name).unwrap_or(0);
-            let e = &self.plan.exits[i];
-            RunEnd::Exit {
-                name: e.name.clone(),
-                code: e.code,
-                message: message.or_else(|| e.message.clone()),
-            }
+        let exit = |name: &str, message: Option<String>| match (self.exit_end(self.plan.exit(name).unwrap_or(0)), message) {
+            (RunEnd::Exit { name, code, .. }, Some(m)) => RunEnd::Exit { name, code, message: Some(m) },
+            (end, None) => end,
+            (end, _) => end,
         };
         if let Some(i) = self.exit.get() {
-            let e = &self.plan.exits[i];
-            return RunEnd::Exit {
-                name: e.name.clone(),
-                code: e.code,
-                message: e.message.clone(),
-            };
+            return self.exit_end(i);
         }
         match end {
             BodyEnd::Completed | BodyEnd::Break | BodyEnd::Continue(_) => exit("success", None),
-            BodyEnd::Exit(i) => {
-                let e = &self.plan.exits[i];
-                RunEnd::Exit {
-                    name: e.name.clone(),
-                    code: e.code,
-                    message: e.message.clone(),
-                }
-            }
+            BodyEnd::Exit(i) => self.exit_end(i),
             BodyEnd::Failed { node, message, .. } => {
                 exit("failed", Some(format!("stage `{node}` failed: {message}")))
             }
@@ -589,6 +573,19 @@ impl<'p> Exec<'p> {
                 RunEnd::Waiting(gates)
             }
             BodyEnd::Stopped => RunEnd::Interrupted,
+        }
+    }
+
+    /// The end of a run by an exit, its message rendered over the params.
+    fn exit_end(&self, i: usize) -> RunEnd {
+        let e = &self.plan.exits[i];
+        RunEnd::Exit {
+            name: e.name.clone(),
+            code: e.code,
+            message: e
+                .message
+                .as_ref()
+                .map(|m| crate::compile::render_params(m, &self.plan.params).unwrap_or_else(|_| m.clone())),
         }
     }
 

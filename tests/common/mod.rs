@@ -1,0 +1,225 @@
+//! A scratch project for end-to-end runs: a temp directory with workflows, scripted answers
+//! and the fakes on PATH.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ralph_flow::store::Store;
+use ralph_flow::store::sqlite::{SqliteStore, default_path};
+
+pub struct Project {
+    dir: tempfile::TempDir,
+}
+
+/// What a run printed and how it ended.
+pub struct Out {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+    /// stdout as JSON, or null.
+    pub json: serde_json::Value,
+}
+
+pub fn fakes() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fakes")
+}
+
+fn path_env() -> String {
+    format!(
+        "{}:{}",
+        fakes().display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
+/// Tells whether a process is alive (a zombie counts as dead).
+pub fn alive(pid: i32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    if stat.is_empty() {
+        return false;
+    }
+    let state = stat
+        .rsplit(')')
+        .next()
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or("");
+    state != "Z" && state != "X"
+}
+
+impl Project {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("answers")).unwrap();
+        Project { dir }
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn write(&self, rel: &str, text: &str) {
+        let p = self.dir().join(rel);
+        if let Some(parent) = p.parent() {
+            std::fs::create_dir_all(parent).unwrap();
+        }
+        std::fs::write(p, text).unwrap();
+    }
+
+    pub fn read(&self, rel: &str) -> String {
+        std::fs::read_to_string(self.dir().join(rel)).unwrap_or_default()
+    }
+
+    pub fn workflow(&self, rel: &str, text: &str) {
+        self.write(rel, text);
+    }
+
+    /// Prepares the n-th answer of a scripted stage.
+    pub fn answer(&self, stage: &str, n: u32, text: &str) {
+        self.write(&format!("answers/{stage}/{n}"), text);
+    }
+
+    /// Returns the prompt of the n-th call of a scripted stage.
+    pub fn prompt(&self, stage: &str, n: u32) -> String {
+        self.read(&format!("answers/.prompt-{stage}-{n}"))
+    }
+
+    /// Counts the calls of a scripted stage.
+    pub fn calls(&self, stage: &str) -> usize {
+        self.read("answers/.calls")
+            .lines()
+            .filter(|l| l.split_whitespace().next() == Some(stage))
+            .count()
+    }
+
+    pub fn probe_log(&self) -> String {
+        self.read("probe.log")
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_ralph-flow"));
+        c.args(args)
+            .current_dir(self.dir())
+            .env("PATH", path_env())
+            .env("SCRIPT_DIR", self.dir().join("answers"))
+            .env("PROBE_LOG", self.dir().join("probe.log"))
+            .env_remove("RUST_LOG")
+            .env("NO_COLOR", "1");
+        if matches!(args.first(), Some(&"run" | &"resume")) {
+            c.args(["--progress", "plain", "--backoff", "10ms"]);
+        }
+        c
+    }
+
+    /// Runs ralph-flow to its end.
+    pub fn run(&self, args: &[&str]) -> Out {
+        let out = self.command(args).output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        Out {
+            code: out.status.code().unwrap_or(-1),
+            json: serde_json::from_str(&stdout).unwrap_or(serde_json::Value::Null),
+            stdout,
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    /// Starts ralph-flow in the background.
+    pub fn spawn(&self, args: &[&str]) -> Running {
+        let child = self
+            .command(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        Running { child }
+    }
+
+    /// Waits (up to 30 s) until a condition holds.
+    pub fn wait_for(&self, mut f: impl FnMut() -> bool) {
+        let t = Instant::now();
+        while !f() {
+            assert!(t.elapsed() < Duration::from_secs(30), "timed out waiting");
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    pub fn store(&self) -> Option<SqliteStore> {
+        let path = default_path(&self.dir().join(".ralph-flow"));
+        path.exists().then(|| SqliteStore::open(&path).unwrap())
+    }
+
+    /// Waits for the first run to exist and returns its id.
+    pub fn wait_for_run(&self) -> String {
+        let mut id = String::new();
+        self.wait_for(|| {
+            if let Some(s) = self.store() {
+                if let Some(r) = s.runs(1).ok().and_then(|r| r.into_iter().next()) {
+                    id = r.id;
+                    return true;
+                }
+            }
+            false
+        });
+        id
+    }
+
+    /// Everything the store holds, as text, for assertions.
+    pub fn store_text(&self) -> String {
+        let Some(s) = self.store() else {
+            return String::new();
+        };
+        let mut out = String::new();
+        for r in s.runs(100).unwrap() {
+            out.push_str(&serde_json::to_string(&r).unwrap());
+            out.push_str(&serde_json::to_string(&s.nodes(&r.id).unwrap()).unwrap());
+            out.push_str(&serde_json::to_string(&s.events(&r.id, None).unwrap()).unwrap());
+            out.push_str(&serde_json::to_string(&s.attempts(&r.id, None).unwrap()).unwrap());
+        }
+        out
+    }
+
+    pub fn git_init(&self) {
+        self.git(&["init", "-q", "-b", "main"]);
+        self.git(&["config", "user.email", "t@example.com"]);
+        self.git(&["config", "user.name", "t"]);
+        self.write(".gitignore", ".ralph-flow/\nanswers/\nprobe.log\n");
+        self.git(&["add", ".gitignore"]);
+        self.git(&["commit", "-qm", "init"]);
+    }
+
+    pub fn git(&self, args: &[&str]) -> String {
+        let out = Command::new("git")
+            .args(args)
+            .current_dir(self.dir())
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+/// A ralph-flow process running in the background.
+pub struct Running {
+    child: Child,
+}
+
+impl Running {
+    pub fn pid(&self) -> i32 {
+        i32::try_from(self.child.id()).unwrap()
+    }
+
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), sig).unwrap();
+    }
+
+    pub fn finish(self) -> Out {
+        let out = self.child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        Out {
+            code: out.status.code().unwrap_or(-1),
+            json: serde_json::from_str(&stdout).unwrap_or(serde_json::Value::Null),
+            stdout,
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+}

@@ -1,0 +1,674 @@
+//! End-to-end runs of the executor through the command line, with scripted agents
+//! (tests/fakes/scripted), probes and fake CLIs. No network, no LLM.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::Project;
+use serde_json::json;
+
+const BOT: &str = r#"
+[agents.bot]
+kind = "command"
+command = ["scripted"]
+"#;
+
+#[test]
+fn a_loop_runs_until_its_condition_with_feedback_of_the_failed_iteration() {
+    let p = Project::new();
+    p.workflow(
+        "w.toml",
+        &format!(
+            r#"name = "until"
+{BOT}
+[stages.attempts]
+kind = "loop"
+max_iterations = 4
+until = "stages.verify.output.passed"
+
+[stages.attempts.stages.work]
+kind = "agent"
+agent = "bot"
+prompt = "iteration {{{{ iteration }}}} of {{{{ max_iterations }}}}; feedback: {{{{ feedback }}}}"
+
+[stages.attempts.stages.verify]
+kind = "check"
+needs = ["work"]
+argv = ["sh", "-c", "test \"$0\" = ok || {{ echo \"wanted ok, got $0\"; exit 1; }}", "{{{{ stages.work.output.text | trim }}}}"]
+"#
+        ),
+    );
+    p.answer("work", 1, "bad");
+    p.answer("work", 2, "worse");
+    p.answer("work", 3, "ok");
+    let out = p.run(&["run", "w.toml", "--json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(out.json["outputs"]["attempts"], json!({"iterations": 3, "outcome": "until"}));
+    let second = p.prompt("work", 2);
+    assert!(second.contains("iteration 2 of 4"), "{second}");
+    assert!(second.contains("wanted ok, got bad"), "feedback of the failed check: {second}");
+    assert!(p.prompt("work", 1).contains("feedback: \n") || p.prompt("work", 1).ends_with("feedback: "));
+}
+
+#[test]
+fn a_loop_stops_as_stuck_when_the_findings_repeat() {
+    let p = Project::new();
+    p.workflow(
+        "w.toml",
+        &format!(
+            r#"name = "stuck"
+{BOT}
+[exits.stuck]
+code = 4
+
+[stages.review_loop]
+kind = "loop"
+max_iterations = 10
+until = "stages.review.output.no_issues"
+stuck = {{ on = "stages.review.output.issues", repeats = 2, then = "exit:stuck" }}
+
+[stages.review_loop.stages.review]
+kind = "agent"
+agent = "bot"
+prompt = "review; earlier findings: {{{{ history | length }}}}"
+output = {{ extract = "markers", markers.no_issues = {{ pattern = "^NO_ISSUES$" }}, markers.issues = {{ prefix = "ISSUE:", many = true }} }}
+"#
+        ),
+    );
+    p.answer("review", 1, "ISSUE: a\nISSUE: b\n");
+    p.answer("review", 2, "ISSUE: b\n");
+    p.answer("review", 3, "ISSUE: b\n");
+    p.answer("review", 4, "NO_ISSUES\n");
+    let out = p.run(&["run", "w.toml"]);
+    assert_eq!(out.code, 4, "stuck exit: {}", out.stderr);
+    assert_eq!(p.calls("review"), 3, "the fourth review never runs");
+    assert!(out.stderr.contains("stuck"), "{}", out.stderr);
+}
+
+#[test]
+fn routes_choose_the_next_stage_and_escalation_runs_only_when_it_holds() {
+    let p = Project::new();
+    p.workflow(
+        "w.toml",
+        &format!(
+            r#"name = "routes"
+{BOT}
+[exits.unfixable]
+code = 2
+
+[stages.attempts]
+kind = "loop"
+max_iterations = 5
+on_exhausted = "exit:failed"
+
+[[stages.attempts.escalation]]
+when = "iteration >= 3"
+run = ["oracle"]
+
+[stages.attempts.stages.review]
+kind = "agent"
+agent = "bot"
+prompt = "review {{{{ iteration }}}}"
+output = {{ extract = "json", schema = {{ type = "object", required = ["verdict"], properties = {{ verdict = {{ enum = ["VALID", "INVALID", "UNFIXABLE"] }} }} }} }}
+route = {{ on = "verdict", cases = {{ VALID = "verify", INVALID = "continue", UNFIXABLE = "exit:unfixable" }} }}
+
+[stages.attempts.stages.oracle]
+kind = "agent"
+agent = "bot"
+needs = ["review"]
+prompt = "deep analysis"
+
+[stages.attempts.stages.verify]
+kind = "command"
+argv = ["true"]
+route = {{ on = "exit_code", cases = {{ "0" = "break" }} }}
+"#
+        ),
+    );
+    p.answer("review", 1, r#"{"verdict": "INVALID"}"#);
+    p.answer("review", 2, r#"{"verdict": "INVALID"}"#);
+    p.answer("review", 3, r#"{"verdict": "INVALID"}"#);
+    p.answer("review", 4, r#"{"verdict": "UNFIXABLE"}"#);
+    p.answer("oracle", 1, "look at the types");
+    let out = p.run(&["run", "w.toml", "--json"]);
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert_eq!(out.json["exit"], "unfixable");
+    assert_eq!(p.calls("review"), 4);
+    // INVALID continues before oracle runs; the escalation never ran in iterations 1-2.
+    assert_eq!(p.calls("oracle"), 0, "oracle needs review, which ended each iteration");
+
+    // VALID routes to verify, which breaks the loop: success.
+    let p2 = Project::new();
+    p2.workflow("w.toml", &p.read("w.toml"));
+    p2.answer("review", 1, r#"{"verdict": "INVALID"}"#);
+    p2.answer("review", 2, r#"{"verdict": "VALID"}"#);
+    let out = p2.run(&["run", "w.toml", "--json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(out.json["outputs"]["attempts"]["outcome"], "break");
+    assert_eq!(out.json["outputs"]["verify"]["exit_code"], 0);
+}
+
+#[test]
+fn escalation_rules_add_stages_from_the_iteration_they_hold() {
+    let p = Project::new();
+    p.workflow(
+        "w.toml",
+        &format!(
+            r#"name = "escalate"
+{BOT}
+[stages.attempts]
+kind = "loop"
+max_iterations = 4
+until = "stages.judge.output.text | trim == 'done'"
+
+[[stages.attempts.escalation]]
+when = "iteration >= 3 or (stages.fast.output.text | trim) == 'unsure'"
+run = ["slow"]
+
+[stages.attempts.stages.fast]
+kind = "agent"
+agent = "bot"
+prompt = "fast {{{{ iteration }}}}"
+
+[stages.attempts.stages.slow]
+kind = "agent"
+agent = "bot"
+needs = ["fast"]
+prompt = "slow {{{{ iteration }}}}"
+
+[stages.attempts.stages.judge]
+kind = "agent"
+agent = "bot"
+needs = ["fast", "slow"]
+prompt = "judge {{{{ iteration }}}}: slow ran: {{{{ stages.slow.ran }}}}"
+"#
+        ),
+    );
+    p.answer("fast", 1, "sure");
+    p.answer("fast", 2, "unsure");
+    p.answer("fast", 3, "sure");
+    p.answer("slow", 1, "deep 2");
+    p.answer("slow", 2, "deep 3");
+    p.answer("judge", 1, "again");
+    p.answer("judge", 2, "again");
+    p.answer("judge", 3, "done");
+    let out = p.run(&["run", "w.toml"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(p.calls("slow"), 2, "iteration 2 (unsure) and 3 (iteration >= 3)");
+    assert!(p.prompt("judge", 1).contains("slow ran: false"));
+    assert!(p.prompt("judge", 2).contains("slow ran: true"));
+    assert!(p.prompt("slow", 1).contains("slow 2"));
+}
+
+#[test]
+fn a_route_to_a_stage_runs_only_the_chosen_branch() {
+    let p = Project::new();
+    p.workflow(
+        "w.toml",
+        &format!(
+            r#"name = "categories"
+{BOT}
+[stages.categorize]
+kind = "agent"
+agent = "bot"
+prompt = "categorize"
+output = {{ extract = "regex", pattern = "CATEGORY: (?P<category>[A-C])" }}
+route = {{ on = "category", cases = {{ A = "wire", B = "rewrite" }}, default = "fail" }}
+
+[stages.wire]
+kind = "command"
+argv = ["echo", "wired"]
+
+[stages.rewrite]
+kind = "command"
+argv = ["echo", "rewritten"]
+
+[stages.report]
+kind = "command"
+needs = ["wire", "rewrite"]
+argv = ["echo", "{{{{ stages.wire.status }}}} {{{{ stages.rewrite.status }}}}"]
+"#
+        ),
+    );
+    p.answer("categorize", 1, "thinking...\nCATEGORY: B\n");
+    let out = p.run(&["run", "w.toml", "--json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(out.json["outputs"]["report"]["stdout"], "skipped done\n");
+    assert!(out.json["outputs"].get("wire").is_none());
+
+    let p2 = Project::new();
+    p2.workflow("w.toml", &p.read("w.toml"));
+    p2.answer("categorize", 1, "CATEGORY: C\n");
+    let out = p2.run(&["run", "w.toml", "--json"]);
+    assert_eq!(out.code, 1, "C has no case: the default fails the run: {}", out.stderr);
+    assert!(out.stderr.contains("categorize"), "{}", out.stderr);
+}
+
+#[test]
+fn for_each_honours_its_concurrency_limit_and_a_resource_of_capacity_one() {
+    let p = Project::new();
+    p.workflow(
+        "w.toml",
+        r#"name = "fanout"
+
+[resources.merge_queue]
+capacity = 1
+
+[stages.list]
+kind = "command"
+argv = ["echo", "[1, 2, 3, 4, 5, 6]"]
+output = { extract = "json" }
+
+[stages.items]
+kind = "for_each"
+needs = ["list"]
+over = "stages.list.output"
+as = "n"
+max_concurrency = 3
+
+[stages.items.stages.work]
+kind = "command"
+argv = ["probe", "work-{{ n }}", "0.3", "{{ n * 10 }}"]
+
+[stages.items.stages.land]
+kind = "command"
+needs = ["work"]
+resource = "merge_queue"
+argv = ["probe", "land-{{ n }}", "0.1"]
+"#,
+    );
+    let out = p.run(&["run", "w.toml", "--json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let log = p.probe_log();
+    assert_eq!(max_overlap(&log, "work-"), 3, "{log}");
+    assert_eq!(max_overlap(&log, "land-"), 1, "{log}");
+    let results = out.json["outputs"]["items"]["results"].as_array().unwrap().len();
+    assert_eq!(results, 6);
+}
+
+#[test]
+fn max_concurrency_on_the_command_line_caps_everything() {
+    let p = Project::new();
+    p.workflow(
+        "w.toml",
+        r#"name = "cap"
+[stages.a]
+kind = "command"
+argv = ["probe", "a", "0.3"]
+[stages.b]
+kind = "command"
+argv = ["probe", "b", "0.3"]
+[stages.c]
+kind = "command"
+argv = ["probe", "c", "0.3"]
+"#,
+    );
+    let out = p.run(&["run", "w.toml"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(max_overlap(&p.probe_log(), ""), 3);
+    std::fs::remove_file(p.dir().join("probe.log")).unwrap();
+    let out = p.run(&["run", "w.toml", "--max-concurrency", "1"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(max_overlap(&p.probe_log(), ""), 1);
+}
+
+fn max_overlap(log: &str, prefix: &str) -> usize {
+    let mut events: Vec<(u128, i32)> = Vec::new();
+    for line in log.lines() {
+        let parts: Vec<&str> = line.split_whitespace().collect();
+        if parts.len() == 3 && parts[1].starts_with(prefix) {
+            let t: u128 = parts[2].parse().unwrap();
+            events.push((t, if parts[0] == "start" { 1 } else { -1 }));
+        }
+    }
+    events.sort_by_key(|(t, d)| (*t, *d));
+    let (mut cur, mut max) = (0i32, 0i32);
+    for (_, d) in events {
+        cur += d;
+        max = max.max(cur);
+    }
+    usize::try_from(max).unwrap()
+}
+
+const GATED: &str = r#"name = "gated"
+
+[stages.plan]
+kind = "command"
+argv = ["echo", "the plan"]
+
+[stages.review]
+kind = "loop"
+needs = ["plan"]
+max_iterations = 3
+until = "stages.approve_plan.output.approved"
+
+[stages.review.stages.revise]
+kind = "command"
+argv = ["echo", "revision {{ iteration }}: {{ feedback }}"]
+
+[stages.review.stages.approve_plan]
+kind = "gate"
+needs = ["revise"]
+message = "Approve revision {{ iteration }}?"
+
+[stages.other]
+kind = "command"
+argv = ["echo", "independent"]
+"#;
+
+#[test]
+fn a_gate_waits_and_a_rejection_comment_is_the_next_attempts_feedback() {
+    let p = Project::new();
+    p.workflow("w.toml", GATED);
+    let out = p.run(&["run", "w.toml", "--no-wait", "--json"]);
+    assert_eq!(out.code, 75, "waiting: {}", out.stderr);
+    let run = out.json["run"].as_str().unwrap().to_string();
+    assert_eq!(out.json["waiting_on"], json!(["approve_plan"]));
+    assert_eq!(out.json["outputs"]["other"]["stdout"], "independent\n", "other branches go on");
+    assert!(out.stderr.contains(&format!("ralph-flow approve {run} approve_plan")), "{}", out.stderr);
+
+    let bad = p.run(&["approve", &run, "nope"]);
+    assert_eq!(bad.code, 3);
+    assert!(bad.stderr.contains("waiting: approve_plan"), "{}", bad.stderr);
+    let no_comment = p.run(&["reject", &run, "approve_plan"]);
+    assert_eq!(no_comment.code, 3);
+
+    let r = p.run(&["reject", &run, "approve_plan", "--comment", "add error handling", "--by", "ana"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let out = p.run(&["resume", &run, "--no-wait", "--json"]);
+    assert_eq!(out.code, 75, "waits again: {}", out.stderr);
+    let a = p.run(&["approve", &run, "approve_plan", "--by", "bo"]);
+    assert_eq!(a.code, 0, "{}", a.stderr);
+    let out = p.run(&["resume", &run, "--json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(out.json["outputs"]["approve_plan"]["approved"], true);
+    assert_eq!(out.json["outputs"]["approve_plan"]["by"], "bo");
+    assert!(
+        out.json["outputs"]["revise"]["stdout"]
+            .as_str()
+            .unwrap()
+            .contains("revision 2: The gate `approve_plan` was rejected by ana: add error handling"),
+        "{}",
+        out.json
+    );
+    assert_eq!(out.json["outputs"]["review"]["iterations"], 2);
+    // Who answered, and when, is recorded.
+    let events = p.run(&["logs", &run, "--json"]);
+    assert!(events.stdout.contains("ana") || p.store_text().contains("ana"));
+}
+
+#[test]
+fn a_waiting_run_polls_and_picks_up_an_answer_from_another_terminal() {
+    let p = Project::new();
+    p.workflow("w.toml", GATED);
+    let child = p.spawn(&["run", "w.toml", "--json"]);
+    let run = p.wait_for_run();
+    p.wait_for(|| p.run(&["approve", &run, "approve_plan"]).code == 0);
+    let out = child.finish();
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(out.json["outputs"]["review"]["iterations"], 1);
+}
+
+#[test]
+fn gate_timeouts_apply_their_action() {
+    let p = Project::new();
+    p.workflow(
+        "w.toml",
+        r#"name = "timeout"
+[exits.abandoned]
+code = 5
+
+[stages.ask]
+kind = "gate"
+message = "Ship it?"
+timeout = "300ms"
+on_timeout = "approve"
+
+[stages.ask_again]
+kind = "gate"
+needs = ["ask"]
+timeout = "300ms"
+on_timeout = "exit:abandoned"
+"#,
+    );
+    let out = p.run(&["run", "w.toml", "--json"]);
+    assert_eq!(out.code, 5, "{}", out.stderr);
+    assert_eq!(out.json["outputs"]["ask"]["approved"], true);
+    assert_eq!(out.json["outputs"]["ask"]["by"], "timeout");
+}
+
+#[test]
+fn an_invalid_output_is_retried_with_the_validation_errors_then_fails_showing_them() {
+    let p = Project::new();
+    let wf = format!(
+        r#"name = "repair"
+{BOT}
+[stages.plan]
+kind = "agent"
+agent = "bot"
+prompt = "plan it"
+retries = 1
+output = {{ extract = "fenced_json", schema = {{ type = "object", required = ["steps"], properties = {{ steps = {{ type = "array", minItems = 1 }} }} }} }}
+"#
+    );
+    p.workflow("w.toml", &wf);
+    p.answer("plan", 1, "```json\n{\"step\": []}\n```");
+    p.answer("plan", 2, "Here:\n```json\n{\"steps\": [\"a\"]}\n```");
+    let out = p.run(&["run", "w.toml", "--json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(out.json["outputs"]["plan"]["steps"], json!(["a"]));
+    let second = p.prompt("plan", 2);
+    assert!(second.contains("could not be used"), "{second}");
+    assert!(second.contains("steps"), "the validation error names the field: {second}");
+
+    let p = Project::new();
+    p.workflow("w.toml", &wf);
+    p.answer("plan", 1, "no json");
+    p.answer("plan", 2, "```json\n{\"steps\": []}\n```");
+    let out = p.run(&["run", "w.toml"]);
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    assert!(out.stderr.contains("did not validate after 2 attempts"), "{}", out.stderr);
+    assert!(out.stderr.contains("/steps"), "the exact error: {}", out.stderr);
+}
+
+#[test]
+fn a_timeout_kills_the_whole_process_group_and_an_idle_timeout_catches_silence() {
+    let p = Project::new();
+    p.workflow(
+        "w.toml",
+        r#"name = "timeouts"
+[stages.slow]
+kind = "command"
+argv = ["sh", "-c", "sleep 60 & echo $! > grandchild.pid; wait"]
+timeout = "1s"
+"#,
+    );
+    let t = std::time::Instant::now();
+    let out = p.run(&["run", "w.toml", "--json"]);
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    assert!(t.elapsed().as_secs() < 20);
+    assert!(out.stderr.contains("process group"), "{}", out.stderr);
+    let pid: i32 = p.read("grandchild.pid").trim().parse().unwrap();
+    p.wait_for(|| !common::alive(pid));
+    assert!(p.store_text().contains("timed_out"));
+
+    let p = Project::new();
+    p.workflow(
+        "w.toml",
+        r#"name = "idle"
+[stages.hung]
+kind = "command"
+argv = ["sh", "-c", "echo started; sleep 60"]
+idle_timeout = "1s"
+timeout = "30s"
+
+[stages.chatty]
+kind = "command"
+argv = ["sh", "-c", "for i in 1 2 3 4; do echo $i; sleep 0.4; done"]
+idle_timeout = "1s"
+"#,
+    );
+    let out = p.run(&["run", "w.toml"]);
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    assert!(out.stderr.contains("produced no output for 1.0s"), "{}", out.stderr);
+    assert!(p.store_text().contains("chatty"), "chatty finished");
+}
+
+#[test]
+fn parallel_items_get_their_own_git_worktrees() {
+    let p = Project::new();
+    p.git_init();
+    p.workflow(
+        "w.toml",
+        r#"name = "trees"
+[stages.items]
+kind = "for_each"
+over = "['a', 'b', 'c']"
+as = "t"
+max_concurrency = 3
+worktree = { branch = "ticket/{{ t }}", cleanup = "never" }
+
+[stages.items.stages.edit]
+kind = "command"
+argv = ["sh", "-c", "echo $0 > file.txt && git add file.txt && git commit -qm $0 && pwd", "{{ t }}"]
+"#,
+    );
+    let out = p.run(&["run", "w.toml", "--json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let dirs: Vec<String> = out.json["outputs"]["items"]["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["stdout"].as_str().unwrap().trim().to_string())
+        .collect();
+    assert_eq!(dirs.len(), 3);
+    assert!(dirs.iter().all(|d| d.contains("worktrees")), "{dirs:?}");
+    let unique: std::collections::HashSet<_> = dirs.iter().collect();
+    assert_eq!(unique.len(), 3, "no two items share a tree");
+    for t in ["a", "b", "c"] {
+        let log = p.git(&["log", "-1", "--format=%s", &format!("ticket/{t}")]);
+        assert_eq!(log.trim(), t);
+    }
+    assert_eq!(p.git(&["status", "--porcelain"]).trim(), "?? w.toml", "the main tree is untouched");
+}
+
+#[test]
+fn ctrl_c_stops_agents_persists_and_resume_continues() {
+    let p = Project::new();
+    p.workflow(
+        "w.toml",
+        r#"name = "interrupt"
+[stages.first]
+kind = "command"
+argv = ["echo", "one"]
+
+[stages.long]
+kind = "command"
+needs = ["first"]
+argv = ["sh", "-c", "if [ -f done-once ]; then echo two; else touch done-once; sleep 60 & echo $! > grandchild.pid; wait; fi"]
+"#,
+    );
+    let child = p.spawn(&["run", "w.toml", "--json"]);
+    p.wait_for(|| p.dir().join("grandchild.pid").exists());
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    child.signal(nix::sys::signal::Signal::SIGINT);
+    let out = child.finish();
+    assert_eq!(out.code, 130, "{}", out.stderr);
+    let run = out.json["run"].as_str().unwrap().to_string();
+    let pid: i32 = p.read("grandchild.pid").trim().parse().unwrap();
+    p.wait_for(|| !common::alive(pid));
+    let out = p.run(&["resume", &run, "--json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(out.json["outputs"]["long"]["stdout"], "two\n");
+    assert_eq!(out.json["outputs"]["first"]["stdout"], "one\n");
+}
+
+#[test]
+fn budgets_bound_a_run_with_their_declared_outcome() {
+    let p = Project::new();
+    p.workflow(
+        "w.toml",
+        r#"name = "budget"
+budget = { tokens = 2500, on_exceeded = "exit:over_budget" }
+
+[exits.over_budget]
+code = 6
+
+[agents.bot]
+kind = "claude"
+
+[stages.work]
+kind = "loop"
+max_iterations = 10
+
+[stages.work.stages.step]
+kind = "agent"
+agent = "bot"
+prompt = "step {{ iteration }}"
+"#,
+    );
+    let mut rec = String::new();
+    for i in 1..=10 {
+        rec.push_str(&format!(
+            "{{\"scope\":\"work#{i}\",\"stage\":\"step\",\"attempt\":1,\"agent\":\"bot\",\"prompt_bytes\":6,\"reply\":{{\"text\":\"did {i}\",\"raw\":\"\",\"usage\":{{\"input_tokens\":800,\"output_tokens\":200,\"cached_tokens\":0,\"cost_usd\":0.01}},\"session_id\":null,\"model\":null}}}}\n"
+        ));
+    }
+    p.write("rec.jsonl", &rec);
+    let out = p.run(&["run", "w.toml", "--replay", "rec.jsonl", "--json"]);
+    assert_eq!(out.code, 6, "{}", out.stderr);
+    assert_eq!(out.json["exit"], "over_budget");
+    assert!(p.store_text().contains("budget of the run is spent"), "the reason is recorded");
+}
+
+#[test]
+fn record_then_replay_runs_the_same_with_no_agent() {
+    let p = Project::new();
+    p.workflow(
+        "w.toml",
+        &format!(
+            r#"name = "rec"
+{BOT}
+[stages.a]
+kind = "agent"
+agent = "bot"
+prompt = "a"
+[stages.b]
+kind = "agent"
+agent = "bot"
+needs = ["a"]
+prompt = "b after {{{{ stages.a.output.text }}}}"
+"#
+        ),
+    );
+    p.answer("a", 1, "alpha");
+    p.answer("b", 1, "beta");
+    let live = p.run(&["run", "w.toml", "--record", "rec.jsonl", "--json"]);
+    assert_eq!(live.code, 0, "{}", live.stderr);
+    std::fs::remove_dir_all(p.dir().join("answers")).unwrap();
+    let replay = p.run(&["run", "w.toml", "--replay", "rec.jsonl", "--json"]);
+    assert_eq!(replay.code, 0, "{}", replay.stderr);
+    assert_eq!(live.json["outputs"], replay.json["outputs"]);
+}
+
+#[test]
+fn resume_refuses_a_changed_workflow_unless_allowed_and_a_run_has_one_executor() {
+    let p = Project::new();
+    p.workflow("w.toml", GATED);
+    let out = p.run(&["run", "w.toml", "--no-wait", "--json"]);
+    assert_eq!(out.code, 75);
+    let run = out.json["run"].as_str().unwrap().to_string();
+    p.write("w.toml", &GATED.replace("independent", "changed"));
+    let refused = p.run(&["resume", &run, "--no-wait"]);
+    assert_eq!(refused.code, 3);
+    assert!(refused.stderr.contains("--allow-changed"), "{}", refused.stderr);
+    let allowed = p.run(&["resume", &run, "--no-wait", "--allow-changed"]);
+    assert_eq!(allowed.code, 75, "{}", allowed.stderr);
+    // A live run holds its lock.
+    let child = p.spawn(&["resume", &run, "--allow-changed"]);
+    p.wait_for(|| p.store_text().contains("resumed by pid"));
+    let second = p.run(&["resume", &run, "--allow-changed", "--no-wait"]);
+    assert_eq!(second.code, 3, "{}", second.stderr);
+    assert!(second.stderr.contains("held by pid"), "{}", second.stderr);
+    child.signal(nix::sys::signal::Signal::SIGINT);
+    let _ = child.finish();
+}
