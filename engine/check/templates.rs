@@ -17,6 +17,7 @@ pub const HELPERS: &[&str] = &[
     "git_status",
     "tail",
     "file_exists",
+    "earlier_runs",
 ];
 /// Functions minijinja itself provides.
 const BUILTINS: &[&str] = &[

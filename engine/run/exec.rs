@@ -473,6 +473,16 @@ impl<'p> Exec<'p> {
     ) -> Result<Self, String> {
         let mut env = plan.templates.clone();
         super::helpers::register(&mut env);
+        let memory = crate::store::sqlite::SqliteStore::open(&crate::store::sqlite::default_path(
+            &shared.opts.state_dir,
+        ))
+        .map_err(|e| e.to_string())?;
+        super::helpers::register_memory(
+            &mut env,
+            Arc::new(std::sync::Mutex::new(memory)),
+            plan.workflow.name.value.clone(),
+            shared.run.id.clone(),
+        );
         env.set_undefined_behavior(minijinja::UndefinedBehavior::Lenient);
         let mut agents = Vec::new();
         for a in &plan.workflow.agents {
@@ -799,6 +809,10 @@ impl<'p> Exec<'p> {
                                     ending.get_or_insert(BodyEnd::Exit(i));
                                 }
                                 Some(Target::Fail | Target::Reject) => {
+                                    if frame.parent.is_none() && self.prefix.is_empty() {
+                                        // A failure at the top level ends the run.
+                                        let _ = self.stop.send(true);
+                                    }
                                     ending.get_or_insert(BodyEnd::Failed {
                                         node,
                                         message: s.message.unwrap_or_else(|| "failed".into()),

@@ -126,7 +126,39 @@ fn git_status(state: &State) -> Result<String, Error> {
     git(state, &["status", "--porcelain"])
 }
 
-/// Returns a value's text for the context-window report.
-pub fn size_of(v: &Value) -> usize {
-    v.to_string().len()
+/// Adds `earlier_runs(stage, n=5)`: the stage's outputs in earlier runs of the same
+/// workflow, newest first, each `{run, started_at, status, output}` (cross-run memory).
+/// It reads the store through its own connection.
+pub fn register_memory(
+    env: &mut minijinja::Environment<'static>,
+    store: std::sync::Arc<std::sync::Mutex<crate::store::sqlite::SqliteStore>>,
+    workflow: String,
+    current_run: String,
+) {
+    env.add_function(
+        "earlier_runs",
+        move |stage: String, n: Option<usize>| -> Result<Value, Error> {
+            use crate::store::Store;
+            let store = store
+                .lock()
+                .map_err(|_| Error::new(ErrorKind::InvalidOperation, "the store is unusable"))?;
+            let rows = store
+                .history(&workflow, &stage, n.unwrap_or(5) + 1)
+                .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+            let out: Vec<serde_json::Value> = rows
+                .into_iter()
+                .filter(|(run, _)| *run != current_run)
+                .take(n.unwrap_or(5))
+                .map(|(run, rec)| {
+                    serde_json::json!({
+                        "run": run,
+                        "started_at": super::exec::rfc3339(rec.started_at),
+                        "status": rec.state.as_str(),
+                        "output": rec.output,
+                    })
+                })
+                .collect();
+            Ok(Value::from(minijinja::value::Serde(out)))
+        },
+    );
 }
