@@ -1046,10 +1046,14 @@ impl<'p> Exec<'p> {
         .boxed_local()
     }
 
-    /// Takes the permits a leaf stage needs (global, groups, its resource) and runs it.
+    /// Takes the permits a leaf stage needs and runs it. The resource comes first, so a
+    /// stage queued for it (a merge queue) holds no concurrency slot while it waits.
     async fn run_leaf(&self, frame: &Frame<'_>, n: NodeId) -> Outcome {
-        let _global = match &self.shared.global {
-            Some(s) => s.acquire().await.ok(),
+        let _resource = match self.plan.node(n).resource {
+            Some(r) => {
+                let prio = self.priority(frame, n, r);
+                Some(self.resources[r].acquire(prio).await)
+            }
             None => None,
         };
         let mut _limits = Vec::new();
@@ -1060,11 +1064,8 @@ impl<'p> Exec<'p> {
             }
             cur = f.parent;
         }
-        let _resource = match self.plan.node(n).resource {
-            Some(r) => {
-                let prio = self.priority(frame, n, r);
-                Some(self.resources[r].acquire(prio).await)
-            }
+        let _global = match &self.shared.global {
+            Some(s) => s.acquire().await.ok(),
             None => None,
         };
         match self.plan.node(n).kind {
