@@ -3,6 +3,7 @@
 mod check;
 mod fmt;
 mod graph;
+mod runs;
 mod schema;
 
 use std::io::IsTerminal;
@@ -41,6 +42,12 @@ enum Command {
     Schema(schema::Args),
     /// Convert a workflow between TOML and KDL.
     Fmt(fmt::Args),
+    /// List runs, newest first.
+    Runs(runs::RunsArgs),
+    /// Show a run: its settled stages, the gates it waits on and its usage.
+    Status(runs::StatusArgs),
+    /// Show a run's events in order.
+    Logs(runs::LogsArgs),
 }
 
 /// Runs the command line and returns the process exit code.
@@ -59,6 +66,9 @@ pub fn main() -> i32 {
         Command::Explain(args) => graph::explain(&args),
         Command::Schema(args) => schema::run(&args),
         Command::Fmt(args) => fmt::run(&args),
+        Command::Runs(args) => runs::runs(&args),
+        Command::Status(args) => runs::status(&args),
+        Command::Logs(args) => runs::logs(&args),
     }
 }
 
