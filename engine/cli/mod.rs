@@ -4,6 +4,7 @@ mod check;
 mod fmt;
 mod graph;
 mod run;
+mod runs;
 mod schema;
 
 use std::io::IsTerminal;
@@ -50,6 +51,12 @@ enum Command {
     Approve(run::AnswerArgs),
     /// Reject a gate of a run; the comment is the next attempt's feedback.
     Reject(run::AnswerArgs),
+    /// List runs, newest first.
+    Runs(runs::RunsArgs),
+    /// Show a run: its settled stages, the gates it waits on and its usage.
+    Status(runs::StatusArgs),
+    /// Show a run's events in order.
+    Logs(runs::LogsArgs),
 }
 
 /// Runs the command line and returns the process exit code.
@@ -77,6 +84,9 @@ pub fn main() -> i32 {
         Command::Resume(args) => run::resume(&args),
         Command::Approve(args) => run::answer(&args, true),
         Command::Reject(args) => run::answer(&args, false),
+        Command::Runs(args) => runs::runs(&args),
+        Command::Status(args) => runs::status(&args),
+        Command::Logs(args) => runs::logs(&args),
     }
 }
 

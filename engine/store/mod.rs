@@ -7,6 +7,8 @@
 
 pub mod sqlite;
 
+pub use sqlite::{default_path, open_default};
+
 use serde::{Deserialize, Serialize};
 
 use crate::backend::Usage;

@@ -1,0 +1,543 @@
+//! `ralph-flow runs`, `status` and `logs`: read what runs did from the store.
+
+use std::path::{Path, PathBuf};
+
+use ralph_flow::backend::Usage;
+use ralph_flow::store::sqlite::{SqliteStore, now_ms, rfc3339};
+use ralph_flow::store::{
+    AttemptRecord, Event, GateRequest, LockOwner, NodeRecord, RunRecord, RunStatus, Store,
+    default_path,
+};
+use serde::Serialize;
+
+/// The state directory when `--state-dir` is not given.
+const DEFAULT_STATE_DIR: &str = ".ralph-flow";
+
+/// How many recent run ids an unknown-run error lists.
+const RECENT: usize = 5;
+
+/// The exit code for a store that cannot be read.
+const EXIT_STORE: i32 = 1;
+
+#[derive(clap::Args)]
+pub struct RunsArgs {
+    /// The state directory.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
+    state_dir: PathBuf,
+    /// Print one JSON document.
+    #[arg(long)]
+    json: bool,
+    /// Show at most this many runs, newest first.
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    limit: usize,
+}
+
+#[derive(clap::Args)]
+pub struct StatusArgs {
+    /// The run (default: the newest).
+    run: Option<String>,
+    /// The state directory.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
+    state_dir: PathBuf,
+    /// Print one JSON document.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+pub struct LogsArgs {
+    /// The run.
+    run: String,
+    /// Show only this stage's events, and its attempts' artifact directories.
+    #[arg(long, value_name = "STAGE")]
+    stage: Option<String>,
+    /// The state directory.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
+    state_dir: PathBuf,
+    /// Print one JSON document.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `ralph-flow runs`: a table of runs, newest first.
+pub fn runs(args: &RunsArgs) -> i32 {
+    exit_code(list(args))
+}
+
+/// `ralph-flow status`: a run's settled nodes, waiting gates and usage.
+pub fn status(args: &StatusArgs) -> i32 {
+    exit_code(show_status(args))
+}
+
+/// `ralph-flow logs`: a run's events in order.
+pub fn logs(args: &LogsArgs) -> i32 {
+    exit_code(show_logs(args))
+}
+
+/// Why a command failed: the message and the exit code.
+struct Failure(String, i32);
+
+impl From<ralph_flow::store::StoreError> for Failure {
+    fn from(e: ralph_flow::store::StoreError) -> Self {
+        Failure(e.0, EXIT_STORE)
+    }
+}
+
+fn exit_code(result: Result<(), Failure>) -> i32 {
+    match result {
+        Ok(()) => 0,
+        Err(Failure(message, code)) => {
+            eprintln!("error: {message}");
+            code
+        }
+    }
+}
+
+/// Opens the store of a state directory for reading; `None` when there is none yet (reading
+/// does not create one).
+fn open(state_dir: &Path) -> Result<Option<SqliteStore>, Failure> {
+    let path = default_path(state_dir);
+    if !path.exists() {
+        return Ok(None);
+    }
+    Ok(Some(SqliteStore::open(&path)?))
+}
+
+/// Opens the store and finds the run `id`, or the newest run when `id` is `None`; fails with
+/// [`super::EXIT_CONFIG`] naming recent runs when there is no such run.
+fn open_run(state_dir: &Path, id: Option<&str>) -> Result<(SqliteStore, RunRecord), Failure> {
+    let Some(store) = open(state_dir)? else {
+        return Err(unknown_run(state_dir, id, &[]));
+    };
+    let found = match id {
+        Some(id) => store.run(id)?,
+        None => store.runs(1)?.into_iter().next(),
+    };
+    match found {
+        Some(run) => Ok((store, run)),
+        None => {
+            let recent: Vec<String> = store.runs(RECENT)?.into_iter().map(|r| r.id).collect();
+            Err(unknown_run(state_dir, id, &recent))
+        }
+    }
+}
+
+fn unknown_run(state_dir: &Path, id: Option<&str>, recent: &[String]) -> Failure {
+    let what = match id {
+        Some(id) => format!("no run {id} in {}", state_dir.display()),
+        None => format!("no runs in {}", state_dir.display()),
+    };
+    let hint = if recent.is_empty() {
+        String::from("; there are no runs yet")
+    } else {
+        format!("; recent runs: {}", recent.join(", "))
+    };
+    Failure(format!("{what}{hint}"), super::EXIT_CONFIG)
+}
+
+fn print_json<T: Serialize>(value: &T) -> Result<(), Failure> {
+    let text = serde_json::to_string_pretty(value)
+        .map_err(|e| Failure(format!("cannot write JSON: {e}"), EXIT_STORE))?;
+    println!("{text}");
+    Ok(())
+}
+
+/// A run with how long it has taken.
+#[derive(Serialize)]
+struct RunView<'a> {
+    #[serde(flatten)]
+    run: &'a RunRecord,
+    duration_ms: i64,
+}
+
+impl<'a> RunView<'a> {
+    fn new(run: &'a RunRecord) -> Self {
+        // A running run is still going; the others stopped at their last update.
+        let end = if run.status == RunStatus::Running {
+            now_ms()
+        } else {
+            run.updated_at
+        };
+        RunView {
+            run,
+            duration_ms: (end - run.started_at).max(0),
+        }
+    }
+}
+
+fn list(args: &RunsArgs) -> Result<(), Failure> {
+    let runs = match open(&args.state_dir)? {
+        Some(store) => store.runs(args.limit)?,
+        None => Vec::new(),
+    };
+    let views: Vec<RunView<'_>> = runs.iter().map(RunView::new).collect();
+    if args.json {
+        return print_json(&views);
+    }
+    if views.is_empty() {
+        println!("no runs in {}", args.state_dir.display());
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = views
+        .iter()
+        .map(|v| {
+            vec![
+                v.run.id.clone(),
+                v.run.workflow.clone(),
+                v.run.status.as_str().to_string(),
+                exit_text(v.run),
+                rfc3339(v.run.started_at),
+                duration(v.duration_ms),
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        table(
+            &["ID", "WORKFLOW", "STATUS", "EXIT", "STARTED", "DURATION"],
+            &rows
+        )
+    );
+    Ok(())
+}
+
+/// A waiting gate with the commands that answer it.
+#[derive(Serialize)]
+struct GateView<'a> {
+    #[serde(flatten)]
+    gate: &'a GateRequest,
+    approve: String,
+    reject: String,
+}
+
+#[derive(Serialize)]
+struct StatusView<'a> {
+    #[serde(flatten)]
+    run: RunView<'a>,
+    lock: Option<LockOwner>,
+    nodes: &'a [NodeRecord],
+    pending_gates: Vec<GateView<'a>>,
+    total: Usage,
+}
+
+fn show_status(args: &StatusArgs) -> Result<(), Failure> {
+    let (store, run) = open_run(&args.state_dir, args.run.as_deref())?;
+    let nodes = store.nodes(&run.id)?;
+    let gates = store.pending_gates(&run.id)?;
+    let lock = store.lock_holder(&run.id)?;
+    let mut total = Usage::default();
+    for node in &nodes {
+        total.add(&node.usage);
+    }
+    let state_flag = if args.state_dir == Path::new(DEFAULT_STATE_DIR) {
+        String::new()
+    } else {
+        format!(
+            " --state-dir {}",
+            shell_word(&args.state_dir.to_string_lossy())
+        )
+    };
+    let gate_views: Vec<GateView<'_>> = gates
+        .iter()
+        .map(|g| {
+            let target = format!(
+                "{} {}{state_flag}",
+                shell_word(&run.id),
+                shell_word(&g.gate)
+            );
+            GateView {
+                gate: g,
+                approve: format!("ralph-flow approve {target}"),
+                reject: format!("ralph-flow reject {target} --comment \"...\""),
+            }
+        })
+        .collect();
+    let view = StatusView {
+        run: RunView::new(&run),
+        lock,
+        nodes: &nodes,
+        pending_gates: gate_views,
+        total,
+    };
+    if args.json {
+        return print_json(&view);
+    }
+    print!("{}", status_text(&view));
+    Ok(())
+}
+
+fn status_text(view: &StatusView<'_>) -> String {
+    let run = view.run.run;
+    let mut out = format!(
+        "run {}: {} ({})\nstatus: {}{}\nstarted: {}, duration {}\n",
+        run.id,
+        run.workflow,
+        run.file,
+        run.status.as_str(),
+        match &run.exit {
+            Some(_) => format!(", exit {}", exit_text(run)),
+            None => String::new(),
+        },
+        rfc3339(run.started_at),
+        duration(view.run.duration_ms),
+    );
+    if let Some(lock) = &view.lock {
+        out += &format!(
+            "held by pid {} on {} since {}\n",
+            lock.pid,
+            lock.host,
+            rfc3339(lock.since)
+        );
+    }
+    // The executor's own decisions (`@` nodes) are for resume, not for people.
+    let mut scopes: Vec<(&str, Vec<&NodeRecord>)> = Vec::new();
+    for node in view.nodes.iter().filter(|n| !n.node.starts_with('@')) {
+        match scopes.iter_mut().find(|(s, _)| *s == node.scope) {
+            Some((_, nodes)) => nodes.push(node),
+            None => scopes.push((&node.scope, vec![node])),
+        }
+    }
+    if scopes.is_empty() {
+        out += "\nno settled stages yet\n";
+    }
+    for (scope, nodes) in scopes {
+        let title = if scope.is_empty() { "top level" } else { scope };
+        out += &format!("\n{title}:\n");
+        let rows: Vec<Vec<String>> = nodes
+            .iter()
+            .map(|n| {
+                vec![
+                    n.node.clone(),
+                    n.state.as_str().to_string(),
+                    n.attempts.to_string(),
+                    tokens(&n.usage),
+                    cost(&n.usage),
+                ]
+            })
+            .collect();
+        out += &indent(&table(
+            &[
+                "STAGE",
+                "STATE",
+                "ATTEMPTS",
+                "TOKENS (IN/OUT/CACHED)",
+                "COST",
+            ],
+            &rows,
+        ));
+    }
+    if !view.pending_gates.is_empty() {
+        out += "\nwaiting for an answer:\n";
+    }
+    for g in &view.pending_gates {
+        let gate = g.gate;
+        let place = if gate.scope.is_empty() {
+            String::new()
+        } else {
+            format!(" (in {})", gate.scope)
+        };
+        out += &format!("  {}{place}: {}\n", gate.gate, gate.message);
+        if !gate.show.is_empty() {
+            out += &format!("    look at: {}\n", gate.show.join(", "));
+        }
+        out += &format!("    asked: {}\n", rfc3339(gate.requested_at));
+        if let Some(deadline) = gate.deadline {
+            out += &format!("    due: {}\n", rfc3339(deadline));
+        }
+        out += &format!("    approve: {}\n    reject:  {}\n", g.approve, g.reject);
+    }
+    out += &format!(
+        "\ntotal: {} tokens (in/out/cached), cost {}\n",
+        tokens(&view.total),
+        cost(&view.total)
+    );
+    out
+}
+
+#[derive(Serialize)]
+struct LogsView<'a> {
+    run: &'a str,
+    stage: Option<&'a str>,
+    events: &'a [Event],
+    /// The stage's attempts (with `--stage` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    attempts: Option<&'a [AttemptRecord]>,
+}
+
+fn show_logs(args: &LogsArgs) -> Result<(), Failure> {
+    let (store, run) = open_run(&args.state_dir, Some(&args.run))?;
+    let stage = args.stage.as_deref();
+    let events = store.events(&run.id, stage)?;
+    let attempts = match stage {
+        Some(stage) => Some(store.attempts(&run.id, Some(stage))?),
+        None => None,
+    };
+    let view = LogsView {
+        run: &run.id,
+        stage,
+        events: &events,
+        attempts: attempts.as_deref(),
+    };
+    if args.json {
+        return print_json(&view);
+    }
+    let rows: Vec<Vec<String>> = events
+        .iter()
+        .map(|e| {
+            let place = match (e.scope.as_str(), e.node.as_str()) {
+                ("", "") => String::from("-"),
+                ("", node) => node.to_string(),
+                (scope, "") => scope.to_string(),
+                (scope, node) => format!("{scope}/{node}"),
+            };
+            vec![rfc3339(e.at), place, e.kind.clone(), e.message.clone()]
+        })
+        .collect();
+    if rows.is_empty() {
+        match stage {
+            Some(stage) => println!("no events of stage {stage} in run {}", run.id),
+            None => println!("no events in run {}", run.id),
+        }
+    } else {
+        print!("{}", table(&["TIME", "WHERE", "KIND", "MESSAGE"], &rows));
+    }
+    if let Some(attempts) = &attempts {
+        if !attempts.is_empty() {
+            println!("\nattempts:");
+        }
+        let rows: Vec<Vec<String>> = attempts
+            .iter()
+            .map(|a| {
+                let scope = if a.scope.is_empty() { "-" } else { &a.scope };
+                vec![
+                    scope.to_string(),
+                    format!("#{}", a.attempt),
+                    a.state.clone(),
+                    a.agent.clone().unwrap_or_else(|| String::from("-")),
+                    a.dir.clone(),
+                ]
+            })
+            .collect();
+        if !rows.is_empty() {
+            print!(
+                "{}",
+                indent(&table(
+                    &["SCOPE", "ATTEMPT", "STATE", "AGENT", "DIRECTORY"],
+                    &rows
+                ))
+            );
+        }
+    }
+    Ok(())
+}
+
+fn exit_text(run: &RunRecord) -> String {
+    match &run.exit {
+        Some((name, code)) => format!("{name} ({code})"),
+        None => String::from("-"),
+    }
+}
+
+fn tokens(u: &Usage) -> String {
+    format!("{}/{}/{}", u.input_tokens, u.output_tokens, u.cached_tokens)
+}
+
+fn cost(u: &Usage) -> String {
+    u.cost_usd
+        .map_or_else(|| String::from("-"), |c| format!("${c:.4}"))
+}
+
+/// Formats milliseconds like `1m12s`, `3h5m0s`, `2d4h10m` or `350ms`.
+fn duration(ms: i64) -> String {
+    if ms < 1000 {
+        return format!("{}ms", ms.max(0));
+    }
+    let secs = ms / 1000;
+    let (d, h, m, s) = (secs / 86_400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
+    if d > 0 {
+        format!("{d}d{h}h{m}m")
+    } else if h > 0 {
+        format!("{h}h{m}m{s}s")
+    } else if m > 0 {
+        format!("{m}m{s}s")
+    } else {
+        format!("{s}s")
+    }
+}
+
+/// Quotes a word for a POSIX shell when it needs it.
+fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:@#%+=,".contains(c));
+    if plain {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
+/// Lays out rows under headers in columns, the last column unpadded.
+fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let last = cells.len().saturating_sub(1);
+        let mut s = String::new();
+        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
+            if i == last {
+                s += cell;
+            } else {
+                s += &format!("{cell:<w$}  ");
+            }
+        }
+        s.trim_end().to_string() + "\n"
+    };
+    let mut out = line(headers.to_vec());
+    for row in rows {
+        out += &line(row.iter().map(String::as_str).collect());
+    }
+    out
+}
+
+fn indent(text: &str) -> String {
+    text.lines().map(|l| format!("  {l}\n")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_like_1m12s() {
+        assert_eq!(duration(350), "350ms");
+        assert_eq!(duration(45_000), "45s");
+        assert_eq!(duration(72_000), "1m12s");
+        assert_eq!(duration(3_600_000 * 3 + 5 * 60_000), "3h5m0s");
+        assert_eq!(
+            duration(86_400_000 * 2 + 3_600_000 * 4 + 600_000),
+            "2d4h10m"
+        );
+    }
+
+    #[test]
+    fn shell_words_are_quoted_when_needed() {
+        assert_eq!(shell_word("approve_spec"), "approve_spec");
+        assert_eq!(shell_word("a b"), "'a b'");
+        assert_eq!(shell_word("it's"), r"'it'\''s'");
+    }
+
+    #[test]
+    fn tables_align_columns() {
+        let t = table(
+            &["A", "BB"],
+            &[vec!["xxx".into(), "y".into()], vec!["z".into(), "w".into()]],
+        );
+        assert_eq!(t, "A    BB\nxxx  y\nz    w\n");
+    }
+}

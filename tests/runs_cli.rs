@@ -1,0 +1,311 @@
+//! `ralph-flow runs`, `status` and `logs` over a store written through the library.
+
+use std::path::Path;
+
+use assert_cmd::Command;
+use ralph_flow::backend::Usage;
+use ralph_flow::store::sqlite::SqliteStore;
+use ralph_flow::store::{
+    AttemptRecord, Event, GateRequest, NodeRecord, NodeState, RunRecord, RunStatus, Store, Write,
+};
+use serde_json::{Value, json};
+
+const T0: i64 = 1_767_225_600_000; // 2026-01-01T00:00:00Z
+
+fn usage(input: u64, cost: f64) -> Usage {
+    Usage {
+        input_tokens: input,
+        output_tokens: input / 10,
+        cached_tokens: input / 2,
+        cost_usd: Some(cost),
+    }
+}
+
+fn node(scope: &str, name: &str, state: NodeState, input: u64) -> NodeRecord {
+    NodeRecord {
+        run: "r2".to_string(),
+        scope: scope.to_string(),
+        node: name.to_string(),
+        state,
+        output: json!({"ok": true}),
+        action: None,
+        feedback: None,
+        attempts: 1,
+        usage: usage(input, input as f64 / 100_000.0),
+        started_at: T0,
+        finished_at: T0 + 1_000,
+    }
+}
+
+fn event(scope: &str, name: &str, kind: &str, offset: i64, message: &str) -> Write {
+    Write::Event(Event {
+        run: "r2".to_string(),
+        at: T0 + offset,
+        scope: scope.to_string(),
+        node: name.to_string(),
+        kind: kind.to_string(),
+        message: message.to_string(),
+    })
+}
+
+fn attempt(scope: &str, name: &str, n: u32, state: &str) -> Write {
+    Write::Attempt(AttemptRecord {
+        run: "r2".to_string(),
+        scope: scope.to_string(),
+        node: name.to_string(),
+        attempt: n,
+        state: state.to_string(),
+        agent: Some("claude".to_string()),
+        dir: format!(".ralph-flow/runs/r2/{name}/{n}"),
+        error: None,
+        usage: Usage::default(),
+        started_at: T0,
+        finished_at: Some(T0 + 1_000),
+    })
+}
+
+/// A state directory with a finished run `r1` and a run `r2` waiting on a gate.
+fn fixture(state: &Path) {
+    let mut s = SqliteStore::open(&state.join("state.db")).expect("open");
+    let run = |id: &str, started_at: i64, status: RunStatus| RunRecord {
+        id: id.to_string(),
+        workflow: "fix-ticket".to_string(),
+        file: "workflows/fix.toml".to_string(),
+        workflow_hash: "0".repeat(64),
+        params: json!({"ticket": "T-1"}),
+        status,
+        exit: None,
+        started_at,
+        updated_at: started_at + 72_000,
+        dir: format!(".ralph-flow/runs/{id}"),
+    };
+    s.create_run(&run("r1", T0 - 3_600_000, RunStatus::Running))
+        .expect("create");
+    s.set_status("r1", RunStatus::Finished, Some(("done", 0)))
+        .expect("status");
+    s.create_run(&run("r2", T0, RunStatus::Waiting))
+        .expect("create");
+    s.commit(&[
+        event("", "", "started", 0, "run started"),
+        event("", "plan", "started", 10, "plan started"),
+        attempt("", "plan", 1, "ok"),
+        Write::Node(node("", "plan", NodeState::Done, 10_000)),
+        event("", "plan", "done", 1_000, "plan done"),
+        event(
+            "attempts#1",
+            "implement",
+            "started",
+            2_000,
+            "implement started",
+        ),
+        attempt("attempts#1", "implement", 1, "failed"),
+        attempt("attempts#1", "implement", 2, "ok"),
+        Write::Node(node("attempts#1", "implement", NodeState::Done, 20_000)),
+        Write::Node(node("attempts#1", "@end", NodeState::Done, 0)),
+        event(
+            "attempts#1",
+            "implement",
+            "retry",
+            3_000,
+            "implement retry 2",
+        ),
+        Write::Gate(GateRequest {
+            run: "r2".to_string(),
+            scope: String::new(),
+            gate: "approve_spec".to_string(),
+            message: "Approve the spec in spec.md?".to_string(),
+            show: vec!["spec.md".to_string()],
+            requested_at: T0 + 4_000,
+            deadline: None,
+        }),
+        event(
+            "",
+            "approve_spec",
+            "waiting",
+            4_000,
+            "waiting for approve_spec",
+        ),
+    ])
+    .expect("commit");
+}
+
+fn cli(state: &Path, args: &[&str]) -> assert_cmd::assert::Assert {
+    Command::cargo_bin("ralph-flow")
+        .expect("binary")
+        .args(args)
+        .arg("--state-dir")
+        .arg(state)
+        .assert()
+}
+
+fn stdout(assert: &assert_cmd::assert::Assert) -> String {
+    String::from_utf8(assert.get_output().stdout.clone()).expect("utf-8")
+}
+
+fn json_out(assert: &assert_cmd::assert::Assert) -> Value {
+    serde_json::from_slice(&assert.get_output().stdout).expect("one JSON document")
+}
+
+#[test]
+fn runs_lists_newest_first() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture(dir.path());
+    let out = stdout(&cli(dir.path(), &["runs"]).success());
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[0].starts_with("ID") && lines[0].contains("DURATION"),
+        "{out}"
+    );
+    assert!(
+        lines[1].starts_with("r2") && lines[1].contains("waiting"),
+        "{out}"
+    );
+    assert!(
+        lines[1].contains("2026-01-01T00:00:00Z") && lines[1].ends_with("1m12s"),
+        "{out}"
+    );
+    assert!(
+        lines[2].starts_with("r1") && lines[2].contains("done (0)"),
+        "{out}"
+    );
+    assert!(
+        lines[2].contains("fix-ticket") && lines[2].contains("finished"),
+        "{out}"
+    );
+
+    let doc = json_out(&cli(dir.path(), &["runs", "--json", "--limit", "1"]).success());
+    let runs = doc.as_array().expect("array");
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0]["id"], "r2");
+    assert_eq!(runs[0]["status"], "waiting");
+    assert_eq!(runs[0]["duration_ms"], 72_000);
+}
+
+#[test]
+fn runs_in_an_empty_state_dir() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = stdout(&cli(dir.path(), &["runs"]).success());
+    assert!(out.contains("no runs in"), "{out}");
+    assert!(
+        !dir.path().join("state.db").exists(),
+        "reading created no store"
+    );
+    let doc = json_out(&cli(dir.path(), &["runs", "--json"]).success());
+    assert_eq!(doc, json!([]));
+}
+
+#[test]
+fn status_shows_nodes_gates_and_totals() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture(dir.path());
+    // The newest run by default.
+    let out = stdout(&cli(dir.path(), &["status"]).success());
+    assert!(
+        out.starts_with("run r2: fix-ticket (workflows/fix.toml)"),
+        "{out}"
+    );
+    assert!(out.contains("status: waiting"), "{out}");
+    assert!(
+        out.contains("top level:") && out.contains("attempts#1:"),
+        "{out}"
+    );
+    let plan = out.lines().find(|l| l.contains("plan")).expect("plan row");
+    assert!(
+        plan.contains("done") && plan.contains("10000/1000/5000"),
+        "{plan}"
+    );
+    assert!(plan.contains("$0.1000"), "{plan}");
+    assert!(!out.contains("@end"), "executor nodes are hidden: {out}");
+    assert!(
+        out.contains("approve_spec: Approve the spec in spec.md?"),
+        "{out}"
+    );
+    let state = dir.path().display().to_string();
+    assert!(
+        out.contains(&format!(
+            "ralph-flow approve r2 approve_spec --state-dir {state}"
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!(
+            "ralph-flow reject r2 approve_spec --state-dir {state} --comment"
+        )),
+        "{out}"
+    );
+    assert!(out.contains("total: 30000/3000/15000"), "{out}");
+    assert!(out.contains("cost $0.3000"), "{out}");
+
+    let out = stdout(&cli(dir.path(), &["status", "r1"]).success());
+    assert!(
+        out.contains("exit done (0)") && out.contains("no settled stages"),
+        "{out}"
+    );
+
+    let doc = json_out(&cli(dir.path(), &["status", "r2", "--json"]).success());
+    assert_eq!(doc["id"], "r2");
+    assert_eq!(doc["nodes"].as_array().expect("nodes").len(), 3);
+    assert_eq!(doc["pending_gates"][0]["gate"], "approve_spec");
+    assert!(
+        doc["pending_gates"][0]["approve"]
+            .as_str()
+            .expect("command")
+            .starts_with("ralph-flow approve r2 approve_spec")
+    );
+    assert_eq!(doc["total"]["input_tokens"], 30_000);
+}
+
+#[test]
+fn logs_show_events_in_order() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture(dir.path());
+    let out = stdout(&cli(dir.path(), &["logs", "r2"]).success());
+    let kinds: Vec<&str> = out
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().nth(2).expect("kind"))
+        .collect();
+    assert_eq!(
+        kinds,
+        ["started", "started", "done", "started", "retry", "waiting"],
+        "{out}"
+    );
+    assert!(
+        out.contains("2026-01-01T00:00:02Z  attempts#1/implement  started"),
+        "{out}"
+    );
+
+    let out = stdout(&cli(dir.path(), &["logs", "r2", "--stage", "implement"]).success());
+    assert!(
+        out.contains("implement started") && out.contains("implement retry 2"),
+        "{out}"
+    );
+    assert!(!out.contains("plan"), "{out}");
+    assert!(out.contains("attempts:"), "{out}");
+    assert!(out.contains(".ralph-flow/runs/r2/implement/1"), "{out}");
+    assert!(out.contains(".ralph-flow/runs/r2/implement/2"), "{out}");
+
+    let doc = json_out(&cli(dir.path(), &["logs", "r2", "--stage", "plan", "--json"]).success());
+    assert_eq!(doc["run"], "r2");
+    assert_eq!(doc["events"].as_array().expect("events").len(), 2);
+    assert_eq!(doc["attempts"][0]["dir"], ".ralph-flow/runs/r2/plan/1");
+    let doc = json_out(&cli(dir.path(), &["logs", "r2", "--json"]).success());
+    assert_eq!(doc["events"].as_array().expect("events").len(), 6);
+    assert!(doc.get("attempts").is_none());
+}
+
+#[test]
+fn unknown_run_is_a_config_error_listing_recent_runs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture(dir.path());
+    for args in [&["status", "nope"][..], &["logs", "nope"][..]] {
+        let assert = cli(dir.path(), args).code(3);
+        let err = String::from_utf8(assert.get_output().stderr.clone()).expect("utf-8");
+        assert!(err.contains("no run nope in"), "{err}");
+        assert!(err.contains("recent runs: r2, r1"), "{err}");
+    }
+    let empty = tempfile::tempdir().expect("tempdir");
+    let assert = cli(empty.path(), &["status"]).code(3);
+    let err = String::from_utf8(assert.get_output().stderr.clone()).expect("utf-8");
+    assert!(err.contains("there are no runs yet"), "{err}");
+}

@@ -1,0 +1,579 @@
+//! The SQLite store: round trips, group commits, spills, locks, gates and history.
+
+use std::path::Path;
+
+use ralph_flow::backend::Usage;
+use ralph_flow::store::sqlite::{Durability, SPILL_BYTES, SqliteStore};
+use ralph_flow::store::{
+    Approval, AttemptRecord, Event, GateRequest, LockOwner, NodeRecord, NodeState, RunRecord,
+    RunStatus, Store, Write,
+};
+use serde_json::json;
+
+fn store(dir: &Path) -> SqliteStore {
+    SqliteStore::open(&dir.join("state.db")).expect("open store")
+}
+
+fn run_record(id: &str, workflow: &str, started_at: i64) -> RunRecord {
+    RunRecord {
+        id: id.to_string(),
+        workflow: workflow.to_string(),
+        file: "flow.toml".to_string(),
+        workflow_hash: "abc123".to_string(),
+        params: json!({"max_attempts": 3, "ticket": "T-1"}),
+        status: RunStatus::Running,
+        exit: None,
+        started_at,
+        updated_at: started_at,
+        dir: format!(".ralph-flow/runs/{id}"),
+    }
+}
+
+fn usage(n: u64) -> Usage {
+    Usage {
+        input_tokens: n,
+        output_tokens: n / 2,
+        cached_tokens: n / 4,
+        cost_usd: Some(n as f64 / 1000.0),
+    }
+}
+
+fn node(run: &str, scope: &str, name: &str, output: serde_json::Value) -> NodeRecord {
+    NodeRecord {
+        run: run.to_string(),
+        scope: scope.to_string(),
+        node: name.to_string(),
+        state: NodeState::Done,
+        output,
+        action: Some("continue".to_string()),
+        feedback: Some("fix the tests".to_string()),
+        attempts: 2,
+        usage: usage(1200),
+        started_at: 1_000,
+        finished_at: 2_000,
+    }
+}
+
+fn attempt(run: &str, scope: &str, name: &str, n: u32) -> AttemptRecord {
+    AttemptRecord {
+        run: run.to_string(),
+        scope: scope.to_string(),
+        node: name.to_string(),
+        attempt: n,
+        state: "running".to_string(),
+        agent: Some("claude".to_string()),
+        dir: format!("runs/r/{name}/{n}"),
+        error: None,
+        usage: Usage::default(),
+        started_at: 1_000,
+        finished_at: None,
+    }
+}
+
+fn event(run: &str, name: &str, kind: &str, at: i64) -> Event {
+    Event {
+        run: run.to_string(),
+        at,
+        scope: String::new(),
+        node: name.to_string(),
+        kind: kind.to_string(),
+        message: format!("{name} {kind}"),
+    }
+}
+
+fn gate(run: &str, scope: &str, name: &str) -> GateRequest {
+    GateRequest {
+        run: run.to_string(),
+        scope: scope.to_string(),
+        gate: name.to_string(),
+        message: "Approve the spec?".to_string(),
+        show: vec!["spec.md".to_string()],
+        requested_at: 5_000,
+        deadline: Some(9_000),
+    }
+}
+
+fn approval(run: &str, scope: &str, name: &str, approved: bool) -> Approval {
+    Approval {
+        run: run.to_string(),
+        scope: scope.to_string(),
+        gate: name.to_string(),
+        approved,
+        comment: Some("looks good".to_string()),
+        by: "alice".to_string(),
+        at: 6_000,
+    }
+}
+
+fn owner(pid: u32) -> LockOwner {
+    LockOwner {
+        pid,
+        host: "test-host".to_string(),
+        since: 1_700_000_000_000,
+    }
+}
+
+#[test]
+fn runs_round_trip_newest_first() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut s = store(dir.path());
+    let first = run_record("r1", "fix", 1_000);
+    let second = run_record("r2", "fix", 2_000);
+    s.create_run(&first).expect("create");
+    s.create_run(&second).expect("create");
+    assert_eq!(s.run("r1").expect("read"), Some(first.clone()));
+    assert_eq!(s.run("nope").expect("read"), None);
+    let ids: Vec<String> = s
+        .runs(10)
+        .expect("runs")
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(ids, ["r2", "r1"]);
+    assert_eq!(s.runs(1).expect("runs").len(), 1);
+
+    let err = s.create_run(&first).expect_err("duplicate");
+    assert!(err.to_string().contains("run r1 already exists"), "{err}");
+
+    s.set_status("r1", RunStatus::Finished, Some(("done", 0)))
+        .expect("status");
+    let r1 = s.run("r1").expect("read").expect("present");
+    assert_eq!(r1.status, RunStatus::Finished);
+    assert_eq!(r1.exit, Some(("done".to_string(), 0)));
+    assert!(r1.updated_at > first.updated_at);
+    assert!(s.set_status("nope", RunStatus::Waiting, None).is_err());
+}
+
+#[test]
+fn records_round_trip() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut s = store(dir.path());
+    s.create_run(&run_record("r", "fix", 1)).expect("create");
+    let n1 = node("r", "", "plan", json!({"steps": ["a", "b"], "ok": true}));
+    let mut n2 = node("r", "attempts#1", "implement", json!("text"));
+    n2.state = NodeState::TimedOut;
+    n2.action = None;
+    n2.feedback = None;
+    n2.usage.cost_usd = None;
+    let mut skipped = node("r", "attempts#1", "@end", serde_json::Value::Null);
+    skipped.state = NodeState::Skipped;
+    let a1 = attempt("r", "", "plan", 1);
+    let ev = event("r", "plan", "done", 10);
+    let g = gate("r", "", "approve_spec");
+    s.commit(&[
+        Write::Node(n1.clone()),
+        Write::Node(n2.clone()),
+        Write::Node(skipped.clone()),
+        Write::Attempt(a1.clone()),
+        Write::Event(ev.clone()),
+        Write::Gate(g.clone()),
+    ])
+    .expect("commit");
+
+    assert_eq!(s.nodes("r").expect("nodes"), [n1.clone(), n2, skipped]);
+    assert_eq!(
+        s.attempts("r", None).expect("attempts"),
+        std::slice::from_ref(&a1)
+    );
+    assert_eq!(s.events("r", None).expect("events"), [ev]);
+    assert_eq!(s.pending_gates("r").expect("gates"), [g]);
+
+    // An attempt is updated in place when it ends and keeps its place.
+    let a2 = attempt("r", "", "review", 1);
+    let mut a1_end = a1;
+    a1_end.state = "ok".to_string();
+    a1_end.usage = usage(500);
+    a1_end.finished_at = Some(3_000);
+    a1_end.error = Some("none".to_string());
+    s.commit(&[Write::Attempt(a2.clone()), Write::Attempt(a1_end.clone())])
+        .expect("commit");
+    assert_eq!(
+        s.attempts("r", None).expect("attempts"),
+        [a1_end.clone(), a2.clone()]
+    );
+    assert_eq!(s.attempts("r", Some("review")).expect("attempts"), [a2]);
+
+    // A re-settled node replaces the old record.
+    let mut again = n1;
+    again.output = json!({"steps": []});
+    s.commit(&[Write::Node(again.clone())]).expect("commit");
+    let nodes = s.nodes("r").expect("nodes");
+    assert_eq!(nodes.len(), 3);
+    assert_eq!(nodes.last(), Some(&again));
+
+    // Approvals written by the executor (a timeout) end the wait.
+    let mut timeout = approval("r", "", "approve_spec", false);
+    timeout.by = "timeout".to_string();
+    timeout.comment = None;
+    s.commit(&[Write::Approval(timeout.clone())])
+        .expect("commit");
+    assert_eq!(
+        s.approval("r", "", "approve_spec").expect("approval"),
+        Some(timeout)
+    );
+    assert!(s.pending_gates("r").expect("gates").is_empty());
+    assert_eq!(s.approval("r", "", "other").expect("approval"), None);
+}
+
+#[test]
+fn events_filter_by_stage_in_order() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut s = store(dir.path());
+    s.create_run(&run_record("r", "fix", 1)).expect("create");
+    for (i, name) in ["plan", "code", "plan", "code", "plan"].iter().enumerate() {
+        s.commit(&[Write::Event(event("r", name, "started", i as i64))])
+            .expect("commit");
+    }
+    let plan: Vec<i64> = s
+        .events("r", Some("plan"))
+        .expect("events")
+        .iter()
+        .map(|e| e.at)
+        .collect();
+    assert_eq!(plan, [0, 2, 4]);
+    assert_eq!(s.events("r", None).expect("events").len(), 5);
+    assert!(s.events("other", None).expect("events").is_empty());
+}
+
+#[test]
+fn group_commit_is_atomic() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut s = store(dir.path());
+    s.create_run(&run_record("r", "fix", 1)).expect("create");
+    let writes: Vec<Write> = (0..8)
+        .flat_map(|i| {
+            let name = format!("s{i}");
+            [
+                Write::Node(node("r", "", &name, json!({"i": i}))),
+                Write::Event(event("r", &name, "done", i)),
+            ]
+        })
+        .collect();
+    s.commit(&writes).expect("commit");
+    assert_eq!(s.nodes("r").expect("nodes").len(), 8);
+    assert_eq!(s.events("r", None).expect("events").len(), 8);
+
+    // A write that fails inside the transaction rolls back the ones before it. Another
+    // connection adds a trigger that refuses one kind of event.
+    let other = rusqlite::Connection::open(dir.path().join("state.db")).expect("open");
+    other
+        .execute_batch(
+            "CREATE TRIGGER no_boom BEFORE INSERT ON events WHEN NEW.kind = 'boom' \
+             BEGIN SELECT RAISE(ABORT, 'boom refused'); END;",
+        )
+        .expect("trigger");
+    drop(other);
+    let failing = vec![
+        Write::Node(node("r", "", "c", json!(3))),
+        Write::Attempt(attempt("r", "", "c", 1)),
+        Write::Event(event("r", "c", "boom", 2)),
+    ];
+    let err = s.commit(&failing).expect_err("the trigger refuses");
+    assert!(err.to_string().contains("boom refused"), "{err}");
+    assert_eq!(s.nodes("r").expect("nodes").len(), 8);
+    assert!(s.attempts("r", Some("c")).expect("attempts").is_empty());
+    assert_eq!(s.events("r", None).expect("events").len(), 8);
+
+    // The store still works after a failed group.
+    s.commit(&[Write::Event(event("r", "c", "started", 3))])
+        .expect("commit");
+    assert_eq!(s.events("r", None).expect("events").len(), 9);
+}
+
+#[test]
+fn large_outputs_spill_to_files_and_load_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut s = store(dir.path());
+    s.create_run(&run_record("r", "fix", 1)).expect("create");
+    let big = json!({"diff": "x".repeat(1024 * 1024), "files": ["a.rs", "b.rs"]});
+    let small = json!({"text": "y".repeat(SPILL_BYTES - 100)});
+    s.commit(&[
+        Write::Node(node("r", "", "big", big.clone())),
+        Write::Node(node("r", "", "small", small.clone())),
+    ])
+    .expect("commit");
+
+    let blobs: Vec<_> = std::fs::read_dir(dir.path().join("blobs"))
+        .expect("blobs dir")
+        .map(|e| e.expect("entry").file_name().into_string().expect("utf-8"))
+        .collect();
+    assert_eq!(blobs.len(), 1, "{blobs:?}");
+    assert!(
+        blobs[0].ends_with(".json") && blobs[0].len() == 64 + 5,
+        "{blobs:?}"
+    );
+    let db_size = std::fs::metadata(dir.path().join("state.db"))
+        .expect("db")
+        .len()
+        + std::fs::metadata(dir.path().join("state.db-wal"))
+            .map(|m| m.len())
+            .unwrap_or(0);
+    assert!(
+        db_size < 512 * 1024,
+        "the big output stayed out of the db: {db_size}"
+    );
+
+    let nodes = s.nodes("r").expect("nodes");
+    assert_eq!(nodes[0].output, big);
+    assert_eq!(nodes[1].output, small);
+    // Another connection reads it back too, and history loads it.
+    let other = store(dir.path());
+    assert_eq!(other.nodes("r").expect("nodes")[0].output, big);
+    assert_eq!(
+        other.history("fix", "big", 1).expect("history")[0].1.output,
+        big
+    );
+
+    // The same output again reuses the file.
+    s.commit(&[Write::Node(node("r", "#2", "big", big))])
+        .expect("commit");
+    assert_eq!(
+        std::fs::read_dir(dir.path().join("blobs"))
+            .expect("blobs dir")
+            .count(),
+        1
+    );
+}
+
+#[test]
+fn lock_conflict_with_a_live_process() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut s = store(dir.path());
+    s.create_run(&run_record("r", "fix", 1)).expect("create");
+    let parent = std::os::unix::process::parent_id();
+    s.lock("r", &owner(parent)).expect("first lock");
+    let err = s
+        .lock("r", &owner(std::process::id()))
+        .expect_err("held by a live process");
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with(&format!(
+            "run r is held by pid {parent} on test-host since 2023-11-14T22:13:20Z"
+        )),
+        "{msg}"
+    );
+    assert!(msg.ends_with("wait for it to end or stop it"), "{msg}");
+    assert_eq!(s.lock_holder("r").expect("holder"), Some(owner(parent)));
+
+    // Unlocking with another pid leaves the holder's row.
+    s.unlock("r", std::process::id()).expect("unlock");
+    assert_eq!(s.lock_holder("r").expect("holder"), Some(owner(parent)));
+
+    // A holder on another host cannot be checked: it holds.
+    let mut elsewhere = owner(std::process::id());
+    elsewhere.host = "other-host".to_string();
+    s.lock("r2", &elsewhere).expect("lock r2");
+    let err = s
+        .lock("r2", &owner(std::process::id()))
+        .expect_err("other host");
+    assert!(err.to_string().contains("on other-host"), "{err}");
+}
+
+#[test]
+fn stale_lock_is_taken_over() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut s = store(dir.path());
+    let mut child = std::process::Command::new("true")
+        .spawn()
+        .expect("spawn true");
+    let dead = child.id();
+    child.wait().expect("wait");
+    s.lock("r", &owner(dead))
+        .expect("lock for the dead process");
+    let me = owner(std::process::id());
+    s.lock("r", &me).expect("take over a stale lock");
+    assert_eq!(s.lock_holder("r").expect("holder"), Some(me));
+}
+
+#[test]
+fn lock_is_reentrant_and_unlock_releases() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut s = store(dir.path());
+    let me = owner(std::process::id());
+    s.lock("r", &me).expect("lock");
+    s.lock("r", &me).expect("lock again");
+    s.unlock("r", me.pid).expect("unlock");
+    assert_eq!(s.lock_holder("r").expect("holder"), None);
+    // Once released, a live other process may take it.
+    let parent = owner(std::os::unix::process::parent_id());
+    s.lock("r", &parent).expect("lock by another");
+}
+
+#[test]
+fn answering_a_gate() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut s = store(dir.path());
+    s.create_run(&run_record("r", "fix", 1)).expect("create");
+
+    let err = s
+        .answer(&approval("r", "", "approve_spec", true))
+        .expect_err("nothing pending");
+    assert!(
+        err.to_string().contains("not waiting for an answer"),
+        "{err}"
+    );
+    let err = s
+        .answer(&approval("nope", "", "approve_spec", true))
+        .expect_err("no run");
+    assert!(err.to_string().contains("no run nope"), "{err}");
+
+    s.commit(&[
+        Write::Gate(gate("r", "attempts#2", "approve_spec")),
+        Write::Gate(gate("r", "", "deploy")),
+    ])
+    .expect("commit");
+    let err = s
+        .answer(&approval("r", "", "merge", true))
+        .expect_err("not pending");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("gate merge of run r is not waiting for an answer")
+            && msg.contains("approve_spec (scope attempts#2)")
+            && msg.contains("deploy (top level)"),
+        "{msg}"
+    );
+    let err = s
+        .answer(&approval("r", "attempts#1", "approve_spec", true))
+        .expect_err("wrong scope");
+    assert!(err.to_string().contains("in scope attempts#1"), "{err}");
+
+    assert_eq!(s.find_pending("r", "approve_spec").expect("find").len(), 1);
+    // An empty scope finds the single pending gate of that name.
+    s.answer(&approval("r", "", "approve_spec", true))
+        .expect("answer");
+    let answer = s
+        .approval("r", "attempts#2", "approve_spec")
+        .expect("approval")
+        .expect("answered");
+    assert!(answer.approved);
+    assert_eq!(answer.scope, "attempts#2");
+    assert_eq!(
+        s.pending_gates("r").expect("gates"),
+        [gate("r", "", "deploy")]
+    );
+    assert!(s.answer(&approval("r", "", "approve_spec", false)).is_err());
+
+    // Two scopes waiting on the same gate name: the scope must be given.
+    s.commit(&[
+        Write::Gate(gate("r", "t#1", "review")),
+        Write::Gate(gate("r", "t#2", "review")),
+    ])
+    .expect("commit");
+    let err = s
+        .answer(&approval("r", "", "review", true))
+        .expect_err("ambiguous");
+    assert!(err.to_string().contains("scope t#1, scope t#2"), "{err}");
+    s.answer(&approval("r", "t#2", "review", false))
+        .expect("answer");
+    assert_eq!(s.find_pending("r", "review").expect("find").len(), 1);
+}
+
+#[test]
+fn history_across_runs_newest_first() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut s = store(dir.path());
+    for (i, id) in ["r1", "r2", "r3"].iter().enumerate() {
+        s.create_run(&run_record(id, "fix", i as i64 * 100))
+            .expect("create");
+        s.commit(&[Write::Node(node(id, "", "review", json!({"run": id})))])
+            .expect("commit");
+    }
+    s.create_run(&run_record("o1", "other", 1_000))
+        .expect("create");
+    s.commit(&[Write::Node(node("o1", "", "review", json!({"run": "o1"})))])
+        .expect("commit");
+    s.commit(&[Write::Node(node(
+        "r3",
+        "loop#2",
+        "review",
+        json!({"run": "r3b"}),
+    ))])
+    .expect("commit");
+
+    let history = s.history("fix", "review", 10).expect("history");
+    let got: Vec<(&str, serde_json::Value)> = history
+        .iter()
+        .map(|(run, n)| (run.as_str(), n.output.clone()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("r3", json!({"run": "r3b"})),
+            ("r3", json!({"run": "r3"})),
+            ("r2", json!({"run": "r2"})),
+            ("r1", json!({"run": "r1"})),
+        ]
+    );
+    assert_eq!(s.history("fix", "review", 2).expect("history").len(), 2);
+    assert!(s.history("fix", "plan", 10).expect("history").is_empty());
+}
+
+#[test]
+fn two_connections_see_each_others_writes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut executor = store(dir.path());
+    executor
+        .create_run(&run_record("r", "fix", 1))
+        .expect("create");
+    executor
+        .commit(&[Write::Gate(gate("r", "", "approve_spec"))])
+        .expect("commit");
+
+    // `ralph-flow approve` from another terminal: its own connection, Full durability.
+    let mut approver =
+        SqliteStore::open_with(&dir.path().join("state.db"), Durability::Full).expect("open");
+    assert_eq!(approver.pending_gates("r").expect("gates").len(), 1);
+    approver
+        .answer(&approval("r", "", "approve_spec", true))
+        .expect("answer");
+
+    assert!(executor.pending_gates("r").expect("gates").is_empty());
+    assert!(
+        executor
+            .approval("r", "", "approve_spec")
+            .expect("approval")
+            .is_some_and(|a| a.approved)
+    );
+    executor
+        .set_status("r", RunStatus::Finished, Some(("done", 0)))
+        .expect("status");
+    assert_eq!(
+        approver.run("r").expect("run").map(|r| r.status),
+        Some(RunStatus::Finished)
+    );
+}
+
+#[test]
+fn open_creates_directories_and_reopens() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("a/b/.ralph-flow");
+    {
+        let mut s = ralph_flow::store::open_default(&state).expect("open");
+        s.create_run(&run_record("r", "fix", 1)).expect("create");
+    }
+    assert_eq!(
+        ralph_flow::store::default_path(&state),
+        state.join("state.db")
+    );
+    let s = ralph_flow::store::open_default(&state).expect("reopen");
+    assert!(s.run("r").expect("run").is_some());
+    let version: i64 = rusqlite::Connection::open(state.join("state.db"))
+        .expect("open")
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .expect("version");
+    assert_eq!(version, ralph_flow::store::sqlite::SCHEMA_VERSION);
+}
+
+#[test]
+fn a_newer_schema_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    drop(store(dir.path()));
+    rusqlite::Connection::open(dir.path().join("state.db"))
+        .expect("open")
+        .execute_batch("PRAGMA user_version = 99")
+        .expect("bump");
+    let err = SqliteStore::open(&dir.path().join("state.db"))
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("schema version 99"), "{err}");
+}
