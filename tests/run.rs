@@ -195,8 +195,8 @@ prompt = "judge {{{{ iteration }}}}: slow ran: {{{{ stages.slow.ran }}}}"
     let out = p.run(&["run", "w.toml"]);
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert_eq!(p.calls("slow"), 2, "iteration 2 (unsure) and 3 (iteration >= 3)");
-    assert!(p.prompt("judge", 1).contains("slow ran: false"));
-    assert!(p.prompt("judge", 2).contains("slow ran: true"));
+    assert!(p.prompt("judge", 1).contains("slow ran: False"));
+    assert!(p.prompt("judge", 2).contains("slow ran: True"));
     assert!(p.prompt("slow", 1).contains("slow 2"));
 }
 
@@ -427,6 +427,7 @@ on_timeout = "approve"
 [stages.ask_again]
 kind = "gate"
 needs = ["ask"]
+message = "Really?"
 timeout = "300ms"
 on_timeout = "exit:abandoned"
 "#,
