@@ -65,41 +65,64 @@ fn kill_9_at_many_points_then_resume_gives_the_same_outputs_and_never_reruns_a_c
     let expected = outputs(&expected);
     assert_eq!(expected["join"]["stdout"], "3 x-alpha,y-alpha,z-alpha\n");
 
-    for delay_ms in [40u64, 120, 200, 280, 360, 450, 550, 650, 760, 880, 1000, 1150] {
+    let mut tested = 0;
+    for delay_ms in [30u64, 90, 150, 210, 270, 330, 390, 450, 510, 570, 630, 700, 780] {
         let p = Project::new();
         p.workflow("w.toml", WORKFLOW);
-        let child = p.spawn(&["run", "w.toml", "--json"]);
-        std::thread::sleep(Duration::from_millis(delay_ms));
-        child.signal(nix::sys::signal::Signal::SIGKILL);
-        let _ = child.finish();
-        let Some(store) = p.store() else { continue };
-        let Some(run) = store.runs(1).unwrap().into_iter().next() else {
+        // Kill the run, then (for every other point) kill its first resume too.
+        let kills: &[u64] = if delay_ms % 60 == 30 { &[delay_ms, 120] } else { &[delay_ms] };
+        // (log offset, nodes committed) at each kill.
+        let mut checkpoints: Vec<(usize, HashSet<String>)> = Vec::new();
+        let mut run_id: Option<String> = None;
+        for &k in kills {
+            let child = match &run_id {
+                None => p.spawn(&["run", "w.toml", "--json"]),
+                Some(id) => p.spawn(&["resume", id, "--json"]),
+            };
+            std::thread::sleep(Duration::from_millis(k));
+            child.signal(nix::sys::signal::Signal::SIGKILL);
+            let _ = child.finish();
+            let Some(store) = p.store() else { break };
+            let Some(run) = store.runs(1).unwrap().into_iter().next() else {
+                break;
+            };
+            if run.status == ralph_flow::store::RunStatus::Finished {
+                break;
+            }
+            let committed: HashSet<String> = store
+                .nodes(&run.id)
+                .unwrap()
+                .into_iter()
+                .filter(|n| {
+                    !n.node.starts_with('@') && n.state == ralph_flow::store::NodeState::Done
+                })
+                .filter(|n| !matches!(n.node.as_str(), "refine" | "items"))
+                .map(|n| node_dir(&run.dir, &n.scope, &n.node))
+                .collect();
+            checkpoints.push((p.probe_log().len(), committed));
+            run_id = Some(run.id);
+        }
+        let Some(id) = run_id else { continue };
+        if checkpoints.is_empty() {
             continue;
-        };
-        // What was committed before the kill must never start again.
-        let committed: HashSet<String> = store
-            .nodes(&run.id)
-            .unwrap()
-            .into_iter()
-            .filter(|n| !n.node.starts_with('@') && n.state == ralph_flow::store::NodeState::Done)
-            .filter(|n| !matches!(n.node.as_str(), "refine" | "items"))
-            .map(|n| node_dir(&run.dir, &n.scope, &n.node))
-            .collect();
-        drop(store);
-        let log_len = p.probe_log().len();
-        let out = p.run(&["resume", &run.id, "--json"]);
+        }
+        tested += 1;
+        let out = p.run(&["resume", &id, "--json"]);
         assert_eq!(out.code, 0, "resume after a kill at {delay_ms} ms: {}", out.stderr);
         assert_eq!(outputs(&out), expected, "kill at {delay_ms} ms");
-        let after = &p.probe_log()[log_len..];
-        for line in after.lines() {
-            if let Some(node) = line.strip_prefix("start ") {
-                assert!(
-                    !committed.contains(node),
-                    "kill at {delay_ms} ms: {node} was committed, yet it ran again"
-                );
+        let log = p.probe_log();
+        for (offset, committed) in &checkpoints {
+            for line in log[*offset..].lines() {
+                if let Some(node) = line.strip_prefix("start ") {
+                    assert!(
+                        !committed.contains(node),
+                        "kill at {delay_ms} ms: {node} was committed, yet it ran again"
+                    );
+                }
             }
         }
     }
+    assert!(tested >= 8, "only {tested} kill points landed inside the run");
 }
 
 fn node_dir(run_dir: &str, scope: &str, node: &str) -> String {
