@@ -17,7 +17,10 @@ fn chain_workflow(n: usize, kind: &str) -> String {
     for i in 0..n {
         let _ = writeln!(s, "[stages.s{i}]");
         if kind == "agent" {
-            let _ = writeln!(s, "kind = \"agent\"\nagent = \"bot\"\nprompt = \"step {i}\"");
+            let _ = writeln!(
+                s,
+                "kind = \"agent\"\nagent = \"bot\"\nprompt = \"step {i}\""
+            );
         } else {
             let _ = writeln!(s, "kind = \"command\"\nargv = [\"/bin/true\"]");
         }
@@ -45,7 +48,9 @@ fn run_once(n: usize, kind: &str, full_sync: bool) -> Duration {
     std::fs::write(&wf, chain_workflow(n, kind)).expect("write");
     let rec = dir.path().join("rec.jsonl");
     std::fs::write(&rec, recording(n)).expect("write");
-    let prepared = prepare(&wf, &[]).map_err(|e| e.render()).expect("valid workflow");
+    let prepared = prepare(&wf, &[])
+        .map_err(|e| e.render())
+        .expect("valid workflow");
     let mut opts = RunOptions::new(dir.path().to_path_buf());
     opts.progress = Mode::Quiet;
     opts.full_sync = full_sync;
@@ -64,19 +69,24 @@ fn run_once(n: usize, kind: &str, full_sync: bool) -> Duration {
 }
 
 fn main() {
-    let n = 300;
+    // `cargo test --all-targets` runs this too (without `--bench`): a small smoke run then.
+    let full = std::env::args().any(|a| a == "--bench");
+    let n = if full { 300 } else { 5 };
     println!("| stages | backend | sync | total | per stage |");
     println!("| --- | --- | --- | --- | --- |");
-    for (kind, label) in [("agent", "in-process replay (no-op)"), ("command", "/bin/true")] {
-        for full in [false, true] {
+    for (kind, label) in [
+        ("agent", "in-process replay (no-op)"),
+        ("command", "/bin/true"),
+    ] {
+        for full_sync in [false, true] {
             // Warm up once, then take the median of five runs.
-            let _ = run_once(n, kind, full);
-            let mut times: Vec<Duration> = (0..5).map(|_| run_once(n, kind, full)).collect();
+            let _ = run_once(n, kind, full_sync);
+            let mut times: Vec<Duration> = (0..5).map(|_| run_once(n, kind, full_sync)).collect();
             times.sort();
             let median = times[2];
             println!(
                 "| {n} | {label} | {} | {:.1} ms | {:.0} µs |",
-                if full { "FULL" } else { "NORMAL" },
+                if full_sync { "FULL" } else { "NORMAL" },
                 median.as_secs_f64() * 1e3,
                 median.as_secs_f64() * 1e6 / n as f64
             );

@@ -66,11 +66,17 @@ fn kill_9_at_many_points_then_resume_gives_the_same_outputs_and_never_reruns_a_c
     assert_eq!(expected["join"]["stdout"], "3 x-alpha,y-alpha,z-alpha\n");
 
     let mut tested = 0;
-    for delay_ms in [30u64, 90, 150, 210, 270, 330, 390, 450, 510, 570, 630, 700, 780] {
+    for delay_ms in [
+        30u64, 90, 150, 210, 270, 330, 390, 450, 510, 570, 630, 700, 780,
+    ] {
         let p = Project::new();
         p.workflow("w.toml", WORKFLOW);
         // Kill the run, then (for every other point) kill its first resume too.
-        let kills: &[u64] = if delay_ms % 60 == 30 { &[delay_ms, 120] } else { &[delay_ms] };
+        let kills: &[u64] = if delay_ms % 60 == 30 {
+            &[delay_ms, 120]
+        } else {
+            &[delay_ms]
+        };
         // (log offset, nodes committed) at each kill.
         let mut checkpoints: Vec<(usize, HashSet<String>)> = Vec::new();
         let mut run_id: Option<String> = None;
@@ -108,7 +114,11 @@ fn kill_9_at_many_points_then_resume_gives_the_same_outputs_and_never_reruns_a_c
         }
         tested += 1;
         let out = p.run(&["resume", &id, "--json"]);
-        assert_eq!(out.code, 0, "resume after a kill at {delay_ms} ms: {}", out.stderr);
+        assert_eq!(
+            out.code, 0,
+            "resume after a kill at {delay_ms} ms: {}",
+            out.stderr
+        );
         assert_eq!(outputs(&out), expected, "kill at {delay_ms} ms");
         let log = p.probe_log();
         for (offset, committed) in &checkpoints {
@@ -122,7 +132,10 @@ fn kill_9_at_many_points_then_resume_gives_the_same_outputs_and_never_reruns_a_c
             }
         }
     }
-    assert!(tested >= 8, "only {tested} kill points landed inside the run");
+    assert!(
+        tested >= 8,
+        "only {tested} kill points landed inside the run"
+    );
 }
 
 fn node_dir(run_dir: &str, scope: &str, node: &str) -> String {

@@ -43,11 +43,19 @@ argv = ["sh", "-c", "test \"$0\" = ok || {{ echo \"wanted ok, got $0\"; exit 1; 
     p.answer("work", 3, "ok");
     let out = p.run(&["run", "w.toml", "--json"]);
     assert_eq!(out.code, 0, "{}", out.stderr);
-    assert_eq!(out.json["outputs"]["attempts"], json!({"iterations": 3, "outcome": "until"}));
+    assert_eq!(
+        out.json["outputs"]["attempts"],
+        json!({"iterations": 3, "outcome": "until"})
+    );
     let second = p.prompt("work", 2);
     assert!(second.contains("iteration 2 of 4"), "{second}");
-    assert!(second.contains("wanted ok, got bad"), "feedback of the failed check: {second}");
-    assert!(p.prompt("work", 1).contains("feedback: \n") || p.prompt("work", 1).ends_with("feedback: "));
+    assert!(
+        second.contains("wanted ok, got bad"),
+        "feedback of the failed check: {second}"
+    );
+    assert!(
+        p.prompt("work", 1).contains("feedback: \n") || p.prompt("work", 1).ends_with("feedback: ")
+    );
 }
 
 #[test]
@@ -135,7 +143,11 @@ route = {{ on = "exit_code", cases = {{ "0" = "break" }} }}
     assert_eq!(out.json["exit"], "unfixable");
     assert_eq!(p.calls("review"), 4);
     // INVALID continues before oracle runs; the escalation never ran in iterations 1-2.
-    assert_eq!(p.calls("oracle"), 0, "oracle needs review, which ended each iteration");
+    assert_eq!(
+        p.calls("oracle"),
+        0,
+        "oracle needs review, which ended each iteration"
+    );
 
     // VALID routes to verify, which breaks the loop: success.
     let p2 = Project::new();
@@ -194,7 +206,11 @@ prompt = "judge {{{{ iteration }}}}: slow ran: {{{{ stages.slow.ran }}}}"
     p.answer("judge", 3, "done");
     let out = p.run(&["run", "w.toml"]);
     assert_eq!(out.code, 0, "{}", out.stderr);
-    assert_eq!(p.calls("slow"), 2, "iteration 2 (unsure) and 3 (iteration >= 3)");
+    assert_eq!(
+        p.calls("slow"),
+        2,
+        "iteration 2 (unsure) and 3 (iteration >= 3)"
+    );
     assert!(p.prompt("judge", 1).contains("slow ran: False"));
     assert!(p.prompt("judge", 2).contains("slow ran: True"));
     assert!(p.prompt("slow", 1).contains("slow 2"));
@@ -240,7 +256,11 @@ argv = ["echo", "{{{{ stages.wire.status }}}} {{{{ stages.rewrite.status }}}}"]
     p2.workflow("w.toml", &p.read("w.toml"));
     p2.answer("categorize", 1, "CATEGORY: C\n");
     let out = p2.run(&["run", "w.toml", "--json"]);
-    assert_eq!(out.code, 1, "C has no case: the default fails the run: {}", out.stderr);
+    assert_eq!(
+        out.code, 1,
+        "C has no case: the default fails the run: {}",
+        out.stderr
+    );
     assert!(out.stderr.contains("categorize"), "{}", out.stderr);
 }
 
@@ -282,7 +302,10 @@ argv = ["probe", "land-{{ n }}", "0.1"]
     let log = p.probe_log();
     assert_eq!(max_overlap(&log, "work-"), 3, "{log}");
     assert_eq!(max_overlap(&log, "land-"), 1, "{log}");
-    let results = out.json["outputs"]["items"]["results"].as_array().unwrap().len();
+    let results = out.json["outputs"]["items"]["results"]
+        .as_array()
+        .unwrap()
+        .len();
     assert_eq!(results, 6);
 }
 
@@ -364,16 +387,36 @@ fn a_gate_waits_and_a_rejection_comment_is_the_next_attempts_feedback() {
     assert_eq!(out.code, 75, "waiting: {}", out.stderr);
     let run = out.json["run"].as_str().unwrap().to_string();
     assert_eq!(out.json["waiting_on"], json!(["approve_plan"]));
-    assert_eq!(out.json["outputs"]["other"]["stdout"], "independent\n", "other branches go on");
-    assert!(out.stderr.contains(&format!("ralph-flow approve {run} approve_plan")), "{}", out.stderr);
+    assert_eq!(
+        out.json["outputs"]["other"]["stdout"], "independent\n",
+        "other branches go on"
+    );
+    assert!(
+        out.stderr
+            .contains(&format!("ralph-flow approve {run} approve_plan")),
+        "{}",
+        out.stderr
+    );
 
     let bad = p.run(&["approve", &run, "nope"]);
     assert_eq!(bad.code, 3);
-    assert!(bad.stderr.contains("waiting: approve_plan"), "{}", bad.stderr);
+    assert!(
+        bad.stderr.contains("waiting: approve_plan"),
+        "{}",
+        bad.stderr
+    );
     let no_comment = p.run(&["reject", &run, "approve_plan"]);
     assert_eq!(no_comment.code, 3);
 
-    let r = p.run(&["reject", &run, "approve_plan", "--comment", "add error handling", "--by", "ana"]);
+    let r = p.run(&[
+        "reject",
+        &run,
+        "approve_plan",
+        "--comment",
+        "add error handling",
+        "--by",
+        "ana",
+    ]);
     assert_eq!(r.code, 0, "{}", r.stderr);
     let out = p.run(&["resume", &run, "--no-wait", "--json"]);
     assert_eq!(out.code, 75, "waits again: {}", out.stderr);
@@ -387,7 +430,9 @@ fn a_gate_waits_and_a_rejection_comment_is_the_next_attempts_feedback() {
         out.json["outputs"]["revise"]["stdout"]
             .as_str()
             .unwrap()
-            .contains("revision 2: The gate `approve_plan` was rejected by ana: add error handling"),
+            .contains(
+                "revision 2: The gate `approve_plan` was rejected by ana: add error handling"
+            ),
         "{}",
         out.json
     );
@@ -460,7 +505,10 @@ output = {{ extract = "fenced_json", schema = {{ type = "object", required = ["s
     assert_eq!(out.json["outputs"]["plan"]["steps"], json!(["a"]));
     let second = p.prompt("plan", 2);
     assert!(second.contains("could not be used"), "{second}");
-    assert!(second.contains("steps"), "the validation error names the field: {second}");
+    assert!(
+        second.contains("steps"),
+        "the validation error names the field: {second}"
+    );
 
     let p = Project::new();
     p.workflow("w.toml", &wf);
@@ -468,8 +516,16 @@ output = {{ extract = "fenced_json", schema = {{ type = "object", required = ["s
     p.answer("plan", 2, "```json\n{\"steps\": []}\n```");
     let out = p.run(&["run", "w.toml"]);
     assert_eq!(out.code, 1, "{}", out.stderr);
-    assert!(out.stderr.contains("did not validate after 2 attempts"), "{}", out.stderr);
-    assert!(out.stderr.contains("/steps"), "the exact error: {}", out.stderr);
+    assert!(
+        out.stderr.contains("did not validate after 2 attempts"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains("/steps"),
+        "the exact error: {}",
+        out.stderr
+    );
 }
 
 #[test]
@@ -511,7 +567,11 @@ idle_timeout = "1s"
     );
     let out = p.run(&["run", "w.toml"]);
     assert_eq!(out.code, 1, "{}", out.stderr);
-    assert!(out.stderr.contains("produced no output for 1.0s"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("produced no output for 1.0s"),
+        "{}",
+        out.stderr
+    );
     assert!(p.store_text().contains("chatty"), "chatty finished");
 }
 
@@ -550,7 +610,11 @@ argv = ["sh", "-c", "echo $0 > file.txt && git add file.txt && git commit -qm $0
         let log = p.git(&["log", "-1", "--format=%s", &format!("ticket/{t}")]);
         assert_eq!(log.trim(), t);
     }
-    assert_eq!(p.git(&["status", "--porcelain"]).trim(), "?? w.toml", "the main tree is untouched");
+    assert_eq!(
+        p.git(&["status", "--porcelain"]).trim(),
+        "?? w.toml",
+        "the main tree is untouched"
+    );
 }
 
 #[test]
@@ -618,7 +682,10 @@ prompt = "step {{ iteration }}"
     let out = p.run(&["run", "w.toml", "--replay", "rec.jsonl", "--json"]);
     assert_eq!(out.code, 6, "{}", out.stderr);
     assert_eq!(out.json["exit"], "over_budget");
-    assert!(p.store_text().contains("budget of the run is spent"), "the reason is recorded");
+    assert!(
+        p.store_text().contains("budget of the run is spent"),
+        "the reason is recorded"
+    );
 }
 
 #[test]
@@ -661,12 +728,21 @@ fn resume_refuses_a_changed_workflow_unless_allowed_and_a_run_has_one_executor()
     p.write("w.toml", &GATED.replace("independent", "changed"));
     let refused = p.run(&["resume", &run, "--no-wait"]);
     assert_eq!(refused.code, 3);
-    assert!(refused.stderr.contains("--allow-changed"), "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("--allow-changed"),
+        "{}",
+        refused.stderr
+    );
     let allowed = p.run(&["resume", &run, "--no-wait", "--allow-changed"]);
     assert_eq!(allowed.code, 75, "{}", allowed.stderr);
     // A live run holds its lock.
     let child = p.spawn(&["resume", &run, "--allow-changed"]);
-    p.wait_for(|| p.store_text().contains("resumed by pid"));
+    let pid = u32::try_from(child.pid()).unwrap();
+    p.wait_for(|| {
+        p.store()
+            .and_then(|s| s.lock_holder(&run).ok().flatten())
+            .is_some_and(|h| h.pid == pid)
+    });
     let second = p.run(&["resume", &run, "--allow-changed", "--no-wait"]);
     assert_eq!(second.code, 3, "{}", second.stderr);
     assert!(second.stderr.contains("held by pid"), "{}", second.stderr);

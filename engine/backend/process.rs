@@ -273,7 +273,8 @@ async fn sleep_until_opt(at: Option<Instant>) {
     }
 }
 
-/// One output stream: its file and the part kept in memory.
+/// One output stream: its file (created when the first byte arrives, so a silent program
+/// costs no file) and the part kept in memory.
 struct Sink {
     file: Option<std::fs::File>,
     path: Option<PathBuf>,
@@ -282,18 +283,16 @@ struct Sink {
 
 impl Sink {
     fn open(path: Option<&Path>) -> Result<Self, SpawnError> {
-        let file = match path {
-            Some(p) => Some(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(p)
-                    .map_err(|e| SpawnError::Other(format!("cannot open {}: {e}", p.display())))?,
-            ),
-            None => None,
-        };
+        if let Some(dir) = path.and_then(Path::parent) {
+            if !dir.as_os_str().is_empty() && !dir.is_dir() {
+                return Err(SpawnError::Other(format!(
+                    "cannot write output to {}: the directory does not exist",
+                    dir.display()
+                )));
+            }
+        }
         Ok(Sink {
-            file,
+            file: None,
             path: path.map(Path::to_path_buf),
             kept: Vec::new(),
         })
@@ -302,6 +301,21 @@ impl Sink {
     /// Appends a chunk to the file and to memory, dropping the oldest bytes beyond the cap
     /// (a quarter of the cap at a time, so that trimming stays cheap).
     fn push(&mut self, chunk: &[u8]) {
+        if self.file.is_none() {
+            if let Some(p) = self.path.take() {
+                match std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&p)
+                {
+                    Ok(f) => {
+                        self.file = Some(f);
+                        self.path = Some(p);
+                    }
+                    Err(e) => tracing::warn!("cannot open {}: {e}; not writing it", p.display()),
+                }
+            }
+        }
         if let Some(file) = &mut self.file {
             if let Err(e) = file.write_all(chunk) {
                 let path = self.path.as_deref().unwrap_or(Path::new(""));
@@ -310,6 +324,7 @@ impl Sink {
                     path.display()
                 );
                 self.file = None;
+                self.path = None;
             }
         }
         self.kept.extend_from_slice(chunk);

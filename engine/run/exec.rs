@@ -558,8 +558,15 @@ impl<'p> Exec<'p> {
     }
 
     pub(crate) fn run_end(&self, end: BodyEnd) -> RunEnd {
-        let exit = |name: &str, message: Option<String>| match (self.exit_end(self.plan.exit(name).unwrap_or(0)), message) {
-            (RunEnd::Exit { name, code, .. }, Some(m)) => RunEnd::Exit { name, code, message: Some(m) },
+        let exit = |name: &str, message: Option<String>| match (
+            self.exit_end(self.plan.exit(name).unwrap_or(0)),
+            message,
+        ) {
+            (RunEnd::Exit { name, code, .. }, Some(m)) => RunEnd::Exit {
+                name,
+                code,
+                message: Some(m),
+            },
             (end, None) => end,
             (end, _) => end,
         };
@@ -592,10 +599,9 @@ impl<'p> Exec<'p> {
         RunEnd::Exit {
             name: e.name.clone(),
             code: e.code,
-            message: e
-                .message
-                .as_ref()
-                .map(|m| crate::compile::render_params(m, &self.plan.params).unwrap_or_else(|_| m.clone())),
+            message: e.message.as_ref().map(|m| {
+                crate::compile::render_params(m, &self.plan.params).unwrap_or_else(|_| m.clone())
+            }),
         }
     }
 

@@ -355,7 +355,9 @@ impl Exec<'_> {
             };
             usage.add(&reply.usage);
             write_file(&dir, "raw.txt", &reply.raw);
-            write_file(&dir, "answer.md", &reply.text);
+            if reply.text != reply.raw {
+                write_file(&dir, "answer.md", &reply.text);
+            }
             let extracted = match extractor {
                 Some(e) => e.extract(&reply.text, None),
                 None => Ok(json!({ "text": reply.text })),
@@ -773,12 +775,6 @@ impl Exec<'_> {
                     Ok(s) => s,
                     Err(e) => return self.fail_now(n, started, e),
                 };
-                write_file(
-                    &dir,
-                    "command.json",
-                    &serde_json::to_string_pretty(&json!({"argv": spec.argv, "cwd": spec.cwd}))
-                        .unwrap_or_default(),
-                );
                 self.attempt_record(
                     &scope,
                     &node.name,
@@ -825,6 +821,18 @@ impl Exec<'_> {
                         );
                     }
                 };
+                write_file(
+                    &dir,
+                    "command.json",
+                    &serde_json::to_string_pretty(&json!({
+                        "argv": spec.argv,
+                        "cwd": spec.cwd,
+                        "exit_code": out.code,
+                        "signal": out.signal,
+                        "elapsed_ms": u64::try_from(out.elapsed.as_millis()).unwrap_or(u64::MAX),
+                    }))
+                    .unwrap_or_default(),
+                );
                 stdout_text = String::from_utf8_lossy(&out.stdout).into_owned();
                 let code = out.code.map_or(-1, i64::from);
                 base = json!({
@@ -938,11 +946,13 @@ impl Exec<'_> {
                 }
                 ok = passed;
             }
-            write_file(
-                &dir,
-                "output.json",
-                &serde_json::to_string_pretty(&value).unwrap_or_default(),
-            );
+            if cmd.is_none() || st.output.is_some() {
+                write_file(
+                    &dir,
+                    "output.json",
+                    &serde_json::to_string_pretty(&value).unwrap_or_default(),
+                );
+            }
             if ok {
                 self.attempt_record(
                     &scope,
