@@ -483,7 +483,9 @@ impl<'p> Exec<'p> {
             plan.workflow.name.value.clone(),
             shared.run.id.clone(),
         );
-        env.set_undefined_behavior(minijinja::UndefinedBehavior::Lenient);
+        // A stage that has not run (yet) is undefined, and so are its attributes
+        // (`stages.review.last` in the first iteration): templates guard with `is defined`.
+        env.set_undefined_behavior(minijinja::UndefinedBehavior::Chainable);
         let mut agents = Vec::new();
         for a in &plan.workflow.agents {
             agents.push(agent_config(a, plan, files)?);
@@ -994,11 +996,11 @@ impl<'p> Exec<'p> {
     pub fn resumed(&self, frame: &Frame<'_>, n: NodeId) -> Option<Settled> {
         let key = (self.scope(frame), self.plan.node(n).name.clone());
         let rec = self.shared.resumed.borrow().get(&key).cloned()?;
-        self.from_record(&rec)
+        self.settled_from(&rec)
     }
 
     /// Turns a stored record into a settlement.
-    pub fn from_record(&self, rec: &NodeRecord) -> Option<Settled> {
+    pub fn settled_from(&self, rec: &NodeRecord) -> Option<Settled> {
         let action = match &rec.action {
             Some(a) => Some(self.parse_action(a)?),
             None => None,
@@ -1109,7 +1111,21 @@ impl<'p> Exec<'p> {
 
     // ----- regions -----
 
+    /// Runs a loop. Its body's outputs become visible outside (their latest values) when
+    /// the loop ends, so an iteration never sees a value left over from the one before.
     async fn run_loop(&self, frame: &Frame<'_>, n: NodeId) -> Outcome {
+        let mut latest: BTreeMap<String, View> = BTreeMap::new();
+        let outcome = self.run_loop_inner(frame, n, &mut latest).await;
+        frame.outputs.borrow_mut().extend(latest);
+        outcome
+    }
+
+    async fn run_loop_inner(
+        &self,
+        frame: &Frame<'_>,
+        n: NodeId,
+        latest: &mut BTreeMap<String, View>,
+    ) -> Outcome {
         let started = now_ms();
         let st = self.plan.stage(n);
         let node = self.plan.node(n);
@@ -1204,7 +1220,9 @@ impl<'p> Exec<'p> {
                 if v.state != NodeState::Skipped {
                     snapshot.insert(k.clone(), v.output.clone());
                 }
-                frame.outputs.borrow_mut().insert(k.clone(), v.clone());
+                if v.state != NodeState::Skipped || !latest.contains_key(k) {
+                    latest.insert(k.clone(), v.clone());
+                }
             }
             let iter_feedback = match &end {
                 BodyEnd::Continue(f) => f.clone(),

@@ -19,6 +19,16 @@ use crate::compile::{Target, render_params, resolve_count, resolve_duration};
 use crate::model::{StageBody, StageKind};
 use crate::store::{AttemptRecord, GateRequest, NodeState, Write};
 
+/// Where an attempt's record goes: stage, scope, number, artifact directory and agent.
+struct AttemptAt<'a> {
+    scope: &'a str,
+    stage: &'a str,
+    attempt: u32,
+    dir: &'a std::path::Path,
+    agent: Option<&'a str>,
+    started: i64,
+}
+
 /// The most bytes of a command's stdout or stderr kept in its output (the files keep all).
 const MAX_STREAM_IN_OUTPUT: usize = 256 * 1024;
 /// The most bytes of feedback handed to the next iteration.
@@ -62,27 +72,22 @@ impl Exec<'_> {
 
     fn attempt_record(
         &self,
-        scope: &str,
-        stage: &str,
-        attempt: u32,
-        dir: &std::path::Path,
+        at: &AttemptAt<'_>,
         state: &str,
-        agent: Option<&str>,
         error: Option<String>,
         usage: &Usage,
-        started: i64,
     ) {
         self.shared.write(Write::Attempt(AttemptRecord {
             run: self.shared.run.id.clone(),
-            scope: scope.to_string(),
-            node: stage.to_string(),
-            attempt,
+            scope: at.scope.to_string(),
+            node: at.stage.to_string(),
+            attempt: at.attempt,
             state: state.to_string(),
-            agent: agent.map(str::to_string),
-            dir: dir.to_string_lossy().into_owned(),
+            agent: at.agent.map(str::to_string),
+            dir: at.dir.to_string_lossy().into_owned(),
             error,
             usage: usage.clone(),
-            started_at: started,
+            started_at: at.started,
             finished_at: (state != "running").then(now_ms),
         }));
     }
@@ -128,14 +133,8 @@ impl Exec<'_> {
                 return Outcome::Settled(s);
             }
         }
-        let name = &self.plan.node(n).name;
-        if self.env.get_template(&format!("{name}/feedback")).is_ok() {
-            let ctx = self.context(frame, &[("output", jv(&s.output))]);
-            match self.render(&format!("{name}/feedback"), &ctx) {
-                Ok(f) if !f.trim().is_empty() => s.feedback = Some(tail(f.trim(), MAX_FEEDBACK)),
-                Ok(_) => {}
-                Err(e) => s.feedback = Some(format!("(its feedback template failed: {e})")),
-            }
+        if let Some(f) = self.feedback_template(frame, n, &s.output) {
+            s.feedback = Some(f);
         } else if matches!(s.action, Some(Target::Continue)) {
             let text = match s.output.get("text").and_then(Json::as_str) {
                 Some(t) => t.to_string(),
@@ -144,6 +143,19 @@ impl Exec<'_> {
             s.feedback = Some(tail(&text, MAX_FEEDBACK));
         }
         Outcome::Settled(s)
+    }
+
+    /// Renders the stage's `feedback` template over its output, if it has one that gives
+    /// something.
+    fn feedback_template(&self, frame: &Frame<'_>, n: NodeId, output: &Json) -> Option<String> {
+        let name = format!("{}/feedback", self.plan.node(n).name);
+        self.env.get_template(&name).ok()?;
+        let ctx = self.context(frame, &[("output", jv(output))]);
+        match self.render(&name, &ctx) {
+            Ok(f) if !f.trim().is_empty() => Some(tail(f.trim(), MAX_FEEDBACK)),
+            Ok(_) => None,
+            Err(e) => Some(format!("(its feedback template failed: {e})")),
+        }
     }
 
     /// Chooses a route case by the output.
@@ -252,15 +264,17 @@ impl Exec<'_> {
             if let Some(w) = window {
                 if let Some(msg) = too_big(&prompt, w) {
                     self.attempt_record(
-                        &scope,
-                        &node.name,
-                        attempt,
-                        &dir,
+                        &AttemptAt {
+                            scope: &scope,
+                            stage: &node.name,
+                            attempt,
+                            dir: &dir,
+                            agent: Some(&a.name.value),
+                            started: t0,
+                        },
                         "failed",
-                        Some(&a.name.value),
                         Some(msg.clone()),
                         &Usage::default(),
-                        t0,
                     );
                     let mut s = Settled::new(NodeState::Failed, Json::Null, started);
                     s.message = Some(msg.clone());
@@ -274,15 +288,17 @@ impl Exec<'_> {
                 return self.budget_outcome(n, started, t, msg, usage, attempt - 1);
             }
             self.attempt_record(
-                &scope,
-                &node.name,
-                attempt,
-                &dir,
+                &AttemptAt {
+                    scope: &scope,
+                    stage: &node.name,
+                    attempt,
+                    dir: &dir,
+                    agent: Some(&a.name.value),
+                    started: t0,
+                },
                 "running",
-                Some(&a.name.value),
                 None,
                 &Usage::default(),
-                t0,
             );
             self.shared.flush();
             self.shared.progress.started(
@@ -340,15 +356,17 @@ impl Exec<'_> {
                         "failed"
                     };
                     self.attempt_record(
-                        &scope,
-                        &node.name,
-                        attempt,
-                        &dir,
+                        &AttemptAt {
+                            scope: &scope,
+                            stage: &node.name,
+                            attempt,
+                            dir: &dir,
+                            agent: Some(&agent_name),
+                            started: t0,
+                        },
                         st_name,
-                        Some(&agent_name),
                         Some(msg.clone()),
                         &usage,
-                        t0,
                     );
                     return self.failed(n, started, state, detail, usage, attempt);
                 }
@@ -370,15 +388,17 @@ impl Exec<'_> {
                         &serde_json::to_string_pretty(&v).unwrap_or_default(),
                     );
                     self.attempt_record(
-                        &scope,
-                        &node.name,
-                        attempt,
-                        &dir,
+                        &AttemptAt {
+                            scope: &scope,
+                            stage: &node.name,
+                            attempt,
+                            dir: &dir,
+                            agent: Some(&agent_name),
+                            started: t0,
+                        },
                         "ok",
-                        Some(&agent_name),
                         None,
                         &reply.usage,
-                        t0,
                     );
                     if let Some((t, msg)) = self.over_budget(frame, n, &usage) {
                         // The output is kept; the budget's action decides what follows.
@@ -399,15 +419,17 @@ impl Exec<'_> {
                     let text = problems.join("\n");
                     write_file(&dir, "feedback.md", &text);
                     self.attempt_record(
-                        &scope,
-                        &node.name,
-                        attempt,
-                        &dir,
+                        &AttemptAt {
+                            scope: &scope,
+                            stage: &node.name,
+                            attempt,
+                            dir: &dir,
+                            agent: Some(&agent_name),
+                            started: t0,
+                        },
                         "invalid",
-                        Some(&agent_name),
                         Some(text.clone()),
                         &reply.usage,
-                        t0,
                     );
                     self.shared.event(&scope, &node.name, "invalid", text);
                     if attempt < max_attempts {
@@ -776,15 +798,17 @@ impl Exec<'_> {
                     Err(e) => return self.fail_now(n, started, e),
                 };
                 self.attempt_record(
-                    &scope,
-                    &node.name,
-                    attempt,
-                    &dir,
+                    &AttemptAt {
+                        scope: &scope,
+                        stage: &node.name,
+                        attempt,
+                        dir: &dir,
+                        agent: None,
+                        started: t0,
+                    },
                     "running",
                     None,
-                    None,
                     &Usage::default(),
-                    t0,
                 );
                 self.shared.flush();
                 self.shared.progress.started(
@@ -801,15 +825,17 @@ impl Exec<'_> {
                             spec.argv.first().cloned().unwrap_or_default()
                         );
                         self.attempt_record(
-                            &scope,
-                            &node.name,
-                            attempt,
-                            &dir,
+                            &AttemptAt {
+                                scope: &scope,
+                                stage: &node.name,
+                                attempt,
+                                dir: &dir,
+                                agent: None,
+                                started: t0,
+                            },
                             "failed",
-                            None,
                             Some(msg.clone()),
                             &Usage::default(),
-                            t0,
                         );
                         return self.failed(
                             n,
@@ -859,15 +885,17 @@ impl Exec<'_> {
                         tail(&String::from_utf8_lossy(&out.stderr), 2000)
                     );
                     self.attempt_record(
-                        &scope,
-                        &node.name,
-                        attempt,
-                        &dir,
+                        &AttemptAt {
+                            scope: &scope,
+                            stage: &node.name,
+                            attempt,
+                            dir: &dir,
+                            agent: None,
+                            started: t0,
+                        },
                         "timed_out",
-                        None,
                         Some(msg.clone()),
                         &Usage::default(),
-                        t0,
                     );
                     return self.failed(
                         n,
@@ -955,29 +983,33 @@ impl Exec<'_> {
             }
             if ok {
                 self.attempt_record(
-                    &scope,
-                    &node.name,
-                    attempt,
-                    &dir,
+                    &AttemptAt {
+                        scope: &scope,
+                        stage: &node.name,
+                        attempt,
+                        dir: &dir,
+                        agent: None,
+                        started: t0,
+                    },
                     "ok",
                     None,
-                    None,
                     &Usage::default(),
-                    t0,
                 );
                 return self.done(frame, n, started, value, Usage::default(), attempt);
             }
             write_file(&dir, "feedback.md", &last_msg);
             self.attempt_record(
-                &scope,
-                &node.name,
-                attempt,
-                &dir,
+                &AttemptAt {
+                    scope: &scope,
+                    stage: &node.name,
+                    attempt,
+                    dir: &dir,
+                    agent: None,
+                    started: t0,
+                },
                 "failed",
-                None,
                 Some(tail(&last_msg, 4000)),
                 &Usage::default(),
-                t0,
             );
             last_output = value;
             if attempt < max_attempts {
@@ -990,8 +1022,11 @@ impl Exec<'_> {
                 tokio::time::sleep(wait).await;
             }
         }
+        let feedback = self
+            .feedback_template(frame, n, &last_output)
+            .unwrap_or_else(|| tail(&last_msg, MAX_FEEDBACK));
         let mut s = Settled::new(NodeState::Failed, last_output, started);
-        s.feedback = Some(tail(&last_msg, MAX_FEEDBACK));
+        s.feedback = Some(feedback);
         s.message = Some(last_msg);
         s.action = Some(node.on_fail.clone());
         s.attempts = max_attempts;
@@ -1415,7 +1450,7 @@ fn too_big(prompt: &str, window: u64) -> Option<String> {
     if size > 0 {
         parts.push((start, prompt.lines().count(), size, first));
     }
-    parts.sort_by(|a, b| b.2.cmp(&a.2));
+    parts.sort_by_key(|p| std::cmp::Reverse(p.2));
     let largest: Vec<String> = parts
         .iter()
         .take(3)
