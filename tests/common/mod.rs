@@ -124,6 +124,22 @@ impl Project {
         }
     }
 
+    /// Runs ralph-flow to its end with extra environment variables.
+    pub fn run_env(&self, args: &[&str], env: &[(&str, &str)]) -> Out {
+        let mut c = self.command(args);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let out = c.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        Out {
+            code: out.status.code().unwrap_or(-1),
+            json: serde_json::from_str(&stdout).unwrap_or(serde_json::Value::Null),
+            stdout,
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
     /// Starts ralph-flow in the background.
     pub fn spawn(&self, args: &[&str]) -> Running {
         let child = self
