@@ -34,7 +34,7 @@ const BUILTINS: &[&str] = &[
 ];
 /// The attributes of `stages.ID`.
 pub const STAGE_ATTRS: &[&str] = &[
-    "output", "history", "last", "status", "ran", "feedback", "attempts",
+    "output", "history", "last", "status", "ran", "feedback", "attempts", "usage",
 ];
 /// The attributes of `run`.
 pub const RUN_ATTRS: &[&str] = &["id", "dir", "workflow", "started_at", "stage_dir", "cwd"];

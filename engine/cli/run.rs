@@ -186,6 +186,7 @@ fn finish(args: &ExecArgs, result: Result<ralph_flow::run::RunResult, String>) -
             "code": code,
             "message": message,
             "waiting_on": match &r.end { RunEnd::Waiting(g) => g.clone(), _ => Vec::new() },
+            "usage": r.usage,
             "outputs": r.outputs,
         });
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
@@ -197,8 +198,9 @@ fn finish(args: &ExecArgs, result: Result<ralph_flow::run::RunResult, String>) -
             message,
         } => {
             eprintln!(
-                "run {} ended: {name} (exit code {code}){}",
+                "run {} ended: {name} (exit code {code}){}{}",
                 r.run_id,
+                usage_text(&r.usage),
                 message
                     .as_ref()
                     .map(|m| format!("\n  {}", m.replace('\n', "\n  ")))
@@ -227,6 +229,22 @@ fn finish(args: &ExecArgs, result: Result<ralph_flow::run::RunResult, String>) -
         }
     }
     code
+}
+
+/// Shows a run's usage shortly: ` · 13.5k tokens · $0.0336`.
+fn usage_text(u: &ralph_flow::backend::Usage) -> String {
+    use ralph_flow::run::progress::short_tokens;
+    let mut s = String::new();
+    if u.tokens() > 0 {
+        s.push_str(&format!(" · {} tokens", short_tokens(u.tokens())));
+        if u.cached_tokens > 0 {
+            s.push_str(&format!(" ({} cached)", short_tokens(u.cached_tokens)));
+        }
+    }
+    if let Some(c) = u.cost_usd {
+        s.push_str(&format!(" · ${c:.4}"));
+    }
+    s
 }
 
 fn open_store(state_dir: &Path) -> Result<SqliteStore, String> {

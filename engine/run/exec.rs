@@ -133,6 +133,7 @@ pub(crate) struct View {
     pub state: NodeState,
     pub feedback: Option<String>,
     pub attempts: u32,
+    pub usage: Usage,
 }
 
 /// How a node settled, or why it did not.
@@ -407,10 +408,12 @@ pub async fn execute(prepared: &Prepared, opts: RunOptions) -> Result<RunResult,
         .filter(|(_, v)| v.state != NodeState::Skipped)
         .map(|(k, v)| (k.clone(), v.output.clone()))
         .collect();
+    let usage = shared.usage.borrow().get("").cloned().unwrap_or_default();
     Ok(RunResult {
         run_id: shared.run.id.clone(),
         end,
         outputs,
+        usage,
     })
 }
 
@@ -576,7 +579,9 @@ impl<'p> Exec<'p> {
             return self.exit_end(i);
         }
         match end {
-            BodyEnd::Completed | BodyEnd::Break | BodyEnd::Continue(_) => exit("success", None),
+            BodyEnd::Completed | BodyEnd::Break | BodyEnd::Continue(_) => {
+                exit(&self.success_exit(), None)
+            }
             BodyEnd::Exit(i) => self.exit_end(i),
             BodyEnd::Failed { node, message, .. } => {
                 exit("failed", Some(format!("stage `{node}` failed: {message}")))
@@ -592,6 +597,25 @@ impl<'p> Exec<'p> {
                 RunEnd::Waiting(gates)
             }
             BodyEnd::Stopped => RunEnd::Interrupted,
+        }
+    }
+
+    /// The exit a run takes when it completes: `success` when declared, else the only
+    /// declared exit with code 0 (a workflow may call its success `clean` or `done`).
+    fn success_exit(&self) -> String {
+        let wf = &self.plan.workflow;
+        if wf.exits.iter().any(|e| e.name.value == "success") {
+            return "success".into();
+        }
+        let zero: Vec<&String> = wf
+            .exits
+            .iter()
+            .filter(|e| e.code.value == 0)
+            .map(|e| &e.name.value)
+            .collect();
+        match zero.as_slice() {
+            [one] => (*one).clone(),
+            _ => "success".into(),
         }
     }
 
@@ -642,6 +666,7 @@ impl<'p> Exec<'p> {
                     v.feedback.clone().map(Value::from).unwrap_or_default(),
                 );
                 e.insert("attempts", Value::from(v.attempts));
+                e.insert("usage", jv(&v.usage));
             }
             for (k, v) in &f.vars {
                 vars.insert(k.clone(), v.clone());
@@ -930,6 +955,7 @@ impl<'p> Exec<'p> {
                 state: s.state,
                 feedback: s.feedback.clone(),
                 attempts: s.attempts,
+                usage: s.usage.clone(),
             },
         );
         if s.resumed {

@@ -184,6 +184,8 @@ pub struct RunResult {
     pub end: RunEnd,
     /// The outputs of the top-level stages that ran, by id.
     pub outputs: serde_json::Map<String, serde_json::Value>,
+    /// The usage of every agent call of the run (a resumed run's earlier calls included).
+    pub usage: crate::backend::Usage,
 }
 
 /// Ralph-flow's exit code when a run stops to wait on a gate (EX_TEMPFAIL).
