@@ -959,8 +959,10 @@ impl<'p> Exec<'p> {
             },
         );
         if s.resumed {
+            tracing::debug!(scope = %scope, stage = %name, state = s.state.as_str(), "settled earlier (resume)");
             return;
         }
+        tracing::debug!(scope = %scope, stage = %name, state = s.state.as_str(), action = ?s.action, "settled");
         let finished = now_ms();
         self.shared.progress.settled(
             &scope,

@@ -547,7 +547,11 @@ impl Exec<'_> {
                 None
             };
             call.schema = schema;
+            tracing::debug!(stage = %call.stage, scope = %call.scope, attempt = call.attempt, agent = %name, "calling agent");
             let result = backend.call(&this).await;
+            if let Err(e) = &result {
+                tracing::debug!(stage = %call.stage, agent = %name, error = %e, "agent call failed");
+            }
             match result {
                 Ok(reply) => {
                     self.add_usage(frame, &reply.usage);
