@@ -335,6 +335,7 @@ pub async fn execute(prepared: &Prepared, opts: RunOptions) -> Result<RunResult,
             .add(&rec.usage);
     }
     let exec = Exec::new(&shared, plan, &prepared.files, String::new())?;
+    exec.warn_unenforceable_budgets()?;
     let top = Frame {
         parent: None,
         region: None,
@@ -529,6 +530,43 @@ impl<'p> Exec<'p> {
             exit: Cell::new(None),
             params: jv(&plan.params),
         })
+    }
+
+    /// Builds every agent's backend (a bad setting fails the run before anything starts)
+    /// and says loudly when a budget cannot be enforced because a backend does not report
+    /// what it counts (cost, or tokens).
+    fn warn_unenforceable_budgets(&self) -> Result<(), String> {
+        let budgets = self.plan.workflow.budget.iter().chain(
+            (0..self.plan.nodes.len()).filter_map(|i| self.plan.stage(NodeId(i)).budget.as_ref()),
+        );
+        let (mut cost, mut tokens) = (false, false);
+        for b in budgets {
+            cost |= b.cost_usd.is_some();
+            tokens |= b.tokens.is_some();
+        }
+        for (i, a) in self.agents.iter().enumerate() {
+            let caps = self.backend(i)?.capabilities();
+            let mut missing = Vec::new();
+            if cost && !caps.cost {
+                missing.push("cost");
+            }
+            if tokens && !caps.usage {
+                missing.push("tokens");
+            }
+            if !missing.is_empty() {
+                let text = format!(
+                    "agent `{}` ({}) does not report {}, so its calls do not count against the {} budgets",
+                    a.name,
+                    a.kind.as_str(),
+                    missing.join(" or "),
+                    missing.join(" and ")
+                );
+                tracing::warn!("{text}");
+                self.shared.progress.note(&format!("! {text}"));
+                self.shared.event("", "", "warning", text);
+            }
+        }
+        Ok(())
     }
 
     /// The full scope of a frame (with a subflow's prefix).
