@@ -85,6 +85,7 @@ impl Shared {
 
 /// A frame: one execution of a body (the top level, a loop iteration, a for_each item, a
 /// group), with what its templates see.
+#[derive(Default)]
 pub(crate) struct Frame<'a> {
     pub parent: Option<&'a Frame<'a>>,
     pub region: Option<NodeId>,
@@ -337,16 +338,8 @@ pub async fn execute(prepared: &Prepared, opts: RunOptions) -> Result<RunResult,
     let exec = Exec::new(&shared, plan, &prepared.files, String::new())?;
     exec.warn_unenforceable_budgets()?;
     let top = Frame {
-        parent: None,
-        region: None,
-        scope: String::new(),
         cwd: shared.opts.cwd.clone(),
-        vars: Vec::new(),
-        loop_vars: None,
-        earlier: Rc::new(Vec::new()),
-        usage_key: None,
-        outputs: RefCell::new(BTreeMap::new()),
-        limit: None,
+        ..Frame::default()
     };
     let ctrl_c = async {
         if tokio::signal::ctrl_c().await.is_ok() {
@@ -1211,7 +1204,7 @@ impl<'p> Exec<'p> {
             .map(|m| resolve_count(&m.value, &self.plan.params))
         {
             Some(Ok(m)) => m,
-            Some(Err(e)) => return self.fail_now(n, started, format!("max_iterations: {e}")),
+            Some(Err(e)) => return self.fail_now(started, format!("max_iterations: {e}")),
             None => 1,
         };
         let cwd = match worktree {
@@ -1220,7 +1213,7 @@ impl<'p> Exec<'p> {
                 .await
             {
                 Ok(p) => p,
-                Err(e) => return self.fail_now(n, started, e),
+                Err(e) => return self.fail_now(started, e),
             },
             None => frame.cwd.clone(),
         };
@@ -1360,7 +1353,7 @@ impl<'p> Exec<'p> {
                         ));
                     }
                     Ok(_) => {}
-                    Err(e) => return self.fail_now(n, started, format!("its `until` failed: {e}")),
+                    Err(e) => return self.fail_now(started, format!("its `until` failed: {e}")),
                 }
             }
             if let Some(sk) = stuck {
@@ -1400,7 +1393,7 @@ impl<'p> Exec<'p> {
                         }
                     }
                     Err(e) => {
-                        return self.fail_now(n, started, format!("its `stuck.on` failed: {e}"));
+                        return self.fail_now(started, format!("its `stuck.on` failed: {e}"));
                     }
                 }
             }
@@ -1466,12 +1459,11 @@ impl<'p> Exec<'p> {
     }
 
     /// A node that fails before it starts (a limit that cannot be resolved, a template).
-    pub fn fail_now(&self, n: NodeId, started: i64, message: String) -> Outcome {
+    pub fn fail_now(&self, started: i64, message: String) -> Outcome {
         let mut s = Settled::new(NodeState::Failed, Json::Null, started);
         s.feedback = Some(message.clone());
         s.message = Some(message);
         s.action = Some(Target::Fail);
-        let _ = n;
         Outcome::Settled(s)
     }
 
@@ -1505,12 +1497,11 @@ impl<'p> Exec<'p> {
             let src = over.as_ref().map(|o| o.value.as_str()).unwrap_or("[]");
             let v = match self.eval(src, &ctx) {
                 Ok(v) => v,
-                Err(e) => return self.fail_now(n, started, format!("its `over` failed: {e}")),
+                Err(e) => return self.fail_now(started, format!("its `over` failed: {e}")),
             };
             let j: Json = serde_json::to_value(&v).unwrap_or(Json::Null);
             let Some(list) = j.as_array().cloned() else {
                 return self.fail_now(
-                    n,
                     started,
                     format!("its `over` must give a list, but gave {}", short_json(&j)),
                 );
@@ -1540,7 +1531,7 @@ impl<'p> Exec<'p> {
             .map(|m| resolve_count(&m.value, &self.plan.params))
         {
             Some(Ok(m)) => usize::try_from(m).unwrap_or(usize::MAX).max(1),
-            Some(Err(e)) => return self.fail_now(n, started, format!("max_concurrency: {e}")),
+            Some(Err(e)) => return self.fail_now(started, format!("max_concurrency: {e}")),
             None => items.len().max(1),
         };
         let sem = Rc::new(Semaphore::new(limit));
@@ -1569,7 +1560,7 @@ impl<'p> Exec<'p> {
                             .map(str::to_string)
                             .unwrap_or_else(|| v.to_string()),
                         Err(e) => {
-                            return self.fail_now(n, started, format!("its `key` failed: {e}"));
+                            return self.fail_now(started, format!("its `key` failed: {e}"));
                         }
                     }
                 }
@@ -1578,7 +1569,6 @@ impl<'p> Exec<'p> {
             let k = sanitize(&k);
             if !seen.insert(k.clone()) {
                 return self.fail_now(
-                    n,
                     started,
                     format!("two items have the key `{k}`; keys must be unique"),
                 );
@@ -1623,11 +1613,7 @@ impl<'p> Exec<'p> {
                         (var.clone(), jv(item)),
                         ("index".to_string(), Value::from(i)),
                     ],
-                    loop_vars: None,
-                    earlier: Rc::new(Vec::new()),
-                    usage_key: None,
-                    outputs: RefCell::new(BTreeMap::new()),
-                    limit: None,
+                    ..Frame::default()
                 };
                 let end = self.run_body(&iframe).await;
                 let ok = matches!(
@@ -1722,7 +1708,7 @@ impl<'p> Exec<'p> {
             Some(Ok(m)) => Some(Rc::new(Semaphore::new(
                 usize::try_from(m).unwrap_or(1).max(1),
             ))),
-            Some(Err(e)) => return self.fail_now(n, started, format!("max_concurrency: {e}")),
+            Some(Err(e)) => return self.fail_now(started, format!("max_concurrency: {e}")),
             None => None,
         };
         let gframe = Frame {

@@ -1,10 +1,7 @@
 //! Leaf stages: agents (with schema repair, retries, rate limits, fallbacks, budgets),
 //! commands and checks (argv, never a shell), gates and subflows.
 
-use std::cell::RefCell;
-use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::rc::Rc;
 use std::time::Duration;
 
 use minijinja::Value;
@@ -19,13 +16,12 @@ use crate::compile::{Target, render_params, resolve_count, resolve_duration};
 use crate::model::{StageBody, StageKind};
 use crate::store::{AttemptRecord, GateRequest, NodeState, Write};
 
-/// Where an attempt's record goes: stage, scope, number, artifact directory and agent.
+/// Which attempt a record is about: stage, scope, number, artifact directory, start.
 struct AttemptAt<'a> {
     scope: &'a str,
     stage: &'a str,
     attempt: u32,
     dir: &'a std::path::Path,
-    agent: Option<&'a str>,
     started: i64,
 }
 
@@ -74,6 +70,7 @@ impl Exec<'_> {
         &self,
         at: &AttemptAt<'_>,
         state: &str,
+        agent: Option<&str>,
         error: Option<String>,
         usage: &Usage,
     ) {
@@ -83,7 +80,7 @@ impl Exec<'_> {
             node: at.stage.to_string(),
             attempt: at.attempt,
             state: state.to_string(),
-            agent: at.agent.map(str::to_string),
+            agent: agent.map(str::to_string),
             dir: at.dir.to_string_lossy().into_owned(),
             error,
             usage: usage.clone(),
@@ -208,7 +205,7 @@ impl Exec<'_> {
                 {
                     Some(i) => i,
                     None => {
-                        return self.fail_now(n, started, format!("there is no agent `{name}`"));
+                        return self.fail_now(started, format!("there is no agent `{name}`"));
                     }
                 }
             }
@@ -234,7 +231,14 @@ impl Exec<'_> {
             let t0 = now_ms();
             let dir = match self.attempt_dir(&scope, &node.name, attempt) {
                 Ok(d) => d,
-                Err(e) => return self.fail_now(n, started, e),
+                Err(e) => return self.fail_now(started, e),
+            };
+            let at = AttemptAt {
+                scope: &scope,
+                stage: &node.name,
+                attempt,
+                dir: &dir,
+                started: t0,
             };
             let ctx = self.context(
                 frame,
@@ -246,11 +250,8 @@ impl Exec<'_> {
             let mut prompt = match self.render(&format!("{}/prompt", node.name), &ctx) {
                 Ok(p) => p,
                 Err(e) => {
-                    return self.fail_now(
-                        n,
-                        started,
-                        format!("its prompt could not be rendered: {e}"),
-                    );
+                    return self
+                        .fail_now(started, format!("its prompt could not be rendered: {e}"));
                 }
             };
             if let Some(problems) = &repair {
@@ -264,15 +265,9 @@ impl Exec<'_> {
             if let Some(w) = window {
                 if let Some(msg) = too_big(&prompt, w) {
                     self.attempt_record(
-                        &AttemptAt {
-                            scope: &scope,
-                            stage: &node.name,
-                            attempt,
-                            dir: &dir,
-                            agent: Some(&a.name.value),
-                            started: t0,
-                        },
+                        &at,
                         "failed",
+                        Some(&a.name.value),
                         Some(msg.clone()),
                         &Usage::default(),
                     );
@@ -285,21 +280,9 @@ impl Exec<'_> {
                 }
             }
             if let Some((t, msg)) = self.over_budget(frame, n, &usage) {
-                return self.budget_outcome(n, started, t, msg, usage, attempt - 1);
+                return self.budget_outcome(started, t, msg, usage, attempt - 1);
             }
-            self.attempt_record(
-                &AttemptAt {
-                    scope: &scope,
-                    stage: &node.name,
-                    attempt,
-                    dir: &dir,
-                    agent: Some(&a.name.value),
-                    started: t0,
-                },
-                "running",
-                None,
-                &Usage::default(),
-            );
+            self.attempt_record(&at, "running", Some(&a.name.value), None, &Usage::default());
             self.shared.flush();
             self.shared.progress.started(
                 &scope,
@@ -355,19 +338,7 @@ impl Exec<'_> {
                     } else {
                         "failed"
                     };
-                    self.attempt_record(
-                        &AttemptAt {
-                            scope: &scope,
-                            stage: &node.name,
-                            attempt,
-                            dir: &dir,
-                            agent: Some(&agent_name),
-                            started: t0,
-                        },
-                        st_name,
-                        Some(msg.clone()),
-                        &usage,
-                    );
+                    self.attempt_record(&at, st_name, Some(&agent_name), Some(msg.clone()), &usage);
                     return self.failed(n, started, state, detail, usage, attempt);
                 }
             };
@@ -387,19 +358,7 @@ impl Exec<'_> {
                         "output.json",
                         &serde_json::to_string_pretty(&v).unwrap_or_default(),
                     );
-                    self.attempt_record(
-                        &AttemptAt {
-                            scope: &scope,
-                            stage: &node.name,
-                            attempt,
-                            dir: &dir,
-                            agent: Some(&agent_name),
-                            started: t0,
-                        },
-                        "ok",
-                        None,
-                        &reply.usage,
-                    );
+                    self.attempt_record(&at, "ok", Some(&agent_name), None, &reply.usage);
                     if let Some((t, msg)) = self.over_budget(frame, n, &usage) {
                         // The output is kept; the budget's action decides what follows.
                         let mut s = Settled::new(NodeState::Done, v, started);
@@ -419,15 +378,9 @@ impl Exec<'_> {
                     let text = problems.join("\n");
                     write_file(&dir, "feedback.md", &text);
                     self.attempt_record(
-                        &AttemptAt {
-                            scope: &scope,
-                            stage: &node.name,
-                            attempt,
-                            dir: &dir,
-                            agent: Some(&agent_name),
-                            started: t0,
-                        },
+                        &at,
                         "invalid",
+                        Some(&agent_name),
                         Some(text.clone()),
                         &reply.usage,
                     );
@@ -441,7 +394,7 @@ impl Exec<'_> {
                         ));
                     }
                     if let Some((t, msg)) = self.over_budget(frame, n, &usage) {
-                        return self.budget_outcome(n, started, t, msg, usage, attempt);
+                        return self.budget_outcome(started, t, msg, usage, attempt);
                     }
                     repair = Some(problems);
                 }
@@ -462,14 +415,12 @@ impl Exec<'_> {
 
     fn budget_outcome(
         &self,
-        n: NodeId,
         started: i64,
         t: Target,
         msg: String,
         usage: Usage,
         attempts: u32,
     ) -> Outcome {
-        let _ = n;
         let state = if t == Target::Fail {
             NodeState::Failed
         } else {
@@ -760,7 +711,7 @@ impl Exec<'_> {
                 pass_codes.iter().map(|c| c.value).collect(),
                 expect.as_ref(),
             ),
-            _ => return self.fail_now(n, started, "not a command".into()),
+            _ => return self.fail_now(started, "not a command".into()),
         };
         let codes = if codes.is_empty() { vec![0] } else { codes };
         let retries = st
@@ -784,7 +735,14 @@ impl Exec<'_> {
             let t0 = now_ms();
             let dir = match self.attempt_dir(&scope, &node.name, attempt) {
                 Ok(d) => d,
-                Err(e) => return self.fail_now(n, started, e),
+                Err(e) => return self.fail_now(started, e),
+            };
+            let at = AttemptAt {
+                scope: &scope,
+                stage: &node.name,
+                attempt,
+                dir: &dir,
+                started: t0,
             };
             let ctx = self.context(
                 frame,
@@ -799,21 +757,9 @@ impl Exec<'_> {
             if let Some(cmd) = cmd {
                 let spec = match self.command_spec(frame, n, cmd, &ctx, &dir, timeout, idle) {
                     Ok(s) => s,
-                    Err(e) => return self.fail_now(n, started, e),
+                    Err(e) => return self.fail_now(started, e),
                 };
-                self.attempt_record(
-                    &AttemptAt {
-                        scope: &scope,
-                        stage: &node.name,
-                        attempt,
-                        dir: &dir,
-                        agent: None,
-                        started: t0,
-                    },
-                    "running",
-                    None,
-                    &Usage::default(),
-                );
+                self.attempt_record(&at, "running", None, None, &Usage::default());
                 self.shared.flush();
                 self.shared.progress.started(
                     &scope,
@@ -829,15 +775,9 @@ impl Exec<'_> {
                             spec.argv.first().cloned().unwrap_or_default()
                         );
                         self.attempt_record(
-                            &AttemptAt {
-                                scope: &scope,
-                                stage: &node.name,
-                                attempt,
-                                dir: &dir,
-                                agent: None,
-                                started: t0,
-                            },
+                            &at,
                             "failed",
+                            None,
                             Some(msg.clone()),
                             &Usage::default(),
                         );
@@ -889,15 +829,9 @@ impl Exec<'_> {
                         tail(&String::from_utf8_lossy(&out.stderr), 2000)
                     );
                     self.attempt_record(
-                        &AttemptAt {
-                            scope: &scope,
-                            stage: &node.name,
-                            attempt,
-                            dir: &dir,
-                            agent: None,
-                            started: t0,
-                        },
+                        &at,
                         "timed_out",
+                        None,
                         Some(msg.clone()),
                         &Usage::default(),
                     );
@@ -986,32 +920,14 @@ impl Exec<'_> {
                 );
             }
             if ok {
-                self.attempt_record(
-                    &AttemptAt {
-                        scope: &scope,
-                        stage: &node.name,
-                        attempt,
-                        dir: &dir,
-                        agent: None,
-                        started: t0,
-                    },
-                    "ok",
-                    None,
-                    &Usage::default(),
-                );
+                self.attempt_record(&at, "ok", None, None, &Usage::default());
                 return self.done(frame, n, started, value, Usage::default(), attempt);
             }
             write_file(&dir, "feedback.md", &last_msg);
             self.attempt_record(
-                &AttemptAt {
-                    scope: &scope,
-                    stage: &node.name,
-                    attempt,
-                    dir: &dir,
-                    agent: None,
-                    started: t0,
-                },
+                &at,
                 "failed",
+                None,
                 Some(tail(&last_msg, 4000)),
                 &Usage::default(),
             );
@@ -1109,7 +1025,7 @@ impl Exec<'_> {
             ..
         } = &st.body
         else {
-            return self.fail_now(n, started, "not a gate".into());
+            return self.fail_now(started, "not a gate".into());
         };
         let timeout = st
             .timeout
@@ -1145,7 +1061,6 @@ impl Exec<'_> {
                         Ok(m) => m,
                         Err(e) => {
                             return self.fail_now(
-                                n,
                                 started,
                                 format!("its message could not be rendered: {e}"),
                             );
@@ -1301,7 +1216,7 @@ impl Exec<'_> {
             params,
         } = &st.body
         else {
-            return self.fail_now(n, started, "a subflow needs `workflow`".into());
+            return self.fail_now(started, "a subflow needs `workflow`".into());
         };
         let base = self
             .files
@@ -1315,14 +1230,13 @@ impl Exec<'_> {
         for (k, _) in params {
             match self.render(&format!("{}/params/{}", node.name, k.value), &ctx) {
                 Ok(v) => sets.push((k.value.clone(), v)),
-                Err(e) => return self.fail_now(n, started, format!("param `{}`: {e}", k.value)),
+                Err(e) => return self.fail_now(started, format!("param `{}`: {e}", k.value)),
             }
         }
         let prepared = match super::prepare(&path, &sets) {
             Ok(p) => p,
             Err(e) => {
                 return self.fail_now(
-                    n,
                     started,
                     format!(
                         "its workflow {} is not valid:\n{}",
@@ -1340,19 +1254,11 @@ impl Exec<'_> {
         };
         let child = match Exec::new(self.shared, &prepared.plan, &prepared.files, prefix) {
             Ok(c) => c,
-            Err(e) => return self.fail_now(n, started, e),
+            Err(e) => return self.fail_now(started, e),
         };
         let top = Frame {
-            parent: None,
-            region: None,
-            scope: String::new(),
             cwd: frame.cwd.clone(),
-            vars: Vec::new(),
-            loop_vars: None,
-            earlier: Rc::new(Vec::new()),
-            usage_key: None,
-            outputs: RefCell::new(BTreeMap::new()),
-            limit: None,
+            ..Frame::default()
         };
         let end = child.run_body(&top).await;
         let end = match end {
