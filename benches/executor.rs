@@ -43,7 +43,8 @@ fn recording(n: usize) -> String {
 }
 
 fn run_once(n: usize, kind: &str, full_sync: bool) -> Duration {
-    let dir = tempfile::tempdir().expect("temp dir");
+    // On the project's disk (the target directory), as a real run's `.ralph-flow` is.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir");
     let wf = dir.path().join("w.toml");
     std::fs::write(&wf, chain_workflow(n, kind)).expect("write");
     let rec = dir.path().join("rec.jsonl");

@@ -26,7 +26,8 @@ fn main() {
         .find(|a| !a.starts_with("--"))
         .unwrap_or_default()
         .to_lowercase();
-    let dir = tempfile::tempdir().expect("temporary directory");
+    // On the project's disk (the target directory), as a real run's `.ralph-flow` is.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temporary directory");
     println!("store commit benchmark in {}", dir.path().display());
     println!();
     println!(

@@ -93,12 +93,7 @@ impl Backend for ReplayBackend {
                 .get_mut(&key)
                 .and_then(VecDeque::pop_front);
             match answer {
-                Some(Answer::Reply(r)) => {
-                    if let Err(e) = std::fs::write(call.dir.join("raw.replayed"), &r.raw) {
-                        tracing::debug!("cannot write the replayed answer: {e}");
-                    }
-                    Ok(r)
-                }
+                Some(Answer::Reply(r)) => Ok(r),
                 Some(Answer::Error(e)) => Err(e),
                 None => Err(CallError::Failed {
                     message: format!(
