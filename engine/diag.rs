@@ -69,6 +69,7 @@ codes! {
     ExpressionSyntax = "RF034", Error, "a condition or expression that does not parse";
     LoopVarOutsideLoop = "RF035", Error, "a loop or item variable used outside its loop or fan-out";
     NotParamsOnly = "RF036", Error, "a templated limit that uses more than params";
+    UnknownFilter = "RF037", Error, "a template filter or test that does not exist";
     InvalidSchema = "RF040", Error, "an output schema that is not a valid JSON Schema";
     UnknownField = "RF041", Error, "an output field that the stage's output schema does not define";
     RouteUncovered = "RF042", Warning, "a route that leaves some enum values without a case";

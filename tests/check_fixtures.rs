@@ -254,8 +254,13 @@ fn invalid() {
 /// Known gaps: snapshots of what the checker does today, where it should do more.
 #[test]
 fn gaps() {
-    insta::glob!("fixtures/check/gaps/*.{toml,kdl}", |path| {
-        insta::assert_snapshot!(check_fixture(path).text);
+    // Closing the last known gap leaves the directory without fixtures (only its README).
+    let mut settings = insta::Settings::clone_current();
+    settings.set_allow_empty_glob(true);
+    settings.bind(|| {
+        insta::glob!("fixtures/check/gaps/*.{toml,kdl}", |path| {
+            insta::assert_snapshot!(check_fixture(path).text);
+        });
     });
 }
 

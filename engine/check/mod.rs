@@ -3,11 +3,13 @@
 //! **Invariant:** check does no I/O beyond reading the workflow's own files (prompt files and
 //! output schemas, through the [`Loader`]).
 
+mod filters;
 mod graph;
 pub mod outputs;
 mod params;
 mod refs;
 pub mod scope;
+mod subflows;
 mod templates;
 
 use std::collections::HashMap;
@@ -119,6 +121,7 @@ pub fn check<'w>(
     graph::check(&checked, &mut found);
     outputs::check(&mut checked, loader, &mut found);
     templates::check(&mut checked, loader, &mut found);
+    subflows::check(&checked, loader, &mut found);
     for d in found.into_sorted() {
         if !is_cascade(workflow, &d) {
             diags.push(d);

@@ -2,6 +2,7 @@
 
 use std::collections::HashSet;
 
+use super::filters::{self, Use, UseKind};
 use super::scope::{Site, conditional, share_loop, upstream};
 use super::{Checked, ParamValues, StageId, base_dir};
 use crate::diag::{Code, Diagnostic, Diagnostics};
@@ -527,6 +528,46 @@ fn check_text(
     for var in &vars {
         variable(c, src, text, var, scope, &guarded, diags);
     }
+    let uses = match kind {
+        Kind::Template => filters::in_template(text.source),
+        Kind::Expr => filters::in_expression(text.source),
+    };
+    for u in &uses {
+        filter_or_test(src, text, u, diags);
+    }
+}
+
+/// Reports a filter or test that the run's environment does not have (minijinja finds out
+/// only when it renders, in the middle of a run).
+fn filter_or_test(src: &Sources, text: &Text<'_>, u: &Use, diags: &mut Diagnostics) {
+    let Some(name) = text.source.get(u.range.clone()) else {
+        return;
+    };
+    if filters::exists(u.kind, name) {
+        return;
+    }
+    let word = u.kind.word();
+    let mut d = Diagnostic::new(
+        Code::UnknownFilter,
+        map(src, text, u.range.clone()),
+        format!("there is no {word} `{name}`"),
+    )
+    .label(format!("unknown {word}"));
+    let other = match u.kind {
+        UseKind::Filter => UseKind::Test,
+        UseKind::Test => UseKind::Filter,
+    };
+    d = if filters::exists(other, name) {
+        d.help(match u.kind {
+            UseKind::Filter => format!("`{name}` is a test: write `is {name}`"),
+            UseKind::Test => format!("`{name}` is a filter: write `| {name}`"),
+        })
+    } else {
+        d.suggest(name, filters::known(u.kind)).help_or(format!(
+            "templates have minijinja's built-in {word}s: https://docs.rs/minijinja/latest/minijinja/{word}s/index.html"
+        ))
+    };
+    diags.push(d);
 }
 
 fn syntax_error(
