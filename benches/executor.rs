@@ -42,7 +42,7 @@ fn recording(n: usize) -> String {
     s
 }
 
-fn run_once(n: usize, kind: &str, full_sync: bool) -> Duration {
+fn run_once(n: usize, kind: &str, full_sync: bool, keep: &mut Vec<tempfile::TempDir>) -> Duration {
     // On the project's disk (the target directory), as a real run's `.ralph-flow` is.
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir");
     let wf = dir.path().join("w.toml");
@@ -66,6 +66,9 @@ fn run_once(n: usize, kind: &str, full_sync: bool) -> Duration {
     let r = rt.block_on(execute(&prepared, opts)).expect("run");
     let elapsed = t.elapsed();
     assert_eq!(r.end.code(), 0);
+    // Removing thousands of files makes the disk slow for a while (ext4 with `discard`):
+    // the directories are removed after all the measurements instead.
+    keep.push(dir);
     elapsed
 }
 
@@ -73,6 +76,7 @@ fn main() {
     // `cargo test --all-targets` runs this too (without `--bench`): a small smoke run then.
     let full = std::env::args().any(|a| a == "--bench");
     let n = if full { 300 } else { 5 };
+    let mut keep = Vec::new();
     println!("| stages | backend | sync | total | per stage |");
     println!("| --- | --- | --- | --- | --- |");
     for (kind, label) in [
@@ -81,8 +85,10 @@ fn main() {
     ] {
         for full_sync in [false, true] {
             // Warm up once, then take the median of five runs.
-            let _ = run_once(n, kind, full_sync);
-            let mut times: Vec<Duration> = (0..5).map(|_| run_once(n, kind, full_sync)).collect();
+            let _ = run_once(n, kind, full_sync, &mut keep);
+            let mut times: Vec<Duration> = (0..5)
+                .map(|_| run_once(n, kind, full_sync, &mut keep))
+                .collect();
             times.sort();
             let median = times[2];
             println!(
