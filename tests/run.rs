@@ -438,8 +438,13 @@ fn a_gate_waits_and_a_rejection_comment_is_the_next_attempts_feedback() {
     );
     assert_eq!(out.json["outputs"]["review"]["iterations"], 2);
     // Who answered, and when, is recorded.
-    let events = p.run(&["logs", &run, "--json"]);
-    assert!(events.stdout.contains("ana") || p.store_text().contains("ana"));
+    let logs = p.run(&["logs", &run]);
+    assert!(
+        logs.stdout.contains("rejected by ana: add error handling"),
+        "{}",
+        logs.stdout
+    );
+    assert!(logs.stdout.contains("approved by bo"), "{}", logs.stdout);
 }
 
 #[test]
@@ -748,4 +753,36 @@ fn resume_refuses_a_changed_workflow_unless_allowed_and_a_run_has_one_executor()
     assert!(second.stderr.contains("held by pid"), "{}", second.stderr);
     child.signal(nix::sys::signal::Signal::SIGINT);
     let _ = child.finish();
+}
+
+#[test]
+fn a_stage_reads_outputs_of_earlier_runs_of_the_same_workflow() {
+    let p = Project::new();
+    p.workflow(
+        "w.toml",
+        &format!(
+            r#"name = "memory"
+{BOT}
+[stages.learn]
+kind = "agent"
+agent = "bot"
+prompt = "earlier: {{% for r in earlier_runs('learn') %}}[{{{{ r.output.learnings | join(',') }}}}]{{% endfor %}}"
+output = {{ extract = "markers", markers.learnings = {{ prefix = "LEARNING:", many = true }} }}
+"#
+        ),
+    );
+    p.answer("learn", 1, "LEARNING: run tests first\n");
+    p.answer("learn", 2, "LEARNING: keep diffs small\n");
+    p.answer("learn", 3, "nothing new\n");
+    for _ in 0..3 {
+        let out = p.run(&["run", "w.toml"]);
+        assert_eq!(out.code, 0, "{}", out.stderr);
+    }
+    assert_eq!(p.prompt("learn", 1), "earlier: ");
+    assert_eq!(p.prompt("learn", 2), "earlier: [run tests first]");
+    assert_eq!(
+        p.prompt("learn", 3),
+        "earlier: [keep diffs small][run tests first]",
+        "newest first"
+    );
 }

@@ -402,6 +402,24 @@ pub fn answer(args: &AnswerArgs, approved: bool) -> i32 {
         return fail(&e.to_string());
     }
     let verb = if approved { "approved" } else { "rejected" };
+    let event = ralph_flow::store::Event {
+        run: run.id.clone(),
+        at: approval.at,
+        scope: approval.scope.clone(),
+        node: approval.gate.clone(),
+        kind: verb.to_string(),
+        message: format!(
+            "{verb} by {by}{}",
+            approval
+                .comment
+                .as_ref()
+                .map(|c| format!(": {c}"))
+                .unwrap_or_default()
+        ),
+    };
+    if let Err(e) = store.commit(&[ralph_flow::store::Write::Event(event)]) {
+        eprintln!("warning: the answer is recorded, but not its event: {e}");
+    }
     let next = if run.status == RunStatus::Running {
         "the run picks the answer up".to_string()
     } else {
