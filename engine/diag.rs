@@ -246,8 +246,7 @@ pub fn render(sources: &Sources, diagnostics: &[Diagnostic], color: bool) -> Str
         let report = match d.span {
             Some(span) => {
                 let file = sources.get(span.file);
-                let (line, col) = file.line_col(span.start as usize);
-                md.message = format!("{}:{line}:{col}: {}", file.path.display(), d.message);
+                md.message = format!("{}: {}", sources.locate(span), d.message);
                 md = md.with_label(LabeledSpan::new_primary_with_span(
                     d.label.clone(),
                     span.range(),
@@ -280,9 +279,7 @@ pub fn render_short(sources: &Sources, diagnostics: &[Diagnostic]) -> String {
             Severity::Warning => "warning",
         };
         if let Some(span) = d.span {
-            let file = sources.get(span.file);
-            let (line, col) = file.line_col(span.start as usize);
-            out.push_str(&format!("{}:{line}:{col}: ", file.path.display()));
+            out.push_str(&format!("{}: ", sources.locate(span)));
         }
         out.push_str(&format!("{sev}[{}]: {}", d.code.as_str(), d.message));
         if let Some(help) = &d.help {

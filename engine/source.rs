@@ -128,6 +128,13 @@ impl Sources {
         &self.files[id.0 as usize]
     }
 
+    /// Names where a span starts, as `path:line:column`.
+    pub fn locate(&self, span: Span) -> String {
+        let file = self.get(span.file);
+        let (line, col) = file.line_col(span.start as usize);
+        format!("{}:{line}:{col}", file.path.display())
+    }
+
     /// Returns the text a span covers.
     pub fn slice(&self, span: Span) -> &str {
         let text = &self.get(span.file).text;

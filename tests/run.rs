@@ -261,7 +261,13 @@ argv = ["echo", "{{{{ stages.wire.status }}}} {{{{ stages.rewrite.status }}}}"]
         "C has no case: the default fails the run: {}",
         out.stderr
     );
-    assert!(out.stderr.contains("categorize"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains(
+            "stage `categorize` (w.toml:7:9) failed: its route on `category` gave `C`, which leads to `fail`"
+        ),
+        "the failure names the stage's file, line and column: {}",
+        out.stderr
+    );
 }
 
 #[test]

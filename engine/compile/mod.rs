@@ -131,10 +131,37 @@ impl Plan {
         }
     }
 
+    /// Returns the node of a stage by id.
+    pub fn find(&self, name: &str) -> Option<NodeId> {
+        self.nodes.iter().position(|n| n.name == name).map(NodeId)
+    }
+
+    /// Resolves an action (as written, or as stored by a run) to where control goes.
+    pub fn target(&self, a: &Action) -> Option<Target> {
+        resolve_action(a, |n| self.exit(n), |s| self.find(s))
+    }
+
     /// Returns the id of an exit by name.
     pub fn exit(&self, name: &str) -> Option<usize> {
         self.exits.iter().position(|e| e.name == name)
     }
+}
+
+/// Resolves an action with lookups of exits and stages; `None` when a name is unknown.
+fn resolve_action(
+    a: &Action,
+    exit: impl Fn(&str) -> Option<usize>,
+    stage: impl Fn(&str) -> Option<NodeId>,
+) -> Option<Target> {
+    Some(match a {
+        Action::Continue => Target::Continue,
+        Action::Break => Target::Break,
+        Action::Fail => Target::Fail,
+        Action::Approve => Target::Approve,
+        Action::Reject => Target::Reject,
+        Action::Exit(n) => Target::Exit(exit(n)?),
+        Action::Goto(s) => Target::Stage(stage(s)?),
+    })
 }
 
 /// Compiles a checked workflow into a plan.
@@ -158,14 +185,13 @@ pub fn compile(checked: &Checked<'_>) -> Plan {
             });
         }
     }
-    let target = |a: &Action, exits: &[ExitDef]| match a {
-        Action::Continue => Target::Continue,
-        Action::Break => Target::Break,
-        Action::Fail => Target::Fail,
-        Action::Approve => Target::Approve,
-        Action::Reject => Target::Reject,
-        Action::Exit(n) => Target::Exit(exits.iter().position(|e| e.name == *n).unwrap_or(0)),
-        Action::Goto(s) => Target::Stage(checked.find(s).unwrap_or(StageId(0))),
+    let target = |a: &Action, exits: &[ExitDef]| {
+        resolve_action(
+            a,
+            |n| exits.iter().position(|e| e.name == n),
+            |s| checked.find(s),
+        )
+        .unwrap_or(Target::Fail)
     };
     let mut templates = minijinja::Environment::new();
     let mut nodes = Vec::with_capacity(checked.stages.len());

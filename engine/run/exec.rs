@@ -29,8 +29,8 @@ use crate::backend::{AgentConfig, Backend, Usage};
 use crate::check::StageId as NodeId;
 use crate::compile::{Edge, Plan, Target, resolve_count, resolve_duration};
 use crate::model::{Action, StageBody, StageKind};
-use crate::source::FileId;
-use crate::store::{LockOwner, NodeRecord, NodeState, RunRecord, RunStatus, Store, Write};
+use crate::source::Sources;
+use crate::store::{NodeRecord, NodeState, RunRecord, RunStatus, Store, Write, rfc3339};
 
 /// What is shared by a run and its subflows.
 pub(crate) struct Shared {
@@ -49,6 +49,9 @@ pub(crate) struct Shared {
     pub recorder: Option<Arc<Recorder>>,
     /// A store failure: the run cannot be trusted to be durable any more, so it stops.
     pub store_error: RefCell<Option<String>>,
+    /// A second connection to the store, for `earlier_runs()` in templates (template
+    /// functions must be `Send + Sync`; the executor's own connection is not shared).
+    pub memory: Arc<std::sync::Mutex<crate::store::sqlite::SqliteStore>>,
 }
 
 impl Shared {
@@ -208,7 +211,7 @@ enum Ns {
 pub(crate) struct Exec<'p> {
     pub shared: &'p Shared,
     pub plan: &'p Plan,
-    pub files: &'p HashMap<FileId, PathBuf>,
+    pub sources: &'p Sources,
     pub env: minijinja::Environment<'static>,
     /// Prefix of every scope (a subflow's place in the parent run).
     pub prefix: String,
@@ -230,11 +233,9 @@ pub async fn execute(prepared: &Prepared, opts: RunOptions) -> Result<RunResult,
     } else {
         crate::store::sqlite::Durability::Normal
     };
-    let store = crate::store::sqlite::SqliteStore::open_with(
-        &crate::store::sqlite::default_path(&opts.state_dir),
-        durability,
-    )
-    .map_err(|e| e.to_string())?;
+    let db = crate::store::sqlite::default_path(&opts.state_dir);
+    let store =
+        crate::store::sqlite::SqliteStore::open_with(&db, durability).map_err(|e| e.to_string())?;
     let mut store: Box<dyn Store> = Box::new(store);
     let plan = &prepared.plan;
     let (run, resumed) = match &opts.resume {
@@ -282,11 +283,7 @@ pub async fn execute(prepared: &Prepared, opts: RunOptions) -> Result<RunResult,
             (run, HashMap::new())
         }
     };
-    let owner = LockOwner {
-        pid: std::process::id(),
-        host: hostname(),
-        since: now_ms(),
-    };
+    let owner = crate::store::current_owner();
     store.lock(&run.id, &owner).map_err(|e| e.to_string())?;
     store
         .set_status(&run.id, RunStatus::Running, None)
@@ -314,6 +311,9 @@ pub async fn execute(prepared: &Prepared, opts: RunOptions) -> Result<RunResult,
         replay,
         recorder,
         store_error: RefCell::new(None),
+        memory: Arc::new(std::sync::Mutex::new(
+            crate::store::sqlite::SqliteStore::open(&db).map_err(|e| e.to_string())?,
+        )),
     };
     if shared.opts.resume.is_some() {
         shared.event("", "", "resumed", format!("resumed by pid {}", owner.pid));
@@ -335,7 +335,7 @@ pub async fn execute(prepared: &Prepared, opts: RunOptions) -> Result<RunResult,
             .or_default()
             .add(&rec.usage);
     }
-    let exec = Exec::new(&shared, plan, &prepared.files, String::new())?;
+    let exec = Exec::new(&shared, plan, &prepared.sources, String::new())?;
     exec.warn_unenforceable_budgets()?;
     let top = Frame {
         cwd: shared.opts.cwd.clone(),
@@ -431,16 +431,6 @@ fn nanos() -> u64 {
         .unwrap_or(0)
 }
 
-/// Returns this host's name.
-pub fn hostname() -> String {
-    std::fs::read_to_string("/etc/hostname")
-        .map(|s| s.trim().to_string())
-        .ok()
-        .filter(|s| !s.is_empty())
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_else(|| "localhost".to_string())
-}
-
 /// Makes a scope or a key safe as one path component.
 pub fn sanitize(s: &str) -> String {
     let out: String = s
@@ -465,18 +455,14 @@ impl<'p> Exec<'p> {
     pub fn new(
         shared: &'p Shared,
         plan: &'p Plan,
-        files: &'p HashMap<FileId, PathBuf>,
+        sources: &'p Sources,
         prefix: String,
     ) -> Result<Self, String> {
         let mut env = plan.templates.clone();
         super::helpers::register(&mut env);
-        let memory = crate::store::sqlite::SqliteStore::open(&crate::store::sqlite::default_path(
-            &shared.opts.state_dir,
-        ))
-        .map_err(|e| e.to_string())?;
         super::helpers::register_memory(
             &mut env,
-            Arc::new(std::sync::Mutex::new(memory)),
+            shared.memory.clone(),
             plan.workflow.name.value.clone(),
             shared.run.id.clone(),
         );
@@ -485,7 +471,7 @@ impl<'p> Exec<'p> {
         env.set_undefined_behavior(minijinja::UndefinedBehavior::Chainable);
         let mut agents = Vec::new();
         for a in &plan.workflow.agents {
-            agents.push(agent_config(a, plan, files)?);
+            agents.push(agent_config(a, plan, sources)?);
         }
         let mut extractors = HashMap::new();
         for (i, node) in plan.nodes.iter().enumerate() {
@@ -512,7 +498,7 @@ impl<'p> Exec<'p> {
         Ok(Exec {
             shared,
             plan,
-            files,
+            sources,
             env,
             prefix,
             agents,
@@ -594,28 +580,23 @@ impl<'p> Exec<'p> {
     }
 
     pub(crate) fn run_end(&self, end: BodyEnd) -> RunEnd {
-        let exit = |name: &str, message: Option<String>| match (
-            self.exit_end(self.plan.exit(name).unwrap_or(0)),
-            message,
-        ) {
-            (RunEnd::Exit { name, code, .. }, Some(m)) => RunEnd::Exit {
-                name,
-                code,
-                message: Some(m),
-            },
-            (end, None) => end,
-            (end, _) => end,
-        };
         if let Some(i) = self.exit.get() {
-            return self.exit_end(i);
+            return self.exit_end(i, None);
         }
+        let exit = |name: &str| self.plan.exit(name).unwrap_or(0);
         match end {
             BodyEnd::Completed | BodyEnd::Break | BodyEnd::Continue(_) => {
-                exit(&self.success_exit(), None)
+                self.exit_end(exit(&self.success_exit()), None)
             }
-            BodyEnd::Exit(i) => self.exit_end(i),
+            BodyEnd::Exit(i) => self.exit_end(i, None),
             BodyEnd::Failed { node, message, .. } => {
-                exit("failed", Some(format!("stage `{node}` failed: {message}")))
+                let place = self
+                    .plan
+                    .find(&node)
+                    .map(|id| format!(" ({})", self.sources.locate(self.plan.stage(id).id.span)))
+                    .unwrap_or_default();
+                let message = format!("stage `{node}`{place} failed: {message}");
+                self.exit_end(exit("failed"), Some(message))
             }
             BodyEnd::Waiting => {
                 let gates = self
@@ -650,15 +631,19 @@ impl<'p> Exec<'p> {
         }
     }
 
-    /// The end of a run by an exit, its message rendered over the params.
-    fn exit_end(&self, i: usize) -> RunEnd {
+    /// The end of a run by an exit: with a message, or the exit's own rendered over the
+    /// params.
+    fn exit_end(&self, i: usize, message: Option<String>) -> RunEnd {
         let e = &self.plan.exits[i];
+        let own = || {
+            e.message.as_ref().map(|m| {
+                crate::compile::render_params(m, &self.plan.params).unwrap_or_else(|_| m.clone())
+            })
+        };
         RunEnd::Exit {
             name: e.name.clone(),
             code: e.code,
-            message: e.message.as_ref().map(|m| {
-                crate::compile::render_params(m, &self.plan.params).unwrap_or_else(|_| m.clone())
-            }),
+            message: message.or_else(own),
         }
     }
 
@@ -922,14 +907,7 @@ impl<'p> Exec<'p> {
         routed: bool,
         chosen: &HashSet<NodeId>,
     ) -> Result<bool, String> {
-        let scope = self.scope(frame);
-        let name = &self.plan.node(n).name;
-        if let Some(rec) = self
-            .shared
-            .resumed
-            .borrow()
-            .get(&(scope.clone(), name.clone()))
-        {
+        if let Some(rec) = self.shared.resumed.borrow().get(&self.key(frame, n)) {
             return Ok(rec.state != NodeState::Skipped);
         }
         if routed {
@@ -1038,23 +1016,22 @@ impl<'p> Exec<'p> {
 
     /// Reads a stored action back.
     pub fn parse_action(&self, s: &str) -> Option<Target> {
-        Some(match Action::parse(s)? {
-            Action::Continue => Target::Continue,
-            Action::Break => Target::Break,
-            Action::Fail => Target::Fail,
-            Action::Approve => Target::Approve,
-            Action::Reject => Target::Reject,
-            Action::Exit(n) => Target::Exit(self.plan.exit(&n)?),
-            Action::Goto(n) => {
-                Target::Stage(NodeId(self.plan.nodes.iter().position(|x| x.name == n)?))
-            }
-        })
+        self.plan.target(&Action::parse(s)?)
+    }
+
+    /// The store key of a node in a frame: (scope, stage).
+    fn key(&self, frame: &Frame<'_>, n: NodeId) -> (String, String) {
+        (self.scope(frame), self.plan.node(n).name.clone())
     }
 
     /// Returns a settled node from an earlier attempt at the run, if there is one.
     pub fn resumed(&self, frame: &Frame<'_>, n: NodeId) -> Option<Settled> {
-        let key = (self.scope(frame), self.plan.node(n).name.clone());
-        let rec = self.shared.resumed.borrow().get(&key).cloned()?;
+        let rec = self
+            .shared
+            .resumed
+            .borrow()
+            .get(&self.key(frame, n))
+            .cloned()?;
         self.settled_from(&rec)
     }
 
@@ -1255,21 +1232,19 @@ impl<'p> Exec<'p> {
                 outputs: RefCell::new(BTreeMap::new()),
                 limit: None,
             };
-            if !self
+            // An iteration replayed from the store (a resume) is not announced again.
+            let scope = self.scope(&iframe);
+            let inner = format!("{scope}/");
+            let replayed = self
                 .shared
                 .resumed
                 .borrow()
                 .keys()
-                .any(|(s, _)| s.starts_with(&self.scope(&iframe)))
-            {
-                self.shared.progress.note(&format!(
-                    "↻ {} iteration {it} of {max}",
-                    if self.scope(&iframe).is_empty() {
-                        node.name.clone()
-                    } else {
-                        self.scope(&iframe)
-                    }
-                ));
+                .any(|(s, _)| *s == scope || s.starts_with(&inner));
+            if !replayed {
+                self.shared
+                    .progress
+                    .note(&format!("↻ {scope} iteration {it} of {max}"));
             }
             let end = self.run_body(&iframe).await;
             // The iteration's outputs: the loop's history, and the latest outputs outside.
@@ -1455,7 +1430,7 @@ impl<'p> Exec<'p> {
 
     /// Resolves an action of the model.
     pub fn target_of(&self, a: &Action) -> Target {
-        self.parse_action(&a.to_string()).unwrap_or(Target::Fail)
+        self.plan.target(a).unwrap_or(Target::Fail)
     }
 
     /// A node that fails before it starts (a limit that cannot be resolved, a template).
@@ -1486,41 +1461,31 @@ impl<'p> Exec<'p> {
         };
         let scope = self.scope(frame);
         let items_key = (scope.clone(), format!("@items:{}", node.name));
-        let items: Vec<Json> = match self.shared.resumed.borrow().get(&items_key) {
-            Some(rec) => rec.output.as_array().cloned().unwrap_or_default(),
-            None => Vec::new(),
-        };
-        let items = if self.shared.resumed.borrow().contains_key(&items_key) {
-            items
-        } else {
-            let ctx = self.context(frame, &[]);
-            let src = over.as_ref().map(|o| o.value.as_str()).unwrap_or("[]");
-            let v = match self.eval(src, &ctx) {
-                Ok(v) => v,
-                Err(e) => return self.fail_now(started, format!("its `over` failed: {e}")),
-            };
-            let j: Json = serde_json::to_value(&v).unwrap_or(Json::Null);
-            let Some(list) = j.as_array().cloned() else {
-                return self.fail_now(
-                    started,
-                    format!("its `over` must give a list, but gave {}", short_json(&j)),
-                );
-            };
-            self.shared.write(Write::Node(NodeRecord {
-                run: self.shared.run.id.clone(),
-                scope: scope.clone(),
-                node: items_key.1.clone(),
-                state: NodeState::Done,
-                output: Json::Array(list.clone()),
-                action: None,
-                feedback: None,
-                attempts: 1,
-                usage: Usage::default(),
-                started_at: started,
-                finished_at: now_ms(),
-            }));
-            self.shared.flush();
-            list
+        let recorded = self
+            .shared
+            .resumed
+            .borrow()
+            .get(&items_key)
+            .map(|rec| rec.output.as_array().cloned().unwrap_or_default());
+        let items = match recorded {
+            Some(items) => items,
+            None => {
+                let ctx = self.context(frame, &[]);
+                let src = over.as_ref().map(|o| o.value.as_str()).unwrap_or("[]");
+                let v = match self.eval(src, &ctx) {
+                    Ok(v) => v,
+                    Err(e) => return self.fail_now(started, format!("its `over` failed: {e}")),
+                };
+                let j: Json = serde_json::to_value(&v).unwrap_or(Json::Null);
+                let Some(list) = j.as_array().cloned() else {
+                    return self.fail_now(
+                        started,
+                        format!("its `over` must give a list, but gave {}", short_json(&j)),
+                    );
+                };
+                self.record_decision(&scope, &items_key.1, Json::Array(list.clone()));
+                list
+            }
         };
         let var = as_name
             .as_ref()
@@ -1535,16 +1500,7 @@ impl<'p> Exec<'p> {
             None => items.len().max(1),
         };
         let sem = Rc::new(Semaphore::new(limit));
-        let result_stage = result
-            .as_ref()
-            .and_then(|r| self.plan.nodes.iter().position(|x| x.name == r.value))
-            .map(NodeId)
-            .or_else(|| {
-                st.children()
-                    .last()
-                    .and_then(|c| self.plan.nodes.iter().position(|x| x.name == c.id.value))
-                    .map(NodeId)
-            });
+        let result_stage = self.result_stage(st, result.as_ref());
         let mut keys = Vec::new();
         let mut seen = HashSet::new();
         for (i, item) in items.iter().enumerate() {
@@ -1736,16 +1692,7 @@ impl<'p> Exec<'p> {
         for (k, v) in outs {
             frame.outputs.borrow_mut().insert(k, v);
         }
-        let result_stage = result
-            .as_ref()
-            .and_then(|r| self.plan.nodes.iter().position(|x| x.name == r.value))
-            .map(NodeId)
-            .or_else(|| {
-                st.children()
-                    .last()
-                    .and_then(|c| self.plan.nodes.iter().position(|x| x.name == c.id.value))
-                    .map(NodeId)
-            });
+        let result_stage = self.result_stage(st, result.as_ref());
         let value = self.aggregate(aggregate.as_ref(), result_stage, &results);
         let output = json!({"results": results, "value": value});
         match end {
@@ -1780,6 +1727,36 @@ impl<'p> Exec<'p> {
                 Outcome::Settled(s)
             }
         }
+    }
+
+    /// Records a decision of the executor (a for_each's items, a worktree) under a node
+    /// name starting with `@`, so that a resume makes the same one; committed at once.
+    fn record_decision(&self, scope: &str, node: &str, output: Json) {
+        let now = now_ms();
+        self.shared.write(Write::Node(NodeRecord {
+            run: self.shared.run.id.clone(),
+            scope: scope.to_string(),
+            node: node.to_string(),
+            state: NodeState::Done,
+            output,
+            action: None,
+            feedback: None,
+            attempts: 1,
+            usage: Usage::default(),
+            started_at: now,
+            finished_at: now,
+        }));
+        self.shared.flush();
+    }
+
+    /// The stage whose output is a fan-out's result: `result`, else the body's last stage.
+    fn result_stage(
+        &self,
+        st: &crate::model::Stage,
+        result: Option<&crate::model::Text>,
+    ) -> Option<NodeId> {
+        let name = result.or_else(|| st.children().last().map(|c| &c.id))?;
+        self.plan.find(&name.value)
     }
 
     /// Combines fan-out results.
@@ -1910,26 +1887,17 @@ impl<'p> Exec<'p> {
         super::worktree::ensure(&self.shared.opts.cwd, &path, branch.trim(), base.trim())
             .await
             .map_err(|e| format!("cannot create the worktree for `{name}`: {e}"))?;
-        self.shared.write(Write::Node(NodeRecord {
-            run: self.shared.run.id.clone(),
-            scope: full,
-            node: format!("@worktree:{name}"),
-            state: NodeState::Done,
-            output: json!({"path": path.to_string_lossy(), "branch": branch.trim()}),
-            action: None,
-            feedback: None,
-            attempts: 1,
-            usage: Usage::default(),
-            started_at: now_ms(),
-            finished_at: now_ms(),
-        }));
         self.shared.event(
             scope,
             name,
             "worktree",
             format!("{} on {}", path.display(), branch.trim()),
         );
-        self.shared.flush();
+        self.record_decision(
+            &full,
+            &format!("@worktree:{name}"),
+            json!({"path": path.to_string_lossy(), "branch": branch.trim()}),
+        );
         Ok(path)
     }
 
@@ -1988,7 +1956,7 @@ impl<'p> Exec<'p> {
 fn agent_config(
     a: &crate::model::Agent,
     plan: &Plan,
-    files: &HashMap<FileId, PathBuf>,
+    sources: &Sources,
 ) -> Result<AgentConfig, String> {
     let r = |t: &crate::model::Text| {
         crate::compile::render_params(&t.value, &plan.params)
@@ -2016,14 +1984,10 @@ fn agent_config(
             .map(|m| resolve_count(&m.value, &plan.params))
             .transpose()
             .map_err(|e| format!("agent `{}`: max_tokens: {e}", a.name.value))?,
-        file: a.file.as_ref().map(|f| {
-            let base = files
-                .get(&f.span.file)
-                .and_then(|p| p.parent())
-                .map(Path::to_path_buf)
-                .unwrap_or_default();
-            base.join(&f.value)
-        }),
+        file: a
+            .file
+            .as_ref()
+            .map(|f| crate::check::base_dir(sources, f.span).join(&f.value)),
         program: None,
     })
 }
@@ -2039,12 +2003,6 @@ pub fn truthy(s: &str) -> bool {
 /// Converts a serializable value for templates.
 pub fn jv<T: serde::Serialize + ?Sized>(x: &T) -> Value {
     Value::from(minijinja::value::Serde(x))
-}
-
-/// Writes milliseconds since the epoch as RFC 3339.
-pub fn rfc3339(ms: i64) -> String {
-    let t = std::time::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
-    humantime::format_rfc3339_seconds(t).to_string()
 }
 
 /// A minijinja error with its cause chain, on one line.

@@ -152,7 +152,7 @@ pub fn register_memory(
                 .map(|(run, rec)| {
                     serde_json::json!({
                         "run": run,
-                        "started_at": super::exec::rfc3339(rec.started_at),
+                        "started_at": crate::store::rfc3339(rec.started_at),
                         "status": rec.state.as_str(),
                         "output": rec.output,
                     })

@@ -13,7 +13,6 @@ mod resource;
 mod stage;
 mod worktree;
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -23,21 +22,22 @@ use crate::check::ParamValues;
 use crate::compile::{Plan, compile};
 use crate::diag::{Diagnostic, Diagnostics};
 use crate::load::{Loader, RealFs};
-use crate::source::{FileId, Sources};
+use crate::source::Sources;
 
+pub use crate::store::now_ms;
 pub use exec::execute;
 
-/// A workflow ready to run: its plan, the hash of its files and where its files are.
+/// A workflow ready to run: its plan, the hash of its files and the files themselves.
 pub struct Prepared {
     pub plan: Plan,
     /// SHA-256 over every file the workflow was built from (hex).
     pub hash: String,
-    /// The path of each loaded file, to resolve paths written in it.
-    pub files: HashMap<FileId, PathBuf>,
     /// The workflow file as given.
     pub path: PathBuf,
     /// Warnings found on the way (errors make [`prepare`] fail).
     pub warnings: Vec<Diagnostic>,
+    /// Every file the workflow was built from: to resolve paths written in them and to
+    /// name places in messages.
     pub sources: Sources,
 }
 
@@ -82,13 +82,11 @@ pub fn prepare(path: &Path, sets: &[(String, String)]) -> Result<Prepared, Box<P
     match plan {
         Some(plan) if !has_errors => {
             let mut hasher = Sha256::new();
-            let mut files = HashMap::new();
-            for (id, f) in sources.iter() {
+            for (_, f) in sources.iter() {
                 hasher.update(f.path.to_string_lossy().as_bytes());
                 hasher.update([0]);
                 hasher.update(f.text.as_bytes());
                 hasher.update([0]);
-                files.insert(id, f.path.clone());
             }
             let hash = hasher
                 .finalize()
@@ -98,7 +96,6 @@ pub fn prepare(path: &Path, sets: &[(String, String)]) -> Result<Prepared, Box<P
             Ok(Prepared {
                 plan,
                 hash,
-                files,
                 path: path.to_path_buf(),
                 warnings: all,
                 sources,
@@ -202,14 +199,6 @@ impl RunEnd {
             RunEnd::Interrupted => EXIT_INTERRUPTED,
         }
     }
-}
-
-/// Returns milliseconds since the Unix epoch.
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
 }
 
 /// The parameter values of a run as JSON.

@@ -7,21 +7,21 @@ use std::time::Duration;
 use minijinja::Value;
 use serde_json::{Value as Json, json};
 
-use super::exec::{BodyEnd, Exec, Frame, Outcome, Settled, jv, limit, rfc3339, sanitize};
+use super::exec::{BodyEnd, Exec, Frame, Outcome, Settled, jv, limit, sanitize};
 use super::now_ms;
 use crate::backend::process::{self, Ended, ProcSpec};
 use crate::backend::{AgentCall, AgentReply, CallError, Usage};
 use crate::check::StageId as NodeId;
 use crate::compile::{Target, render_params, resolve_count, resolve_duration};
 use crate::model::{StageBody, StageKind};
-use crate::store::{AttemptRecord, GateRequest, NodeState, Write};
+use crate::store::{AttemptRecord, GateRequest, NodeState, Write, rfc3339};
 
 /// Which attempt a record is about: stage, scope, number, artifact directory, start.
 struct AttemptAt<'a> {
     scope: &'a str,
     stage: &'a str,
     attempt: u32,
-    dir: &'a std::path::Path,
+    dir: PathBuf,
     started: i64,
 }
 
@@ -54,6 +54,33 @@ fn write_file(dir: &std::path::Path, name: &str, text: &str) {
 
 impl Exec<'_> {
     /// Returns (and creates) the artifact directory of an attempt.
+    /// Starts an attempt: its artifact directory, and the template context with `attempt`
+    /// and `run.stage_dir`.
+    fn begin_attempt<'a>(
+        &self,
+        frame: &Frame<'_>,
+        scope: &'a str,
+        stage: &'a str,
+        attempt: u32,
+    ) -> Result<(AttemptAt<'a>, Value), String> {
+        let dir = self.attempt_dir(scope, stage, attempt)?;
+        let ctx = self.context(
+            frame,
+            &[
+                ("attempt", Value::from(attempt)),
+                ("stage_dir", Value::from(dir.to_string_lossy().into_owned())),
+            ],
+        );
+        let at = AttemptAt {
+            scope,
+            stage,
+            attempt,
+            dir,
+            started: now_ms(),
+        };
+        Ok((at, ctx))
+    }
+
     fn attempt_dir(&self, scope: &str, stage: &str, attempt: u32) -> Result<PathBuf, String> {
         let mut dir = PathBuf::from(&self.shared.run.dir);
         for part in scope.split('/').filter(|p| !p.is_empty()) {
@@ -121,7 +148,14 @@ impl Exec<'_> {
         s.usage = usage;
         s.attempts = attempts;
         match self.route(n, &s.output) {
-            Ok(a) => s.action = a,
+            Ok(Some((Target::Fail, why))) => {
+                s.state = NodeState::Failed;
+                s.feedback = Some(why.clone());
+                s.message = Some(why);
+                s.action = Some(Target::Fail);
+                return Outcome::Settled(s);
+            }
+            Ok(a) => s.action = a.map(|(t, _)| t),
             Err(m) => {
                 s.state = NodeState::Failed;
                 s.feedback = Some(m.clone());
@@ -155,8 +189,8 @@ impl Exec<'_> {
         }
     }
 
-    /// Chooses a route case by the output.
-    fn route(&self, n: NodeId, output: &Json) -> Result<Option<Target>, String> {
+    /// Chooses a route case by the output: the target, and a sentence saying why.
+    fn route(&self, n: NodeId, output: &Json) -> Result<Option<(Target, String)>, String> {
         let node = self.plan.node(n);
         let Some(route) = &self.plan.stage(n).route else {
             return Ok(None);
@@ -169,16 +203,21 @@ impl Exec<'_> {
             Json::String(s) => s.clone(),
             other => other.to_string(),
         };
-        if let Some((_, t)) = node.routes.iter().find(|(k, _)| *k == value) {
-            return Ok(Some(t.clone()));
-        }
-        match &node.route_default {
-            Some(t) => Ok(Some(t.clone())),
-            None => Err(format!(
-                "its route on `{}` has no case for `{value}` and no default",
-                route.on.value
-            )),
-        }
+        let target = match node.routes.iter().find(|(k, _)| *k == value) {
+            Some((_, t)) => t,
+            None => node.route_default.as_ref().ok_or_else(|| {
+                format!(
+                    "its route on `{}` has no case for `{value}` and no default",
+                    route.on.value
+                )
+            })?,
+        };
+        let why = format!(
+            "its route on `{}` gave `{value}`, which leads to `{}`",
+            route.on.value,
+            self.action_text(target)
+        );
+        Ok(Some((target.clone(), why)))
     }
 
     // ----- agents -----
@@ -228,25 +267,11 @@ impl Exec<'_> {
         let mut usage = Usage::default();
         let mut repair: Option<Vec<String>> = None;
         for attempt in 1..=max_attempts {
-            let t0 = now_ms();
-            let dir = match self.attempt_dir(&scope, &node.name, attempt) {
-                Ok(d) => d,
+            let (at, ctx) = match self.begin_attempt(frame, &scope, &node.name, attempt) {
+                Ok(x) => x,
                 Err(e) => return self.fail_now(started, e),
             };
-            let at = AttemptAt {
-                scope: &scope,
-                stage: &node.name,
-                attempt,
-                dir: &dir,
-                started: t0,
-            };
-            let ctx = self.context(
-                frame,
-                &[
-                    ("attempt", Value::from(attempt)),
-                    ("stage_dir", Value::from(dir.to_string_lossy().into_owned())),
-                ],
-            );
+            let dir = &at.dir;
             let mut prompt = match self.render(&format!("{}/prompt", node.name), &ctx) {
                 Ok(p) => p,
                 Err(e) => {
@@ -261,7 +286,7 @@ impl Exec<'_> {
                 }
                 prompt.push_str("Answer again, in exactly the required format.\n");
             }
-            write_file(&dir, "prompt.md", &prompt);
+            write_file(dir, "prompt.md", &prompt);
             if let Some(w) = window {
                 if let Some(msg) = too_big(&prompt, w) {
                     self.attempt_record(
@@ -332,7 +357,7 @@ impl Exec<'_> {
                         }
                         _ => msg.clone(),
                     };
-                    write_file(&dir, "error.txt", &detail);
+                    write_file(dir, "error.txt", &detail);
                     let st_name = if state == NodeState::TimedOut {
                         "timed_out"
                     } else {
@@ -343,9 +368,9 @@ impl Exec<'_> {
                 }
             };
             usage.add(&reply.usage);
-            write_file(&dir, "raw.txt", &reply.raw);
+            write_file(dir, "raw.txt", &reply.raw);
             if reply.text != reply.raw {
-                write_file(&dir, "answer.md", &reply.text);
+                write_file(dir, "answer.md", &reply.text);
             }
             let extracted = match extractor {
                 Some(e) => e.extract(&reply.text, None),
@@ -354,7 +379,7 @@ impl Exec<'_> {
             match extracted {
                 Ok(v) => {
                     write_file(
-                        &dir,
+                        dir,
                         "output.json",
                         &serde_json::to_string_pretty(&v).unwrap_or_default(),
                     );
@@ -376,7 +401,7 @@ impl Exec<'_> {
                 }
                 Err(problems) => {
                     let text = problems.join("\n");
-                    write_file(&dir, "feedback.md", &text);
+                    write_file(dir, "feedback.md", &text);
                     self.attempt_record(
                         &at,
                         "invalid",
@@ -732,30 +757,16 @@ impl Exec<'_> {
         let mut last_msg = String::new();
         let mut last_output = Json::Null;
         for attempt in 1..=max_attempts {
-            let t0 = now_ms();
-            let dir = match self.attempt_dir(&scope, &node.name, attempt) {
-                Ok(d) => d,
+            let (at, ctx) = match self.begin_attempt(frame, &scope, &node.name, attempt) {
+                Ok(x) => x,
                 Err(e) => return self.fail_now(started, e),
             };
-            let at = AttemptAt {
-                scope: &scope,
-                stage: &node.name,
-                attempt,
-                dir: &dir,
-                started: t0,
-            };
-            let ctx = self.context(
-                frame,
-                &[
-                    ("attempt", Value::from(attempt)),
-                    ("stage_dir", Value::from(dir.to_string_lossy().into_owned())),
-                ],
-            );
+            let dir = &at.dir;
             let mut base = json!({"exit_code": 0, "stdout": "", "stderr": ""});
             let mut ok = true;
             let mut stdout_text = String::new();
             if let Some(cmd) = cmd {
-                let spec = match self.command_spec(frame, n, cmd, &ctx, &dir, timeout, idle) {
+                let spec = match self.command_spec(frame, n, cmd, &ctx, dir, timeout, idle) {
                     Ok(s) => s,
                     Err(e) => return self.fail_now(started, e),
                 };
@@ -792,7 +803,7 @@ impl Exec<'_> {
                     }
                 };
                 write_file(
-                    &dir,
+                    dir,
                     "command.json",
                     &serde_json::to_string_pretty(&json!({
                         "argv": spec.argv,
@@ -914,7 +925,7 @@ impl Exec<'_> {
             }
             if cmd.is_none() || st.output.is_some() {
                 write_file(
-                    &dir,
+                    dir,
                     "output.json",
                     &serde_json::to_string_pretty(&value).unwrap_or_default(),
                 );
@@ -923,7 +934,7 @@ impl Exec<'_> {
                 self.attempt_record(&at, "ok", None, None, &Usage::default());
                 return self.done(frame, n, started, value, Usage::default(), attempt);
             }
-            write_file(&dir, "feedback.md", &last_msg);
+            write_file(dir, "feedback.md", &last_msg);
             self.attempt_record(
                 &at,
                 "failed",
@@ -1218,13 +1229,7 @@ impl Exec<'_> {
         else {
             return self.fail_now(started, "a subflow needs `workflow`".into());
         };
-        let base = self
-            .files
-            .get(&wf.span.file)
-            .and_then(|p| p.parent())
-            .map(std::path::Path::to_path_buf)
-            .unwrap_or_default();
-        let path = base.join(&wf.value);
+        let path = crate::check::base_dir(self.sources, wf.span).join(&wf.value);
         let ctx = self.context(frame, &[]);
         let mut sets = Vec::new();
         for (k, _) in params {
@@ -1252,7 +1257,7 @@ impl Exec<'_> {
         } else {
             format!("{}/{prefix}", self.prefix)
         };
-        let child = match Exec::new(self.shared, &prepared.plan, &prepared.files, prefix) {
+        let child = match Exec::new(self.shared, &prepared.plan, &prepared.sources, prefix) {
             Ok(c) => c,
             Err(e) => return self.fail_now(started, e),
         };

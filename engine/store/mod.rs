@@ -9,6 +9,8 @@ pub mod sqlite;
 
 pub use sqlite::{default_path, open_default};
 
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
 use serde::{Deserialize, Serialize};
 
 use crate::backend::Usage;
@@ -279,4 +281,29 @@ pub trait Store: Send {
         node: &str,
         limit: usize,
     ) -> Result<Vec<(String, NodeRecord)>>;
+}
+
+/// Returns the lock owner for this process, now.
+pub fn current_owner() -> LockOwner {
+    let host = nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| String::from("localhost"));
+    LockOwner {
+        pid: std::process::id(),
+        host,
+        since: now_ms(),
+    }
+}
+
+/// Returns the milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// Formats milliseconds since the Unix epoch as RFC 3339 (seconds, UTC).
+pub fn rfc3339(ms: i64) -> String {
+    let at = UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    humantime::format_rfc3339_seconds(at).to_string()
 }

@@ -12,14 +12,14 @@
 use std::fs;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 use sha2::{Digest, Sha256};
 
 use super::{
     Approval, AttemptRecord, Event, GateRequest, LockOwner, NodeRecord, NodeState, Result,
-    RunRecord, RunStatus, Store, StoreError, Write,
+    RunRecord, RunStatus, Store, StoreError, Write, now_ms, rfc3339,
 };
 use crate::backend::Usage;
 
@@ -58,31 +58,6 @@ pub fn default_path(state_dir: &Path) -> PathBuf {
 /// Opens (creating if needed) the store of a state directory.
 pub fn open_default(state_dir: &Path) -> Result<SqliteStore> {
     SqliteStore::open(&default_path(state_dir))
-}
-
-/// Returns the lock owner for this process, now.
-pub fn current_owner() -> LockOwner {
-    let host = nix::unistd::gethostname()
-        .map(|h| h.to_string_lossy().into_owned())
-        .unwrap_or_else(|_| String::from("localhost"));
-    LockOwner {
-        pid: std::process::id(),
-        host,
-        since: now_ms(),
-    }
-}
-
-/// Returns the milliseconds since the Unix epoch.
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
-/// Formats milliseconds since the Unix epoch as RFC 3339 (seconds, UTC).
-pub fn rfc3339(ms: i64) -> String {
-    let at = UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
-    humantime::format_rfc3339_seconds(at).to_string()
 }
 
 const SCHEMA_V1: &str = "
