@@ -16,8 +16,8 @@ pub enum GraphFormat {
 /// Renders a plan in the given format.
 pub fn render(plan: &Plan, format: GraphFormat) -> String {
     match format {
-        GraphFormat::Mermaid => mermaid(plan),
-        GraphFormat::Dot => dot(plan),
+        GraphFormat::Mermaid => draw(plan, &Mermaid),
+        GraphFormat::Dot => draw(plan, &Dot),
     }
 }
 
@@ -246,53 +246,96 @@ fn used_exits(plan: &Plan, edges: &[(String, String, String, bool)]) -> Vec<usiz
         .collect()
 }
 
-fn mermaid_text(s: &str) -> String {
-    s.replace('"', "#quot;").replace('\n', "<br/>")
+/// One drawing syntax: how each piece of the plan is written. [`draw`] walks the plan once
+/// for every syntax.
+trait Syntax {
+    fn header(&self, plan: &Plan, out: &mut String);
+    fn open_region(&self, pad: &str, name: &str, kind: StageKind, label: &str, out: &mut String);
+    fn close_region(&self, pad: &str, out: &mut String);
+    fn node(&self, pad: &str, name: &str, kind: StageKind, label: &str, out: &mut String);
+    fn exit(&self, name: &str, label: &str, code: i64, out: &mut String);
+    fn edge(&self, from: &str, to: &str, label: &str, dashed: bool, out: &mut String);
+    fn footer(&self, out: &mut String);
 }
 
-fn mermaid(plan: &Plan) -> String {
-    let mut out = String::from("flowchart TD\n");
-    fn body(plan: &Plan, region: Option<NodeId>, depth: usize, out: &mut String) {
+fn draw(plan: &Plan, syntax: &impl Syntax) -> String {
+    fn body(
+        plan: &Plan,
+        region: Option<NodeId>,
+        depth: usize,
+        syntax: &impl Syntax,
+        out: &mut String,
+    ) {
         let pad = "  ".repeat(depth);
         for id in &plan.body(region).order {
             let n = plan.node(*id);
             let name = ident(&n.name);
             if n.body.is_some() {
-                let _ = writeln!(
-                    out,
-                    "{pad}subgraph {name}[\"{}\"]",
-                    mermaid_text(&region_label(plan, *id))
-                );
-                let _ = writeln!(out, "{pad}  {name}__entry((\" \"))");
-                body(plan, Some(*id), depth + 1, out);
-                let _ = writeln!(out, "{pad}end");
+                syntax.open_region(&pad, &name, n.kind, &region_label(plan, *id), out);
+                body(plan, Some(*id), depth + 1, syntax, out);
+                syntax.close_region(&pad, out);
             } else {
-                let label = mermaid_text(&node_label(plan, *id));
-                let shape = match n.kind {
-                    StageKind::Gate => format!("{{{{\"{label}\"}}}}"),
-                    StageKind::Check => format!("{{\"{label}\"}}"),
-                    StageKind::Command => format!("[/\"{label}\"/]"),
-                    StageKind::Subflow => format!("[[\"{label}\"]]"),
-                    _ => format!("[\"{label}\"]"),
-                };
-                let _ = writeln!(out, "{pad}{name}{shape}");
+                syntax.node(&pad, &name, n.kind, &node_label(plan, *id), out);
             }
         }
     }
-    body(plan, None, 1, &mut out);
+    let mut out = String::new();
+    syntax.header(plan, &mut out);
+    body(plan, None, 1, syntax, &mut out);
     let edges = edges(plan);
     for e in used_exits(plan, &edges) {
         let x = &plan.exits[e];
-        let _ = writeln!(
-            out,
-            "  exit_{}([\"exit {} · code {}\"])",
-            ident(&x.name),
-            mermaid_text(&x.name),
-            x.code
-        );
+        syntax.exit(&ident(&x.name), &x.name, x.code, &mut out);
     }
     for (from, to, label, dashed) in &edges {
-        let arrow = if *dashed { "-.->" } else { "-->" };
+        syntax.edge(from, to, label, *dashed, &mut out);
+    }
+    syntax.footer(&mut out);
+    out
+}
+
+fn mermaid_text(s: &str) -> String {
+    s.replace('"', "#quot;").replace('\n', "<br/>")
+}
+
+struct Mermaid;
+
+impl Syntax for Mermaid {
+    fn header(&self, _: &Plan, out: &mut String) {
+        out.push_str("flowchart TD\n");
+    }
+
+    fn open_region(&self, pad: &str, name: &str, _: StageKind, label: &str, out: &mut String) {
+        let _ = writeln!(out, "{pad}subgraph {name}[\"{}\"]", mermaid_text(label));
+        let _ = writeln!(out, "{pad}  {name}__entry((\" \"))");
+    }
+
+    fn close_region(&self, pad: &str, out: &mut String) {
+        let _ = writeln!(out, "{pad}end");
+    }
+
+    fn node(&self, pad: &str, name: &str, kind: StageKind, label: &str, out: &mut String) {
+        let label = mermaid_text(label);
+        let shape = match kind {
+            StageKind::Gate => format!("{{{{\"{label}\"}}}}"),
+            StageKind::Check => format!("{{\"{label}\"}}"),
+            StageKind::Command => format!("[/\"{label}\"/]"),
+            StageKind::Subflow => format!("[[\"{label}\"]]"),
+            _ => format!("[\"{label}\"]"),
+        };
+        let _ = writeln!(out, "{pad}{name}{shape}");
+    }
+
+    fn exit(&self, name: &str, label: &str, code: i64, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "  exit_{name}([\"exit {} · code {code}\"])",
+            mermaid_text(label)
+        );
+    }
+
+    fn edge(&self, from: &str, to: &str, label: &str, dashed: bool, out: &mut String) {
+        let arrow = if dashed { "-.->" } else { "-->" };
         if label.is_empty() {
             let _ = writeln!(out, "  {from} {arrow} {to}");
         } else {
@@ -303,7 +346,8 @@ fn mermaid(plan: &Plan) -> String {
             );
         }
     }
-    out
+
+    fn footer(&self, _: &mut String) {}
 }
 
 fn dot_text(s: &str) -> String {
@@ -312,75 +356,75 @@ fn dot_text(s: &str) -> String {
         .replace('\n', "\\n")
 }
 
-fn dot(plan: &Plan) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "digraph \"{}\" {{",
-        dot_text(&plan.workflow.name.value)
-    );
-    out.push_str("  compound=true;\n  rankdir=TB;\n  node [fontname=\"Helvetica\", fontsize=10];\n  edge [fontname=\"Helvetica\", fontsize=9];\n");
-    fn body(plan: &Plan, region: Option<NodeId>, depth: usize, out: &mut String) {
-        let pad = "  ".repeat(depth);
-        for id in &plan.body(region).order {
-            let n = plan.node(*id);
-            let name = ident(&n.name);
-            if n.body.is_some() {
-                let style = if n.kind == StageKind::Loop {
-                    "rounded,dashed"
-                } else {
-                    "rounded"
-                };
-                let _ = writeln!(out, "{pad}subgraph cluster_{name} {{");
-                let _ = writeln!(
-                    out,
-                    "{pad}  label=\"{}\"; style=\"{style}\";",
-                    dot_text(&region_label(plan, *id))
-                );
-                let _ = writeln!(
-                    out,
-                    "{pad}  {name}__entry [label=\"\", shape=point, width=0.1];"
-                );
-                body(plan, Some(*id), depth + 1, out);
-                let _ = writeln!(out, "{pad}}}");
-            } else {
-                let shape = match n.kind {
-                    StageKind::Gate => "hexagon, style=filled, fillcolor=\"#ffe9a8\"",
-                    StageKind::Check => "diamond",
-                    StageKind::Command => "box, style=\"rounded\"",
-                    StageKind::Subflow => "box3d",
-                    _ => "box",
-                };
-                let _ = writeln!(
-                    out,
-                    "{pad}{name} [label=\"{}\", shape={shape}];",
-                    dot_text(&node_label(plan, *id))
-                );
-            }
-        }
-    }
-    body(plan, None, 1, &mut out);
-    let edges = edges(plan);
-    for e in used_exits(plan, &edges) {
-        let x = &plan.exits[e];
+struct Dot;
+
+impl Syntax for Dot {
+    fn header(&self, plan: &Plan, out: &mut String) {
         let _ = writeln!(
             out,
-            "  exit_{} [label=\"exit {}\\ncode {}\", shape=doublecircle];",
-            ident(&x.name),
-            dot_text(&x.name),
-            x.code
+            "digraph \"{}\" {{",
+            dot_text(&plan.workflow.name.value)
+        );
+        out.push_str("  compound=true;\n  rankdir=TB;\n  node [fontname=\"Helvetica\", fontsize=10];\n  edge [fontname=\"Helvetica\", fontsize=9];\n");
+    }
+
+    fn open_region(&self, pad: &str, name: &str, kind: StageKind, label: &str, out: &mut String) {
+        let style = if kind == StageKind::Loop {
+            "rounded,dashed"
+        } else {
+            "rounded"
+        };
+        let _ = writeln!(out, "{pad}subgraph cluster_{name} {{");
+        let _ = writeln!(
+            out,
+            "{pad}  label=\"{}\"; style=\"{style}\";",
+            dot_text(label)
+        );
+        let _ = writeln!(
+            out,
+            "{pad}  {name}__entry [label=\"\", shape=point, width=0.1];"
         );
     }
-    for (from, to, label, dashed) in &edges {
+
+    fn close_region(&self, pad: &str, out: &mut String) {
+        let _ = writeln!(out, "{pad}}}");
+    }
+
+    fn node(&self, pad: &str, name: &str, kind: StageKind, label: &str, out: &mut String) {
+        let shape = match kind {
+            StageKind::Gate => "hexagon, style=filled, fillcolor=\"#ffe9a8\"",
+            StageKind::Check => "diamond",
+            StageKind::Command => "box, style=\"rounded\"",
+            StageKind::Subflow => "box3d",
+            _ => "box",
+        };
+        let _ = writeln!(
+            out,
+            "{pad}{name} [label=\"{}\", shape={shape}];",
+            dot_text(label)
+        );
+    }
+
+    fn exit(&self, name: &str, label: &str, code: i64, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "  exit_{name} [label=\"exit {}\\ncode {code}\", shape=doublecircle];",
+            dot_text(label)
+        );
+    }
+
+    fn edge(&self, from: &str, to: &str, label: &str, dashed: bool, out: &mut String) {
         let mut attrs = Vec::new();
         if !label.is_empty() {
             attrs.push(format!("label=\"{}\"", dot_text(&truncate(label, 50))));
         }
-        if *dashed {
+        if dashed {
             attrs.push("style=dashed".into());
         }
         let _ = writeln!(out, "  {from} -> {to} [{}];", attrs.join(", "));
     }
-    out.push_str("}\n");
-    out
+
+    fn footer(&self, out: &mut String) {
+        out.push_str("}\n");
+    }
 }
