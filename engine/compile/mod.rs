@@ -64,7 +64,7 @@ pub struct Node {
     pub on_fail: Target,
     /// Whether the stage may be skipped (a condition, a route or an escalation decides).
     pub conditional: bool,
-    /// Escalation rules of a loop: condition template name and the nodes they run.
+    /// Escalation rules of a loop: the condition (an expression) and the nodes it runs.
     pub escalations: Vec<(String, Vec<NodeId>)>,
 }
 
@@ -86,10 +86,10 @@ pub struct Plan {
     pub params: crate::check::ParamValues,
     pub schemas: HashMap<NodeId, serde_json::Value>,
     /// Every template of the workflow, compiled once, by name (`STAGE/prompt`,
-    /// `STAGE/argv/0`, `STAGE/env/KEY`, `STAGE/message`, `STAGE/feedback`, ...), and each
-    /// stage's `when` and each escalation rule's condition as `{{ ... }}` templates. Other
-    /// expressions (`until`, `expect`, `over`, ...) are kept as source in the model and
-    /// compiled with `compile_expression` where they are evaluated, to keep their types.
+    /// `STAGE/argv/0`, `STAGE/env/KEY`, `STAGE/message`, `STAGE/feedback`, ...).
+    /// Expressions (`when`, `until`, `expect`, `over`, escalation conditions, ...) are kept
+    /// as source and compiled with `compile_expression` where they are evaluated, so that
+    /// their values keep their types.
     pub templates: minijinja::Environment<'static>,
 }
 
@@ -203,9 +203,6 @@ pub fn compile(checked: &Checked<'_>) -> Plan {
             let _ =
                 templates.add_template_owned(format!("{}/{field}", s.id.value), src.to_string());
         };
-        if let Some(w) = &s.when {
-            add("when", &format!("{{{{ {} }}}}", w.value));
-        }
         if let crate::model::StageBody::Agent {
             prompt: Some(p), ..
         } = &s.body
@@ -278,18 +275,9 @@ pub fn compile(checked: &Checked<'_>) -> Plan {
         let escalations = match &s.body {
             crate::model::StageBody::Loop { escalation, .. } => escalation
                 .iter()
-                .enumerate()
-                .map(|(n, r)| {
-                    let name = format!("{}/escalation/{n}", s.id.value);
-                    let _ = templates
-                        .add_template_owned(name.clone(), format!("{{{{ {} }}}}", r.when.value));
-                    (
-                        name,
-                        r.run
-                            .iter()
-                            .filter_map(|t| checked.find(&t.value))
-                            .collect(),
-                    )
+                .map(|r| {
+                    let targets = r.run.iter().filter_map(|t| checked.find(&t.value));
+                    (r.when.value.clone(), targets.collect())
                 })
                 .collect(),
             _ => Vec::new(),

@@ -917,32 +917,40 @@ impl<'p> Exec<'p> {
         } else if !needs_ran.is_empty() && !needs_ran.iter().any(|r| *r) {
             return Ok(false);
         }
-        if let Some(parent) = self.plan.node(n).parent {
-            let rules: Vec<&String> = self
+        // Escalation rules and `when` are expressions, evaluated like every other one; the
+        // context is built once, and only when there is something to evaluate.
+        let rules: Vec<&str> = match self.plan.node(n).parent {
+            Some(p) => self
                 .plan
-                .node(parent)
+                .node(p)
                 .escalations
                 .iter()
                 .filter(|(_, targets)| targets.contains(&n))
-                .map(|(t, _)| t)
-                .collect();
-            if !rules.is_empty() {
-                let ctx = self.context(frame, &[]);
-                let mut any = false;
-                for r in rules {
-                    let v = self.render(r, &ctx)?;
-                    if truthy(&v) {
-                        any = true;
-                        break;
-                    }
-                }
-                if !any {
-                    return Ok(false);
+                .map(|(cond, _)| cond.as_str())
+                .collect(),
+            None => Vec::new(),
+        };
+        let when = self.plan.stage(n).when.as_ref();
+        if rules.is_empty() && when.is_none() {
+            return Ok(true);
+        }
+        let ctx = self.context(frame, &[]);
+        if !rules.is_empty() {
+            let mut any = false;
+            for r in rules {
+                let v = self
+                    .eval(r, &ctx)
+                    .map_err(|e| format!("an escalation rule could not be evaluated: {e}"))?;
+                if v.is_true() {
+                    any = true;
+                    break;
                 }
             }
+            if !any {
+                return Ok(false);
+            }
         }
-        if let Some(w) = &self.plan.stage(n).when {
-            let ctx = self.context(frame, &[]);
+        if let Some(w) = when {
             let v = self
                 .eval(&w.value, &ctx)
                 .map_err(|e| format!("its `when` could not be evaluated: {e}"))?;
@@ -1990,14 +1998,6 @@ fn agent_config(
             .map(|f| crate::check::base_dir(sources, f.span).join(&f.value)),
         program: None,
     })
-}
-
-/// Tells whether a rendered condition is true.
-pub fn truthy(s: &str) -> bool {
-    !matches!(
-        s.trim(),
-        "" | "false" | "False" | "none" | "None" | "0" | "[]" | "{}" | "undefined"
-    )
 }
 
 /// Converts a serializable value for templates.
