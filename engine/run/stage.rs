@@ -18,11 +18,15 @@ use crate::store::{AttemptRecord, GateRequest, NodeState, Write, rfc3339};
 
 /// Which attempt a record is about: stage, scope, number, artifact directory, start.
 struct AttemptAt<'a> {
+    node: NodeId,
     scope: &'a str,
     stage: &'a str,
     attempt: u32,
     dir: PathBuf,
+    /// When this attempt started.
     started: i64,
+    /// When the stage's first attempt started.
+    stage_started: i64,
 }
 
 /// The most bytes of a command's stdout or stderr kept in its output (the files keep all).
@@ -57,12 +61,14 @@ impl Exec<'_> {
     /// Starts an attempt: its artifact directory, and the template context with `attempt`
     /// and `run.stage_dir`.
     fn begin_attempt<'a>(
-        &self,
+        &'a self,
         frame: &Frame<'_>,
+        n: NodeId,
         scope: &'a str,
-        stage: &'a str,
         attempt: u32,
+        stage_started: i64,
     ) -> Result<(AttemptAt<'a>, Value), String> {
+        let stage = self.plan.node(n).name.as_str();
         let dir = self.attempt_dir(scope, stage, attempt)?;
         let ctx = self.context(
             frame,
@@ -72,11 +78,13 @@ impl Exec<'_> {
             ],
         );
         let at = AttemptAt {
+            node: n,
             scope,
             stage,
             attempt,
             dir,
             started: now_ms(),
+            stage_started,
         };
         Ok((at, ctx))
     }
@@ -116,6 +124,21 @@ impl Exec<'_> {
         }));
     }
 
+    /// Ends a stage whose attempt failed for good: records the attempt, then settles the
+    /// stage.
+    fn fail_attempt(
+        &self,
+        at: &AttemptAt<'_>,
+        state: NodeState,
+        agent: Option<&str>,
+        message: String,
+        usage: Usage,
+    ) -> Outcome {
+        self.attempt_record(at, state.as_str(), agent, Some(message.clone()), &usage);
+        self.failed(at.node, at.stage_started, state, message, usage, at.attempt)
+    }
+
+    /// Settles a stage as failed (or timed out); its `on_fail` is taken.
     fn failed(
         &self,
         n: NodeId,
@@ -267,7 +290,7 @@ impl Exec<'_> {
         let mut usage = Usage::default();
         let mut repair: Option<Vec<String>> = None;
         for attempt in 1..=max_attempts {
-            let (at, ctx) = match self.begin_attempt(frame, &scope, &node.name, attempt) {
+            let (at, ctx) = match self.begin_attempt(frame, n, &scope, attempt, started) {
                 Ok(x) => x,
                 Err(e) => return self.fail_now(started, e),
             };
@@ -358,13 +381,7 @@ impl Exec<'_> {
                         _ => msg.clone(),
                     };
                     write_file(dir, "error.txt", &detail);
-                    let st_name = if state == NodeState::TimedOut {
-                        "timed_out"
-                    } else {
-                        "failed"
-                    };
-                    self.attempt_record(&at, st_name, Some(&agent_name), Some(msg.clone()), &usage);
-                    return self.failed(n, started, state, detail, usage, attempt);
+                    return self.fail_attempt(&at, state, Some(&agent_name), detail, usage);
                 }
             };
             usage.add(&reply.usage);
@@ -757,7 +774,7 @@ impl Exec<'_> {
         let mut last_msg = String::new();
         let mut last_output = Json::Null;
         for attempt in 1..=max_attempts {
-            let (at, ctx) = match self.begin_attempt(frame, &scope, &node.name, attempt) {
+            let (at, ctx) = match self.begin_attempt(frame, n, &scope, attempt, started) {
                 Ok(x) => x,
                 Err(e) => return self.fail_now(started, e),
             };
@@ -785,20 +802,12 @@ impl Exec<'_> {
                             "`{}` could not start: {e}",
                             spec.argv.first().cloned().unwrap_or_default()
                         );
-                        self.attempt_record(
+                        return self.fail_attempt(
                             &at,
-                            "failed",
-                            None,
-                            Some(msg.clone()),
-                            &Usage::default(),
-                        );
-                        return self.failed(
-                            n,
-                            started,
                             NodeState::Failed,
+                            None,
                             msg,
                             Usage::default(),
-                            attempt,
                         );
                     }
                 };
@@ -839,20 +848,12 @@ impl Exec<'_> {
                         super::progress::short_duration(lim),
                         tail(&String::from_utf8_lossy(&out.stderr), 2000)
                     );
-                    self.attempt_record(
+                    return self.fail_attempt(
                         &at,
-                        "timed_out",
-                        None,
-                        Some(msg.clone()),
-                        &Usage::default(),
-                    );
-                    return self.failed(
-                        n,
-                        started,
                         NodeState::TimedOut,
+                        None,
                         msg,
                         Usage::default(),
-                        attempt,
                     );
                 }
                 ok = codes.contains(&code);
