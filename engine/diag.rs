@@ -81,6 +81,8 @@ codes! {
     AgentIncomplete = "RF054", Error, "an agent missing what its kind needs";
     ReservedExitCode = "RF055", Warning, "an exit code that the engine itself uses";
     BadOverride = "RF056", Error, "an override of a stage or key that the base workflow does not have";
+    UnknownPreset = "RF057", Error, "a preset or preset source that does not exist";
+    PresetSource = "RF058", Error, "a git preset source that is not fetched, or whose cached copy does not match ralph-flow.lock";
 }
 
 /// One problem found in a workflow, pointing at where it was written.

@@ -9,6 +9,7 @@ pub mod compile;
 pub mod diag;
 pub mod load;
 pub mod model;
+pub mod preset;
 pub mod run;
 pub mod source;
 pub mod store;

@@ -6,7 +6,8 @@
 use std::path::{Path, PathBuf};
 
 use crate::diag::{Code, Diagnostic, Diagnostics};
-use crate::model::{Count, Named, Override, StageBody, Workflow, lower::lower};
+use crate::model::{Count, Named, Override, Source, Stage, StageBody, Workflow, lower::lower};
+use crate::preset::{self, Reference, lock};
 use crate::source::{FileId, Sources, Span, Spanned};
 use crate::syntax::{self, Format};
 
@@ -14,17 +15,84 @@ use crate::syntax::{self, Format};
 pub trait FileSystem {
     /// Reads a whole file as UTF-8 text.
     fn read(&self, path: &Path) -> std::io::Result<String>;
+
+    /// Tells whether a file exists (prompt and preset search).
+    fn exists(&self, path: &Path) -> bool {
+        self.read(path).is_ok()
+    }
+
+    /// The files directly in a directory (for listing presets); none when it cannot be read.
+    fn list(&self, _dir: &Path) -> Vec<PathBuf> {
+        Vec::new()
+    }
 }
 
-/// The real file system.
+/// The real file system, with the built-in presets under [`preset::BUILTIN_ROOT`].
 pub struct RealFs;
 
 impl FileSystem for RealFs {
     fn read(&self, path: &Path) -> std::io::Result<String> {
+        if preset::is_builtin(path) {
+            return preset::builtin_file(path)
+                .map(str::to_string)
+                .ok_or_else(|| {
+                    std::io::Error::new(std::io::ErrorKind::NotFound, "no such built-in file")
+                });
+        }
         let bytes = std::fs::read(path)?;
         String::from_utf8(bytes)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.utf8_error()))
     }
+
+    fn exists(&self, path: &Path) -> bool {
+        if preset::is_builtin(path) {
+            return preset::builtin_file(path).is_some();
+        }
+        path.is_file()
+    }
+
+    fn list(&self, dir: &Path) -> Vec<PathBuf> {
+        if preset::is_builtin(dir) {
+            return preset::builtin_files()
+                .iter()
+                .map(|(p, _)| Path::new(preset::BUILTIN_ROOT).join(p))
+                .filter(|p| p.parent() == Some(dir))
+                .collect();
+        }
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return Vec::new();
+        };
+        let mut out: Vec<PathBuf> = entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.is_file())
+            .collect();
+        out.sort();
+        out
+    }
+}
+
+/// A git source that a loaded file names but that is not in the cache (or not locked yet):
+/// what `presets fetch` and `run` fetch before loading again.
+#[derive(Clone, Debug)]
+pub struct MissingSource {
+    /// The directory of the file that declares the source (where its lockfile goes).
+    pub decl_dir: PathBuf,
+    /// The source's name in that file.
+    pub name: String,
+    /// The repository as written, and resolved against `decl_dir`.
+    pub git: String,
+    pub url: String,
+    pub rev: String,
+    /// The commit the lockfile pins, when it has an entry.
+    pub locked: Option<(String, String)>,
+}
+
+/// A git source declared by a loaded file.
+#[derive(Clone, Debug)]
+pub struct DeclaredSource {
+    pub decl_dir: PathBuf,
+    pub source: Source,
 }
 
 /// The largest workflow, prompt or schema file read (16 MiB); larger files are refused.
@@ -36,6 +104,17 @@ pub struct Loader<'a> {
     pub sources: &'a mut Sources,
     pub diags: &'a mut Diagnostics,
     stack: Vec<PathBuf>,
+    /// The preset directories searched for bare preset names.
+    pub roots: Vec<preset::Root>,
+    /// Directories searched for prompt files before the workflow's own `prompt_path`
+    /// (`RALPH_FLOW_PROMPT_PATH`).
+    pub prompt_dirs: Vec<PathBuf>,
+    /// Git sources named but not in the cache (see [`MissingSource`]).
+    pub missing: Vec<MissingSource>,
+    /// Every git source declared by a loaded file.
+    pub declared: Vec<DeclaredSource>,
+    /// Cached copies of git sources already checked against their lockfile.
+    verified: Vec<(PathBuf, Result<(), String>)>,
 }
 
 impl<'a> Loader<'a> {
@@ -45,12 +124,260 @@ impl<'a> Loader<'a> {
         sources: &'a mut Sources,
         diags: &'a mut Diagnostics,
     ) -> Self {
+        let prompt_dirs = std::env::var_os("RALPH_FLOW_PROMPT_PATH")
+            .map(|v| {
+                std::env::split_paths(&v)
+                    .filter(|p| !p.as_os_str().is_empty())
+                    .map(|p| normalize(&p))
+                    .collect()
+            })
+            .unwrap_or_default();
         Loader {
             fs,
             sources,
             diags,
             stack: Vec::new(),
+            roots: preset::search_roots(),
+            prompt_dirs,
+            missing: Vec::new(),
+            declared: Vec::new(),
+            verified: Vec::new(),
         }
+    }
+
+    /// Resolves a workflow reference written in a file that declares `sources`: a path
+    /// relative to that file, or a preset. Reports what cannot be resolved.
+    pub fn resolve(&mut self, r: &Spanned<String>, sources: &[Source]) -> Option<PathBuf> {
+        let dir = crate::check::base_dir(self.sources, r.span);
+        match preset::parse_reference(&r.value) {
+            Reference::Path(p) => Some(dir.join(p)),
+            Reference::Invalid => {
+                self.diags.push(
+                    Diagnostic::new(
+                        Code::UnknownPreset,
+                        r.span,
+                        format!(
+                            "`{}` is neither a workflow file nor a preset name",
+                            r.value
+                        ),
+                    )
+                    .label("not a path nor a preset")
+                    .help("a path ends in `.toml` or `.kdl`; a preset is `NAME` or `SOURCE:NAME` (letters, digits, `-`, `_`)"),
+                );
+                None
+            }
+            Reference::Preset { source: None, name } => {
+                if let Some((path, _)) = preset::find(self.fs, &self.roots, name) {
+                    return Some(path);
+                }
+                let names = preset::all_names(self.fs, &self.roots);
+                self.diags.push(
+                    Diagnostic::new(
+                        Code::UnknownPreset,
+                        r.span,
+                        format!("there is no preset `{name}`"),
+                    )
+                    .label("unknown preset")
+                    .suggest(name, names.iter().map(String::as_str))
+                    .help_or(format!(
+                        "`ralph-flow presets` lists them ({}); a path must end in `.toml` or `.kdl`",
+                        names.join(", ")
+                    )),
+                );
+                None
+            }
+            Reference::Preset {
+                source: Some(src),
+                name,
+            } => {
+                let root = self.git_root(src, sources, r.span, &dir)?;
+                if let Some(path) = preset::find_in(self.fs, &root, name) {
+                    return Some(path);
+                }
+                let names: Vec<String> = preset::list_in(self.fs, &root)
+                    .into_iter()
+                    .map(|(n, _)| n)
+                    .collect();
+                self.diags.push(
+                    Diagnostic::new(
+                        Code::UnknownPreset,
+                        r.span,
+                        format!("source `{src}` has no preset `{name}`"),
+                    )
+                    .label("unknown preset")
+                    .suggest(name, names.iter().map(String::as_str))
+                    .help_or(format!(
+                        "its presets: {}",
+                        if names.is_empty() {
+                            "none (it holds no workflows/NAME.toml)".to_string()
+                        } else {
+                            names.join(", ")
+                        }
+                    )),
+                );
+                None
+            }
+        }
+    }
+
+    /// The preset directory of a declared git source, verified against its lockfile; what is
+    /// wrong is reported as diagnostics.
+    pub fn source_root(&mut self, d: &DeclaredSource) -> Option<PathBuf> {
+        let name = d.source.name.value.clone();
+        self.git_root(
+            &name,
+            std::slice::from_ref(&d.source),
+            d.source.name.span,
+            &d.decl_dir,
+        )
+    }
+
+    /// The preset directory of a git source, once its cached copy matches the lockfile.
+    fn git_root(
+        &mut self,
+        name: &str,
+        sources: &[Source],
+        at: Span,
+        dir: &Path,
+    ) -> Option<PathBuf> {
+        let Some(src) = sources.iter().find(|s| s.name.value == name).cloned() else {
+            self.diags.push(
+                Diagnostic::new(
+                    Code::UnknownPreset,
+                    at,
+                    format!("this file declares no source `{name}`"),
+                )
+                .label("unknown source")
+                .suggest(name, sources.iter().map(|s| s.name.value.as_str()))
+                .help_or(format!(
+                    "declare it in this file: [sources.{name}] with `git` (a URL or a path) and `rev` (a tag, branch or commit)"
+                )),
+            );
+            return None;
+        };
+        let lock_path = lock::path_in(dir);
+        let lock = if self.fs.exists(&lock_path) {
+            let file = self.read(&lock_path, Some(src.span), Code::PresetSource, "lockfile")?;
+            match lock::LockFile::parse(&self.sources.get(file).text) {
+                Ok(l) => l,
+                Err(e) => {
+                    self.diags.push(
+                        Diagnostic::new(
+                            Code::PresetSource,
+                            src.span,
+                            format!("{} is not valid: {e}", relative(&lock_path).display()),
+                        )
+                        .help("fix it, or delete it and run `ralph-flow presets fetch` to pin every source again"),
+                    );
+                    return None;
+                }
+            }
+        } else {
+            lock::LockFile::default()
+        };
+        let url = preset::git::resolve_url(&src.git.value, dir);
+        let entry = lock.find(&src.git.value, &src.rev.value).cloned();
+        let fetch_help = "run `ralph-flow presets fetch WORKFLOW` to fetch it and pin it in ralph-flow.lock (`ralph-flow run` does this by itself)";
+        let mut missing = MissingSource {
+            decl_dir: dir.to_path_buf(),
+            name: name.to_string(),
+            git: src.git.value.clone(),
+            url,
+            rev: src.rev.value.clone(),
+            locked: None,
+        };
+        let Some(entry) = entry else {
+            self.missing.push(missing);
+            self.diags.push(
+                Diagnostic::new(
+                    Code::PresetSource,
+                    src.span,
+                    format!(
+                        "source `{name}` (`{}` at `{}`) is not fetched yet",
+                        src.git.value, src.rev.value
+                    ),
+                )
+                .label("not in ralph-flow.lock")
+                .help(fetch_help),
+            );
+            return None;
+        };
+        let checkout = preset::git::checkout_dir(&entry.commit);
+        if !checkout.is_dir() {
+            missing.locked = Some((entry.commit.clone(), entry.hash.clone()));
+            self.missing.push(missing);
+            self.diags.push(
+                Diagnostic::new(
+                    Code::PresetSource,
+                    src.span,
+                    format!(
+                        "source `{name}` is pinned to commit {} but the cache ({}) has no copy of it",
+                        entry.commit,
+                        preset::cache_dir().display()
+                    ),
+                )
+                .label("not in the cache")
+                .help(fetch_help),
+            );
+            return None;
+        }
+        let verdict = match self.verified.iter().find(|(d, _)| *d == checkout) {
+            Some((_, v)) => v.clone(),
+            None => {
+                let v = match preset::tree_hash(&checkout) {
+                    Ok(h) if h == entry.hash => Ok(()),
+                    Ok(h) => Err(format!(
+                        "the cached copy of source `{name}` ({}) does not match ralph-flow.lock: its content hash is {h}, the lockfile says {}",
+                        checkout.display(),
+                        entry.hash
+                    )),
+                    Err(e) => Err(format!(
+                        "cannot read the cached copy of source `{name}` ({}): {e}",
+                        checkout.display()
+                    )),
+                };
+                self.verified.push((checkout.clone(), v.clone()));
+                v
+            }
+        };
+        if let Err(message) = verdict {
+            self.diags.push(
+                Diagnostic::new(Code::PresetSource, src.span, message)
+                    .label("verification failed")
+                    .help(format!(
+                        "the cache or the lockfile was changed by hand: delete {} and run `ralph-flow presets fetch WORKFLOW`; to pin a new commit, `ralph-flow presets update WORKFLOW`",
+                        checkout.display()
+                    )),
+            );
+            return None;
+        }
+        let root = match &src.path {
+            Some(p) => checkout.join(p.value.trim_matches('/')),
+            None => checkout,
+        };
+        Some(normalize(&root))
+    }
+
+    /// The file a stage's `prompt_file` names: the first of `RALPH_FLOW_PROMPT_PATH`'s
+    /// directories, then the workflow's `prompt_path`, that has it; else the file relative to
+    /// the file that names it.
+    pub fn prompt_file(&self, prompt_path: &[Spanned<String>], pf: &Spanned<String>) -> PathBuf {
+        let name = Path::new(&pf.value);
+        if name.is_absolute() {
+            return name.to_path_buf();
+        }
+        let dirs = self.prompt_dirs.iter().cloned().chain(
+            prompt_path
+                .iter()
+                .map(|d| crate::check::base_dir(self.sources, d.span).join(&d.value)),
+        );
+        for dir in dirs {
+            let candidate = normalize(&dir.join(name));
+            if self.fs.exists(&candidate) {
+                return candidate;
+            }
+        }
+        crate::check::base_dir(self.sources, pf.span).join(name)
     }
 
     /// Reads a file into the source map, reporting a read failure at `from` with `code`.
@@ -130,8 +457,19 @@ impl<'a> Loader<'a> {
             .parent()
             .map(Path::to_path_buf)
             .unwrap_or_default();
+        for s in &wf.sources {
+            self.declared.push(DeclaredSource {
+                decl_dir: dir.clone(),
+                source: s.clone(),
+            });
+        }
+        let sources = wf.sources.clone();
+        self.resolve_subflows(&mut wf.stages, &sources, &mut wf.broken);
         for inc in std::mem::take(&mut wf.include) {
-            if let Some(other) = self.load(&dir.join(&inc.value), Some(inc.span)) {
+            let Some(path) = self.resolve(&inc, &sources) else {
+                continue;
+            };
+            if let Some(other) = self.load(&path, Some(inc.span)) {
                 merge_include(&mut wf, other, self.diags);
             }
         }
@@ -144,12 +482,47 @@ impl<'a> Loader<'a> {
             }
         }
         if let Some(ext) = wf.extends.clone() {
-            if let Some(base) = self.load(&dir.join(&ext.workflow.value), Some(ext.workflow.span)) {
-                wf = merge_extends(base, wf, self.diags);
+            match self.resolve(&ext.workflow, &sources) {
+                Some(path) => {
+                    if let Some(base) = self.load(&path, Some(ext.workflow.span)) {
+                        wf = merge_extends(base, wf, self.diags);
+                    }
+                }
+                // Without its base, the file's overrides and references cannot be checked.
+                None => wf.overrides.clear(),
             }
         }
         self.stack.pop();
         Some(wf)
+    }
+
+    /// Turns subflow references to presets into the paths of their files; a reference that
+    /// cannot be resolved is reported here and dropped.
+    fn resolve_subflows(
+        &mut self,
+        stages: &mut [Stage],
+        sources: &[Source],
+        broken: &mut Vec<String>,
+    ) {
+        for s in stages.iter_mut() {
+            if let StageBody::Subflow { workflow, .. } = &mut s.body {
+                if let Some(w) = workflow.as_mut() {
+                    if matches!(preset::parse_reference(&w.value), Reference::Path(_)) {
+                        continue;
+                    }
+                    match self.resolve(w, sources) {
+                        Some(path) => w.value = path.to_string_lossy().into_owned(),
+                        None => {
+                            *workflow = None;
+                            broken.push(s.id.value.clone());
+                        }
+                    }
+                }
+            }
+            if let Some(children) = s.children_mut() {
+                self.resolve_subflows(children, sources, broken);
+            }
+        }
     }
 }
 
@@ -226,6 +599,7 @@ fn merge_include(wf: &mut Workflow, inc: Workflow, diags: &mut Diagnostics) {
     add_all(&mut wf.resources, inc.resources, "resource", diags);
     add_all(&mut wf.exits, inc.exits, "exit", diags);
     add_all(&mut wf.stages, inc.stages, "stage", diags);
+    wf.prompt_path.extend(inc.prompt_path);
 }
 
 /// Merges a file into the base it extends: the child's agents replace the base's agents of
@@ -273,6 +647,10 @@ fn merge_extends(mut base: Workflow, child: Workflow, diags: &mut Diagnostics) -
             base.stages.push(stage);
         }
     }
+    let mut prompt_path = child.prompt_path;
+    prompt_path.append(&mut base.prompt_path);
+    base.prompt_path = prompt_path;
+    base.sources = child.sources;
     base.file = child.file;
     base.name = child.name;
     base.version = child.version.or(base.version);

@@ -398,7 +398,14 @@ fn stage(c: &mut Checked<'_>, id: StageId, diags: &mut Diagnostics) {
                 );
             }
         }
-        StageBody::Subflow { workflow, .. } => require(s, "workflow", workflow.is_some(), diags),
+        // A preset reference that could not be resolved was reported by the loader, which
+        // dropped it and marked the stage broken.
+        StageBody::Subflow { workflow, .. } => require(
+            s,
+            "workflow",
+            workflow.is_some() || c.workflow.is_broken(&s.id.value),
+            diags,
+        ),
         StageBody::Loop {
             max_iterations,
             on_exhausted,

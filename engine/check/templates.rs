@@ -267,7 +267,7 @@ fn stage(
         subflow(loader, w, params, diags);
     }
     if let Some(pf) = prompt_file {
-        let path = base_dir(loader.sources, pf.span).join(&pf.value);
+        let path = loader.prompt_file(&c.workflow.prompt_path, &pf);
         if let Some(file) =
             loader.read(&path, Some(pf.span), Code::MissingPromptFile, "prompt file")
         {

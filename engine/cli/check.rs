@@ -42,7 +42,7 @@ pub fn run(args: &Args) -> i32 {
         let mut diags = Diagnostics::default();
         let fs = RealFs;
         let mut loader = Loader::new(&fs, &mut sources, &mut diags);
-        if let Some(wf) = loader.load(file, None) {
+        if let Some(wf) = loader.load(&super::workflow_arg(file), None) {
             let mut cd = Diagnostics::default();
             let _ = ralph_flow::check::check(&wf, &mut loader, &sets, !sets.is_empty(), &mut cd);
             diags.extend(cd);

@@ -3,6 +3,7 @@
 mod check;
 mod fmt;
 mod graph;
+mod presets;
 mod run;
 mod runs;
 mod schema;
@@ -57,6 +58,10 @@ enum Command {
     Status(runs::StatusArgs),
     /// Show a run's events in order.
     Logs(runs::LogsArgs),
+    /// List the built-in and installed presets; fetch or update git presets.
+    Presets(presets::Args),
+    /// Write a project-local workflow that extends a preset.
+    Init(presets::InitArgs),
 }
 
 /// Runs the command line and returns the process exit code.
@@ -87,6 +92,8 @@ pub fn main() -> i32 {
         Command::Runs(args) => runs::runs(&args),
         Command::Status(args) => runs::status(&args),
         Command::Logs(args) => runs::logs(&args),
+        Command::Presets(args) => presets::run(&args),
+        Command::Init(args) => presets::init(&args),
     }
 }
 
@@ -122,6 +129,37 @@ pub fn sets(raw: &[String]) -> Option<Vec<(String, String)>> {
     Some(out)
 }
 
+/// The workflow a command-line argument names: the file, or, when there is no such file and
+/// the argument is a preset name (`spider`), that preset.
+pub fn workflow_arg(arg: &Path) -> std::path::PathBuf {
+    if arg.exists() {
+        return arg.to_path_buf();
+    }
+    if let Some(ralph_flow::preset::Reference::Preset { source: None, name }) =
+        arg.to_str().map(ralph_flow::preset::parse_reference)
+    {
+        if let Some((path, _)) =
+            ralph_flow::preset::find(&RealFs, &ralph_flow::preset::search_roots(), name)
+        {
+            return path;
+        }
+    }
+    arg.to_path_buf()
+}
+
+/// Tells on stderr that a git preset source was fetched.
+pub fn report_fetch(s: &ralph_flow::preset::Synced) {
+    eprintln!(
+        "{} source `{}` ({} at {}) -> {} ({})",
+        s.action,
+        s.name,
+        s.git,
+        s.rev,
+        &s.commit[..s.commit.len().min(12)],
+        ralph_flow::load::relative(&s.lock).display()
+    );
+}
+
 /// Loads a workflow file and everything it refers to.
 pub fn load(path: &Path, sources: &mut Sources, diags: &mut Diagnostics) -> Option<Workflow> {
     let fs = RealFs;
@@ -139,6 +177,7 @@ pub fn with_checked<T>(
 ) -> Result<T, i32> {
     let mut sources = Sources::new();
     let mut diags = Diagnostics::default();
+    let path = &workflow_arg(path);
     let Some(wf) = load(path, &mut sources, &mut diags) else {
         print_diagnostics(&sources, &diags.into_sorted());
         return Err(EXIT_CONFIG);

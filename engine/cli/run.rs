@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ralph_flow::run::progress::Mode;
-use ralph_flow::run::{RunEnd, RunOptions, execute, now_ms, prepare};
+use ralph_flow::run::{RunEnd, RunOptions, execute, now_ms, prepare_fetching};
 use ralph_flow::store::sqlite::{SqliteStore, default_path};
 use ralph_flow::store::{Approval, RunStatus, Store};
 
@@ -136,7 +136,8 @@ pub fn run(args: &RunArgs) -> i32 {
     let Some(sets) = super::sets(&args.set) else {
         return EXIT_CONFIG;
     };
-    let prepared = match prepare(&args.file, &sets) {
+    let file = super::workflow_arg(&args.file);
+    let prepared = match prepare_fetching(&file, &sets, &mut super::report_fetch) {
         Ok(p) => p,
         Err(e) => {
             super::print_diagnostics(&e.sources, &e.diagnostics);
@@ -316,7 +317,8 @@ pub fn resume(args: &ResumeArgs) -> i32 {
                 .collect()
         })
         .unwrap_or_default();
-    let prepared = match prepare(Path::new(&record.file), &sets) {
+    let prepared = match prepare_fetching(Path::new(&record.file), &sets, &mut super::report_fetch)
+    {
         Ok(p) => p,
         Err(e) => {
             super::print_diagnostics(&e.sources, &e.diagnostics);

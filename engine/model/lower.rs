@@ -32,6 +32,13 @@ pub fn lower(file: FileId, root: &Table, diags: &mut Diagnostics) -> Workflow {
         version: text(t, "version"),
         description: text(t, "description"),
         extends: t.get("extends").and_then(|v| {
+            if let Some(s) = v.as_str() {
+                return Some(Extends {
+                    workflow: Spanned::new(s.to_string(), v.span),
+                    params: Vec::new(),
+                    span: v.span,
+                });
+            }
             let et = v.as_table()?;
             Some(Extends {
                 workflow: text(et, "workflow")?,
@@ -40,6 +47,8 @@ pub fn lower(file: FileId, root: &Table, diags: &mut Diagnostics) -> Workflow {
             })
         }),
         include: texts(t, "include"),
+        prompt_path: texts(t, "prompt_path"),
+        sources: named(t, "sources", source),
         max_concurrency: count(t, "max_concurrency"),
         budget: budget(t),
         params: named(t, "params", param),
@@ -276,6 +285,16 @@ fn resource(name: Text, t: &Table, span: Span) -> Option<Resource> {
         name,
         capacity: count(t, "capacity")?,
         order: texts(t, "order"),
+        span,
+    })
+}
+
+fn source(name: Text, t: &Table, span: Span) -> Option<Source> {
+    Some(Source {
+        name,
+        git: text(t, "git")?,
+        rev: text(t, "rev")?,
+        path: text(t, "path"),
         span,
     })
 }

@@ -22,6 +22,10 @@ pub struct Workflow {
     pub description: Option<Text>,
     pub extends: Option<Extends>,
     pub include: Vec<Text>,
+    /// Directories searched for prompt files, extending files' first.
+    pub prompt_path: Vec<Text>,
+    /// Git repositories of presets declared by this file (not merged across files).
+    pub sources: Vec<Source>,
     pub max_concurrency: Option<Spanned<Count>>,
     pub budget: Option<Budget>,
     pub params: Vec<Param>,
@@ -58,13 +62,23 @@ macro_rules! named {
     };
 }
 
-named!(Param => name, Agent => name, Resource => name, Exit => name, Stage => id);
+named!(Param => name, Agent => name, Resource => name, Exit => name, Stage => id, Source => name);
 
 /// The base workflow a file extends.
 #[derive(Clone, Debug)]
 pub struct Extends {
     pub workflow: Text,
     pub params: Vec<(Text, Value)>,
+    pub span: Span,
+}
+
+/// A git repository of presets, pinned to a revision.
+#[derive(Clone, Debug)]
+pub struct Source {
+    pub name: Text,
+    pub git: Text,
+    pub rev: Text,
+    pub path: Option<Text>,
     pub span: Span,
 }
 

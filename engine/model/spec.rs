@@ -153,13 +153,23 @@ pub static WORKFLOW: TableSpec = TableSpec {
         ),
         f(
             "extends",
-            Ty::Table(&EXTENDS),
-            "A base workflow this file builds on; see Reuse.",
+            Ty::StrOrTable(&EXTENDS),
+            "A base workflow this file builds on: a path, a preset name (`spider`) or a preset of a source (`team:spider`), alone or as `workflow` with `params`; see Reuse.",
         ),
         f(
             "include",
             Ty::List(&Ty::Str),
-            "Files whose params, agents, resources, exits and stages are merged into this one.",
+            "Files (paths or preset names) whose params, agents, resources, exits and stages are merged into this one.",
+        ),
+        f(
+            "prompt_path",
+            Ty::List(&Ty::Str),
+            "Directories searched in order for every `prompt_file`, before the directory of the file that names it; relative to this file. An extending file's directories come before its base's.",
+        ),
+        f(
+            "sources",
+            Ty::Named(&SOURCE, "source"),
+            "Git repositories that presets come from, pinned to a revision, named in references as `SOURCE:PRESET`; see Reuse.",
         ),
         f(
             "max_concurrency",
@@ -213,12 +223,36 @@ pub static EXTENDS: TableSpec = TableSpec {
         req(
             "workflow",
             Ty::Str,
-            "The base workflow: a path relative to this file.",
+            "The base workflow: a path relative to this file (ending in `.toml` or `.kdl`), a preset name, or `SOURCE:PRESET`.",
         ),
         f(
             "params",
             Ty::Map(&Ty::Any),
             "Values for the base workflow's params.",
+        ),
+    ],
+};
+
+/// `sources.NAME`.
+pub static SOURCE: TableSpec = TableSpec {
+    name: "source",
+    doc: "A git repository of presets, pinned to a revision; `ralph-flow.lock` beside this file records the commit and a content hash.",
+    kind_key: None,
+    fields: &[
+        req(
+            "git",
+            Ty::Str,
+            "The repository: a URL, or a path relative to this file.",
+        ),
+        req(
+            "rev",
+            Ty::Str,
+            "The revision: a tag, a branch or a commit id. The lockfile pins what it resolved to.",
+        ),
+        f(
+            "path",
+            Ty::Str,
+            "The directory inside the repository that holds the presets (default: its root).",
         ),
     ],
 };
@@ -472,7 +506,7 @@ pub static STAGE: TableSpec = TableSpec {
             "prompt_file",
             &["agent"],
             Ty::Str,
-            "The prompt, in a template file relative to the workflow.",
+            "The prompt, in a template file: looked up in the `prompt_path` directories, else relative to the workflow.",
         ),
         k(
             "argv",

@@ -45,6 +45,8 @@ pub struct Prepared {
 pub struct PrepareError {
     pub sources: Sources,
     pub diagnostics: Vec<Diagnostic>,
+    /// Git preset sources that are named but not in the cache (see [`prepare_fetching`]).
+    pub missing: Vec<crate::load::MissingSource>,
 }
 
 impl PrepareError {
@@ -59,14 +61,16 @@ pub fn prepare(path: &Path, sets: &[(String, String)]) -> Result<Prepared, Box<P
     let mut sources = Sources::new();
     let mut diags = Diagnostics::default();
     let fs = RealFs;
-    let wf = {
+    let (wf, mut missing) = {
         let mut loader = Loader::new(&fs, &mut sources, &mut diags);
-        loader.load(path, None)
+        let wf = loader.load(path, None);
+        (wf, std::mem::take(&mut loader.missing))
     };
     let Some(wf) = wf else {
         return Err(Box::new(PrepareError {
             sources,
             diagnostics: diags.into_sorted(),
+            missing,
         }));
     };
     let plan = {
@@ -74,6 +78,9 @@ pub fn prepare(path: &Path, sets: &[(String, String)]) -> Result<Prepared, Box<P
         let mut check_diags = Diagnostics::default();
         let checked = crate::check::check(&wf, &mut loader, sets, true, &mut check_diags);
         let plan = checked.as_ref().map(compile);
+        missing.append(&mut loader.missing);
+        drop(checked);
+        drop(loader);
         diags.extend(check_diags);
         plan
     };
@@ -104,7 +111,37 @@ pub fn prepare(path: &Path, sets: &[(String, String)]) -> Result<Prepared, Box<P
         _ => Err(Box::new(PrepareError {
             sources,
             diagnostics: all,
+            missing,
         })),
+    }
+}
+
+/// [`prepare`], first fetching the git preset sources the workflow names and the cache lacks
+/// (pinning new ones in their lockfile); `report` hears of each source fetched. What is in
+/// the cache is verified against the lockfile either way.
+pub fn prepare_fetching(
+    path: &Path,
+    sets: &[(String, String)],
+    report: &mut dyn FnMut(&crate::preset::Synced),
+) -> Result<Prepared, Box<PrepareError>> {
+    match prepare(path, sets) {
+        Err(e) if !e.missing.is_empty() => match crate::preset::sync(path, sets, None) {
+            Ok(done) => {
+                for s in &done {
+                    report(s);
+                }
+                prepare(path, sets)
+            }
+            Err(msg) => {
+                let mut e = e;
+                e.diagnostics.push(
+                    Diagnostic::new(crate::diag::Code::PresetSource, None, msg)
+                        .help("check the source's `git` and `rev`, and that git can reach it"),
+                );
+                Err(e)
+            }
+        },
+        other => other,
     }
 }
 

@@ -1,0 +1,634 @@
+//! `ralph-flow presets` (list, fetch, update) and `ralph-flow init`.
+
+use std::path::{Path, PathBuf};
+
+use ralph_flow::diag::Diagnostics;
+use ralph_flow::load::{FileSystem, Loader, RealFs};
+use ralph_flow::model::{StageBody, Workflow};
+use ralph_flow::preset::{self, Origin, Reference, Root, git, lock};
+use ralph_flow::source::Sources;
+
+use super::EXIT_CONFIG;
+
+#[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct Args {
+    #[command(subcommand)]
+    action: Option<Action>,
+    /// Also list the presets of the git sources these workflows declare.
+    #[arg(long = "from", value_name = "WORKFLOW")]
+    from: Vec<PathBuf>,
+    /// Print the list as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Subcommand)]
+enum Action {
+    /// Fetch the git sources a workflow names that are not in the cache, and pin new ones in
+    /// ralph-flow.lock beside the file that declares them.
+    Fetch {
+        /// The workflow (with everything it extends, includes and calls).
+        workflow: PathBuf,
+        /// Set a param, as the run would.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+    },
+    /// Resolve git sources anew from their `rev` and pin the commits they point to now.
+    Update {
+        /// The workflow.
+        workflow: PathBuf,
+        /// The sources to update (default: every one the workflow's files declare).
+        sources: Vec<String>,
+    },
+}
+
+pub fn run(args: &Args) -> i32 {
+    match &args.action {
+        Some(Action::Fetch { workflow, set }) => {
+            let Some(sets) = super::sets(set) else {
+                return EXIT_CONFIG;
+            };
+            sync(workflow, &sets, None)
+        }
+        Some(Action::Update { workflow, sources }) => sync(workflow, &[], Some(sources)),
+        None => list(args),
+    }
+}
+
+fn sync(workflow: &Path, sets: &[(String, String)], update: Option<&[String]>) -> i32 {
+    match preset::sync(workflow, sets, update) {
+        Ok(done) if done.is_empty() => {
+            println!(
+                "every git source of {} is pinned and in the cache",
+                workflow.display()
+            );
+            0
+        }
+        Ok(done) => {
+            for s in &done {
+                super::report_fetch(s);
+            }
+            0
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            EXIT_CONFIG
+        }
+    }
+}
+
+/// One listed preset.
+#[derive(serde::Serialize)]
+struct Entry {
+    name: String,
+    origin: String,
+    file: String,
+    description: Option<String>,
+    /// An earlier directory has a preset of the same name, which is the one `NAME` means.
+    shadowed: bool,
+    params: Vec<ParamInfo>,
+}
+
+#[derive(serde::Serialize)]
+struct ParamInfo {
+    name: String,
+    #[serde(rename = "type")]
+    ty: &'static str,
+    default: Option<serde_json::Value>,
+    required: bool,
+    description: Option<String>,
+}
+
+fn origin_text(o: &Origin) -> String {
+    match o {
+        Origin::Builtin => "built-in".into(),
+        Origin::Installed => "installed".into(),
+        Origin::Git {
+            source,
+            git,
+            commit,
+        } => format!("{source}: {git} @ {}", &commit[..commit.len().min(12)]),
+    }
+}
+
+/// Loads a preset's file for its description and params.
+fn info(path: &Path) -> Result<Workflow, String> {
+    let fs = RealFs;
+    let mut sources = Sources::new();
+    let mut diags = Diagnostics::default();
+    let wf = Loader::new(&fs, &mut sources, &mut diags).load(path, None);
+    match wf {
+        Some(wf) if !diags.has_errors() => Ok(wf),
+        _ => Err(ralph_flow::diag::render_short(
+            &sources,
+            &diags.into_sorted(),
+        )),
+    }
+}
+
+fn params(wf: &Workflow) -> Vec<ParamInfo> {
+    wf.params
+        .iter()
+        .map(|p| ParamInfo {
+            name: p.name.value.clone(),
+            ty: p.ty.value.as_str(),
+            default: p.default.as_ref().map(|d| d.to_json()),
+            required: p.default.is_none(),
+            description: p.description.as_ref().map(|d| d.value.clone()),
+        })
+        .collect()
+}
+
+fn list(args: &Args) -> i32 {
+    let fs = RealFs;
+    let mut roots: Vec<Root> = preset::search_roots();
+    let mut code = 0;
+    for w in &args.from {
+        let mut sources = Sources::new();
+        let mut diags = Diagnostics::default();
+        let mut loader = Loader::new(&fs, &mut sources, &mut diags);
+        loader.load(w, None);
+        let declared = std::mem::take(&mut loader.declared);
+        let mut problems = Diagnostics::default();
+        for d in &declared {
+            let mut l = Loader::new(&fs, loader.sources, &mut problems);
+            if let Some(dir) = l.source_root(d) {
+                let commit = lock::read(&d.decl_dir)
+                    .ok()
+                    .and_then(|lk| {
+                        lk.find(&d.source.git.value, &d.source.rev.value)
+                            .map(|e| e.commit.clone())
+                    })
+                    .unwrap_or_default();
+                roots.push(Root {
+                    dir,
+                    origin: Origin::Git {
+                        source: d.source.name.value.clone(),
+                        git: d.source.git.value.clone(),
+                        commit,
+                    },
+                });
+            }
+        }
+        drop(loader);
+        if problems.has_errors() {
+            super::print_diagnostics(&sources, &problems.into_sorted());
+            code = EXIT_CONFIG;
+        }
+    }
+    let mut entries = Vec::new();
+    let mut seen: Vec<String> = Vec::new();
+    for root in &roots {
+        for (name, path) in preset::list_in(&fs, &root.dir) {
+            let (description, params) = match info(&path) {
+                Ok(wf) => (
+                    wf.description.as_ref().map(|d| d.value.clone()),
+                    params(&wf),
+                ),
+                Err(e) => (Some(format!("(does not load: {})", e.trim())), Vec::new()),
+            };
+            // Bare names resolve through the search roots only; a git source's presets are
+            // named SOURCE:NAME and shadow nothing.
+            let shown = match &root.origin {
+                Origin::Git { source, .. } => format!("{source}:{name}"),
+                _ => name.clone(),
+            };
+            let shadowed = seen.contains(&shown);
+            seen.push(shown.clone());
+            entries.push(Entry {
+                name: shown,
+                origin: origin_text(&root.origin),
+                file: ralph_flow::load::relative(&path).display().to_string(),
+                description,
+                shadowed,
+                params,
+            });
+        }
+    }
+    if args.json {
+        match serde_json::to_string_pretty(&entries) {
+            Ok(s) => println!("{s}"),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return 1;
+            }
+        }
+        return code;
+    }
+    for e in &entries {
+        println!(
+            "{}  ({}{})  {}",
+            e.name,
+            e.origin,
+            if e.shadowed { ", shadowed" } else { "" },
+            e.file
+        );
+        if let Some(d) = &e.description {
+            println!("    {d}");
+        }
+        let width = e.params.iter().map(|p| p.name.len()).max().unwrap_or(0);
+        for p in &e.params {
+            let value = match &p.default {
+                Some(v) => format!("= {v}"),
+                None => "(required)".to_string(),
+            };
+            println!(
+                "      {:width$}  {:6} {}{}",
+                p.name,
+                p.ty,
+                value,
+                p.description
+                    .as_ref()
+                    .map(|d| format!("  {d}"))
+                    .unwrap_or_default()
+            );
+        }
+        println!();
+    }
+    println!(
+        "Use one with `extends = \"NAME\"` (or `SOURCE:NAME` for a git source), run it with `ralph-flow run NAME`, or start a project workflow with `ralph-flow init NAME`."
+    );
+    if let Some(dir) = preset::user_presets_dir() {
+        println!(
+            "Installed presets are read from RALPH_FLOW_PRESET_PATH and {}.",
+            dir.display()
+        );
+    }
+    code
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Format {
+    Toml,
+    Kdl,
+}
+
+#[derive(clap::Args)]
+pub struct InitArgs {
+    /// The preset to build on: a name (`ralph-flow presets` lists them), or `SOURCE:NAME` with
+    /// `--git` and `--rev`.
+    preset: String,
+    /// Where to write the workflow (default: `workflows/PRESET.toml`, or `.kdl`).
+    #[arg(short, long, value_name = "FILE")]
+    output: Option<PathBuf>,
+    /// The new workflow's name (default: the preset's).
+    #[arg(long)]
+    name: Option<String>,
+    /// The syntax of the new file.
+    #[arg(long, value_enum, default_value_t = Format::Toml)]
+    format: Format,
+    /// The git repository of a `SOURCE:NAME` preset (a URL, or a path).
+    #[arg(long, value_name = "URL")]
+    git: Option<String>,
+    /// The revision of `--git` to pin (a tag, branch or commit).
+    #[arg(long, value_name = "REV")]
+    rev: Option<String>,
+    /// Overwrite the file if it exists.
+    #[arg(long)]
+    force: bool,
+}
+
+/// What the scaffold says about the preset and its source.
+struct Scaffold<'a> {
+    reference: &'a str,
+    name: String,
+    wf: Workflow,
+    prompts: Vec<String>,
+    prompt_dir: String,
+    source: Option<(&'a str, &'a str, &'a str)>,
+    out: &'a Path,
+}
+
+pub fn init(args: &InitArgs) -> i32 {
+    let fail = |msg: String| {
+        eprintln!("error: {msg}");
+        EXIT_CONFIG
+    };
+    let fs = RealFs;
+    let (source_name, preset_name) = match preset::parse_reference(&args.preset) {
+        Reference::Preset { source, name } => (source, name),
+        _ => {
+            return fail(format!(
+                "`{}` is not a preset name; `ralph-flow presets` lists them",
+                args.preset
+            ));
+        }
+    };
+    let ext = match args.format {
+        Format::Toml => "toml",
+        Format::Kdl => "kdl",
+    };
+    let out = args
+        .output
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("workflows").join(format!("{preset_name}.{ext}")));
+    if out.exists() && !args.force {
+        return fail(format!(
+            "{} exists; choose another file with -o, or overwrite it with --force",
+            out.display()
+        ));
+    }
+    let out_dir = ralph_flow::load::normalize(out.parent().unwrap_or(Path::new("")));
+    let path = match (source_name, &args.git, &args.rev) {
+        (None, None, None) => match preset::find(&fs, &preset::search_roots(), preset_name) {
+            Some((p, _)) => p,
+            None => {
+                let names = preset::all_names(&fs, &preset::search_roots());
+                return fail(format!(
+                    "there is no preset `{preset_name}`; the presets: {}",
+                    names.join(", ")
+                ));
+            }
+        },
+        (Some(_), Some(g), Some(rev)) => {
+            if let Err(e) = std::fs::create_dir_all(&out_dir) {
+                return fail(format!("cannot create {}: {e}", out_dir.display()));
+            }
+            let url = git::resolve_url(g, &out_dir);
+            let fetched = match git::fetch(&url, rev, None) {
+                Ok(f) => f,
+                Err(e) => return fail(e),
+            };
+            let mut l = match lock::read(&out_dir) {
+                Ok(l) => l,
+                Err(e) => return fail(e),
+            };
+            l.upsert(lock::Locked {
+                name: source_name.unwrap_or_default().to_string(),
+                git: g.clone(),
+                rev: rev.clone(),
+                commit: fetched.commit.clone(),
+                hash: fetched.hash.clone(),
+            });
+            if let Err(e) = lock::write(&out_dir, &l) {
+                return fail(e);
+            }
+            match preset::find_in(&fs, &fetched.dir, preset_name) {
+                Some(p) => p,
+                None => {
+                    return fail(format!(
+                        "{g} at {rev} has no preset `{preset_name}` (no workflows/{preset_name}.toml)"
+                    ));
+                }
+            }
+        }
+        (Some(_), _, _) => {
+            return fail(format!(
+                "`{}` names a git source: give its repository and revision with --git URL --rev REV",
+                args.preset
+            ));
+        }
+        (None, _, _) => {
+            return fail(
+                "--git and --rev go with a `SOURCE:NAME` preset (such as `team:spider`)".into(),
+            );
+        }
+    };
+    let wf = match info(&path) {
+        Ok(wf) => wf,
+        Err(e) => return fail(format!("the preset does not load:\n{e}")),
+    };
+    let mut prompts: Vec<String> = Vec::new();
+    {
+        let mut sources = Sources::new();
+        let mut diags = Diagnostics::default();
+        let mut loader = Loader::new(&fs, &mut sources, &mut diags);
+        if let Some(w) = loader.load(&path, None) {
+            for d in &w.prompt_path {
+                let dir = ralph_flow::check::base_dir(loader.sources, d.span).join(&d.value);
+                for f in fs.list(&ralph_flow::load::normalize(&dir)) {
+                    if let Some(n) = f.file_name().and_then(|n| n.to_str()) {
+                        prompts.push(n.to_string());
+                    }
+                }
+            }
+        }
+    }
+    prompts.sort();
+    prompts.dedup();
+    let name = args.name.clone().unwrap_or_else(|| preset_name.to_string());
+    let cwd = std::env::current_dir().unwrap_or_default();
+    let prompt_dir = relative_to(&cwd.join("prompts").join(preset_name), &out_dir);
+    let sc = Scaffold {
+        reference: &args.preset,
+        name,
+        wf,
+        prompts,
+        prompt_dir,
+        source: match (source_name, &args.git, &args.rev) {
+            (Some(s), Some(g), Some(r)) => Some((s, g.as_str(), r.as_str())),
+            _ => None,
+        },
+        out: &out,
+    };
+    let text = match args.format {
+        Format::Toml => toml_scaffold(&sc),
+        Format::Kdl => kdl_scaffold(&sc),
+    };
+    if let Err(e) = std::fs::create_dir_all(&out_dir).and_then(|()| std::fs::write(&out, text)) {
+        return fail(format!("cannot write {}: {e}", out.display()));
+    }
+    println!("wrote {}", out.display());
+    println!(
+        "next: ralph-flow check {0}; ralph-flow run {0}",
+        out.display()
+    );
+    println!(
+        "to replace one of the preset's prompts, put a file of the same name in {}",
+        ralph_flow::load::relative(&cwd.join("prompts").join(preset_name)).display()
+    );
+    0
+}
+
+/// `target` written relative to `base` (both absolute).
+fn relative_to(target: &Path, base: &Path) -> String {
+    let t: Vec<_> = target.components().collect();
+    let b: Vec<_> = base.components().collect();
+    let common = t.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    let mut out = PathBuf::new();
+    for _ in common..b.len() {
+        out.push("..");
+    }
+    for c in &t[common..] {
+        out.push(c);
+    }
+    out.to_string_lossy().into_owned()
+}
+
+/// A JSON value as a TOML (or KDL) literal: strings, numbers, booleans and lists of them are
+/// written the same way in both.
+fn literal(v: &serde_json::Value) -> String {
+    v.to_string()
+}
+
+/// The stages a scaffold names in its override example, with their kinds.
+fn stage_list(wf: &Workflow) -> Vec<String> {
+    fn walk(stages: &[ralph_flow::model::Stage], out: &mut Vec<String>) {
+        for s in stages {
+            out.push(format!("{} ({})", s.id.value, s.kind.value.as_str()));
+            walk(s.children(), out);
+        }
+    }
+    let mut out = Vec::new();
+    walk(&wf.stages, &mut out);
+    out
+}
+
+fn first_agent_stage(wf: &Workflow) -> Option<String> {
+    fn walk(stages: &[ralph_flow::model::Stage]) -> Option<String> {
+        stages.iter().find_map(|s| {
+            if matches!(s.body, StageBody::Agent { .. }) {
+                Some(s.id.value.clone())
+            } else {
+                walk(s.children())
+            }
+        })
+    }
+    walk(&wf.stages)
+}
+
+/// Wraps text into comment lines of at most ~92 columns.
+fn comment(prefix: &str, text: &str) -> String {
+    let mut out = String::new();
+    let mut line = String::from(prefix);
+    for word in text.split_whitespace() {
+        if line.len() + word.len() + 1 > 92 && line.len() > prefix.len() {
+            out.push_str(line.trim_end());
+            out.push('\n');
+            line = String::from(prefix);
+        }
+        line.push_str(word);
+        line.push(' ');
+    }
+    if line.len() > prefix.len() {
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+fn header(sc: &Scaffold<'_>, c: &str) -> String {
+    let mut s = String::new();
+    s.push_str(&format!(
+        "{c} A project-local workflow built on the preset `{}`.\n",
+        sc.reference
+    ));
+    if let Some(d) = &sc.wf.description {
+        s.push_str(&comment(&format!("{c} "), &d.value));
+    }
+    let shown = sc.out.display();
+    s.push_str(&format!(
+        "{c}\n{c}   ralph-flow check {shown}\n{c}   ralph-flow explain {shown}\n{c}   ralph-flow run {shown}\n{c}\n"
+    ));
+    s.push_str(&comment(
+        &format!("{c} "),
+        &format!(
+            "Prompts: a file in {} named like one of the preset's prompts replaces that prompt; the others stay the preset's.{}",
+            sc.prompt_dir,
+            if sc.prompts.is_empty() {
+                String::new()
+            } else {
+                format!(" The preset's prompts: {}.", sc.prompts.join(", "))
+            }
+        ),
+    ));
+    s
+}
+
+fn toml_scaffold(sc: &Scaffold<'_>) -> String {
+    let mut s = header(sc, "#");
+    s.push_str(&format!("name = {}\n", literal(&sc.name.clone().into())));
+    s.push_str(&format!(
+        "prompt_path = [{}]\n\n",
+        literal(&sc.prompt_dir.clone().into())
+    ));
+    if let Some((name, g, rev)) = sc.source {
+        s.push_str("# Pinned in ralph-flow.lock beside this file; `ralph-flow presets update` moves the pin.\n");
+        s.push_str(&format!(
+            "[sources.{name}]\ngit = {}\nrev = {}\n\n",
+            literal(&g.into()),
+            literal(&rev.into())
+        ));
+    }
+    s.push_str(&format!(
+        "[extends]\nworkflow = {}\n\n[extends.params]\n",
+        literal(&sc.reference.into())
+    ));
+    s.push_str(
+        "# The preset's params, with their defaults; set them here or with --set at run time.\n",
+    );
+    for p in &sc.wf.params {
+        let value = match &p.default {
+            Some(v) => literal(&v.to_json()),
+            None => "\"\"  # required".to_string(),
+        };
+        s.push_str(&format!("# {} = {value}\n", p.name.value));
+        if let Some(d) = &p.description {
+            s.push_str(&comment("#   ", &d.value));
+        }
+    }
+    s.push_str(&overrides_help(sc, "#"));
+    if let Some(stage) = first_agent_stage(&sc.wf) {
+        s.push_str(&format!(
+            "# [overrides.{stage}]\n# timeout = \"30m\"\n# agent = \"my-agent\"\n"
+        ));
+    }
+    s.push_str("\n# Agents, stages and exits of your own go below; a stage of the preset is changed with an\n# override, not redefined.\n");
+    s
+}
+
+fn kdl_scaffold(sc: &Scaffold<'_>) -> String {
+    let mut s = header(sc, "//");
+    s.push_str(&format!("name {}\n", literal(&sc.name.clone().into())));
+    s.push_str(&format!(
+        "prompt_path {}\n\n",
+        literal(&sc.prompt_dir.clone().into())
+    ));
+    if let Some((name, g, rev)) = sc.source {
+        s.push_str("// Pinned in ralph-flow.lock beside this file; `ralph-flow presets update` moves the pin.\n");
+        s.push_str(&format!(
+            "source {} git={} rev={}\n\n",
+            literal(&name.into()),
+            literal(&g.into()),
+            literal(&rev.into())
+        ));
+    }
+    s.push_str(&format!(
+        "extends workflow={} {{\n",
+        literal(&sc.reference.into())
+    ));
+    s.push_str("    // The preset's params, with their defaults; set them here (`params NAME=VALUE ...`)\n    // or with --set at run time.\n");
+    for p in &sc.wf.params {
+        let value = match &p.default {
+            Some(v) => literal(&v.to_json()),
+            None => "\"\"  (required)".to_string(),
+        };
+        s.push_str(&format!("    // {}={value}\n", p.name.value));
+        if let Some(d) = &p.description {
+            s.push_str(&comment("    //   ", &d.value));
+        }
+    }
+    s.push_str("}\n");
+    s.push_str(&overrides_help(sc, "//"));
+    if let Some(stage) = first_agent_stage(&sc.wf) {
+        s.push_str(&format!(
+            "// override \"{stage}\" timeout=\"30m\" agent=\"my-agent\"\n"
+        ));
+    }
+    s.push_str("\n// Agents, stages and exits of your own go below; a stage of the preset is changed with an\n// override, not redefined.\n");
+    s
+}
+
+fn overrides_help(sc: &Scaffold<'_>, c: &str) -> String {
+    let mut s = String::from("\n");
+    s.push_str(&comment(
+        &format!("{c} "),
+        "Change a stage of the preset with an override: prompt, prompt_file, agent, timeout, idle_timeout, retries, max_iterations, max_concurrency, when, budget. Overriding a stage or key the preset lacks is an error (RF056).",
+    ));
+    s.push_str(&comment(
+        &format!("{c} "),
+        &format!("Its stages: {}.", stage_list(&sc.wf).join(", ")),
+    ));
+    s
+}

@@ -1,0 +1,159 @@
+//! `ralph-flow.lock`: the git presets a directory's workflows use, each pinned to a commit
+//! and a content hash. Written by ralph-flow (`presets fetch`, `presets update`, `run`);
+//! meant to be committed, so that every member of a team runs the same preset.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// The lockfile's name; it sits beside the workflow files that declare the sources.
+pub const LOCK_NAME: &str = "ralph-flow.lock";
+
+/// The lockfile format's version.
+pub const VERSION: u32 = 1;
+
+/// A parsed lockfile.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct LockFile {
+    pub version: u32,
+    #[serde(default, rename = "source")]
+    pub sources: Vec<Locked>,
+}
+
+/// One pinned source: the repository and revision as the workflow writes them, the commit the
+/// revision resolved to, and the hash of that commit's files.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Locked {
+    pub name: String,
+    pub git: String,
+    pub rev: String,
+    pub commit: String,
+    pub hash: String,
+}
+
+impl LockFile {
+    /// Parses a lockfile's text.
+    pub fn parse(text: &str) -> Result<LockFile, String> {
+        let lock: LockFile = toml::from_str(text).map_err(|e| e.message().to_string())?;
+        if lock.version != VERSION {
+            return Err(format!(
+                "lockfile version {} is not supported (this ralph-flow writes version {VERSION})",
+                lock.version
+            ));
+        }
+        for s in &lock.sources {
+            if s.commit.len() != 40 || !s.commit.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(format!(
+                    "source `{}`: commit `{}` is not a 40-digit commit id",
+                    s.name, s.commit
+                ));
+            }
+        }
+        Ok(lock)
+    }
+
+    /// The entry for a repository and revision.
+    pub fn find(&self, git: &str, rev: &str) -> Option<&Locked> {
+        self.sources.iter().find(|s| s.git == git && s.rev == rev)
+    }
+
+    /// Adds an entry, replacing the one of the same repository and revision.
+    pub fn upsert(&mut self, entry: Locked) {
+        self.sources
+            .retain(|s| !(s.git == entry.git && s.rev == entry.rev));
+        self.sources.push(entry);
+        self.sources
+            .sort_by(|a, b| (&a.name, &a.git, &a.rev).cmp(&(&b.name, &b.git, &b.rev)));
+    }
+
+    /// Removes the entries of a repository (every revision); returns whether any was there.
+    pub fn remove(&mut self, git: &str) -> bool {
+        let before = self.sources.len();
+        self.sources.retain(|s| s.git != git);
+        self.sources.len() != before
+    }
+
+    /// The file's text.
+    pub fn render(&self) -> String {
+        let body = toml::to_string(self).unwrap_or_default();
+        format!(
+            "# ralph-flow.lock: the git presets of the workflows in this directory, pinned to a\n\
+             # commit and a content hash. Written by ralph-flow; commit it with your workflows.\n\
+             {body}"
+        )
+    }
+}
+
+/// The lockfile of a directory.
+pub fn path_in(dir: &Path) -> PathBuf {
+    dir.join(LOCK_NAME)
+}
+
+/// Reads the lockfile of a directory; a missing one is empty.
+pub fn read(dir: &Path) -> Result<LockFile, String> {
+    let path = path_in(dir);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => LockFile::parse(&text)
+            .map_err(|e| format!("{}: {e}", crate::load::relative(&path).display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(LockFile {
+            version: VERSION,
+            sources: Vec::new(),
+        }),
+        Err(e) => Err(format!("cannot read {}: {e}", path.display())),
+    }
+}
+
+/// Writes the lockfile of a directory atomically (a temporary file renamed over it).
+pub fn write(dir: &Path, lock: &LockFile) -> Result<(), String> {
+    let path = path_in(dir);
+    let tmp = dir.join(format!(".{LOCK_NAME}.{}.tmp", std::process::id()));
+    std::fs::write(&tmp, lock.render())
+        .and_then(|()| std::fs::rename(&tmp, &path))
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            format!("cannot write {}: {e}", path.display())
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(name: &str, rev: &str) -> Locked {
+        Locked {
+            name: name.into(),
+            git: "../presets".into(),
+            rev: rev.into(),
+            commit: "0123456789abcdef0123456789abcdef01234567".into(),
+            hash: "sha256:00".into(),
+        }
+    }
+
+    #[test]
+    fn round_trips_and_replaces_by_repository_and_revision() {
+        let mut lock = LockFile {
+            version: VERSION,
+            sources: vec![],
+        };
+        lock.upsert(entry("team", "v1"));
+        lock.upsert(entry("team", "v2"));
+        let mut newer = entry("team", "v1");
+        newer.hash = "sha256:11".into();
+        lock.upsert(newer.clone());
+        assert_eq!(lock.sources.len(), 2);
+        let back = LockFile::parse(&lock.render()).expect("parses");
+        assert_eq!(back, lock);
+        assert_eq!(back.find("../presets", "v1"), Some(&newer));
+        assert!(back.find("../presets", "v3").is_none());
+    }
+
+    #[test]
+    fn refuses_bad_versions_and_commits() {
+        assert!(LockFile::parse("version = 2").is_err());
+        let bad = "version = 1\n[[source]]\nname='a'\ngit='x'\nrev='v'\ncommit='abc'\nhash='h'\n";
+        assert!(LockFile::parse(bad).is_err_and(|e| e.contains("40-digit")));
+        assert!(LockFile::parse("version = 1\nsurprise = 1").is_err());
+    }
+}

@@ -1,0 +1,470 @@
+//! Presets: workflows shared by name.
+//!
+//! A workflow names another one (in `extends`, `include` or a subflow's `workflow`) either by
+//! a path, which ends in `.toml` or `.kdl`, or by a preset reference:
+//! - `NAME` is looked up in the preset directories ([`search_roots`]): the ones listed in
+//!   `RALPH_FLOW_PRESET_PATH`, then the user's (`~/.config/ralph-flow/presets`), then the
+//!   presets built into the binary;
+//! - `SOURCE:NAME` is looked up in a git repository the naming file declares under
+//!   `[sources.SOURCE]`, pinned by `ralph-flow.lock` beside that file and fetched into the
+//!   cache ([`git`]).
+//!
+//! A preset directory holds `workflows/NAME.toml` (or `.kdl`), or `NAME.toml` at its top, with
+//! its prompts and schemas wherever its files say (the built-in ones: `prompts/NAME/` and
+//! `schemas/`).
+
+pub mod git;
+pub mod lock;
+
+use std::path::{Path, PathBuf};
+
+use crate::load::FileSystem;
+
+mod builtin {
+    include!(concat!(env!("OUT_DIR"), "/builtin.rs"));
+}
+
+/// Where the built-in presets appear to live: a directory no real file system has. Paths
+/// below it are served from the binary.
+pub const BUILTIN_ROOT: &str = "/<built-in>";
+
+/// The text of a built-in file, given its full path below [`BUILTIN_ROOT`].
+pub fn builtin_file(path: &Path) -> Option<&'static str> {
+    let rel = path.strip_prefix(BUILTIN_ROOT).ok()?;
+    let rel = rel.to_str()?;
+    builtin::FILES
+        .iter()
+        .find(|(p, _)| *p == rel)
+        .map(|(_, text)| *text)
+}
+
+/// Tells whether a path lies below [`BUILTIN_ROOT`].
+pub fn is_builtin(path: &Path) -> bool {
+    path.starts_with(BUILTIN_ROOT)
+}
+
+/// Every built-in file: its path below the preset root and its text.
+pub fn builtin_files() -> &'static [(&'static str, &'static str)] {
+    builtin::FILES
+}
+
+/// How a workflow reference is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reference<'a> {
+    /// A file, relative to the file that names it.
+    Path(&'a str),
+    /// A preset by name, from a declared source or from the preset directories.
+    Preset {
+        source: Option<&'a str>,
+        name: &'a str,
+    },
+    /// Neither a path (no `.toml`/`.kdl` ending) nor a valid preset name.
+    Invalid,
+}
+
+/// Reads a workflow reference: a path ends in `.toml` or `.kdl`; anything else is a preset
+/// name (`spider`) or a preset of a source (`team:spider`).
+pub fn parse_reference(s: &str) -> Reference<'_> {
+    if s.ends_with(".toml") || s.ends_with(".kdl") {
+        return Reference::Path(s);
+    }
+    let (source, name) = match s.split_once(':') {
+        Some((src, name)) => (Some(src), name),
+        None => (None, s),
+    };
+    if !is_name(name) || source.is_some_and(|s| !is_name(s)) {
+        return Reference::Invalid;
+    }
+    Reference::Preset { source, name }
+}
+
+/// Tells whether a preset or source name is valid: letters, digits, `-`, `_` and `.`, not
+/// starting with `.`.
+pub fn is_name(s: &str) -> bool {
+    !s.is_empty()
+        && !s.starts_with('.')
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+/// Where a preset directory comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// Named by `RALPH_FLOW_PRESET_PATH` or the user's preset directory.
+    Installed,
+    /// Built into the binary.
+    Builtin,
+    /// A git source: its name, URL and the commit it is pinned to.
+    Git {
+        source: String,
+        git: String,
+        commit: String,
+    },
+}
+
+/// A directory of presets.
+#[derive(Clone, Debug)]
+pub struct Root {
+    pub dir: PathBuf,
+    pub origin: Origin,
+}
+
+/// The preset directories searched for a bare preset name, first match wins: each directory
+/// of `RALPH_FLOW_PRESET_PATH` (`:`-separated), the user's preset directory, the built-in
+/// presets.
+pub fn search_roots() -> Vec<Root> {
+    let mut roots = Vec::new();
+    if let Some(path) = std::env::var_os("RALPH_FLOW_PRESET_PATH") {
+        for dir in std::env::split_paths(&path) {
+            if !dir.as_os_str().is_empty() {
+                roots.push(Root {
+                    dir: crate::load::normalize(&dir),
+                    origin: Origin::Installed,
+                });
+            }
+        }
+    }
+    if let Some(dir) = user_presets_dir() {
+        roots.push(Root {
+            dir,
+            origin: Origin::Installed,
+        });
+    }
+    roots.push(Root {
+        dir: PathBuf::from(BUILTIN_ROOT),
+        origin: Origin::Builtin,
+    });
+    roots
+}
+
+/// The user's preset directory: `$XDG_CONFIG_HOME/ralph-flow/presets`, else
+/// `~/.config/ralph-flow/presets`.
+pub fn user_presets_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CONFIG_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|h| PathBuf::from(h).join(".config"))
+        })?;
+    Some(base.join("ralph-flow").join("presets"))
+}
+
+/// The cache of fetched git presets: `$RALPH_FLOW_CACHE_DIR`, else
+/// `$XDG_CACHE_HOME/ralph-flow`, else `~/.cache/ralph-flow`, else `.ralph-flow/cache`.
+pub fn cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("RALPH_FLOW_CACHE_DIR").filter(|v| !v.is_empty()) {
+        return crate::load::normalize(Path::new(&dir));
+    }
+    std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|h| PathBuf::from(h).join(".cache"))
+        })
+        .map(|d| d.join("ralph-flow"))
+        .unwrap_or_else(|| crate::load::normalize(Path::new(".ralph-flow/cache")))
+}
+
+/// The candidate files of preset `name` in a preset directory, in the order they are tried.
+fn candidates(dir: &Path, name: &str) -> [PathBuf; 4] {
+    [
+        dir.join("workflows").join(format!("{name}.toml")),
+        dir.join("workflows").join(format!("{name}.kdl")),
+        dir.join(format!("{name}.toml")),
+        dir.join(format!("{name}.kdl")),
+    ]
+}
+
+/// Finds preset `name` in a preset directory.
+pub fn find_in(fs: &dyn FileSystem, dir: &Path, name: &str) -> Option<PathBuf> {
+    candidates(dir, name).into_iter().find(|p| fs.exists(p))
+}
+
+/// Finds preset `name` in the search roots; returns its file and the root it came from.
+pub fn find(fs: &dyn FileSystem, roots: &[Root], name: &str) -> Option<(PathBuf, Root)> {
+    roots
+        .iter()
+        .find_map(|r| find_in(fs, &r.dir, name).map(|p| (p, r.clone())))
+}
+
+/// The presets of one directory: names and files, sorted by name; a name with both a `.toml`
+/// and a `.kdl` file is listed once, with the file [`find_in`] picks.
+pub fn list_in(fs: &dyn FileSystem, dir: &Path) -> Vec<(String, PathBuf)> {
+    let mut names: Vec<String> = Vec::new();
+    for sub in [dir.join("workflows"), dir.to_path_buf()] {
+        for file in fs.list(&sub) {
+            let Some(fname) = file.file_name().and_then(|f| f.to_str()) else {
+                continue;
+            };
+            let stem = fname
+                .strip_suffix(".toml")
+                .or_else(|| fname.strip_suffix(".kdl"));
+            if let Some(stem) = stem.filter(|s| is_name(s)) {
+                if stem != lock::LOCK_NAME.trim_end_matches(".lock") {
+                    names.push(stem.to_string());
+                }
+            }
+        }
+    }
+    names.sort();
+    names.dedup();
+    names
+        .into_iter()
+        .filter_map(|n| find_in(fs, dir, &n).map(|p| (n, p)))
+        .collect()
+}
+
+/// Every preset name of the search roots (for suggestions).
+pub fn all_names(fs: &dyn FileSystem, roots: &[Root]) -> Vec<String> {
+    let mut out: Vec<String> = roots
+        .iter()
+        .flat_map(|r| list_in(fs, &r.dir).into_iter().map(|(n, _)| n))
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// A SHA-256 over every file below `dir` (paths and contents, in path order), written
+/// `sha256:HEX`: the content hash the lockfile records.
+pub fn tree_hash(dir: &Path) -> std::io::Result<String> {
+    use sha2::{Digest, Sha256};
+    let mut files = Vec::new();
+    walk(dir, dir, &mut files)?;
+    files.sort();
+    let mut h = Sha256::new();
+    for rel in files {
+        let full = dir.join(&rel);
+        let meta = std::fs::symlink_metadata(&full)?;
+        h.update(rel.as_bytes());
+        h.update([0]);
+        if meta.file_type().is_symlink() {
+            h.update(b"link:");
+            h.update(std::fs::read_link(&full)?.to_string_lossy().as_bytes());
+        } else {
+            let bytes = std::fs::read(&full)?;
+            h.update((bytes.len() as u64).to_le_bytes());
+            h.update(&bytes);
+        }
+        h.update([0]);
+    }
+    Ok(format!("sha256:{}", hex(&h.finalize())))
+}
+
+fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let path = entry.path();
+        let ty = entry.file_type()?;
+        if ty.is_dir() {
+            walk(root, &path, out)?;
+        } else if let Ok(rel) = path.strip_prefix(root) {
+            out.push(rel.to_string_lossy().replace('\\', "/"));
+        }
+    }
+    Ok(())
+}
+
+/// Lowercase hex of some bytes.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn references_are_paths_or_names() {
+        assert_eq!(parse_reference("base.toml"), Reference::Path("base.toml"));
+        assert_eq!(parse_reference("../w/x.kdl"), Reference::Path("../w/x.kdl"));
+        assert_eq!(
+            parse_reference("spider"),
+            Reference::Preset {
+                source: None,
+                name: "spider"
+            }
+        );
+        assert_eq!(
+            parse_reference("team:wiggum-review"),
+            Reference::Preset {
+                source: Some("team"),
+                name: "wiggum-review"
+            }
+        );
+        assert_eq!(parse_reference("a/b"), Reference::Invalid);
+        assert_eq!(parse_reference("team:"), Reference::Invalid);
+        assert_eq!(parse_reference(""), Reference::Invalid);
+    }
+
+    #[test]
+    fn builtin_presets_are_embedded() {
+        let spider = builtin_file(Path::new("/<built-in>/workflows/spider.toml"));
+        assert!(spider.is_some_and(|t| t.contains("name = \"spider\"")));
+        assert!(builtin_file(Path::new("/<built-in>/prompts/spider/specify.md.j2")).is_some());
+        assert!(builtin_file(Path::new("/<built-in>/workflows/nope.toml")).is_none());
+        assert!(builtin_file(Path::new("workflows/spider.toml")).is_none());
+    }
+}
+
+/// What [`sync`] did for one source.
+#[derive(Clone, Debug)]
+pub struct Synced {
+    pub name: String,
+    pub git: String,
+    pub rev: String,
+    pub commit: String,
+    /// The lockfile that pins it.
+    pub lock: PathBuf,
+    /// `pinned` (newly locked), `fetched` (the locked commit, fetched again) or `updated`
+    /// (pinned anew by `update`).
+    pub action: &'static str,
+}
+
+/// What loading and checking a workflow found about its git sources.
+struct Discovered {
+    missing: Vec<crate::load::MissingSource>,
+    declared: Vec<crate::load::DeclaredSource>,
+}
+
+fn discover(path: &Path, sets: &[(String, String)]) -> Discovered {
+    let fs = crate::load::RealFs;
+    let mut sources = crate::source::Sources::new();
+    let mut diags = crate::diag::Diagnostics::default();
+    let mut loader = crate::load::Loader::new(&fs, &mut sources, &mut diags);
+    if let Some(wf) = loader.load(path, None) {
+        // Subflows are followed by the checker; their sources count too.
+        let mut check_diags = crate::diag::Diagnostics::default();
+        let _ = crate::check::check(&wf, &mut loader, sets, false, &mut check_diags);
+    }
+    Discovered {
+        missing: std::mem::take(&mut loader.missing),
+        declared: std::mem::take(&mut loader.declared),
+    }
+}
+
+/// Pins a freshly resolved commit in the lockfile of `dir`.
+fn pin(
+    dir: &Path,
+    name: &str,
+    git_as_written: &str,
+    rev: &str,
+    f: &git::Fetched,
+) -> Result<(), String> {
+    let mut l = lock::read(dir)?;
+    l.upsert(lock::Locked {
+        name: name.to_string(),
+        git: git_as_written.to_string(),
+        rev: rev.to_string(),
+        commit: f.commit.clone(),
+        hash: f.hash.clone(),
+    });
+    lock::write(dir, &l)
+}
+
+/// Fetches every git source that a workflow (with everything it extends, includes and calls)
+/// names and the cache lacks, and pins new ones in the lockfile beside the file that declares
+/// them. A source already pinned is fetched at its pinned commit, whose content must still
+/// hash to what the lockfile says. With `update`, the named sources (every declared one when
+/// the list is empty) are first resolved anew from their `rev` and pinned again.
+pub fn sync(
+    path: &Path,
+    sets: &[(String, String)],
+    update: Option<&[String]>,
+) -> Result<Vec<Synced>, String> {
+    let mut done: Vec<Synced> = Vec::new();
+    if let Some(names) = update {
+        let declared = discover(path, sets).declared;
+        for n in names {
+            if !declared.iter().any(|d| d.source.name.value == *n) {
+                let known: Vec<&str> = declared
+                    .iter()
+                    .map(|d| d.source.name.value.as_str())
+                    .collect();
+                return Err(format!(
+                    "no file of {} declares a source `{n}` (declared: {})",
+                    path.display(),
+                    if known.is_empty() {
+                        "none".to_string()
+                    } else {
+                        known.join(", ")
+                    }
+                ));
+            }
+        }
+        let mut seen: Vec<(PathBuf, String, String)> = Vec::new();
+        for d in &declared {
+            let s = &d.source;
+            if !names.is_empty() && !names.contains(&s.name.value) {
+                continue;
+            }
+            let key = (d.decl_dir.clone(), s.git.value.clone(), s.rev.value.clone());
+            if seen.contains(&key) {
+                continue;
+            }
+            seen.push(key);
+            let url = git::resolve_url(&s.git.value, &d.decl_dir);
+            let f = git::fetch(&url, &s.rev.value, None)?;
+            pin(&d.decl_dir, &s.name.value, &s.git.value, &s.rev.value, &f)?;
+            done.push(Synced {
+                name: s.name.value.clone(),
+                git: s.git.value.clone(),
+                rev: s.rev.value.clone(),
+                commit: f.commit,
+                lock: lock::path_in(&d.decl_dir),
+                action: "updated",
+            });
+        }
+    }
+    // Each round may reveal sources named by the presets it fetched; files cannot nest
+    // deeper than the loader allows, so a few rounds always suffice.
+    for _ in 0..16 {
+        let missing = discover(path, sets).missing;
+        if missing.is_empty() {
+            return Ok(done);
+        }
+        let mut seen: Vec<(PathBuf, String, String)> = Vec::new();
+        for m in missing {
+            let key = (m.decl_dir.clone(), m.git.clone(), m.rev.clone());
+            if seen.contains(&key) {
+                continue;
+            }
+            seen.push(key);
+            let locked = m.locked.as_ref().map(|(c, _)| c.as_str());
+            let f = git::fetch(&m.url, &m.rev, locked)?;
+            let action = match &m.locked {
+                Some((commit, hash)) => {
+                    if f.hash != *hash {
+                        return Err(format!(
+                            "commit {commit} of {} has the content hash {}, but {} says {hash}: the lockfile was edited, or the repository's history rewritten; check it, then `ralph-flow presets update`",
+                            m.url,
+                            f.hash,
+                            lock::path_in(&m.decl_dir).display()
+                        ));
+                    }
+                    "fetched"
+                }
+                None => {
+                    pin(&m.decl_dir, &m.name, &m.git, &m.rev, &f)?;
+                    "pinned"
+                }
+            };
+            done.push(Synced {
+                name: m.name,
+                git: m.git,
+                rev: m.rev,
+                commit: f.commit,
+                lock: lock::path_in(&m.decl_dir),
+                action,
+            });
+        }
+    }
+    Err(format!(
+        "the git sources of {} kept naming new sources; giving up",
+        path.display()
+    ))
+}

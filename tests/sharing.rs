@@ -1,0 +1,545 @@
+//! Sharing presets: built-in presets by name, installed preset directories, the prompt search
+//! path, git sources pinned in ralph-flow.lock (against local repositories: no network), and
+//! the `presets` and `init` commands.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::{Out, Project};
+
+/// A preset directory laid out like the built-in one: a workflow with a `command` agent
+/// running the scripted fake, its prompts under prompts/base/.
+fn preset_dir(root: &Path, prompt_text: &str) {
+    let w = r#"name = "base"
+description = "A small preset for tests: one drafted answer, then a check."
+prompt_path = ["../prompts/base"]
+
+[params.topic]
+type = "string"
+default = "ducks"
+description = "What to write about."
+
+[params.tries]
+type = "int"
+default = 2
+
+[agents.writer]
+kind = "command"
+command = ["scripted"]
+
+[stages.draft]
+kind = "agent"
+agent = "writer"
+prompt_file = "draft.md.j2"
+timeout = "1m"
+
+[stages.verify]
+kind = "command"
+needs = ["draft"]
+argv = ["sh", "-c", "printf 'verified: %s' \"$DRAFT\""]
+env = { DRAFT = "{{ stages.draft.output.text }}" }
+"#;
+    std::fs::create_dir_all(root.join("workflows")).unwrap();
+    std::fs::create_dir_all(root.join("prompts/base")).unwrap();
+    std::fs::write(root.join("workflows/base.toml"), w).unwrap();
+    std::fs::write(root.join("prompts/base/draft.md.j2"), prompt_text).unwrap();
+    std::fs::write(
+        root.join("prompts/base/notes.md.j2"),
+        "unused prompt of the preset\n",
+    )
+    .unwrap();
+}
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_AUTHOR_NAME", "t")
+        .env("GIT_AUTHOR_EMAIL", "t@example.com")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@example.com")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn ok(out: &Out) {
+    assert_eq!(
+        out.code, 0,
+        "stdout:\n{}\nstderr:\n{}",
+        out.stdout, out.stderr
+    );
+}
+
+fn run_env(p: &Project, args: &[&str], cache: &str) -> Out {
+    p.run_env(
+        args,
+        &[
+            ("RALPH_FLOW_CACHE_DIR", cache),
+            ("RALPH_FLOW_PRESET_PATH", ""),
+            ("XDG_CONFIG_HOME", cache),
+        ],
+    )
+}
+
+#[test]
+fn a_builtin_preset_is_extended_by_name_and_a_misspelt_one_is_reported() {
+    let p = Project::new();
+    p.workflow(
+        "w.toml",
+        "name = \"mine\"\nextends = { workflow = \"wiggum-review\", params = { max_iterations = 2 } }\n\n[overrides.review]\ntimeout = \"5m\"\n",
+    );
+    let out = p.run(&["check", "w.toml"]);
+    ok(&out);
+    p.workflow("bad.toml", "name = \"mine\"\nextends = \"wigum-review\"\n");
+    let out = p.run(&["check", "bad.toml"]);
+    assert_eq!(out.code, 3);
+    assert!(out.stderr.contains("bad.toml:2:11"), "{}", out.stderr);
+    assert!(out.stderr.contains("there is no preset `wigum-review`"));
+    assert!(
+        out.stderr.contains("did you mean `wiggum-review`?"),
+        "{}",
+        out.stderr
+    );
+    // Overriding a stage the preset lacks is an error, as with a base file.
+    p.workflow(
+        "over.toml",
+        "name = \"mine\"\nextends = \"spider\"\n\n[overrides.specfy]\ntimeout = \"5m\"\n",
+    );
+    let out = p.run(&["check", "over.toml", "--format", "short"]);
+    assert_eq!(out.code, 3);
+    assert!(out.stderr.contains("RF056"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("did you mean `specify`?"),
+        "{}",
+        out.stderr
+    );
+    // A preset's name works where a file is expected.
+    ok(&p.run(&["check", "spider"]));
+    let out = p.run(&["explain", "council"]);
+    ok(&out);
+    assert!(out.stdout.contains("Workflow `council`"));
+}
+
+#[test]
+fn installed_presets_with_prompt_search_path_params_and_overrides_run_end_to_end() {
+    let p = Project::new();
+    let presets = tempfile::tempdir().unwrap();
+    preset_dir(presets.path(), "Write about {{ params.topic }}.\n");
+    let env = [
+        ("RALPH_FLOW_PRESET_PATH", presets.path().to_str().unwrap()),
+        ("XDG_CONFIG_HOME", "/nonexistent"),
+    ];
+    // The project replaces one prompt by putting it in its own prompt directory, sets a
+    // param, overrides a limit and adds a stage.
+    p.workflow(
+        "workflows/ours.toml",
+        r#"name = "ours"
+prompt_path = ["../prompts/ours"]
+extends = { workflow = "base", params = { topic = "geese" } }
+
+[overrides.draft]
+timeout = "2m"
+retries = 0
+
+[stages.announce]
+kind = "command"
+needs = ["verify"]
+argv = ["echo", "announced"]
+"#,
+    );
+    p.write(
+        "prompts/ours/draft.md.j2",
+        "OUR PROMPT: {{ params.topic }} in verse.\n",
+    );
+    p.answer("draft", 1, "a goose poem");
+    let out = p.run_env(&["run", "workflows/ours.toml", "--json"], &env);
+    ok(&out);
+    assert_eq!(p.prompt("draft", 1).trim(), "OUR PROMPT: geese in verse.");
+    let status = p.run_env(&["status", "--json"], &env);
+    let text = status.stdout;
+    assert!(text.contains("verified: a goose poem"), "{text}");
+    assert!(text.contains("announced"), "{text}");
+
+    // Without the project's prompt the preset's own is used.
+    std::fs::remove_file(p.dir().join("prompts/ours/draft.md.j2")).unwrap();
+    p.answer("draft", 2, "another");
+    ok(&p.run_env(&["run", "workflows/ours.toml"], &env));
+    assert_eq!(p.prompt("draft", 2).trim(), "Write about geese.");
+
+    // RALPH_FLOW_PROMPT_PATH comes before every prompt_path.
+    p.write("elsewhere/draft.md.j2", "FROM THE ENVIRONMENT\n");
+    p.answer("draft", 3, "third");
+    let prompt_env = p.dir().join("elsewhere");
+    let mut env3 = env.to_vec();
+    env3.push(("RALPH_FLOW_PROMPT_PATH", prompt_env.to_str().unwrap()));
+    ok(&p.run_env(&["run", "workflows/ours.toml"], &env3));
+    assert_eq!(p.prompt("draft", 3).trim(), "FROM THE ENVIRONMENT");
+
+    // `presets` lists the installed preset with its description and params, before the
+    // built-in ones.
+    let list = p.run_env(&["presets", "--json"], &env);
+    ok(&list);
+    let entries = list.json.as_array().unwrap();
+    assert_eq!(entries[0]["name"], "base");
+    assert_eq!(entries[0]["origin"], "installed");
+    assert_eq!(entries[0]["params"][0]["name"], "topic");
+    assert_eq!(entries[0]["params"][0]["default"], "ducks");
+    assert!(
+        entries
+            .iter()
+            .any(|e| e["name"] == "spider" && e["origin"] == "built-in")
+    );
+}
+
+#[test]
+fn a_subflow_and_an_include_name_presets() {
+    let p = Project::new();
+    let presets = tempfile::tempdir().unwrap();
+    preset_dir(presets.path(), "Write about {{ params.topic }}.\n");
+    std::fs::write(
+        presets.path().join("common.toml"),
+        "name = \"common\"\n\n[exits.gave_up]\ncode = 9\n",
+    )
+    .unwrap();
+    let env = [
+        ("RALPH_FLOW_PRESET_PATH", presets.path().to_str().unwrap()),
+        ("XDG_CONFIG_HOME", "/nonexistent"),
+    ];
+    p.workflow(
+        "w.toml",
+        r#"name = "outer"
+include = ["common"]
+
+[stages.inner]
+kind = "subflow"
+workflow = "base"
+params = { topic = "swans" }
+
+[stages.after]
+kind = "command"
+needs = ["inner"]
+argv = ["true"]
+"#,
+    );
+    p.answer("draft", 1, "swan song");
+    let out = p.run_env(&["run", "w.toml"], &env);
+    ok(&out);
+    assert_eq!(p.prompt("draft", 1).trim(), "Write about swans.");
+    p.workflow(
+        "w2.toml",
+        "name = \"outer\"\n\n[stages.inner]\nkind = \"subflow\"\nworkflow = \"bose\"\n",
+    );
+    let out = p.run_env(&["check", "w2.toml", "--format", "short"], &env);
+    assert_eq!(out.code, 3);
+    assert!(out.stderr.contains("RF057"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("did you mean `base`?"),
+        "{}",
+        out.stderr
+    );
+}
+
+/// A repository of presets with tag v1, and a project whose workflow extends `team:base`.
+fn git_setup() -> (Project, tempfile::TempDir, tempfile::TempDir) {
+    let repo = tempfile::tempdir().unwrap();
+    preset_dir(
+        &repo.path().join("presets"),
+        "v1 prompt about {{ params.topic }}\n",
+    );
+    git(repo.path(), &["init", "-q", "-b", "main"]);
+    git(repo.path(), &["add", "."]);
+    git(repo.path(), &["commit", "-qm", "v1"]);
+    git(repo.path(), &["tag", "v1"]);
+    let cache = tempfile::tempdir().unwrap();
+    let p = Project::new();
+    p.workflow(
+        "workflows/ours.toml",
+        &format!(
+            r#"name = "ours"
+extends = {{ workflow = "team:base", params = {{ topic = "herons" }} }}
+
+[sources.team]
+git = "{}"
+rev = "v1"
+path = "presets"
+"#,
+            repo.path().display()
+        ),
+    );
+    (p, repo, cache)
+}
+
+#[test]
+fn git_presets_are_pinned_fetched_into_the_cache_and_verified_on_every_run() {
+    let (p, repo, cache) = git_setup();
+    let cache_s = cache.path().to_str().unwrap();
+
+    // check does no fetching: it says what to do.
+    let out = run_env(&p, &["check", "workflows/ours.toml"], cache_s);
+    assert_eq!(out.code, 3);
+    assert!(out.stderr.contains("RF058"), "{}", out.stderr);
+    assert!(out.stderr.contains("is not fetched yet"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("ralph-flow presets fetch"),
+        "{}",
+        out.stderr
+    );
+    assert!(!p.dir().join("workflows/ralph-flow.lock").exists());
+
+    // presets fetch pins the tag's commit with a content hash.
+    let out = run_env(&p, &["presets", "fetch", "workflows/ours.toml"], cache_s);
+    ok(&out);
+    let v1 = git(repo.path(), &["rev-parse", "v1"]);
+    let lock = p.read("workflows/ralph-flow.lock");
+    assert!(lock.contains(&format!("commit = \"{v1}\"")), "{lock}");
+    assert!(lock.contains("hash = \"sha256:"), "{lock}");
+    assert!(
+        out.stderr.contains("pinned source `team`"),
+        "{}",
+        out.stderr
+    );
+    ok(&run_env(&p, &["check", "workflows/ours.toml"], cache_s));
+
+    p.answer("draft", 1, "heron haiku");
+    let out = run_env(&p, &["run", "workflows/ours.toml"], cache_s);
+    ok(&out);
+    assert_eq!(p.prompt("draft", 1).trim(), "v1 prompt about herons");
+
+    // The tag moves upstream: the lockfile keeps the run on the pinned commit.
+    preset_dir(
+        &repo.path().join("presets"),
+        "v2 prompt about {{ params.topic }}\n",
+    );
+    git(repo.path(), &["commit", "-qam", "v2"]);
+    git(repo.path(), &["tag", "-f", "v1"]);
+    p.answer("draft", 2, "again");
+    ok(&run_env(&p, &["run", "workflows/ours.toml"], cache_s));
+    assert_eq!(p.prompt("draft", 2).trim(), "v1 prompt about herons");
+
+    // `presets update` pins what the revision names now.
+    let out = run_env(&p, &["presets", "update", "workflows/ours.toml"], cache_s);
+    ok(&out);
+    assert!(
+        out.stderr.contains("updated source `team`"),
+        "{}",
+        out.stderr
+    );
+    let v2 = git(repo.path(), &["rev-parse", "v1"]);
+    assert_ne!(v1, v2);
+    assert!(p.read("workflows/ralph-flow.lock").contains(&v2));
+    p.answer("draft", 3, "third");
+    ok(&run_env(&p, &["run", "workflows/ours.toml"], cache_s));
+    assert_eq!(p.prompt("draft", 3).trim(), "v2 prompt about herons");
+
+    // A cached copy changed by hand fails verification: nothing runs.
+    let cached = cache
+        .path()
+        .join("git/checkouts")
+        .join(&v2)
+        .join("presets/prompts/base/draft.md.j2");
+    std::fs::write(&cached, "tampered {{ params.topic }}\n").unwrap();
+    let out = run_env(&p, &["run", "workflows/ours.toml"], cache_s);
+    assert_eq!(out.code, 3, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("does not match ralph-flow.lock"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains("workflows/ours.toml:4:1"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(p.calls("draft"), 3);
+
+    // Without a cache, `run` fetches the pinned commit by itself and checks its hash.
+    std::fs::remove_dir_all(cache.path().join("git")).unwrap();
+    p.answer("draft", 4, "fourth");
+    let out = run_env(&p, &["run", "workflows/ours.toml"], cache_s);
+    ok(&out);
+    assert!(
+        out.stderr.contains("fetched source `team`"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(p.prompt("draft", 4).trim(), "v2 prompt about herons");
+
+    // `presets --from` lists the source's presets.
+    let out = run_env(
+        &p,
+        &["presets", "--from", "workflows/ours.toml", "--json"],
+        cache_s,
+    );
+    ok(&out);
+    let names: Vec<&str> = out
+        .json
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["name"].as_str())
+        .collect();
+    assert!(names.contains(&"team:base"), "{names:?}");
+}
+
+#[test]
+fn git_source_errors_name_the_place_and_the_remedy() {
+    let (p, _repo, cache) = git_setup();
+    let cache_s = cache.path().to_str().unwrap();
+    ok(&run_env(
+        &p,
+        &["presets", "fetch", "workflows/ours.toml"],
+        cache_s,
+    ));
+    // A preset the source lacks, and a source the file does not declare.
+    p.workflow(
+        "workflows/other.toml",
+        &p.read("workflows/ours.toml")
+            .replace("team:base", "team:bsae"),
+    );
+    let out = run_env(&p, &["check", "workflows/other.toml"], cache_s);
+    assert_eq!(out.code, 3);
+    assert!(
+        out.stderr.contains("source `team` has no preset `bsae`"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains("did you mean `base`?"),
+        "{}",
+        out.stderr
+    );
+    p.workflow(
+        "workflows/third.toml",
+        &p.read("workflows/ours.toml")
+            .replace("team:base", "tema:base"),
+    );
+    let out = run_env(&p, &["check", "workflows/third.toml"], cache_s);
+    assert!(
+        out.stderr.contains("this file declares no source `tema`"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains("did you mean `team`?"),
+        "{}",
+        out.stderr
+    );
+    // A revision the repository does not have.
+    p.workflow(
+        "workflows/fourth.toml",
+        &p.read("workflows/ours.toml")
+            .replace("rev = \"v1\"", "rev = \"v9\""),
+    );
+    let out = run_env(&p, &["run", "workflows/fourth.toml"], cache_s);
+    assert_eq!(out.code, 3);
+    assert!(
+        out.stderr.contains("has no branch, tag or commit `v9`"),
+        "{}",
+        out.stderr
+    );
+    // A broken lockfile.
+    p.write(
+        "workflows/ralph-flow.lock",
+        "version = 1\n[[source]]\nname = 3\n",
+    );
+    let out = run_env(&p, &["check", "workflows/ours.toml"], cache_s);
+    assert_eq!(out.code, 3);
+    assert!(
+        out.stderr.contains("ralph-flow.lock is not valid"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn init_scaffolds_a_workflow_that_checks_for_every_builtin_preset() {
+    let p = Project::new();
+    let names = [
+        "cairo-driver-reviewer",
+        "council",
+        "spider",
+        "task-loop",
+        "ticket-pipeline",
+        "wiggum-review",
+    ];
+    for name in names {
+        for format in ["toml", "kdl"] {
+            let out_file = format!("flows/{name}.{format}");
+            let out = p.run(&["init", name, "--format", format, "-o", &out_file]);
+            ok(&out);
+            let text = p.read(&out_file);
+            assert!(
+                text.contains(&format!(
+                    "workflow{}\"{name}\"",
+                    if format == "toml" { " = " } else { "=" }
+                )),
+                "{text}"
+            );
+            assert!(text.contains("../prompts/"), "{text}");
+            let out = p.run(&["check", &out_file]);
+            ok(&out);
+        }
+    }
+    // The scaffold's prompt directory replaces the preset's prompt of the same name.
+    ok(&p.run(&["init", "spider"]));
+    let again = p.run(&["init", "spider"]);
+    assert_eq!(again.code, 3);
+    assert!(again.stderr.contains("--force"));
+    assert!(
+        p.read("workflows/spider.toml")
+            .contains("prompt_path = [\"../prompts/spider\"]")
+    );
+    let out = p.run(&["init", "nope"]);
+    assert_eq!(out.code, 3);
+    assert!(out.stderr.contains("there is no preset `nope`"));
+}
+
+#[test]
+fn init_from_a_git_source_pins_it() {
+    let (p, repo, cache) = git_setup();
+    let cache_s = cache.path().to_str().unwrap();
+    let repo_s = repo.path().join("").display().to_string();
+    // The preset directory is `presets/` of the repository: point --git at a repository
+    // whose root is the preset directory instead.
+    let flat = tempfile::tempdir().unwrap();
+    preset_dir(flat.path(), "flat {{ params.topic }}\n");
+    git(flat.path(), &["init", "-q", "-b", "main"]);
+    git(flat.path(), &["add", "."]);
+    git(flat.path(), &["commit", "-qm", "flat"]);
+    let out = run_env(
+        &p,
+        &[
+            "init",
+            "crew:base",
+            "--git",
+            flat.path().to_str().unwrap(),
+            "--rev",
+            "main",
+            "-o",
+            "flows/crew.toml",
+        ],
+        cache_s,
+    );
+    ok(&out);
+    assert!(
+        p.read("flows/ralph-flow.lock")
+            .contains(&git(flat.path(), &["rev-parse", "main"]))
+    );
+    ok(&run_env(&p, &["check", "flows/crew.toml"], cache_s));
+    p.answer("draft", 1, "x");
+    ok(&run_env(&p, &["run", "flows/crew.toml"], cache_s));
+    assert_eq!(p.prompt("draft", 1).trim(), "flat ducks");
+    let out = run_env(&p, &["init", "crew:base", "-o", "flows/x.toml"], cache_s);
+    assert_eq!(out.code, 3);
+    assert!(out.stderr.contains("--git URL --rev REV"), "{}", out.stderr);
+    assert!(!repo_s.is_empty());
+}
