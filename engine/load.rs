@@ -275,6 +275,24 @@ impl<'a> Loader<'a> {
         } else {
             lock::LockFile::default()
         };
+        if let Some(p) = &src.path {
+            let rel = Path::new(&p.value);
+            if rel.is_absolute()
+                || rel
+                    .components()
+                    .any(|c| matches!(c, std::path::Component::ParentDir))
+            {
+                self.diags.push(
+                    Diagnostic::new(
+                        Code::InvalidValue,
+                        p.span,
+                        format!("`{}` leaves the repository", p.value),
+                    )
+                    .help("`path` is a directory inside the repository, such as `presets`"),
+                );
+                return None;
+            }
+        }
         let url = preset::git::resolve_url(&src.git.value, dir);
         let entry = lock.find(&src.git.value, &src.rev.value).cloned();
         let fetch_help = "run `ralph-flow presets fetch WORKFLOW` to fetch it and pin it in ralph-flow.lock (`ralph-flow run` does this by itself)";

@@ -356,6 +356,147 @@ fn wiggum_stuck_loop_stops_when_the_findings_repeat() {
     assert_eq!(p.calls("review"), 2);
 }
 
+// ------------------------------------------------------------------------ cairo (001)
+
+/// A Scarb project with a task and a rubric; the fake `scarb` on PATH verifies.
+fn cairo_project(max_attempts: u32) -> Project {
+    let p = Project::new();
+    with_presets(&p);
+    p.workflow(
+        "w.toml",
+        &wrapper(
+            "cairo-driver-reviewer.toml",
+            &["driver_codex", "reviewer_codex"],
+            &format!(
+                "prompt = \"task.md\", rubric = \"rubric.md\", work_dir = \"work\", max_attempts = {max_attempts}"
+            ),
+        ),
+    );
+    p.write(
+        "task.md",
+        "Implement a generic Stack<T> with push and pop.\n",
+    );
+    p.write(
+        "rubric.md",
+        "- R1: uses generics\n- R2: pop returns Option<T>\n",
+    );
+    p.write(
+        "work/Scarb.toml",
+        "[package]\nname = \"demo\"\nversion = \"0.1.0\"\n",
+    );
+    p
+}
+
+fn code(n: u32) -> String {
+    fenced(&format!(
+        "{{\"code\": \"// attempt {n}\\nstruct Stack<T> {{ items: Array<T> }}\", \"notes\": \"try {n}\"}}"
+    ))
+}
+
+const INVALID: &str = r#"{"verdict": "INVALID", "issues": [{"criterion": "R2", "severity": "error", "description": "pop returns T, not Option<T>", "suggestion": "return Option<T>"}]}"#;
+const VALID: &str = r#"{"verdict": "VALID", "issues": []}"#;
+
+#[test]
+fn cairo_exit_0_after_an_invalid_review_and_a_failed_verify_with_both_feedbacks_in_the_history() {
+    let p = cairo_project(3);
+    for n in 1..=3 {
+        p.answer("driver", n, &code(n));
+    }
+    p.answer("reviewer", 1, INVALID);
+    p.answer("reviewer", 2, VALID);
+    p.answer("reviewer", 3, VALID);
+    p.write("answers/scarb-fail", "build\n");
+    let out = p.run(&["run", "w.toml", "--json"]);
+    assert_eq!(out.code, 0, "{}\n{}", out.stderr, logs(&p));
+    assert_eq!(out.json["exit"], "success");
+    // Attempt 2 is told what the reviewer found; attempt 3 what verify found.
+    let second = p.prompt("driver", 2);
+    assert!(second.contains("pop returns T, not Option<T>"), "{second}");
+    let third = p.prompt("driver", 3);
+    assert!(third.contains("verify: scarb build failed"), "{third}");
+    assert!(third.contains("Identifier not found"), "{third}");
+    // The code of the last attempt is in the project; verify ran fmt, build and test there.
+    assert!(p.read("work/src/lib.cairo").starts_with("// attempt 3"));
+    let scarb = p.read("answers/.scarb");
+    let steps: Vec<&str> = scarb
+        .lines()
+        .map(|l| l.split(" (in ").next().unwrap())
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            "scarb fmt --check",
+            "scarb build",
+            "scarb fmt --check",
+            "scarb build",
+            "scarb test"
+        ]
+    );
+    assert!(scarb.lines().all(|l| l.ends_with("/work)")), "{scarb}");
+    // The reviewer judged the code the driver wrote.
+    assert!(p.prompt("reviewer", 1).contains("// attempt 1"));
+    // Per-attempt artifacts: each attempt's prompts, answers and verify result.
+    let run = out.json["run"].as_str().unwrap().to_string();
+    let dir = p.dir().join(".ralph-flow/runs").join(&run);
+    for (scope, stage) in [
+        ("attempts#1", "driver"),
+        ("attempts#1", "reviewer"),
+        ("attempts#2", "verify"),
+        ("attempts#3", "verify"),
+    ] {
+        let a = dir.join(scope).join(stage).join("attempt-1");
+        assert!(a.is_dir(), "no artifacts in {}", a.display());
+    }
+    let verify2 =
+        std::fs::read_to_string(dir.join("attempts#2/verify/attempt-1/feedback.md")).unwrap();
+    assert!(verify2.contains("scarb build failed"), "{verify2}");
+}
+
+#[test]
+fn cairo_exit_1_when_the_attempts_run_out() {
+    let p = cairo_project(2);
+    last(&p, "driver", &code(1));
+    last(&p, "reviewer", INVALID);
+    let out = p.run(&["run", "w.toml", "--json"]);
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    assert_eq!(out.json["exit"], "max_attempts");
+    assert_eq!(p.calls("driver"), 2);
+    assert!(p.read("answers/.scarb").is_empty(), "verify never ran");
+}
+
+#[test]
+fn cairo_exit_2_on_an_unfixable_verdict_without_verifying() {
+    let p = cairo_project(5);
+    last(&p, "driver", &code(1));
+    p.answer(
+        "reviewer",
+        1,
+        r#"{"verdict": "UNFIXABLE", "issues": [{"criterion": "R1", "severity": "error", "description": "Cairo has no such trait"}]}"#,
+    );
+    let out = p.run(&["run", "w.toml", "--json"]);
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert_eq!(out.json["exit"], "unfixable");
+    assert_eq!(p.calls("driver"), 1);
+    assert!(p.read("answers/.scarb").is_empty());
+}
+
+#[test]
+fn cairo_exit_3_on_a_configuration_error() {
+    let p = cairo_project(5);
+    // An unknown backend, and the preset run without its required params.
+    let out = p.run(&["run", "w.toml", "--set", "driver_backend=gemini"]);
+    assert_eq!(out.code, 3, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("not one of the choices"),
+        "{}",
+        out.stderr
+    );
+    let out = p.run(&["run", "cairo-driver-reviewer"]);
+    assert_eq!(out.code, 3, "{}", out.stderr);
+    assert!(out.stderr.contains("prompt"), "{}", out.stderr);
+    assert_eq!(p.calls("driver"), 0);
+}
+
 // ---------------------------------------------------------------------------- task-loop
 
 fn task_loop_project(max_attempts: u32) -> Project {
@@ -520,13 +661,33 @@ fn ticket_project(max_landings: u32) -> Project {
 #[test]
 fn ticket_pipeline_an_evicted_ticket_goes_round_again_and_lands_on_its_second_try() {
     let p = ticket_project(2);
+    // Once both tickets landed, discovery runs again and finds nothing new.
+    p.answer(
+        "discover",
+        2,
+        &fenced(r#"{"tickets": [], "reasoning": "all done"}"#),
+    );
     let out = p.run(&["run", "w.toml", "--json"]);
     assert_eq!(out.code, 0, "{}\n{}", out.stderr, out.stdout);
+    assert_eq!(out.json["outputs"]["rounds"]["iterations"], 2);
+    let round2 = p.prompt("discover", 2);
+    assert!(round2.contains("Round 2 of 3"), "{round2}");
+    assert!(
+        round2.contains("ticket/fast-ticket") && round2.contains("ticket/slow-ticket"),
+        "the merged branches are listed: {round2}"
+    );
     assert_eq!(p.calls("implement"), 3, "fast once, slow twice");
-    let results = out.json["outputs"]["tickets"]["results"]
+    // The first round's fan-out, from the store.
+    let run = out.json["run"].as_str().unwrap().to_string();
+    let status = p.run(&["status", &run, "--json"]);
+    let tickets = status.json["nodes"]
         .as_array()
         .unwrap()
+        .iter()
+        .find(|n| n["node"] == "tickets" && n["scope"] == "rounds#1")
+        .unwrap_or_else(|| panic!("{}", status.stdout))
         .clone();
+    let results = tickets["output"]["results"].as_array().unwrap().clone();
     let iterations: Vec<u64> = results
         .iter()
         .map(|r| r["iterations"].as_u64().unwrap())

@@ -446,6 +446,19 @@ fn git_source_errors_name_the_place_and_the_remedy() {
         "{}",
         out.stderr
     );
+    // A `path` that leaves the repository.
+    p.workflow(
+        "workflows/fifth.toml",
+        &p.read("workflows/ours.toml")
+            .replace("path = \"presets\"", "path = \"../../etc\""),
+    );
+    let out = run_env(&p, &["check", "workflows/fifth.toml"], cache_s);
+    assert_eq!(out.code, 3);
+    assert!(
+        out.stderr.contains("`../../etc` leaves the repository"),
+        "{}",
+        out.stderr
+    );
     // A broken lockfile.
     p.write(
         "workflows/ralph-flow.lock",

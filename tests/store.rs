@@ -320,7 +320,9 @@ fn large_outputs_spill_to_files_and_load_back() {
     let other = store(dir.path());
     assert_eq!(other.nodes("r").expect("nodes")[0].output, big);
     assert_eq!(
-        other.history("fix", "big", 1).expect("history")[0].1.output,
+        other.history("fix", "big", "", 1).expect("history")[0]
+            .1
+            .output,
         big
     );
 
@@ -490,7 +492,7 @@ fn history_across_runs_newest_first() {
     ))])
     .expect("commit");
 
-    let history = s.history("fix", "review", 10).expect("history");
+    let history = s.history("fix", "review", "", 10).expect("history");
     let got: Vec<(&str, serde_json::Value)> = history
         .iter()
         .map(|(run, n)| (run.as_str(), n.output.clone()))
@@ -504,8 +506,20 @@ fn history_across_runs_newest_first() {
             ("r1", json!({"run": "r1"})),
         ]
     );
-    assert_eq!(s.history("fix", "review", 2).expect("history").len(), 2);
-    assert!(s.history("fix", "plan", 10).expect("history").is_empty());
+    assert_eq!(s.history("fix", "review", "", 2).expect("history").len(), 2);
+    assert!(
+        s.history("fix", "plan", "", 10)
+            .expect("history")
+            .is_empty()
+    );
+    // The current run is left out, however many records it has.
+    let earlier: Vec<String> = s
+        .history("fix", "review", "r3", 2)
+        .expect("history")
+        .into_iter()
+        .map(|(run, _)| run)
+        .collect();
+    assert_eq!(earlier, ["r2", "r1"]);
 }
 
 #[test]

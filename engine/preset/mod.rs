@@ -311,6 +311,11 @@ mod tests {
     }
 }
 
+/// Where fetched commits are extracted.
+fn checkouts() -> PathBuf {
+    cache_dir().join("git").join("checkouts")
+}
+
 /// What [`sync`] did for one source.
 #[derive(Clone, Debug)]
 pub struct Synced {
@@ -399,6 +404,10 @@ pub fn sync(
         let mut seen: Vec<(PathBuf, String, String)> = Vec::new();
         for d in &declared {
             let s = &d.source;
+            // The sources of a fetched preset are pinned by that preset's own lockfile.
+            if d.decl_dir.starts_with(checkouts()) {
+                continue;
+            }
             if !names.is_empty() && !names.contains(&s.name.value) {
                 continue;
             }
@@ -447,6 +456,13 @@ pub fn sync(
                         ));
                     }
                     "fetched"
+                }
+                None if m.decl_dir.starts_with(checkouts()) => {
+                    return Err(format!(
+                        "a fetched preset ({}) declares the source `{}` but pins it in no ralph-flow.lock of its own; its authors must commit one (`ralph-flow presets fetch` in their repository)",
+                        m.decl_dir.display(),
+                        m.name
+                    ));
                 }
                 None => {
                     pin(&m.decl_dir, &m.name, &m.git, &m.rev, &f)?;

@@ -143,12 +143,10 @@ pub fn register_memory(
                 .lock()
                 .map_err(|_| Error::new(ErrorKind::InvalidOperation, "the store is unusable"))?;
             let rows = store
-                .history(&workflow, &stage, n.unwrap_or(5) + 1)
+                .history(&workflow, &stage, &current_run, n.unwrap_or(5))
                 .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
             let out: Vec<serde_json::Value> = rows
                 .into_iter()
-                .filter(|(run, _)| *run != current_run)
-                .take(n.unwrap_or(5))
                 .map(|(run, rec)| {
                     serde_json::json!({
                         "run": run,

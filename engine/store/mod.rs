@@ -273,12 +273,14 @@ pub trait Store: Send {
     /// Releases the run's lock if this process holds it.
     fn unlock(&mut self, run: &str, pid: u32) -> Result<()>;
 
-    /// Returns the outputs of a node in earlier runs of a workflow, newest first, at most
-    /// `limit` (cross-run memory).
+    /// Returns the outputs of a node in the runs of a workflow other than `except_run`,
+    /// newest first, at most `limit` (cross-run memory). A node in a loop or fan-out has a
+    /// record per scope; each counts.
     fn history(
         &self,
         workflow: &str,
         node: &str,
+        except_run: &str,
         limit: usize,
     ) -> Result<Vec<(String, NodeRecord)>>;
 }

@@ -761,15 +761,16 @@ impl Store for SqliteStore {
         &self,
         workflow: &str,
         node: &str,
+        except_run: &str,
         limit: usize,
     ) -> Result<Vec<(String, NodeRecord)>> {
         let sql = format!(
             "SELECT {NODE_COLUMNS} FROM nodes n JOIN runs r ON n.run = r.id \
-             WHERE r.workflow = ?1 AND n.node = ?2 \
-             ORDER BY r.started_at DESC, r.rowid DESC, n.rowid DESC LIMIT ?3"
+             WHERE r.workflow = ?1 AND n.node = ?2 AND r.id != ?3 \
+             ORDER BY r.started_at DESC, r.rowid DESC, n.rowid DESC LIMIT ?4"
         );
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let records = self.query_nodes(&sql, params![workflow, node, limit])?;
+        let records = self.query_nodes(&sql, params![workflow, node, except_run, limit])?;
         Ok(records.into_iter().map(|n| (n.run.clone(), n)).collect())
     }
 }
