@@ -295,7 +295,6 @@ impl<'a> Loader<'a> {
         }
         let url = preset::git::resolve_url(&src.git.value, dir);
         let entry = lock.find(&src.git.value, &src.rev.value).cloned();
-        let fetch_help = "run `ralph-flow presets fetch WORKFLOW` to fetch it and pin it in ralph-flow.lock (`ralph-flow run` does this by itself)";
         let mut missing = MissingSource {
             decl_dir: dir.to_path_buf(),
             name: name.to_string(),
@@ -304,39 +303,32 @@ impl<'a> Loader<'a> {
             rev: src.rev.value.clone(),
             locked: None,
         };
-        let Some(entry) = entry else {
-            self.missing.push(missing);
-            self.diags.push(
-                Diagnostic::new(
-                    Code::PresetSource,
-                    src.span,
-                    format!(
-                        "source `{name}` (`{}` at `{}`) is not fetched yet",
-                        src.git.value, src.rev.value
-                    ),
-                )
-                .label("not in ralph-flow.lock")
-                .help(fetch_help),
+        // Not in the lockfile, or not in the cache: what `presets fetch` and `run` fetch.
+        let not_fetched = |this: &mut Self, missing: MissingSource, message: String, label| {
+            this.missing.push(missing);
+            this.diags.push(
+                Diagnostic::new(Code::PresetSource, src.span, message)
+                    .label(label)
+                    .help("run `ralph-flow presets fetch WORKFLOW` to fetch it and pin it in ralph-flow.lock (`ralph-flow run` does this by itself)"),
             );
+        };
+        let Some(entry) = entry else {
+            let message = format!(
+                "source `{name}` (`{}` at `{}`) is not fetched yet",
+                src.git.value, src.rev.value
+            );
+            not_fetched(self, missing, message, "not in ralph-flow.lock");
             return None;
         };
         let checkout = preset::git::checkout_dir(&entry.commit);
         if !checkout.is_dir() {
             missing.locked = Some((entry.commit.clone(), entry.hash.clone()));
-            self.missing.push(missing);
-            self.diags.push(
-                Diagnostic::new(
-                    Code::PresetSource,
-                    src.span,
-                    format!(
-                        "source `{name}` is pinned to commit {} but the cache ({}) has no copy of it",
-                        entry.commit,
-                        preset::cache_dir().display()
-                    ),
-                )
-                .label("not in the cache")
-                .help(fetch_help),
+            let message = format!(
+                "source `{name}` is pinned to commit {} but the cache ({}) has no copy of it",
+                entry.commit,
+                preset::cache_dir().display()
             );
+            not_fetched(self, missing, message, "not in the cache");
             return None;
         }
         let verdict = match self.verified.iter().find(|(d, _)| *d == checkout) {

@@ -137,18 +137,26 @@ pub fn search_roots() -> Vec<Root> {
     roots
 }
 
-/// The user's preset directory: `$XDG_CONFIG_HOME/ralph-flow/presets`, else
-/// `~/.config/ralph-flow/presets`.
-pub fn user_presets_dir() -> Option<PathBuf> {
-    let base = std::env::var_os("XDG_CONFIG_HOME")
+/// `$VAR` when set and not empty, else `$HOME/home_sub`.
+fn xdg_dir(var: &str, home_sub: &str) -> Option<PathBuf> {
+    std::env::var_os(var)
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
         .or_else(|| {
             std::env::var_os("HOME")
                 .filter(|v| !v.is_empty())
-                .map(|h| PathBuf::from(h).join(".config"))
-        })?;
-    Some(base.join("ralph-flow").join("presets"))
+                .map(|h| PathBuf::from(h).join(home_sub))
+        })
+}
+
+/// The user's preset directory: `$XDG_CONFIG_HOME/ralph-flow/presets`, else
+/// `~/.config/ralph-flow/presets`.
+pub fn user_presets_dir() -> Option<PathBuf> {
+    Some(
+        xdg_dir("XDG_CONFIG_HOME", ".config")?
+            .join("ralph-flow")
+            .join("presets"),
+    )
 }
 
 /// The cache of fetched git presets: `$RALPH_FLOW_CACHE_DIR`, else
@@ -157,14 +165,7 @@ pub fn cache_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("RALPH_FLOW_CACHE_DIR").filter(|v| !v.is_empty()) {
         return crate::load::normalize(Path::new(&dir));
     }
-    std::env::var_os("XDG_CACHE_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .filter(|v| !v.is_empty())
-                .map(|h| PathBuf::from(h).join(".cache"))
-        })
+    xdg_dir("XDG_CACHE_HOME", ".cache")
         .map(|d| d.join("ralph-flow"))
         .unwrap_or_else(|| crate::load::normalize(Path::new(".ralph-flow/cache")))
 }
@@ -204,9 +205,7 @@ pub fn list_in(fs: &dyn FileSystem, dir: &Path) -> Vec<(String, PathBuf)> {
                 .strip_suffix(".toml")
                 .or_else(|| fname.strip_suffix(".kdl"));
             if let Some(stem) = stem.filter(|s| is_name(s)) {
-                if stem != lock::LOCK_NAME.trim_end_matches(".lock") {
-                    names.push(stem.to_string());
-                }
+                names.push(stem.to_string());
             }
         }
     }
