@@ -587,6 +587,42 @@ idle_timeout = "1s"
 }
 
 #[test]
+fn many_items_add_and_remove_worktrees_at_once() {
+    // Worktree changes of one repository must not race (`worktree prune` against a
+    // half-done `worktree add`, lock files): twelve items start together.
+    let p = Project::new();
+    p.git_init();
+    p.workflow(
+        "w.toml",
+        r#"name = "trees"
+[stages.items]
+kind = "for_each"
+over = "range(12) | list"
+as = "t"
+max_concurrency = 12
+worktree = { branch = "many/{{ t }}", cleanup = "always" }
+
+[stages.items.stages.edit]
+kind = "command"
+argv = ["sh", "-c", "echo $0 > f.txt && git add f.txt && git commit --allow-empty -qm item-$0", "{{ t }}"]
+"#,
+    );
+    for round in 0..3 {
+        let out = p.run(&["run", "w.toml", "--json"]);
+        assert_eq!(out.code, 0, "round {round}: {}", out.stderr);
+    }
+    for t in 0..12 {
+        let log = p.git(&["log", "-1", "--format=%s", &format!("many/{t}")]);
+        assert_eq!(log.trim(), format!("item-{t}"));
+    }
+    assert_eq!(
+        p.git(&["worktree", "list"]).lines().count(),
+        1,
+        "every worktree was removed"
+    );
+}
+
+#[test]
 fn parallel_items_get_their_own_git_worktrees() {
     let p = Project::new();
     p.git_init();

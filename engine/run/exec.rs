@@ -1555,6 +1555,9 @@ impl<'p> Exec<'p> {
                     {
                         Ok(p) => p,
                         Err(e) => {
+                            // No stage of the item ran: say here why it failed.
+                            self.shared.event(&scope, &node.name, "failed", e.clone());
+                            self.shared.progress.note(&format!("✗ {scope}: {e}"));
                             return (
                                 i,
                                 BodyEnd::Failed {

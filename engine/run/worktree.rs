@@ -1,8 +1,16 @@
 //! Isolated git worktrees for loops and for_each items.
+//!
+//! Worktree changes of one repository are serialized: `git worktree prune` run while another
+//! `git worktree add` is half done removes the new worktree's administrative files, and two
+//! `add`s race on the repository's lock files. Items of a fan-out start together, so
+//! without this their worktrees fail under load.
 
 use std::path::Path;
 
 use tokio::process::Command;
+
+/// Held while a worktree is added or removed.
+static WORKTREES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn git(repo: &Path, args: &[&str]) -> Result<String, String> {
     let out = Command::new("git")
@@ -30,6 +38,7 @@ pub async fn ensure(repo: &Path, path: &Path, branch: &str, base: &str) -> Resul
     if path.join(".git").exists() {
         return Ok(());
     }
+    let _held = WORKTREES.lock().await;
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent)
             .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
@@ -61,6 +70,7 @@ pub async fn remove(repo: &Path, path: &Path) -> Result<(), String> {
     if !path.exists() {
         return Ok(());
     }
+    let _held = WORKTREES.lock().await;
     git(
         repo,
         &["worktree", "remove", "--force", &path.to_string_lossy()],
