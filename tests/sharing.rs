@@ -518,23 +518,23 @@ fn init_scaffolds_a_workflow_that_checks_for_every_builtin_preset() {
 
 #[test]
 fn init_from_a_git_source_pins_it() {
-    let (p, repo, cache) = git_setup();
+    let p = Project::new();
+    let cache = tempfile::tempdir().unwrap();
     let cache_s = cache.path().to_str().unwrap();
-    let repo_s = repo.path().join("").display().to_string();
-    // The preset directory is `presets/` of the repository: point --git at a repository
-    // whose root is the preset directory instead.
-    let flat = tempfile::tempdir().unwrap();
-    preset_dir(flat.path(), "flat {{ params.topic }}\n");
-    git(flat.path(), &["init", "-q", "-b", "main"]);
-    git(flat.path(), &["add", "."]);
-    git(flat.path(), &["commit", "-qm", "flat"]);
+    // A repository whose root is the preset directory, given by a path relative to where
+    // the command runs.
+    let flat = p.dir().join("vendor/flat");
+    preset_dir(&flat, "flat {{ params.topic }}\n");
+    git(&flat, &["init", "-q", "-b", "main"]);
+    git(&flat, &["add", "."]);
+    git(&flat, &["commit", "-qm", "flat"]);
     let out = run_env(
         &p,
         &[
             "init",
             "crew:base",
             "--git",
-            flat.path().to_str().unwrap(),
+            "vendor/flat",
             "--rev",
             "main",
             "-o",
@@ -543,9 +543,14 @@ fn init_from_a_git_source_pins_it() {
         cache_s,
     );
     ok(&out);
+    let text = p.read("flows/crew.toml");
+    assert!(
+        text.contains("git = \"../vendor/flat\""),
+        "relative to the workflow: {text}"
+    );
     assert!(
         p.read("flows/ralph-flow.lock")
-            .contains(&git(flat.path(), &["rev-parse", "main"]))
+            .contains(&git(&flat, &["rev-parse", "main"]))
     );
     ok(&run_env(&p, &["check", "flows/crew.toml"], cache_s));
     p.answer("draft", 1, "x");
@@ -554,5 +559,12 @@ fn init_from_a_git_source_pins_it() {
     let out = run_env(&p, &["init", "crew:base", "-o", "flows/x.toml"], cache_s);
     assert_eq!(out.code, 3);
     assert!(out.stderr.contains("--git URL --rev REV"), "{}", out.stderr);
-    assert!(!repo_s.is_empty());
+    // `presets fetch` reports what else is wrong with the workflow.
+    let out = run_env(&p, &["presets", "fetch", "flows/nope.toml"], cache_s);
+    assert_eq!(out.code, 3);
+    assert!(
+        out.stderr.contains("cannot read workflow file"),
+        "{}",
+        out.stderr
+    );
 }

@@ -58,16 +58,19 @@ pub fn run(args: &Args) -> i32 {
 
 fn sync(workflow: &Path, sets: &[(String, String)], update: Option<&[String]>) -> i32 {
     match preset::sync(workflow, sets, update) {
-        Ok(done) if done.is_empty() => {
-            println!(
-                "every git source of {} is pinned and in the cache",
-                workflow.display()
-            );
-            0
-        }
         Ok(done) => {
             for s in &done {
                 super::report_fetch(s);
+            }
+            // What is left wrong with the workflow (a missing file, a tampered cache, ...).
+            if let Err(code) = super::with_checked(workflow, sets, false, |_| ()) {
+                return code;
+            }
+            if done.is_empty() {
+                println!(
+                    "every git source of {} is pinned and in the cache",
+                    workflow.display()
+                );
             }
             0
         }
@@ -330,6 +333,7 @@ pub fn init(args: &InitArgs) -> i32 {
         ));
     }
     let out_dir = ralph_flow::load::normalize(out.parent().unwrap_or(Path::new("")));
+    let mut git_written = String::new();
     let path = match (source_name, &args.git, &args.rev) {
         (None, None, None) => match preset::find(&fs, &preset::search_roots(), preset_name) {
             Some((p, _)) => p,
@@ -345,7 +349,15 @@ pub fn init(args: &InitArgs) -> i32 {
             if let Err(e) = std::fs::create_dir_all(&out_dir) {
                 return fail(format!("cannot create {}: {e}", out_dir.display()));
             }
-            let url = git::resolve_url(g, &out_dir);
+            // A path on the command line is relative to where the command runs; in the
+            // workflow it is relative to the workflow's directory.
+            git_written = if git::is_url(g) {
+                g.clone()
+            } else {
+                let abs = ralph_flow::load::normalize(Path::new(g));
+                relative_to(&abs, &out_dir)
+            };
+            let url = git::resolve_url(&git_written, &out_dir);
             let fetched = match git::fetch(&url, rev, None) {
                 Ok(f) => f,
                 Err(e) => return fail(e),
@@ -356,7 +368,7 @@ pub fn init(args: &InitArgs) -> i32 {
             };
             l.upsert(lock::Locked {
                 name: source_name.unwrap_or_default().to_string(),
-                git: g.clone(),
+                git: git_written.clone(),
                 rev: rev.clone(),
                 commit: fetched.commit.clone(),
                 hash: fetched.hash.clone(),
@@ -416,8 +428,8 @@ pub fn init(args: &InitArgs) -> i32 {
         wf,
         prompts,
         prompt_dir,
-        source: match (source_name, &args.git, &args.rev) {
-            (Some(s), Some(g), Some(r)) => Some((s, g.as_str(), r.as_str())),
+        source: match (source_name, &args.rev) {
+            (Some(s), Some(r)) => Some((s, git_written.as_str(), r.as_str())),
             _ => None,
         },
         out: &out,

@@ -35,21 +35,24 @@ pub fn checkout_dir(commit: &str) -> PathBuf {
 /// Resolves the URL written in a workflow: URLs (`scheme://`, `user@host:path`) as they are,
 /// anything else as a path relative to the directory of the file that declares the source.
 pub fn resolve_url(git: &str, decl_dir: &Path) -> String {
-    let is_url = git.contains("://") || {
-        // scp-like syntax: user@host:path (a colon before any slash).
-        match (git.find(':'), git.find('/')) {
-            (Some(c), Some(s)) => c < s && git[..c].contains('@'),
-            (Some(c), None) => git[..c].contains('@'),
-            _ => false,
-        }
-    };
-    if is_url {
+    if is_url(git) {
         git.to_string()
     } else {
         crate::load::normalize(&decl_dir.join(git))
             .to_string_lossy()
             .into_owned()
     }
+}
+
+/// Tells whether a repository is written as a URL (`scheme://...`, or scp-like
+/// `user@host:path`) rather than as a path.
+pub fn is_url(git: &str) -> bool {
+    git.contains("://")
+        || match (git.find(':'), git.find('/')) {
+            (Some(c), Some(s)) => c < s && git[..c].contains('@'),
+            (Some(c), None) => git[..c].contains('@'),
+            _ => false,
+        }
 }
 
 /// Fetches `rev` of repository `url` into the cache and extracts its commit. With `locked`,
