@@ -72,27 +72,38 @@ impl FileSystem for RealFs {
     }
 }
 
+/// A git source declared by a loaded file.
+#[derive(Clone, Debug)]
+pub struct DeclaredSource {
+    /// The directory of the file that declares it: where its lockfile is, and what a `git`
+    /// path is relative to.
+    pub decl_dir: PathBuf,
+    pub source: Source,
+}
+
+impl DeclaredSource {
+    /// The repository to fetch: `git` as written, resolved against the declaring directory.
+    pub fn url(&self) -> String {
+        preset::git::resolve_url(&self.source.git.value, &self.decl_dir)
+    }
+
+    /// What tells sources apart: one lockfile, one repository, one revision.
+    pub fn key(&self) -> (PathBuf, String, String) {
+        (
+            self.decl_dir.clone(),
+            self.source.git.value.clone(),
+            self.source.rev.value.clone(),
+        )
+    }
+}
+
 /// A git source that a loaded file names but that is not in the cache (or not locked yet):
 /// what `presets fetch` and `run` fetch before loading again.
 #[derive(Clone, Debug)]
 pub struct MissingSource {
-    /// The directory of the file that declares the source (where its lockfile goes).
-    pub decl_dir: PathBuf,
-    /// The source's name in that file.
-    pub name: String,
-    /// The repository as written, and resolved against `decl_dir`.
-    pub git: String,
-    pub url: String,
-    pub rev: String,
-    /// The commit the lockfile pins, when it has an entry.
-    pub locked: Option<(String, String)>,
-}
-
-/// A git source declared by a loaded file.
-#[derive(Clone, Debug)]
-pub struct DeclaredSource {
-    pub decl_dir: PathBuf,
-    pub source: Source,
+    pub declared: DeclaredSource,
+    /// The lockfile's entry, when the source is pinned but not in the cache.
+    pub locked: Option<lock::Locked>,
 }
 
 /// The largest workflow, prompt or schema file read (16 MiB); larger files are refused.
@@ -190,7 +201,7 @@ impl<'a> Loader<'a> {
                 source: Some(src),
                 name,
             } => {
-                let root = self.git_root(src, sources, r.span, &dir)?;
+                let (root, _) = self.git_root(src, sources, r.span, &dir)?;
                 if let Some(path) = preset::find_in(self.fs, &root, name) {
                     return Some(path);
                 }
@@ -220,9 +231,9 @@ impl<'a> Loader<'a> {
         }
     }
 
-    /// The preset directory of a declared git source, verified against its lockfile; what is
-    /// wrong is reported as diagnostics.
-    pub fn source_root(&mut self, d: &DeclaredSource) -> Option<PathBuf> {
+    /// The preset directory of a declared git source and its lockfile entry, verified
+    /// against each other; what is wrong is reported as diagnostics.
+    pub fn source_root(&mut self, d: &DeclaredSource) -> Option<(PathBuf, lock::Locked)> {
         let name = d.source.name.value.clone();
         self.git_root(
             &name,
@@ -232,14 +243,15 @@ impl<'a> Loader<'a> {
         )
     }
 
-    /// The preset directory of a git source, once its cached copy matches the lockfile.
+    /// The preset directory of a git source and its lockfile entry, once its cached copy
+    /// matches the lockfile.
     fn git_root(
         &mut self,
         name: &str,
         sources: &[Source],
         at: Span,
         dir: &Path,
-    ) -> Option<PathBuf> {
+    ) -> Option<(PathBuf, lock::Locked)> {
         let Some(src) = sources.iter().find(|s| s.name.value == name).cloned() else {
             self.diags.push(
                 Diagnostic::new(
@@ -255,6 +267,24 @@ impl<'a> Loader<'a> {
             );
             return None;
         };
+        if let Some(p) = &src.path {
+            let rel = Path::new(&p.value);
+            if rel.is_absolute()
+                || rel
+                    .components()
+                    .any(|c| matches!(c, std::path::Component::ParentDir))
+            {
+                self.diags.push(
+                    Diagnostic::new(
+                        Code::InvalidValue,
+                        p.span,
+                        format!("`{}` leaves the repository", p.value),
+                    )
+                    .help("`path` is a directory inside the repository, such as `presets`"),
+                );
+                return None;
+            }
+        }
         let lock_path = lock::path_in(dir);
         let lock = if self.fs.exists(&lock_path) {
             let file = self.read(&lock_path, Some(src.span), Code::PresetSource, "lockfile")?;
@@ -275,38 +305,17 @@ impl<'a> Loader<'a> {
         } else {
             lock::LockFile::default()
         };
-        if let Some(p) = &src.path {
-            let rel = Path::new(&p.value);
-            if rel.is_absolute()
-                || rel
-                    .components()
-                    .any(|c| matches!(c, std::path::Component::ParentDir))
-            {
-                self.diags.push(
-                    Diagnostic::new(
-                        Code::InvalidValue,
-                        p.span,
-                        format!("`{}` leaves the repository", p.value),
-                    )
-                    .help("`path` is a directory inside the repository, such as `presets`"),
-                );
-                return None;
-            }
-        }
-        let url = preset::git::resolve_url(&src.git.value, dir);
         let entry = lock.find(&src.git.value, &src.rev.value).cloned();
-        let mut missing = MissingSource {
-            decl_dir: dir.to_path_buf(),
-            name: name.to_string(),
-            git: src.git.value.clone(),
-            url,
-            rev: src.rev.value.clone(),
-            locked: None,
-        };
         // Not in the lockfile, or not in the cache: what `presets fetch` and `run` fetch.
-        let not_fetched = |this: &mut Self, missing: MissingSource, message: String, label| {
-            this.missing.push(missing);
-            this.diags.push(
+        let mut not_fetched = |locked: Option<lock::Locked>, message: String, label| {
+            self.missing.push(MissingSource {
+                declared: DeclaredSource {
+                    decl_dir: dir.to_path_buf(),
+                    source: src.clone(),
+                },
+                locked,
+            });
+            self.diags.push(
                 Diagnostic::new(Code::PresetSource, src.span, message)
                     .label(label)
                     .help("run `ralph-flow presets fetch WORKFLOW` to fetch it and pin it in ralph-flow.lock (`ralph-flow run` does this by itself)"),
@@ -317,18 +326,17 @@ impl<'a> Loader<'a> {
                 "source `{name}` (`{}` at `{}`) is not fetched yet",
                 src.git.value, src.rev.value
             );
-            not_fetched(self, missing, message, "not in ralph-flow.lock");
+            not_fetched(None, message, "not in ralph-flow.lock");
             return None;
         };
         let checkout = preset::git::checkout_dir(&entry.commit);
         if !checkout.is_dir() {
-            missing.locked = Some((entry.commit.clone(), entry.hash.clone()));
             let message = format!(
                 "source `{name}` is pinned to commit {} but the cache ({}) has no copy of it",
                 entry.commit,
                 preset::cache_dir().display()
             );
-            not_fetched(self, missing, message, "not in the cache");
+            not_fetched(Some(entry), message, "not in the cache");
             return None;
         }
         let verdict = match self.verified.iter().find(|(d, _)| *d == checkout) {
@@ -362,10 +370,10 @@ impl<'a> Loader<'a> {
             return None;
         }
         let root = match &src.path {
-            Some(p) => checkout.join(p.value.trim_matches('/')),
+            Some(p) => normalize(&checkout.join(&p.value)),
             None => checkout,
         };
-        Some(normalize(&root))
+        Some((root, entry))
     }
 
     /// The file a stage's `prompt_file` names: the first of `RALPH_FLOW_PROMPT_PATH`'s

@@ -586,6 +586,25 @@ idle_timeout = "1s"
     assert!(p.store_text().contains("chatty"), "chatty finished");
 }
 
+/// A for_each over `over` whose items all start at once, each in its own worktree, running
+/// `script` (with the item as `$0`).
+fn items_in_worktrees(over: &str, worktree: &str, script: &str) -> String {
+    format!(
+        r#"name = "trees"
+[stages.items]
+kind = "for_each"
+over = "{over}"
+as = "t"
+max_concurrency = 12
+worktree = {worktree}
+
+[stages.items.stages.edit]
+kind = "command"
+argv = ["sh", "-c", "{script}", "{{{{ t }}}}"]
+"#
+    )
+}
+
 #[test]
 fn many_items_add_and_remove_worktrees_at_once() {
     // Worktree changes of one repository must not race (`worktree prune` against a
@@ -594,18 +613,11 @@ fn many_items_add_and_remove_worktrees_at_once() {
     p.git_init();
     p.workflow(
         "w.toml",
-        r#"name = "trees"
-[stages.items]
-kind = "for_each"
-over = "range(12) | list"
-as = "t"
-max_concurrency = 12
-worktree = { branch = "many/{{ t }}", cleanup = "always" }
-
-[stages.items.stages.edit]
-kind = "command"
-argv = ["sh", "-c", "echo $0 > f.txt && git add f.txt && git commit --allow-empty -qm item-$0", "{{ t }}"]
-"#,
+        &items_in_worktrees(
+            "range(12) | list",
+            r#"{ branch = "many/{{ t }}", cleanup = "always" }"#,
+            "echo $0 > f.txt && git add f.txt && git commit --allow-empty -qm item-$0",
+        ),
     );
     for round in 0..3 {
         let out = p.run(&["run", "w.toml", "--json"]);
@@ -628,18 +640,11 @@ fn parallel_items_get_their_own_git_worktrees() {
     p.git_init();
     p.workflow(
         "w.toml",
-        r#"name = "trees"
-[stages.items]
-kind = "for_each"
-over = "['a', 'b', 'c']"
-as = "t"
-max_concurrency = 3
-worktree = { branch = "ticket/{{ t }}", cleanup = "never" }
-
-[stages.items.stages.edit]
-kind = "command"
-argv = ["sh", "-c", "echo $0 > file.txt && git add file.txt && git commit -qm $0 && pwd", "{{ t }}"]
-"#,
+        &items_in_worktrees(
+            "['a', 'b', 'c']",
+            r#"{ branch = "ticket/{{ t }}", cleanup = "never" }"#,
+            "echo $0 > file.txt && git add file.txt && git commit -qm $0 && pwd",
+        ),
     );
     let out = p.run(&["run", "w.toml", "--json"]);
     assert_eq!(out.code, 0, "{}", out.stderr);

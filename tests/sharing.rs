@@ -184,8 +184,25 @@ argv = ["echo", "announced"]
     ok(&p.run_env(&["run", "workflows/ours.toml"], &env3));
     assert_eq!(p.prompt("draft", 3).trim(), "FROM THE ENVIRONMENT");
 
-    // `presets` lists the installed preset with its description and params, before the
-    // built-in ones.
+    // An installed preset comes before a built-in one of the same name.
+    std::fs::write(
+        presets.path().join("spider.toml"),
+        std::fs::read_to_string(presets.path().join("workflows/base.toml"))
+            .unwrap()
+            .replace("name = \"base\"", "name = \"spider\"")
+            .replace("../prompts/base", "prompts/base"),
+    )
+    .unwrap();
+    let out = p.run_env(&["explain", "spider"], &env);
+    ok(&out);
+    assert!(
+        out.stdout.contains("A small preset for tests"),
+        "{}",
+        out.stdout
+    );
+
+    // `presets` lists the installed presets with their description and params, before the
+    // built-in ones, and says which built-in one is shadowed.
     let list = p.run_env(&["presets", "--json"], &env);
     ok(&list);
     let entries = list.json.as_array().unwrap();
@@ -193,11 +210,17 @@ argv = ["echo", "announced"]
     assert_eq!(entries[0]["origin"], "installed");
     assert_eq!(entries[0]["params"][0]["name"], "topic");
     assert_eq!(entries[0]["params"][0]["default"], "ducks");
-    assert!(
-        entries
-            .iter()
-            .any(|e| e["name"] == "spider" && e["origin"] == "built-in")
-    );
+    let spiders: Vec<(&str, bool)> = entries
+        .iter()
+        .filter(|e| e["name"] == "spider")
+        .map(|e| {
+            (
+                e["origin"].as_str().unwrap(),
+                e["shadowed"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(spiders, [("installed", false), ("built-in", true)]);
 }
 
 #[test]
@@ -228,12 +251,24 @@ params = { topic = "swans" }
 kind = "command"
 needs = ["inner"]
 argv = ["true"]
+on_fail = "exit:gave_up"
 "#,
     );
     p.answer("draft", 1, "swan song");
     let out = p.run_env(&["run", "w.toml"], &env);
     ok(&out);
     assert_eq!(p.prompt("draft", 1).trim(), "Write about swans.");
+    // The exit comes from the included preset: without the include it is unknown.
+    let out = p.run_env(
+        &["check", "w.toml"],
+        &[("RALPH_FLOW_PRESET_PATH", "/nonexistent")],
+    );
+    assert_eq!(out.code, 3);
+    assert!(
+        out.stderr.contains("there is no preset `common`"),
+        "{}",
+        out.stderr
+    );
     p.workflow(
         "w2.toml",
         "name = \"outer\"\n\n[stages.inner]\nkind = \"subflow\"\nworkflow = \"bose\"\n",
@@ -443,6 +478,18 @@ fn git_source_errors_name_the_place_and_the_remedy() {
     assert_eq!(out.code, 3);
     assert!(
         out.stderr.contains("has no branch, tag or commit `v9`"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains("workflows/fourth.toml:4:1"),
+        "{}",
+        out.stderr
+    );
+    let out = run_env(&p, &["presets", "fetch", "workflows/fourth.toml"], cache_s);
+    assert_eq!(out.code, 3);
+    assert!(
+        out.stderr.contains("workflows/fourth.toml:4:1"),
         "{}",
         out.stderr
     );

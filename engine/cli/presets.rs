@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use ralph_flow::diag::Diagnostics;
 use ralph_flow::load::{FileSystem, Loader, RealFs};
 use ralph_flow::model::{StageBody, Workflow};
-use ralph_flow::preset::{self, Origin, Reference, Root, git, lock};
+use ralph_flow::preset::{self, Origin, Reference, Root, git};
 use ralph_flow::source::Sources;
 
 use super::EXIT_CONFIG;
@@ -75,7 +75,7 @@ fn sync(workflow: &Path, sets: &[(String, String)], update: Option<&[String]>) -
             0
         }
         Err(e) => {
-            eprintln!("error: {e}");
+            super::print_diagnostics(&e.sources, &e.diagnostics);
             EXIT_CONFIG
         }
     }
@@ -115,14 +115,15 @@ fn origin_text(o: &Origin) -> String {
     }
 }
 
-/// Loads a preset's file for its description and params.
-fn info(path: &Path) -> Result<Workflow, String> {
+/// Loads a preset's file (for its description, params and prompt directories), with the
+/// files it was built from.
+fn info(path: &Path) -> Result<(Workflow, Sources), String> {
     let fs = RealFs;
     let mut sources = Sources::new();
     let mut diags = Diagnostics::default();
     let wf = Loader::new(&fs, &mut sources, &mut diags).load(path, None);
     match wf {
-        Some(wf) if !diags.has_errors() => Ok(wf),
+        Some(wf) if !diags.has_errors() => Ok((wf, sources)),
         _ => Err(ralph_flow::diag::render_short(
             &sources,
             &diags.into_sorted(),
@@ -152,31 +153,22 @@ fn list(args: &Args) -> i32 {
         let mut diags = Diagnostics::default();
         let mut loader = Loader::new(&fs, &mut sources, &mut diags);
         loader.load(w, None);
-        let declared = std::mem::take(&mut loader.declared);
-        let mut problems = Diagnostics::default();
-        for d in &declared {
-            let mut l = Loader::new(&fs, loader.sources, &mut problems);
-            if let Some(dir) = l.source_root(d) {
-                let commit = lock::read(&d.decl_dir)
-                    .ok()
-                    .and_then(|lk| {
-                        lk.find(&d.source.git.value, &d.source.rev.value)
-                            .map(|e| e.commit.clone())
-                    })
-                    .unwrap_or_default();
+        // Each declared source, verified, even when nothing names it.
+        for d in std::mem::take(&mut loader.declared) {
+            if let Some((dir, locked)) = loader.source_root(&d) {
                 roots.push(Root {
                     dir,
                     origin: Origin::Git {
-                        source: d.source.name.value.clone(),
-                        git: d.source.git.value.clone(),
-                        commit,
+                        source: d.source.name.value,
+                        git: d.source.git.value,
+                        commit: locked.commit,
                     },
                 });
             }
         }
         drop(loader);
-        if problems.has_errors() {
-            super::print_diagnostics(&sources, &problems.into_sorted());
+        if diags.has_errors() {
+            super::print_diagnostics(&sources, &diags.into_sorted());
             code = EXIT_CONFIG;
         }
     }
@@ -185,7 +177,7 @@ fn list(args: &Args) -> i32 {
     for root in &roots {
         for (name, path) in preset::list_in(&fs, &root.dir) {
             let (description, params) = match info(&path) {
-                Ok(wf) => (
+                Ok((wf, _)) => (
                     wf.description.as_ref().map(|d| d.value.clone()),
                     params(&wf),
                 ),
@@ -362,18 +354,8 @@ pub fn init(args: &InitArgs) -> i32 {
                 Ok(f) => f,
                 Err(e) => return fail(e),
             };
-            let mut l = match lock::read(&out_dir) {
-                Ok(l) => l,
-                Err(e) => return fail(e),
-            };
-            l.upsert(lock::Locked {
-                name: source_name.unwrap_or_default().to_string(),
-                git: git_written.clone(),
-                rev: rev.clone(),
-                commit: fetched.commit.clone(),
-                hash: fetched.hash.clone(),
-            });
-            if let Err(e) = lock::write(&out_dir, &l) {
+            let source = source_name.unwrap_or_default();
+            if let Err(e) = preset::pin(&out_dir, source, &git_written, rev, &fetched) {
                 return fail(e);
             }
             match preset::find_in(&fs, &fetched.dir, preset_name) {
@@ -397,23 +379,16 @@ pub fn init(args: &InitArgs) -> i32 {
             );
         }
     };
-    let wf = match info(&path) {
-        Ok(wf) => wf,
+    let (wf, sources) = match info(&path) {
+        Ok(x) => x,
         Err(e) => return fail(format!("the preset does not load:\n{e}")),
     };
     let mut prompts: Vec<String> = Vec::new();
-    {
-        let mut sources = Sources::new();
-        let mut diags = Diagnostics::default();
-        let mut loader = Loader::new(&fs, &mut sources, &mut diags);
-        if let Some(w) = loader.load(&path, None) {
-            for d in &w.prompt_path {
-                let dir = ralph_flow::check::base_dir(loader.sources, d.span).join(&d.value);
-                for f in fs.list(&ralph_flow::load::normalize(&dir)) {
-                    if let Some(n) = f.file_name().and_then(|n| n.to_str()) {
-                        prompts.push(n.to_string());
-                    }
-                }
+    for d in &wf.prompt_path {
+        let dir = ralph_flow::check::base_dir(&sources, d.span).join(&d.value);
+        for f in fs.list(&ralph_flow::load::normalize(&dir)) {
+            if let Some(n) = f.file_name().and_then(|n| n.to_str()) {
+                prompts.push(n.to_string());
             }
         }
     }

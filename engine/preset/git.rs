@@ -14,7 +14,8 @@ use std::process::{Command, Stdio};
 
 use sha2::{Digest, Sha256};
 
-use super::{cache_dir, hex, tree_hash};
+use super::{cache_dir, tree_hash};
+use crate::store::hex;
 
 /// A source fetched into the cache.
 #[derive(Clone, Debug)]
@@ -27,9 +28,14 @@ pub struct Fetched {
     pub dir: PathBuf,
 }
 
+/// Where fetched commits are extracted, one directory each.
+pub fn checkouts_dir() -> PathBuf {
+    cache_dir().join("git").join("checkouts")
+}
+
 /// The directory a commit's files are extracted to.
 pub fn checkout_dir(commit: &str) -> PathBuf {
-    cache_dir().join("git").join("checkouts").join(commit)
+    checkouts_dir().join(commit)
 }
 
 /// Resolves the URL written in a workflow: URLs (`scheme://`, `user@host:path`) as they are,

@@ -76,13 +76,13 @@ impl LockFile {
     }
 
     /// The file's text.
-    pub fn render(&self) -> String {
-        let body = toml::to_string(self).unwrap_or_default();
-        format!(
+    pub fn render(&self) -> Result<String, String> {
+        let body = toml::to_string(self).map_err(|e| format!("cannot write the lockfile: {e}"))?;
+        Ok(format!(
             "# ralph-flow.lock: the git presets of the workflows in this directory, pinned to a\n\
              # commit and a content hash. Written by ralph-flow; commit it with your workflows.\n\
              {body}"
-        )
+        ))
     }
 }
 
@@ -108,8 +108,9 @@ pub fn read(dir: &Path) -> Result<LockFile, String> {
 /// Writes the lockfile of a directory atomically (a temporary file renamed over it).
 pub fn write(dir: &Path, lock: &LockFile) -> Result<(), String> {
     let path = path_in(dir);
+    let text = lock.render()?;
     let tmp = dir.join(format!(".{LOCK_NAME}.{}.tmp", std::process::id()));
-    std::fs::write(&tmp, lock.render())
+    std::fs::write(&tmp, text)
         .and_then(|()| std::fs::rename(&tmp, &path))
         .map_err(|e| {
             let _ = std::fs::remove_file(&tmp);
@@ -143,7 +144,7 @@ mod tests {
         newer.hash = "sha256:11".into();
         lock.upsert(newer.clone());
         assert_eq!(lock.sources.len(), 2);
-        let back = LockFile::parse(&lock.render()).expect("parses");
+        let back = LockFile::parse(&lock.render().expect("renders")).expect("parses");
         assert_eq!(back, lock);
         assert_eq!(back.find("../presets", "v1"), Some(&newer));
         assert!(back.find("../presets", "v3").is_none());

@@ -18,7 +18,9 @@ pub mod lock;
 
 use std::path::{Path, PathBuf};
 
-use crate::load::FileSystem;
+use crate::diag::{Code, Diagnostic};
+use crate::load::{DeclaredSource, FileSystem, MissingSource};
+use crate::source::Sources;
 
 mod builtin {
     include!(concat!(env!("OUT_DIR"), "/builtin.rs"));
@@ -251,7 +253,7 @@ pub fn tree_hash(dir: &Path) -> std::io::Result<String> {
         }
         h.update([0]);
     }
-    Ok(format!("sha256:{}", hex(&h.finalize())))
+    Ok(format!("sha256:{}", crate::store::hex(&h.finalize())))
 }
 
 fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) -> std::io::Result<()> {
@@ -268,9 +270,214 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Lowercase hex of some bytes.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+/// What [`sync`] did for one source.
+#[derive(Clone, Debug)]
+pub struct Synced {
+    pub name: String,
+    pub git: String,
+    pub rev: String,
+    pub commit: String,
+    /// The lockfile that pins it.
+    pub lock: PathBuf,
+    /// `pinned` (newly locked), `fetched` (the locked commit, fetched again) or `updated`
+    /// (pinned anew by `update`).
+    pub action: &'static str,
+}
+
+/// Why [`sync`] stopped: diagnostics (at the source's declaration where there is one), with
+/// the files to render them.
+pub struct SyncError {
+    pub sources: Sources,
+    pub diagnostics: Vec<Diagnostic>,
+}
+
+/// What loading and checking a workflow found about its git sources.
+struct Discovered {
+    sources: Sources,
+    missing: Vec<MissingSource>,
+    declared: Vec<DeclaredSource>,
+}
+
+fn discover(path: &Path, sets: &[(String, String)]) -> Discovered {
+    let fs = crate::load::RealFs;
+    let mut sources = Sources::new();
+    let mut diags = crate::diag::Diagnostics::default();
+    let mut loader = crate::load::Loader::new(&fs, &mut sources, &mut diags);
+    if let Some(wf) = loader.load(path, None) {
+        // Subflows are followed by the checker; their sources count too.
+        let mut check_diags = crate::diag::Diagnostics::default();
+        let _ = crate::check::check(&wf, &mut loader, sets, false, &mut check_diags);
+    }
+    let missing = std::mem::take(&mut loader.missing);
+    let declared = std::mem::take(&mut loader.declared);
+    Discovered {
+        sources,
+        missing,
+        declared,
+    }
+}
+
+/// Pins a commit in the lockfile of `dir`, keeping the other entries.
+pub fn pin(dir: &Path, name: &str, git: &str, rev: &str, f: &git::Fetched) -> Result<(), String> {
+    let mut l = lock::read(dir)?;
+    l.upsert(lock::Locked {
+        name: name.to_string(),
+        git: git.to_string(),
+        rev: rev.to_string(),
+        commit: f.commit.clone(),
+        hash: f.hash.clone(),
+    });
+    lock::write(dir, &l)
+}
+
+/// Fetches one source into the cache. With `locked`, its pinned commit, whose content must
+/// still hash to what the lockfile says; without, what its `rev` names now, pinned in the
+/// lockfile of the file that declares it. Errors point at the source's declaration.
+fn fetch_one(
+    d: &DeclaredSource,
+    locked: Option<&lock::Locked>,
+    new_action: &'static str,
+) -> Result<Synced, Box<Diagnostic>> {
+    let s = &d.source;
+    let url = d.url();
+    let error = |message: String| {
+        Box::new(
+            Diagnostic::new(Code::PresetSource, s.span, message)
+                .help("check the source's `git` and `rev`, and that git can reach it"),
+        )
+    };
+    let f = git::fetch(&url, &s.rev.value, locked.map(|l| l.commit.as_str())).map_err(error)?;
+    let action = match locked {
+        Some(l) if f.hash != l.hash => {
+            return Err(error(format!(
+                "commit {} of {url} has the content hash {}, but {} says {}: the lockfile was edited, or the repository's history rewritten; check it, then `ralph-flow presets update`",
+                l.commit,
+                f.hash,
+                lock::path_in(&d.decl_dir).display(),
+                l.hash
+            )));
+        }
+        Some(_) => "fetched",
+        // The lockfile of a fetched preset is part of its content: it cannot be written.
+        None if d.decl_dir.starts_with(git::checkouts_dir()) => {
+            return Err(error(format!(
+                "a fetched preset ({}) declares the source `{}` but pins it in no ralph-flow.lock of its own; its authors must commit one (`ralph-flow presets fetch` in their repository)",
+                d.decl_dir.display(),
+                s.name.value
+            )));
+        }
+        None => {
+            pin(&d.decl_dir, &s.name.value, &s.git.value, &s.rev.value, &f).map_err(error)?;
+            new_action
+        }
+    };
+    Ok(Synced {
+        name: s.name.value.clone(),
+        git: s.git.value.clone(),
+        rev: s.rev.value.clone(),
+        commit: f.commit,
+        lock: lock::path_in(&d.decl_dir),
+        action,
+    })
+}
+
+/// Fetches what a load found missing (each source once), pinning new sources. One round:
+/// the presets fetched may name sources of their own, found by loading again.
+pub fn fetch_missing(missing: &[MissingSource]) -> Result<Vec<Synced>, Box<Diagnostic>> {
+    let mut seen = Vec::new();
+    let mut done = Vec::new();
+    for m in missing {
+        let key = m.declared.key();
+        if seen.contains(&key) {
+            continue;
+        }
+        seen.push(key);
+        done.push(fetch_one(&m.declared, m.locked.as_ref(), "pinned")?);
+    }
+    Ok(done)
+}
+
+/// Fetches every git source that a workflow (with everything it extends, includes and calls)
+/// names and the cache lacks, and pins new ones in the lockfile beside the file that declares
+/// them ([`fetch_missing`], then a load again, until nothing is missing). With `update`, the
+/// named sources (every declared one when the list is empty) are first resolved anew from
+/// their `rev` and pinned again.
+pub fn sync(
+    path: &Path,
+    sets: &[(String, String)],
+    update: Option<&[String]>,
+) -> Result<Vec<Synced>, SyncError> {
+    let fail = |sources: Sources, d: Diagnostic| SyncError {
+        sources,
+        diagnostics: vec![d],
+    };
+    let mut done: Vec<Synced> = Vec::new();
+    if let Some(names) = update {
+        let found = discover(path, sets);
+        let declared = |n: &str| found.declared.iter().any(|d| d.source.name.value == n);
+        if let Some(n) = names.iter().find(|n| !declared(n)) {
+            let known: Vec<&str> = found
+                .declared
+                .iter()
+                .map(|d| d.source.name.value.as_str())
+                .collect();
+            let message = format!(
+                "no file of {} declares a source `{n}` (declared: {})",
+                path.display(),
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                }
+            );
+            return Err(fail(
+                found.sources,
+                Diagnostic::new(Code::UnknownPreset, None, message),
+            ));
+        }
+        let mut seen = Vec::new();
+        for d in &found.declared {
+            // The sources of a fetched preset are pinned by that preset's own lockfile.
+            let own = !d.decl_dir.starts_with(git::checkouts_dir());
+            let named = names.is_empty() || names.contains(&d.source.name.value);
+            if own && named && !seen.contains(&d.key()) {
+                seen.push(d.key());
+                match fetch_one(d, None, "updated") {
+                    Ok(s) => done.push(s),
+                    Err(e) => return Err(fail(found.sources, *e)),
+                }
+            }
+        }
+    }
+    // Every round fetches sources not fetched before (or stops), and a workflow names
+    // finitely many, so this ends.
+    let mut fetched = Vec::new();
+    loop {
+        let found = discover(path, sets);
+        if found.missing.is_empty() {
+            return Ok(done);
+        }
+        if let Some(m) = found
+            .missing
+            .iter()
+            .find(|m| fetched.contains(&m.declared.key()))
+        {
+            let message = format!(
+                "source `{}` is still missing after it was fetched (is RALPH_FLOW_CACHE_DIR changing?)",
+                m.declared.source.name.value
+            );
+            let span = m.declared.source.span;
+            return Err(fail(
+                found.sources,
+                Diagnostic::new(Code::PresetSource, span, message),
+            ));
+        }
+        match fetch_missing(&found.missing) {
+            Ok(round) => done.extend(round),
+            Err(e) => return Err(fail(found.sources, *e)),
+        }
+        fetched.extend(found.missing.iter().map(|m| m.declared.key()));
+    }
 }
 
 #[cfg(test)]
@@ -308,178 +515,4 @@ mod tests {
         assert!(builtin_file(Path::new("/<built-in>/workflows/nope.toml")).is_none());
         assert!(builtin_file(Path::new("workflows/spider.toml")).is_none());
     }
-}
-
-/// Where fetched commits are extracted.
-fn checkouts() -> PathBuf {
-    cache_dir().join("git").join("checkouts")
-}
-
-/// What [`sync`] did for one source.
-#[derive(Clone, Debug)]
-pub struct Synced {
-    pub name: String,
-    pub git: String,
-    pub rev: String,
-    pub commit: String,
-    /// The lockfile that pins it.
-    pub lock: PathBuf,
-    /// `pinned` (newly locked), `fetched` (the locked commit, fetched again) or `updated`
-    /// (pinned anew by `update`).
-    pub action: &'static str,
-}
-
-/// What loading and checking a workflow found about its git sources.
-struct Discovered {
-    missing: Vec<crate::load::MissingSource>,
-    declared: Vec<crate::load::DeclaredSource>,
-}
-
-fn discover(path: &Path, sets: &[(String, String)]) -> Discovered {
-    let fs = crate::load::RealFs;
-    let mut sources = crate::source::Sources::new();
-    let mut diags = crate::diag::Diagnostics::default();
-    let mut loader = crate::load::Loader::new(&fs, &mut sources, &mut diags);
-    if let Some(wf) = loader.load(path, None) {
-        // Subflows are followed by the checker; their sources count too.
-        let mut check_diags = crate::diag::Diagnostics::default();
-        let _ = crate::check::check(&wf, &mut loader, sets, false, &mut check_diags);
-    }
-    Discovered {
-        missing: std::mem::take(&mut loader.missing),
-        declared: std::mem::take(&mut loader.declared),
-    }
-}
-
-/// Pins a freshly resolved commit in the lockfile of `dir`.
-fn pin(
-    dir: &Path,
-    name: &str,
-    git_as_written: &str,
-    rev: &str,
-    f: &git::Fetched,
-) -> Result<(), String> {
-    let mut l = lock::read(dir)?;
-    l.upsert(lock::Locked {
-        name: name.to_string(),
-        git: git_as_written.to_string(),
-        rev: rev.to_string(),
-        commit: f.commit.clone(),
-        hash: f.hash.clone(),
-    });
-    lock::write(dir, &l)
-}
-
-/// Fetches every git source that a workflow (with everything it extends, includes and calls)
-/// names and the cache lacks, and pins new ones in the lockfile beside the file that declares
-/// them. A source already pinned is fetched at its pinned commit, whose content must still
-/// hash to what the lockfile says. With `update`, the named sources (every declared one when
-/// the list is empty) are first resolved anew from their `rev` and pinned again.
-pub fn sync(
-    path: &Path,
-    sets: &[(String, String)],
-    update: Option<&[String]>,
-) -> Result<Vec<Synced>, String> {
-    let mut done: Vec<Synced> = Vec::new();
-    if let Some(names) = update {
-        let declared = discover(path, sets).declared;
-        for n in names {
-            if !declared.iter().any(|d| d.source.name.value == *n) {
-                let known: Vec<&str> = declared
-                    .iter()
-                    .map(|d| d.source.name.value.as_str())
-                    .collect();
-                return Err(format!(
-                    "no file of {} declares a source `{n}` (declared: {})",
-                    path.display(),
-                    if known.is_empty() {
-                        "none".to_string()
-                    } else {
-                        known.join(", ")
-                    }
-                ));
-            }
-        }
-        let mut seen: Vec<(PathBuf, String, String)> = Vec::new();
-        for d in &declared {
-            let s = &d.source;
-            // The sources of a fetched preset are pinned by that preset's own lockfile.
-            if d.decl_dir.starts_with(checkouts()) {
-                continue;
-            }
-            if !names.is_empty() && !names.contains(&s.name.value) {
-                continue;
-            }
-            let key = (d.decl_dir.clone(), s.git.value.clone(), s.rev.value.clone());
-            if seen.contains(&key) {
-                continue;
-            }
-            seen.push(key);
-            let url = git::resolve_url(&s.git.value, &d.decl_dir);
-            let f = git::fetch(&url, &s.rev.value, None)?;
-            pin(&d.decl_dir, &s.name.value, &s.git.value, &s.rev.value, &f)?;
-            done.push(Synced {
-                name: s.name.value.clone(),
-                git: s.git.value.clone(),
-                rev: s.rev.value.clone(),
-                commit: f.commit,
-                lock: lock::path_in(&d.decl_dir),
-                action: "updated",
-            });
-        }
-    }
-    // Each round may reveal sources named by the presets it fetched; files cannot nest
-    // deeper than the loader allows, so a few rounds always suffice.
-    for _ in 0..16 {
-        let missing = discover(path, sets).missing;
-        if missing.is_empty() {
-            return Ok(done);
-        }
-        let mut seen: Vec<(PathBuf, String, String)> = Vec::new();
-        for m in missing {
-            let key = (m.decl_dir.clone(), m.git.clone(), m.rev.clone());
-            if seen.contains(&key) {
-                continue;
-            }
-            seen.push(key);
-            let locked = m.locked.as_ref().map(|(c, _)| c.as_str());
-            let f = git::fetch(&m.url, &m.rev, locked)?;
-            let action = match &m.locked {
-                Some((commit, hash)) => {
-                    if f.hash != *hash {
-                        return Err(format!(
-                            "commit {commit} of {} has the content hash {}, but {} says {hash}: the lockfile was edited, or the repository's history rewritten; check it, then `ralph-flow presets update`",
-                            m.url,
-                            f.hash,
-                            lock::path_in(&m.decl_dir).display()
-                        ));
-                    }
-                    "fetched"
-                }
-                None if m.decl_dir.starts_with(checkouts()) => {
-                    return Err(format!(
-                        "a fetched preset ({}) declares the source `{}` but pins it in no ralph-flow.lock of its own; its authors must commit one (`ralph-flow presets fetch` in their repository)",
-                        m.decl_dir.display(),
-                        m.name
-                    ));
-                }
-                None => {
-                    pin(&m.decl_dir, &m.name, &m.git, &m.rev, &f)?;
-                    "pinned"
-                }
-            };
-            done.push(Synced {
-                name: m.name,
-                git: m.git,
-                rev: m.rev,
-                commit: f.commit,
-                lock: lock::path_in(&m.decl_dir),
-                action,
-            });
-        }
-    }
-    Err(format!(
-        "the git sources of {} kept naming new sources; giving up",
-        path.display()
-    ))
 }

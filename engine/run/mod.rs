@@ -95,11 +95,7 @@ pub fn prepare(path: &Path, sets: &[(String, String)]) -> Result<Prepared, Box<P
                 hasher.update(f.text.as_bytes());
                 hasher.update([0]);
             }
-            let hash = hasher
-                .finalize()
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect();
+            let hash = crate::store::hex(&hasher.finalize());
             Ok(Prepared {
                 plan,
                 hash,
@@ -124,24 +120,28 @@ pub fn prepare_fetching(
     sets: &[(String, String)],
     report: &mut dyn FnMut(&crate::preset::Synced),
 ) -> Result<Prepared, Box<PrepareError>> {
-    match prepare(path, sets) {
-        Err(e) if !e.missing.is_empty() => match crate::preset::sync(path, sets, None) {
-            Ok(done) => {
-                for s in &done {
-                    report(s);
-                }
-                prepare(path, sets)
+    let mut fetched = Vec::new();
+    loop {
+        let mut e = match prepare(path, sets) {
+            Err(e) if !e.missing.is_empty() => e,
+            other => return other,
+        };
+        // Fetched presets may name sources of their own: prepare again until none is
+        // missing. A source still missing once fetched stops it, so this ends.
+        if e.missing
+            .iter()
+            .any(|m| fetched.contains(&m.declared.key()))
+        {
+            return Err(e);
+        }
+        match crate::preset::fetch_missing(&e.missing) {
+            Ok(done) => done.iter().for_each(&mut *report),
+            Err(d) => {
+                e.diagnostics.push(*d);
+                return Err(e);
             }
-            Err(msg) => {
-                let mut e = e;
-                e.diagnostics.push(
-                    Diagnostic::new(crate::diag::Code::PresetSource, None, msg)
-                        .help("check the source's `git` and `rev`, and that git can reach it"),
-                );
-                Err(e)
-            }
-        },
-        other => other,
+        }
+        fetched.extend(e.missing.iter().map(|m| m.declared.key()));
     }
 }
 

@@ -297,6 +297,17 @@ pub fn current_owner() -> LockOwner {
     }
 }
 
+/// Lowercase hex of some bytes (content hashes).
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}
+
 /// Returns the milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {
     SystemTime::now()

@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 
 use super::{
     Approval, AttemptRecord, Event, GateRequest, LockOwner, NodeRecord, NodeState, Result,
-    RunRecord, RunStatus, Store, StoreError, Write, now_ms, rfc3339,
+    RunRecord, RunStatus, Store, StoreError, Write, hex, now_ms, rfc3339,
 };
 use crate::backend::Usage;
 
@@ -831,14 +831,6 @@ fn sql_error(path: &Path, what: &str, e: rusqlite::Error) -> StoreError {
 
 fn json_text<T: serde::Serialize>(value: &T) -> Result<String> {
     serde_json::to_string(value).map_err(|e| StoreError(format!("cannot serialize a value: {e}")))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    bytes.iter().fold(String::with_capacity(64), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
 }
 
 /// Usage as stored: counts as SQLite integers (saturating), cost as a nullable real.
