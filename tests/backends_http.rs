@@ -96,7 +96,9 @@ async fn chat_sends_the_prompt_and_reads_the_reply() {
         .and(body_json(json!({
             "model": "model-2",
             "messages": [{"role": "user", "content": "Say hi"}],
-            "max_tokens": 100
+            "max_tokens": 100,
+            "stream": true,
+            "stream_options": {"include_usage": true}
         })))
         .respond_with(ResponseTemplate::new(200).set_body_json(chat_response()))
         .expect(1)
@@ -141,7 +143,8 @@ async fn responses_sends_input_and_joins_output_text() {
         .and(body_json(json!({
             "model": "model-1",
             "input": "Say hi",
-            "max_output_tokens": 50
+            "max_output_tokens": 50,
+            "stream": true
         })))
         .respond_with(ResponseTemplate::new(200).set_body_json(json!({
             "id": "resp_1",
@@ -213,7 +216,8 @@ async fn anthropic_sends_its_headers_and_joins_text_blocks() {
         .and(body_json(json!({
             "model": "model-1",
             "max_tokens": 8192,
-            "messages": [{"role": "user", "content": "Say hi"}]
+            "messages": [{"role": "user", "content": "Say hi"}],
+            "stream": true
         })))
         .respond_with(ResponseTemplate::new(200).set_body_json(json!({
             "id": "msg_1",
@@ -391,7 +395,7 @@ async fn anthropic_overload_is_transient() {
         error,
         CallError::Transient {
             message: format!(
-                "agent `llm`: HTTP 529 Overloaded from {}/v1/messages: Overloaded",
+                "HTTP 529 Overloaded from {}/v1/messages: Overloaded",
                 server.uri()
             ),
             retry_after: Some(Duration::from_secs(3)),
@@ -674,7 +678,12 @@ async fn request_and_response_are_written_without_the_key() {
     assert!(!request.contains(&key()), "{request}");
     assert_eq!(
         serde_json::from_str::<Value>(&request).unwrap(),
-        json!({"model": "model-1", "messages": [{"role": "user", "content": "Say hi"}]})
+        json!({
+            "model": "model-1",
+            "messages": [{"role": "user", "content": "Say hi"}],
+            "stream": true,
+            "stream_options": {"include_usage": true}
+        })
     );
     let response = std::fs::read_to_string(dir.path().join("response.json")).unwrap();
     assert_eq!(

@@ -78,6 +78,7 @@ fn fixture(state: &Path) {
         started_at,
         updated_at: started_at + 72_000,
         dir: format!(".ralph-flow/runs/{id}"),
+        options: serde_json::json!({}),
     };
     s.create_run(&run("r1", T0 - 3_600_000, RunStatus::Running))
         .expect("create");
@@ -263,6 +264,7 @@ fn logs_show_events_in_order() {
     let kinds: Vec<&str> = out
         .lines()
         .skip(1)
+        .take_while(|l| !l.is_empty())
         .map(|l| l.split_whitespace().nth(2).expect("kind"))
         .collect();
     assert_eq!(
@@ -270,6 +272,13 @@ fn logs_show_events_in_order() {
         ["started", "started", "done", "started", "retry", "waiting"],
         "{out}"
     );
+    // A settled stage's row shows what it used, and the run's total closes the table.
+    let done = out
+        .lines()
+        .find(|l| l.contains(" done "))
+        .expect("a done row");
+    assert!(done.contains("10000/1000/5000 $0.1000"), "{done}");
+    assert!(out.contains("total: 30000/3000/15000"), "{out}");
     assert!(
         out.contains("2026-01-01T00:00:02Z  attempts#1/implement  started"),
         "{out}"

@@ -62,21 +62,25 @@ pub fn build(config: &AgentConfig) -> Result<Box<dyn Backend>, String> {
     };
     let program = match flavor {
         Flavor::Command(_) => String::new(),
-        _ => {
-            let name = config.kind.as_str();
-            config
-                .program
-                .clone()
-                .or_else(|| std::env::var(format!("RALPH_FLOW_{}", name.to_uppercase())).ok())
-                .filter(|p| !p.is_empty())
-                .unwrap_or_else(|| name.to_string())
-        }
+        _ => program(config),
     };
     Ok(Box::new(CliBackend {
         config: config.clone(),
         flavor,
         program,
     }))
+}
+
+/// The program of a `claude`, `codex` or `gemini` agent: its `program`, else the one named
+/// by `RALPH_FLOW_CLAUDE` (`RALPH_FLOW_CODEX`, `RALPH_FLOW_GEMINI`), else the kind's name.
+pub fn program(config: &AgentConfig) -> String {
+    let name = config.kind.as_str();
+    config
+        .program
+        .clone()
+        .or_else(|| std::env::var(format!("RALPH_FLOW_{}", name.to_uppercase())).ok())
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| name.to_string())
 }
 
 /// Which program a backend runs, and so how it talks to it.
@@ -338,7 +342,7 @@ fn parse_claude(out: &ProcOutput) -> Result<AgentReply, CallError> {
             .get("modelUsage")
             .and_then(Value::as_object)
             .and_then(|m| m.keys().next().cloned()),
-        raw: String::new(),
+        ..AgentReply::default()
     })
 }
 

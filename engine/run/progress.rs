@@ -44,6 +44,15 @@ fn depth(scope: &str) -> usize {
     }
 }
 
+/// The first line of a message, cut to `max` characters.
+pub fn one_line(text: &str, max: usize) -> String {
+    let line = text.trim().lines().next().unwrap_or("");
+    match line.char_indices().nth(max) {
+        Some((end, _)) => format!("{}…", &line[..end]),
+        None => line.to_owned(),
+    }
+}
+
 /// Shows a duration shortly: `850ms`, `12.3s`, `4m05s`, `1h02m`.
 pub fn short_duration(d: Duration) -> String {
     let ms = d.as_millis();
@@ -128,7 +137,15 @@ impl Progress {
     }
 
     /// A stage settled.
-    pub fn settled(&self, scope: &str, stage: &str, state: &str, elapsed: Duration, usage: &Usage) {
+    pub fn settled(
+        &self,
+        scope: &str,
+        stage: &str,
+        state: &str,
+        elapsed: Duration,
+        usage: &Usage,
+        why: Option<&str>,
+    ) {
         let k = key(scope, stage);
         if let Some(bar) = self.bars.borrow_mut().remove(&k) {
             bar.finish_and_clear();
@@ -148,6 +165,10 @@ impl Progress {
         }
         if let Some(c) = usage.cost_usd {
             text.push_str(&format!(" · ${c:.4}"));
+        }
+        if let Some(why) = why.filter(|_| mark == "✗") {
+            text.push_str(": ");
+            text.push_str(&one_line(why, 240));
         }
         self.line(&text);
     }

@@ -381,10 +381,46 @@ impl Exec<'_> {
                         _ => msg.clone(),
                     };
                     write_file(dir, "error.txt", &detail);
-                    return self.fail_attempt(&at, state, Some(&agent_name), detail, usage);
+                    // The agent gave no answer: not a verdict on the work, so nothing
+                    // of it reaches an agent as feedback, and `on_error` decides.
+                    self.attempt_record(
+                        &at,
+                        state.as_str(),
+                        Some(&agent_name),
+                        Some(detail.clone()),
+                        &usage,
+                    );
+                    let mut s = Settled::error(state, detail, node.on_error.clone(), started);
+                    s.usage = usage;
+                    s.attempts = attempt;
+                    return Outcome::Settled(s);
                 }
             };
             usage.add(&reply.usage);
+            for w in &reply.warnings {
+                self.shared.event(&scope, &node.name, "warning", w.clone());
+                self.shared
+                    .progress
+                    .note(&format!("! {}: agent `{agent_name}`: {w}", node.name));
+            }
+            if !reply.denied.is_empty() {
+                let text = format!(
+                    "agent `{agent_name}` was denied {} action{} (its `permissions` is `{}`): {}",
+                    reply.denied.len(),
+                    if reply.denied.len() == 1 { "" } else { "s" },
+                    self.agents
+                        .iter()
+                        .find(|c| c.name == agent_name)
+                        .map_or("read-only", |c| c.permissions.as_str()),
+                    reply.denied.join("; ")
+                );
+                write_file(dir, "denied.txt", &reply.denied.join("\n"));
+                self.shared
+                    .event(&scope, &node.name, "denied", text.clone());
+                self.shared
+                    .progress
+                    .note(&format!("! {}: {text}", node.name));
+            }
             write_file(dir, "raw.txt", &reply.raw);
             if reply.text != reply.raw {
                 write_file(dir, "answer.md", &reply.text);
@@ -428,11 +464,14 @@ impl Exec<'_> {
                     );
                     self.shared.event(&scope, &node.name, "invalid", text);
                     if attempt < max_attempts {
+                        let more = match problems.len() {
+                            1 => String::new(),
+                            n => format!(" (and {} more)", n - 1),
+                        };
                         self.shared.progress.note(&format!(
-                            "↺ {} answer {attempt} did not validate ({} problem{}); asking again",
+                            "↺ {} answer {attempt} did not validate: {}{more}; asking again",
                             node.name,
-                            problems.len(),
-                            if problems.len() == 1 { "" } else { "s" }
+                            super::progress::one_line(&problems[0], 200),
                         ));
                     }
                     if let Some((t, msg)) = self.over_budget(frame, n, &usage) {
@@ -802,13 +841,17 @@ impl Exec<'_> {
                             "`{}` could not start: {e}",
                             spec.argv.first().cloned().unwrap_or_default()
                         );
-                        return self.fail_attempt(
+                        self.attempt_record(
                             &at,
-                            NodeState::Failed,
+                            NodeState::Failed.as_str(),
                             None,
-                            msg,
-                            Usage::default(),
+                            Some(msg.clone()),
+                            &Usage::default(),
                         );
+                        let mut s =
+                            Settled::error(NodeState::Failed, msg, node.on_error.clone(), started);
+                        s.attempts = attempt;
+                        return Outcome::Settled(s);
                     }
                 };
                 write_file(
@@ -924,7 +967,7 @@ impl Exec<'_> {
                 }
                 ok = passed;
             }
-            if cmd.is_none() || st.output.is_some() {
+            if is_check || st.output.is_some() {
                 write_file(
                     dir,
                     "output.json",

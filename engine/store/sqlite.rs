@@ -24,7 +24,7 @@ use super::{
 use crate::backend::Usage;
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// Outputs whose JSON text is longer than this many bytes are kept in a file beside the store.
 pub const SPILL_BYTES: usize = 64 * 1024;
@@ -162,7 +162,7 @@ CREATE TABLE locks (
 ";
 
 const RUN_COLUMNS: &str = "id, workflow, file, workflow_hash, params, status, exit_name, \
-                           exit_code, started_at, updated_at, dir";
+                           exit_code, started_at, updated_at, dir, options";
 /// The columns of `nodes n`, aliased so that joins can use them.
 const NODE_COLUMNS: &str = "n.run, n.scope, n.node, n.state, n.output, n.output_blob, \
                             n.action, n.feedback, n.attempts, n.input_tokens, n.output_tokens, \
@@ -286,7 +286,12 @@ impl SqliteStore {
         if version < 1 {
             tx.execute_batch(SCHEMA_V1).map_err(fail)?;
         }
-        // A later version adds `if version < 2 { ... }` here.
+        if version < 2 {
+            // The run's own settings that resume must keep (`--replay`, `--record`).
+            tx.execute_batch("ALTER TABLE runs ADD COLUMN options TEXT NOT NULL DEFAULT '{}';")
+                .map_err(fail)?;
+        }
+        // A later version adds `if version < 3 { ... }` here.
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)
             .map_err(fail)?;
         tx.commit().map_err(fail)
@@ -419,9 +424,10 @@ impl SqliteStore {
 impl Store for SqliteStore {
     fn create_run(&mut self, run: &RunRecord) -> Result<()> {
         let params_text = json_text(&run.params)?;
+        let options_text = json_text(&run.options)?;
         let (exit_name, exit_code) = run.exit.clone().unzip();
         let sql = format!(
-            "INSERT INTO runs ({RUN_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
+            "INSERT INTO runs ({RUN_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"
         );
         let result = self.conn.prepare_cached(&sql).and_then(|mut stmt| {
             stmt.execute(params![
@@ -436,6 +442,7 @@ impl Store for SqliteStore {
                 run.started_at,
                 run.updated_at,
                 run.dir,
+                options_text,
             ])
         });
         match result {
@@ -899,6 +906,7 @@ fn run_from_row(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
         started_at: row.get(8)?,
         updated_at: row.get(9)?,
         dir: row.get(10)?,
+        options: json_col(row, 11)?,
     })
 }
 
