@@ -103,6 +103,8 @@ fn fixture(state: &Path) {
         attempt("attempts#1", "implement", 2, "ok"),
         Write::Node(node("attempts#1", "implement", NodeState::Done, 20_000)),
         Write::Node(node("attempts#1", "@end", NodeState::Done, 0)),
+        // The loop itself: its row shows what its iterations did.
+        Write::Node(node("", "attempts", NodeState::Done, 0)),
         event(
             "attempts#1",
             "implement",
@@ -245,7 +247,18 @@ fn status_shows_nodes_gates_and_totals() {
 
     let doc = json_out(&cli(dir.path(), &["status", "r2", "--json"]).success());
     assert_eq!(doc["id"], "r2");
-    assert_eq!(doc["nodes"].as_array().expect("nodes").len(), 3);
+    assert_eq!(doc["nodes"].as_array().expect("nodes").len(), 4);
+    let attempts = doc["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .find(|n| n["node"] == "attempts")
+        .expect("the loop's row");
+    assert_eq!(attempts["attempts"], 1, "one iteration ran");
+    assert_eq!(
+        attempts["usage"]["input_tokens"], 20_000,
+        "its iteration's usage"
+    );
     assert_eq!(doc["pending_gates"][0]["gate"], "approve_spec");
     assert!(
         doc["pending_gates"][0]["approve"]
