@@ -144,6 +144,7 @@ impl CliBackend {
             idle_timeout: call.idle_timeout,
             stdout_path: Some(call.dir.join("stdout")),
             stderr_path: Some(call.dir.join("stderr")),
+            pid_file: Some(call.dir.join("process")),
             result_done: match self.flavor {
                 Flavor::Claude => Some(claude_done),
                 Flavor::Codex => Some(codex_done),
@@ -583,24 +584,27 @@ fn parse_gemini(out: &ProcOutput) -> Result<AgentReply, CallError> {
 // ---- command --------------------------------------------------------------------------
 
 fn parse_command(out: &ProcOutput) -> Result<AgentReply, CallError> {
-    match (out.code, out.signal) {
-        (Some(0), _) => Ok(AgentReply {
-            text: String::from_utf8_lossy(&out.stdout).into_owned(),
-            ..AgentReply::default()
-        }),
-        (_, Some(signal)) => Err(CallError::Transient {
-            message: format!("killed by signal {signal}: {}", output_tail(out)),
-            retry_after: None,
-        }),
-        (code, None) => Err(CallError::Transient {
-            message: format!(
-                "exited with code {}: {}",
-                code.unwrap_or(-1),
-                last_lines(&String::from_utf8_lossy(&out.stderr), TAIL_LINES)
-            ),
-            retry_after: None,
-        }),
-    }
+    // A program that exits non-zero (or is killed) gave no answer: that attempt failed,
+    // unless what it printed says it was rate-limited or overloaded.
+    let how = match (out.code, out.signal) {
+        (Some(0), _) => {
+            let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+            if out.stdout_cut > 0 {
+                // Only the end of a very long answer was kept: say so, with the true count.
+                text = format!("[... {} bytes cut ...]\n{text}", out.stdout_cut);
+            }
+            return Ok(AgentReply {
+                text,
+                ..AgentReply::default()
+            });
+        }
+        (_, Some(signal)) => format!("was killed by signal {signal}"),
+        (code, None) => format!("exited with code {}", code.unwrap_or(-1)),
+    };
+    let said = output_tail(out);
+    Err(classify(&said, retry_hint(&said), || CallError::Failed {
+        message: format!("the agent's program {how}: {said}"),
+    }))
 }
 
 // ---- classification -------------------------------------------------------------------

@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use ralph_flow::backend::Usage;
+use ralph_flow::run::progress::printable;
 use ralph_flow::store::sqlite::SqliteStore;
 use ralph_flow::store::{
     AttemptRecord, Event, GateRequest, LockOwner, NodeRecord, NodeState, RunRecord, RunStatus,
@@ -88,7 +89,7 @@ fn exit_code(result: Result<(), Failure>) -> i32 {
     match result {
         Ok(()) => 0,
         Err(Failure(message, code)) => {
-            eprintln!("error: {message}");
+            eprintln!("error: {}", printable(&message));
             code
         }
     }
@@ -264,7 +265,7 @@ fn show_status(args: &StatusArgs) -> Result<(), Failure> {
     if args.json {
         return print_json(&view);
     }
-    print!("{}", status_text(&view));
+    print!("{}", printable(&status_text(&view)));
     Ok(())
 }
 
@@ -554,6 +555,12 @@ fn shell_word(word: &str) -> String {
 
 /// Lays out rows under headers in columns, the last column unpadded.
 fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    // What agents and programs wrote is shown, never interpreted by the terminal.
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| r.iter().map(|c| printable(c).into_owned()).collect())
+        .collect();
+    let rows = &rows;
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {

@@ -351,8 +351,9 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         crate::store::sqlite::Durability::Normal
     };
     let db = crate::store::sqlite::default_path(&opts.state_dir);
-    let store =
+    let mut store =
         crate::store::sqlite::SqliteStore::open_with(&db, durability).map_err(|e| e.to_string())?;
+    store.on_busy(|m| eprintln!("! store: {}", super::progress::printable(m)));
     let mut store: Box<dyn Store> = Box::new(store);
     let plan = &prepared.plan;
     let (run, resumed) = match &opts.resume {
@@ -431,6 +432,19 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
     };
     let owner = crate::store::current_owner();
     store.lock(&run.id, &owner).map_err(|e| e.to_string())?;
+    // What a killed executor of this run left running is stopped before anything starts
+    // again, so that no stage ever runs beside an earlier copy of itself.
+    let mut leftovers = 0;
+    if opts.resume.is_some() {
+        let pid_files: Vec<PathBuf> = store
+            .attempts(&run.id, None)
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .filter(|a| a.state == "running")
+            .map(|a| PathBuf::from(a.dir).join("process"))
+            .collect();
+        leftovers = crate::backend::process::stop_leftovers(&run.id, &pid_files);
+    }
     store
         .set_status(&run.id, RunStatus::Running, None)
         .map_err(|e| e.to_string())?;
@@ -461,6 +475,14 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
             crate::store::sqlite::SqliteStore::open(&db).map_err(|e| e.to_string())?,
         )),
     };
+    if leftovers > 0 {
+        let text = format!(
+            "stopped {leftovers} process{} that the run's previous executor left running",
+            if leftovers == 1 { "" } else { "es" }
+        );
+        shared.progress.note(&format!("! {text}"));
+        shared.event("", "", "warning", text);
+    }
     for note in preflight_notes {
         shared.progress.note(&format!("! {note}"));
         shared.event("", "", "warning", note);
@@ -707,8 +729,12 @@ impl<'p> Exec<'p> {
         }
     }
 
+    /// Tells whether the run is stopping (an exit taken, Ctrl-C, a store failure): nothing
+    /// new may start.
     pub fn halted(&self) -> bool {
-        *self.stop.borrow() || *self.shared.interrupt.borrow()
+        *self.stop.borrow()
+            || *self.shared.interrupt.borrow()
+            || self.shared.store_error.borrow().is_some()
     }
 
     /// Completes when the run stops (an exit taken, Ctrl-C, a store failure).
@@ -1224,6 +1250,10 @@ impl<'p> Exec<'p> {
     ) -> LocalBoxFuture<'s, (NodeId, Outcome)> {
         async move {
             let kind = self.plan.node(n).kind;
+            // A run that is stopping (a failed commit, Ctrl-C, an exit) starts nothing new.
+            if self.halted() {
+                return (n, Outcome::Stopped);
+            }
             if !kind.is_region() {
                 if let Some(s) = self.resumed(frame, n) {
                     return (n, Outcome::Settled(s));
@@ -1243,8 +1273,9 @@ impl<'p> Exec<'p> {
                 work.await
             } else {
                 tokio::select! {
-                    o = work => o,
+                    biased;
                     () = self.stopped() => Outcome::Stopped,
+                    o = work => o,
                 }
             };
             (n, outcome)
@@ -1274,6 +1305,9 @@ impl<'p> Exec<'p> {
             Some(s) => s.acquire().await.ok(),
             None => None,
         };
+        if self.halted() {
+            return Outcome::Stopped;
+        }
         match self.plan.node(n).kind {
             StageKind::Agent => self.run_agent(frame, n).await,
             StageKind::Command | StageKind::Check => self.run_command(frame, n).await,

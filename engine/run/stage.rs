@@ -34,20 +34,26 @@ const MAX_STREAM_IN_OUTPUT: usize = 256 * 1024;
 /// The most bytes of feedback handed to the next iteration.
 const MAX_FEEDBACK: usize = 16 * 1024;
 
-fn text_of(bytes: &[u8], max: usize) -> String {
+/// The end of a text of which `cut` bytes before `bytes` are already gone, in at most
+/// `max` bytes, with a marker that says how many bytes in all were cut.
+fn text_of(bytes: &[u8], cut: u64, max: usize) -> String {
     let s = String::from_utf8_lossy(bytes);
-    if s.len() <= max {
+    if s.len() <= max && cut == 0 {
         return s.into_owned();
     }
-    let mut start = s.len() - max;
+    let mut start = s.len().saturating_sub(max);
     while !s.is_char_boundary(start) {
         start += 1;
     }
-    format!("[... {} bytes cut ...]\n{}", start, &s[start..])
+    format!(
+        "[... {} bytes cut ...]\n{}",
+        cut + start as u64,
+        &s[start..]
+    )
 }
 
 fn tail(s: &str, max: usize) -> String {
-    text_of(s.as_bytes(), max)
+    text_of(s.as_bytes(), 0, max)
 }
 
 fn write_file(dir: &std::path::Path, name: &str, text: &str) {
@@ -332,6 +338,10 @@ impl Exec<'_> {
             }
             self.attempt_record(&at, "running", Some(&a.name.value), None, &Usage::default());
             self.shared.flush();
+            if self.halted() {
+                // The attempt could not be recorded (or the run is stopping): nothing starts.
+                return Outcome::Stopped;
+            }
             self.shared.progress.started(
                 &scope,
                 &node.name,
@@ -828,6 +838,9 @@ impl Exec<'_> {
                 };
                 self.attempt_record(&at, "running", None, None, &Usage::default());
                 self.shared.flush();
+                if self.halted() {
+                    return Outcome::Stopped;
+                }
                 self.shared.progress.started(
                     &scope,
                     &node.name,
@@ -870,8 +883,8 @@ impl Exec<'_> {
                 let code = out.code.map_or(-1, i64::from);
                 base = json!({
                     "exit_code": code,
-                    "stdout": text_of(&out.stdout, MAX_STREAM_IN_OUTPUT),
-                    "stderr": text_of(&out.stderr, MAX_STREAM_IN_OUTPUT),
+                    "stdout": text_of(&out.stdout, out.stdout_cut, MAX_STREAM_IN_OUTPUT),
+                    "stderr": text_of(&out.stderr, out.stderr_cut, MAX_STREAM_IN_OUTPUT),
                 });
                 if matches!(out.ended, Ended::Timeout | Ended::Idle) {
                     let what = if out.ended == Ended::Idle {
@@ -1061,6 +1074,7 @@ impl Exec<'_> {
             idle_timeout: idle,
             stdout_path: Some(dir.join("stdout")),
             stderr_path: Some(dir.join("stderr")),
+            pid_file: Some(dir.join("process")),
             result_done: None,
         })
     }
