@@ -281,3 +281,142 @@ prompt = "Answer."
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert_eq!(p.calls("ask"), 2);
 }
+
+/// A server that echoes the API key it is sent: in an error body, in an answer, and in a
+/// 401.
+struct Echo {
+    calls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl wiremock::Respond for Echo {
+    fn respond(&self, request: &wiremock::Request) -> wiremock::ResponseTemplate {
+        use std::sync::atomic::Ordering;
+        let auth = request
+            .headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        let body: serde_json::Value = serde_json::from_slice(&request.body).unwrap();
+        let prompt = body["messages"][0]["content"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        let n = self.calls.fetch_add(1, Ordering::SeqCst);
+        if prompt.starts_with("Check") {
+            return wiremock::ResponseTemplate::new(401).set_body_string(format!(
+                "<html><body>Proxy login failed for {auth}</body></html>"
+            ));
+        }
+        if n == 0 {
+            return wiremock::ResponseTemplate::new(500).set_body_json(serde_json::json!({
+                "error": {"message": format!("upstream rejected {auth}")}
+            }));
+        }
+        wiremock::ResponseTemplate::new(200).set_body_json(serde_json::json!({
+            "id": "x", "model": "m",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": format!("I was called with {auth}")}}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1}
+        }))
+    }
+}
+
+#[test]
+fn an_echoed_api_key_is_never_written_or_printed() {
+    const KEY: &str = "sk-leak-test-5f0c1d2e3a4b";
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let server = wiremock::MockServer::start().await;
+            wiremock::Mock::given(wiremock::matchers::method("POST"))
+                .respond_with(Echo {
+                    calls: std::sync::Arc::default(),
+                })
+                .mount(&server)
+                .await;
+            tx.send(server.uri()).unwrap();
+            std::future::pending::<()>().await;
+        });
+    });
+    let uri = rx.recv().unwrap();
+    let p = Project::new();
+    p.workflow(
+        "w.toml",
+        &format!(
+            r#"name = "leak"
+[agents.echo]
+kind = "openai"
+model = "m"
+base_url = "{uri}/v1"
+api_key_env = "LEAK_KEY"
+
+[stages.a]
+kind = "agent"
+agent = "echo"
+prompt = "Hello."
+
+[stages.b]
+kind = "command"
+needs = ["a"]
+argv = ["sh", "-c", "echo \"$1\"; echo \"key=$LEAK_KEY\" >&2", "b", "{{{{ stages.a.output.text }}}}"]
+
+[stages.c]
+kind = "agent"
+agent = "echo"
+needs = ["b"]
+prompt = "Check {{{{ stages.b.output.stdout }}}} {{{{ stages.b.output.stderr }}}}"
+"#
+        ),
+    );
+    let env = [
+        ("LEAK_KEY", KEY),
+        ("RUST_LOG", "ralph_flow=debug,reqwest=debug,hyper=debug"),
+    ];
+    let out = p.run_env(&["run", "w.toml", "--record", "rec.jsonl", "--json"], &env);
+    assert_eq!(out.code, 1, "c fails on its 401: {}", out.stderr);
+    assert!(
+        out.stderr.contains("[REDACTED]"),
+        "the echo was seen: {}",
+        out.stderr
+    );
+    let run = out.json["run"].as_str().unwrap().to_string();
+    let mut streams = vec![("run stdout", out.stdout), ("run stderr", out.stderr)];
+    for args in [
+        vec!["status", run.as_str(), "--json"],
+        vec!["status", run.as_str()],
+        vec!["logs", run.as_str()],
+        vec!["logs", run.as_str(), "--json"],
+        vec!["logs", run.as_str(), "--stage", "c"],
+        vec!["runs", "--json"],
+    ] {
+        let o = p.run_env(&args, &env);
+        streams.push(("a later command", format!("{}{}", o.stdout, o.stderr)));
+    }
+    for (what, text) in &streams {
+        assert!(!text.contains(KEY), "{what} holds the key:\n{text}");
+    }
+    // Every file the run wrote: the store (and its log), artifacts, the recording.
+    fn walk(dir: &std::path::Path, files: &mut Vec<std::path::PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let path = e.path();
+            if path.is_dir() {
+                walk(&path, files);
+            } else {
+                files.push(path);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(&p.dir().join(".ralph-flow"), &mut files);
+    files.push(p.dir().join("rec.jsonl"));
+    assert!(files.len() > 10, "{files:?}");
+    for f in &files {
+        let bytes = std::fs::read(f).unwrap();
+        let found = bytes.windows(KEY.len()).any(|w| w == KEY.as_bytes());
+        assert!(!found, "{} holds the key", f.display());
+    }
+}

@@ -56,7 +56,8 @@ pub(crate) struct Shared {
 
 impl Shared {
     /// Queues a write for the next group commit.
-    pub fn write(&self, w: Write) {
+    pub fn write(&self, mut w: Write) {
+        w.redact();
         self.pending.borrow_mut().push(w);
     }
 
@@ -315,6 +316,20 @@ fn preflight(prepared: &Prepared, opts: &RunOptions) -> Result<Vec<String>, Stri
     }
 }
 
+/// Registers the values of the API key variables the workflow's agents use as secrets, so
+/// that nothing written or printed from now on holds them (see [`crate::secrets`]).
+fn register_secrets(prepared: &Prepared) {
+    use crate::model::AgentKind;
+    for a in &prepared.plan.workflow.agents {
+        match (&a.api_key_env, a.kind.value) {
+            (Some(var), _) => crate::secrets::register_env(&var.value),
+            (None, AgentKind::OpenAi) => crate::secrets::register_env("OPENAI_API_KEY"),
+            (None, AgentKind::Anthropic) => crate::secrets::register_env("ANTHROPIC_API_KEY"),
+            _ => {}
+        }
+    }
+}
+
 /// Keeps the state directory (the store, artifacts, worktrees) out of the user's git tree
 /// without the user doing anything, as pytest does with its cache: a `.gitignore` holding
 /// `*` inside it, which ignores itself too.
@@ -342,6 +357,7 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         }
     };
     let preflight_notes;
+    register_secrets(prepared);
     std::fs::create_dir_all(&opts.state_dir)
         .map_err(|e| format!("cannot create {}: {e}", opts.state_dir.display()))?;
     ignore_in_git(&opts.state_dir)?;
