@@ -74,6 +74,17 @@ impl Shared {
         }
     }
 
+    /// A failure to write the state directory (artifacts): handled like a failed commit, so
+    /// that the run stops, nothing new starts, and `resume` continues once it is fixed.
+    pub fn io_failed(&self, message: String) -> Outcome {
+        tracing::error!("state directory: {message}");
+        self.store_error
+            .borrow_mut()
+            .get_or_insert(format!("the state directory cannot be written: {message}"));
+        let _ = self.interrupt.send(true);
+        Outcome::Stopped
+    }
+
     /// Queues an event.
     pub fn event(&self, scope: &str, node: &str, kind: &str, message: String) {
         self.write(Write::Event(crate::store::Event {

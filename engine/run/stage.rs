@@ -321,7 +321,9 @@ impl Exec<'_> {
         for attempt in 1..=max_attempts {
             let (at, ctx) = match self.begin_attempt(frame, n, &scope, attempt, started) {
                 Ok(x) => x,
-                Err(e) => return self.fail_now(started, e),
+                // The state directory cannot be written: like a store failure, the run
+                // stops and stays resumable.
+                Err(e) => return self.shared.io_failed(e),
             };
             let dir = &at.dir;
             let mut prompt = match self.render(&format!("{}/prompt", node.name), &ctx) {
@@ -852,7 +854,9 @@ impl Exec<'_> {
         for attempt in 1..=max_attempts {
             let (at, ctx) = match self.begin_attempt(frame, n, &scope, attempt, started) {
                 Ok(x) => x,
-                Err(e) => return self.fail_now(started, e),
+                // The state directory cannot be written: like a store failure, the run
+                // stops and stays resumable.
+                Err(e) => return self.shared.io_failed(e),
             };
             let dir = &at.dir;
             let mut base = json!({"exit_code": 0, "stdout": "", "stderr": ""});
