@@ -39,7 +39,16 @@ impl FileSystem for RealFs {
                     std::io::Error::new(std::io::ErrorKind::NotFound, "no such built-in file")
                 });
         }
-        let bytes = std::fs::read(path)?;
+        // One byte more than the limit is enough to tell a file that is too large (and
+        // `/dev/zero` cannot exhaust memory).
+        use std::io::Read;
+        let mut bytes = Vec::new();
+        std::fs::File::open(path)?
+            .take(MAX_FILE_BYTES as u64 + 1)
+            .read_to_end(&mut bytes)?;
+        if bytes.len() > MAX_FILE_BYTES {
+            return Ok(String::from_utf8_lossy(&bytes).into_owned());
+        }
         String::from_utf8(bytes)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.utf8_error()))
     }
@@ -126,6 +135,9 @@ pub struct Loader<'a> {
     pub declared: Vec<DeclaredSource>,
     /// Cached copies of git sources already checked against their lockfile.
     verified: Vec<(PathBuf, Result<(), String>)>,
+    /// Prompt search directories named by files that are not fetched presets: a fetched
+    /// preset's prompt may come from them (a team replacing one of its prompts).
+    trusted_dirs: std::cell::RefCell<Vec<PathBuf>>,
 }
 
 impl<'a> Loader<'a> {
@@ -153,6 +165,7 @@ impl<'a> Loader<'a> {
             missing: Vec::new(),
             declared: Vec::new(),
             verified: Vec::new(),
+            trusted_dirs: std::cell::RefCell::default(),
         }
     }
 
@@ -384,11 +397,22 @@ impl<'a> Loader<'a> {
         if name.is_absolute() {
             return name.to_path_buf();
         }
-        let dirs = self.prompt_dirs.iter().cloned().chain(
-            prompt_path
-                .iter()
-                .map(|d| crate::check::base_dir(self.sources, d.span).join(&d.value)),
-        );
+        let dirs: Vec<PathBuf> = self
+            .prompt_dirs
+            .iter()
+            .cloned()
+            .chain(prompt_path.iter().filter_map(|d| {
+                let dir = normalize(&crate::check::base_dir(self.sources, d.span).join(&d.value));
+                match self.checkout_of(d.span) {
+                    // A fetched preset's search directory must be its own.
+                    Some(root) => dir.starts_with(&root).then_some(dir),
+                    None => {
+                        self.trusted_dirs.borrow_mut().push(dir.clone());
+                        Some(dir)
+                    }
+                }
+            }))
+            .collect();
         for dir in dirs {
             let candidate = normalize(&dir.join(name));
             if self.fs.exists(&candidate) {
@@ -408,6 +432,14 @@ impl<'a> Loader<'a> {
     ) -> Option<FileId> {
         let shown = relative(&normalize(path));
         let path = shown.as_path();
+        if let Some(why) = from.and_then(|f| self.escapes_checkout(f, path)) {
+            self.diags.push(
+                Diagnostic::new(code, from, format!("{what} `{}` {why}", path.display()))
+                    .label("named by a preset fetched from a git source")
+                    .help("a fetched preset may read only the files of its own repository (and prompts the workflows using it provide); fix the preset, or ask its owners to"),
+            );
+            return None;
+        }
         if let Some(id) = self.sources.find(path) {
             return Some(id);
         }
@@ -436,6 +468,45 @@ impl<'a> Loader<'a> {
                 );
                 None
             }
+        }
+    }
+
+    /// The checkout of a fetched git source that the file of a span lies in, if it does.
+    fn checkout_of(&self, span: Span) -> Option<PathBuf> {
+        let file = normalize(&std::path::absolute(&self.sources.get(span.file).path).ok()?);
+        let checkouts = normalize(&std::path::absolute(preset::git::checkouts_dir()).ok()?);
+        let commit = file.strip_prefix(&checkouts).ok()?.components().next()?;
+        Some(checkouts.join(commit))
+    }
+
+    /// Why a file named by a fetched preset may not be read: it lies outside the preset's
+    /// checkout (by an absolute path, by `..`, or through a symbolic link), and is neither a
+    /// built-in preset file nor in a prompt directory that a workflow of the user names.
+    fn escapes_checkout(&self, from: Span, path: &Path) -> Option<String> {
+        let root = self.checkout_of(from)?;
+        if preset::is_builtin(path) {
+            return None;
+        }
+        let absolute = normalize(&std::path::absolute(path).ok()?);
+        let trusted = self
+            .prompt_dirs
+            .iter()
+            .chain(self.trusted_dirs.borrow().iter())
+            .filter_map(|d| std::path::absolute(d).ok())
+            .any(|d| absolute.starts_with(normalize(&d)));
+        if trusted {
+            return None;
+        }
+        if !absolute.starts_with(&root) {
+            return Some("lies outside the preset's checkout".into());
+        }
+        // Inside by its name; a symbolic link may still lead out.
+        match (absolute.canonicalize(), root.canonicalize()) {
+            (Ok(real), Ok(root)) if !real.starts_with(&root) => Some(format!(
+                "is a symbolic link that leads outside the preset's checkout (to {})",
+                real.display()
+            )),
+            _ => None,
         }
     }
 
@@ -618,6 +689,7 @@ fn merge_include(wf: &mut Workflow, inc: Workflow, diags: &mut Diagnostics) {
     add_all(&mut wf.exits, inc.exits, "exit", diags);
     add_all(&mut wf.stages, inc.stages, "stage", diags);
     wf.prompt_path.extend(inc.prompt_path);
+    wf.file_roots.extend(inc.file_roots);
 }
 
 /// Merges a file into the base it extends: the child's agents replace the base's agents of
@@ -668,6 +740,7 @@ fn merge_extends(mut base: Workflow, child: Workflow, diags: &mut Diagnostics) -
     let mut prompt_path = child.prompt_path;
     prompt_path.append(&mut base.prompt_path);
     base.prompt_path = prompt_path;
+    base.file_roots.extend(child.file_roots);
     base.sources = child.sources;
     base.file = child.file;
     base.name = child.name;

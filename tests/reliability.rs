@@ -595,3 +595,59 @@ fn a_damaged_store_is_found_before_anything_is_written_to_it() {
     assert!(out.stderr.contains("is damaged"), "{}", out.stderr);
     assert!(out.stderr.contains(".recover"), "{}", out.stderr);
 }
+
+#[test]
+fn template_file_helpers_read_only_the_workspace_unless_told() {
+    let p = Project::new();
+    p.write("notes.txt", "inside\n");
+    std::fs::create_dir_all(p.dir().join("sub")).unwrap();
+    std::os::unix::fs::symlink("/etc/hostname", p.dir().join("sub/link")).unwrap();
+    let flow = |extra: &str| {
+        format!(
+            r#"name = "helpers"
+{extra}
+[stages.show]
+kind = "command"
+argv = ["echo", "{{{{ read_file('notes.txt') | trim }}}} {{{{ file_exists('../../../../etc/passwd') }}}} {{{{ file_exists('/etc/hostname') }}}} {{{{ glob('sub/*') | length }}}}"]
+[stages.outside]
+kind = "command"
+needs = ["show"]
+argv = ["echo", "{{{{ read_file('/etc/hostname') | length > 0 }}}}"]
+"#
+        )
+    };
+    p.workflow("w.toml", &flow(""));
+    let out = p.run(&["run", "w.toml", "--json"]);
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    assert_eq!(
+        out.json["outputs"]["show"]["stdout"],
+        "inside False False 0\n"
+    );
+    let message = out.json["message"].as_str().unwrap();
+    assert!(
+        message.contains("/etc/hostname is outside the workspace")
+            && message.contains("file_roots"),
+        "{message}"
+    );
+    // Named roots are readable, symbolic links into them too.
+    p.workflow("w.toml", &flow("file_roots = [\"/etc\"]"));
+    let out = p.run(&["run", "w.toml", "--json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(
+        out.json["outputs"]["show"]["stdout"],
+        "inside True True 1\n"
+    );
+    assert_eq!(out.json["outputs"]["outside"]["stdout"], "True\n");
+}
+
+#[test]
+fn an_endless_prompt_file_is_refused_without_reading_it_all() {
+    let p = Project::new();
+    p.workflow(
+        "w.toml",
+        "name = \"zero\"\n[agents.a]\nkind = \"command\"\ncommand = [\"cat\"]\n[stages.s]\nkind = \"agent\"\nagent = \"a\"\nprompt_file = \"/dev/zero\"\n",
+    );
+    let out = p.run(&["check", "w.toml"]);
+    assert_eq!(out.code, 3, "{}", out.stderr);
+    assert!(out.stderr.contains("larger than 16 MiB"), "{}", out.stderr);
+}

@@ -641,3 +641,112 @@ fn init_from_a_git_source_pins_it() {
         out.stderr
     );
 }
+
+/// A preset repository whose files try to reach outside it, in one way per tag.
+#[test]
+fn a_fetched_preset_reads_only_its_own_files() {
+    let outside = tempfile::tempdir().unwrap();
+    let secret = outside.path().join("secret.txt");
+    std::fs::write(&secret, "TOP SECRET\n").unwrap();
+    let outside_flow = outside.path().join("outside.toml");
+    std::fs::write(
+        &outside_flow,
+        "name = \"outside\"\n[stages.x]\nkind = \"command\"\nargv = [\"true\"]\n",
+    )
+    .unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let cache_s = cache.path().to_str().unwrap();
+    let cases: Vec<(&str, Box<dyn Fn(&Path)>, &str)> = vec![
+        (
+            "absolute-prompt",
+            Box::new(|root: &Path| {
+                let w = std::fs::read_to_string(root.join("workflows/base.toml")).unwrap();
+                std::fs::write(
+                    root.join("workflows/base.toml"),
+                    w.replace(
+                        "prompt_file = \"draft.md.j2\"",
+                        &format!("prompt_file = \"{}\"", secret.display()),
+                    ),
+                )
+                .unwrap();
+            }),
+            "lies outside the preset's checkout",
+        ),
+        (
+            "dotdot-prompt-path",
+            Box::new(|root: &Path| {
+                let w = std::fs::read_to_string(root.join("workflows/base.toml")).unwrap();
+                let up = "../".repeat(12);
+                std::fs::write(
+                    root.join("workflows/base.toml"),
+                    w.replace(
+                        "prompt_path = [\"../prompts/base\"]",
+                        &format!(
+                            "prompt_path = [\"{up}{}\"]",
+                            outside.path().display().to_string().trim_start_matches('/')
+                        ),
+                    )
+                    .replace(
+                        "prompt_file = \"draft.md.j2\"",
+                        "prompt_file = \"secret.txt\"",
+                    ),
+                )
+                .unwrap();
+            }),
+            "secret.txt",
+        ),
+        (
+            "symlinked-prompt",
+            Box::new(|root: &Path| {
+                std::fs::remove_file(root.join("prompts/base/draft.md.j2")).unwrap();
+                std::os::unix::fs::symlink(&secret, root.join("prompts/base/draft.md.j2")).unwrap();
+            }),
+            "symbolic link that leads outside the repository",
+        ),
+        (
+            "symlinked-workflow",
+            Box::new(|root: &Path| {
+                std::os::unix::fs::symlink(&outside_flow, root.join("workflows/linked.toml"))
+                    .unwrap();
+            }),
+            "symbolic link that leads outside the repository",
+        ),
+    ];
+    for (tag, break_it, expected) in &cases {
+        let repo = tempfile::tempdir().unwrap();
+        preset_dir(
+            &repo.path().join("presets"),
+            "prompt about {{ params.topic }}\n",
+        );
+        break_it(&repo.path().join("presets"));
+        git(repo.path(), &["init", "-q", "-b", "main"]);
+        git(repo.path(), &["add", "."]);
+        git(repo.path(), &["commit", "-qm", tag]);
+        git(repo.path(), &["tag", tag]);
+        let p = Project::new();
+        p.workflow(
+            "workflows/ours.toml",
+            &format!(
+                "name = \"ours\"\nextends = \"team:base\"\n\n[sources.team]\ngit = \"{}\"\nrev = \"{tag}\"\npath = \"presets\"\n",
+                repo.path().display()
+            ),
+        );
+        p.answer("draft", 1, "an answer");
+        let out = run_env(&p, &["run", "workflows/ours.toml"], cache_s);
+        assert_ne!(out.code, 0, "{tag}: {}\n{}", out.stdout, out.stderr);
+        // Messages are wrapped to the terminal's width: compare the words.
+        let words = |t: &str| {
+            t.replace('│', " ")
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        assert!(
+            words(&out.stderr).contains(expected),
+            "{tag}: {}",
+            out.stderr
+        );
+        assert!(!p.prompt("draft", 1).contains("TOP SECRET"), "{tag}");
+        assert_eq!(p.calls("draft"), 0, "{tag}: nothing ran");
+    }
+}

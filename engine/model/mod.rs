@@ -24,6 +24,8 @@ pub struct Workflow {
     pub include: Vec<Text>,
     /// Directories searched for prompt files, extending files' first.
     pub prompt_path: Vec<Text>,
+    /// Directories outside the workspace that template helpers may read.
+    pub file_roots: Vec<Text>,
     /// Git repositories of presets declared by this file (not merged across files).
     pub sources: Vec<Source>,
     pub max_concurrency: Option<Spanned<Count>>,

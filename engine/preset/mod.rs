@@ -231,12 +231,15 @@ pub fn all_names(fs: &dyn FileSystem, roots: &[Root]) -> Vec<String> {
 }
 
 /// A SHA-256 over every file below `dir` (paths and contents, in path order), written
-/// `sha256:HEX`: the content hash the lockfile records.
+/// `sha256:HEX`: the content hash the lockfile records. A symbolic link that leads outside
+/// `dir` is an error: what it points to could change after pinning without the hash
+/// seeing it.
 pub fn tree_hash(dir: &Path) -> std::io::Result<String> {
     use sha2::{Digest, Sha256};
     let mut files = Vec::new();
     walk(dir, dir, &mut files)?;
     files.sort();
+    let root = dir.canonicalize()?;
     let mut h = Sha256::new();
     for rel in files {
         let full = dir.join(&rel);
@@ -244,6 +247,17 @@ pub fn tree_hash(dir: &Path) -> std::io::Result<String> {
         h.update(rel.as_bytes());
         h.update([0]);
         if meta.file_type().is_symlink() {
+            if let Ok(real) = full.canonicalize() {
+                if !real.starts_with(&root) {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!(
+                            "`{rel}` is a symbolic link that leads outside the repository (to {}); a preset repository may link only to its own files",
+                            real.display()
+                        ),
+                    ));
+                }
+            }
             h.update(b"link:");
             h.update(std::fs::read_link(&full)?.to_string_lossy().as_bytes());
         } else {

@@ -658,7 +658,15 @@ impl<'p> Exec<'p> {
         prefix: String,
     ) -> Result<Self, String> {
         let mut env = plan.templates.clone();
-        super::helpers::register(&mut env);
+        let roots = [shared.opts.cwd.clone(), shared.opts.state_dir.clone()]
+            .into_iter()
+            .chain(
+                plan.workflow
+                    .file_roots
+                    .iter()
+                    .map(|r| crate::check::base_dir(sources, r.span).join(&r.value)),
+            );
+        super::helpers::register(&mut env, super::helpers::Roots::new(roots));
         super::helpers::register_memory(
             &mut env,
             shared.memory.clone(),

@@ -9,12 +9,65 @@ use minijinja::{Error, ErrorKind, State};
 /// The most bytes a helper returns; more is cut with a note, to keep prompts bounded.
 const MAX_HELPER_BYTES: usize = 1 << 20;
 
-/// Adds the helpers to an environment.
-pub fn register(env: &mut minijinja::Environment<'static>) {
-    env.add_function("read_file", read_file);
-    env.add_function("file_exists", file_exists);
-    env.add_function("glob", glob_fn);
-    env.add_function("tail", tail);
+/// The directories the file helpers may read (canonical paths): the workspace, the state
+/// directory (worktrees, artifacts) and the workflow's `file_roots`. A path that leads
+/// elsewhere, by `..`, by being absolute or through a symbolic link, is refused.
+#[derive(Clone, Debug, Default)]
+pub struct Roots(Vec<PathBuf>);
+
+impl Roots {
+    /// The roots, made canonical; those that do not exist are left out.
+    pub fn new(dirs: impl IntoIterator<Item = PathBuf>) -> Roots {
+        Roots(
+            dirs.into_iter()
+                .filter_map(|d| d.canonicalize().ok())
+                .collect(),
+        )
+    }
+
+    /// The canonical path, when it exists and lies under a root.
+    fn confine(&self, path: &Path, helper: &str, written: &str) -> Result<PathBuf, Error> {
+        let real = path.canonicalize().map_err(|e| {
+            Error::new(
+                ErrorKind::InvalidOperation,
+                format!("{helper}(\"{written}\"): {e}"),
+            )
+        })?;
+        if self.0.iter().any(|r| real.starts_with(r)) {
+            return Ok(real);
+        }
+        Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!(
+                "{helper}(\"{written}\"): {} is outside the workspace and the state directory; \
+                 name its directory in the workflow's `file_roots` to let templates read it",
+                real.display()
+            ),
+        ))
+    }
+}
+
+/// Adds the helpers to an environment; the file helpers read only under `roots`.
+pub fn register(env: &mut minijinja::Environment<'static>, roots: Roots) {
+    let roots = std::sync::Arc::new(roots);
+    let r = roots.clone();
+    env.add_function("read_file", move |state: &State, path: String| {
+        read_file(&r, state, &path)
+    });
+    let r = roots.clone();
+    env.add_function("file_exists", move |state: &State, path: String| {
+        r.confine(&resolve(state, &path), "file_exists", &path)
+            .is_ok()
+    });
+    let r = roots.clone();
+    env.add_function("glob", move |state: &State, pattern: String| {
+        glob_fn(&r, state, &pattern)
+    });
+    let r = roots;
+    env.add_function(
+        "tail",
+        move |state: &State, path: String, n: Option<usize>| tail(&r, state, &path, n),
+    );
     env.add_function("git_diff", git_diff);
     env.add_function("git_status", git_status);
 }
@@ -48,9 +101,9 @@ fn bound(mut s: String) -> String {
     s
 }
 
-fn read_file(state: &State, path: String) -> Result<String, Error> {
-    let full = resolve(state, &path);
-    std::fs::read_to_string(&full).map(bound).map_err(|e| {
+fn read_file(roots: &Roots, state: &State, path: &str) -> Result<String, Error> {
+    let full = roots.confine(&resolve(state, path), "read_file", path)?;
+    read_bounded(&full).map(bound).map_err(|e| {
         Error::new(
             ErrorKind::InvalidOperation,
             format!("read_file(\"{path}\"): {e}"),
@@ -58,13 +111,20 @@ fn read_file(state: &State, path: String) -> Result<String, Error> {
     })
 }
 
-fn file_exists(state: &State, path: String) -> bool {
-    resolve(state, &path).exists()
+/// Reads at most a little more than [`MAX_HELPER_BYTES`] of a file (a device or a huge file
+/// cannot exhaust memory).
+fn read_bounded(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(MAX_HELPER_BYTES as u64 + 4)
+        .read_to_end(&mut bytes)?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
-fn glob_fn(state: &State, pattern: String) -> Result<Vec<String>, Error> {
+fn glob_fn(roots: &Roots, state: &State, pattern: &str) -> Result<Vec<String>, Error> {
     let base = cwd(state);
-    let full = resolve(state, &pattern);
+    let full = resolve(state, pattern);
     let paths = glob::glob(&full.to_string_lossy()).map_err(|e| {
         Error::new(
             ErrorKind::InvalidOperation,
@@ -73,6 +133,7 @@ fn glob_fn(state: &State, pattern: String) -> Result<Vec<String>, Error> {
     })?;
     let mut out: Vec<String> = paths
         .filter_map(Result::ok)
+        .filter(|p| roots.confine(p, "glob", pattern).is_ok())
         .map(|p| {
             p.strip_prefix(&base)
                 .map(|r| r.to_string_lossy().into_owned())
@@ -83,8 +144,8 @@ fn glob_fn(state: &State, pattern: String) -> Result<Vec<String>, Error> {
     Ok(out)
 }
 
-fn tail(state: &State, path: String, n: Option<usize>) -> Result<String, Error> {
-    let text = read_file(state, path)?;
+fn tail(roots: &Roots, state: &State, path: &str, n: Option<usize>) -> Result<String, Error> {
+    let text = read_file(roots, state, path)?;
     let n = n.unwrap_or(20);
     let lines: Vec<&str> = text.lines().collect();
     Ok(lines[lines.len().saturating_sub(n)..].join("\n"))
