@@ -656,7 +656,8 @@ fn a_fetched_preset_reads_only_its_own_files() {
     .unwrap();
     let cache = tempfile::tempdir().unwrap();
     let cache_s = cache.path().to_str().unwrap();
-    let cases: Vec<(&str, Box<dyn Fn(&Path)>, &str)> = vec![
+    type Breaks<'a> = Box<dyn Fn(&Path) + 'a>;
+    let cases: Vec<(&str, Breaks, &str)> = vec![
         (
             "absolute-prompt",
             Box::new(|root: &Path| {
