@@ -963,6 +963,38 @@ fn redact(message: &str, key: Option<&str>) -> String {
 mod tests {
     use super::*;
 
+    #[test]
+    fn the_output_limit_is_named_as_each_server_wants_it() {
+        let req = |completion_tokens| Request {
+            model: "m",
+            prompt: "p",
+            max_tokens: Some(50),
+            completion_tokens,
+            schema: None,
+            mode: StructuredOutput::Off,
+        };
+        let openai = Api::Chat.request_body(&req(true));
+        assert_eq!(openai["max_completion_tokens"], 50);
+        assert!(openai.get("max_tokens").is_none());
+        let local = Api::Chat.request_body(&req(false));
+        assert_eq!(local["max_tokens"], 50);
+        assert!(local.get("max_completion_tokens").is_none());
+        // Which one a backend uses follows its base URL.
+        let config = |base_url: Option<&str>| AgentConfig {
+            kind: AgentKind::OpenAi,
+            model: Some("m".into()),
+            base_url: base_url.map(String::from),
+            ..AgentConfig::default()
+        };
+        assert!(settings(&config(None)).unwrap().1 == OPENAI_BASE_URL);
+        assert!(
+            settings(&config(Some("http://127.0.0.1:8080/v1/")))
+                .unwrap()
+                .1
+                == "http://127.0.0.1:8080/v1"
+        );
+    }
+
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
         let mut map = HeaderMap::new();
         for (name, value) in pairs {

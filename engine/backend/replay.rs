@@ -231,6 +231,6 @@ pub fn build(config: &AgentConfig) -> Result<Box<dyn Backend>, String> {
     let file = config
         .file
         .as_ref()
-        .ok_or_else(|| format!("agent `{}` of kind replay needs `file`", config.name))?;
+        .ok_or_else(|| "an agent of kind replay needs `file`".to_string())?;
     Ok(Box::new(ReplayBackend::open(file)?))
 }

@@ -463,14 +463,33 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
     // again, so that no stage ever runs beside an earlier copy of itself.
     let mut leftovers = 0;
     if opts.resume.is_some() {
-        let pid_files: Vec<PathBuf> = store
+        let interrupted: Vec<crate::store::AttemptRecord> = store
             .attempts(&run.id, None)
             .map_err(|e| e.to_string())?
             .into_iter()
             .filter(|a| a.state == "running")
-            .map(|a| PathBuf::from(a.dir).join("process"))
+            .collect();
+        let pid_files: Vec<PathBuf> = interrupted
+            .iter()
+            .map(|a| PathBuf::from(&a.dir).join("process"))
             .collect();
         leftovers = crate::backend::process::stop_leftovers(&run.id, &pid_files);
+        // Those attempts are over: say so, so that `status` and `logs` do not show them as
+        // running beside the new ones.
+        let writes: Vec<Write> = interrupted
+            .into_iter()
+            .map(|mut a| {
+                a.state = "interrupted".into();
+                a.finished_at = Some(now_ms());
+                a.error = Some(
+                    "the run stopped while this attempt ran; resume ran the stage again".into(),
+                );
+                Write::Attempt(a)
+            })
+            .collect();
+        if !writes.is_empty() {
+            store.commit(&writes).map_err(|e| e.to_string())?;
+        }
     }
     store
         .set_status(&run.id, RunStatus::Running, None)
