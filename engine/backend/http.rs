@@ -986,7 +986,7 @@ mod tests {
             base_url: base_url.map(String::from),
             ..AgentConfig::default()
         };
-        assert!(settings(&config(None)).unwrap().1 == OPENAI_BASE_URL);
+        assert!(settings(&config(None)).expect("valid").1 == OPENAI_BASE_URL);
         assert!(
             settings(&config(Some("http://127.0.0.1:8080/v1/")))
                 .unwrap()
