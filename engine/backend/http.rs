@@ -989,7 +989,7 @@ mod tests {
         assert!(settings(&config(None)).expect("valid").1 == OPENAI_BASE_URL);
         assert!(
             settings(&config(Some("http://127.0.0.1:8080/v1/")))
-                .unwrap()
+                .expect("valid")
                 .1
                 == "http://127.0.0.1:8080/v1"
         );
