@@ -493,6 +493,7 @@ impl HttpBackend {
             session_id: field("id"),
             model: field("model").or_else(|| Some(model.to_owned())),
             raw,
+            denied: Vec::new(),
         })
     }
 }

@@ -97,6 +97,9 @@ pub struct AgentReply {
     pub session_id: Option<String>,
     /// The model that answered, when the backend says.
     pub model: Option<String>,
+    /// Actions the agent reported as denied (a write without permission, say).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub denied: Vec<String>,
 }
 
 /// Why a call did not produce a reply, classified for the executor.
@@ -189,6 +192,8 @@ pub struct AgentConfig {
     /// Where a CLI backend finds its executable (default: `claude`, `codex`, `gemini` on
     /// PATH; `RALPH_FLOW_CLAUDE` and the like override it).
     pub program: Option<String>,
+    /// What a CLI agent may do unattended.
+    pub permissions: crate::model::Permissions,
 }
 
 /// Builds the backend of an agent.

@@ -139,6 +139,19 @@ pub struct Param {
     pub span: Span,
 }
 
+/// What a CLI agent may do in an unattended run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Permissions {
+    /// Read files and answer; every write is denied (the default).
+    #[default]
+    ReadOnly,
+    /// Also write files in the working directory.
+    Edit,
+    /// No restriction: commands and writes anywhere.
+    Full,
+}
+
 /// The kind of backend an agent uses.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AgentKind {

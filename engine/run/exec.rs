@@ -2000,6 +2000,7 @@ fn agent_config(
             .as_ref()
             .map(|f| crate::check::base_dir(sources, f.span).join(&f.value)),
         program: None,
+        permissions: Default::default(),
     })
 }
 

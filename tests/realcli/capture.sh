@@ -176,7 +176,7 @@ run_case claude write_bypass_sandbox write plain IS_SANDBOX=1 -- -p --output-for
 # ---- codex: codex exec --json [--model M] [ARGS] -, prompt on stdin
 run_case codex untrusted ok plain -- exec --json -
 run_case codex ok_git ok git -- exec --json -
-for s in ok server_error rate_limit overloaded invalid_key; do
+for s in ok server_error rate_limit overloaded invalid_key usage_limit; do
     run_case codex $s $s plain -- exec --json --skip-git-repo-check -
 done
 echo "$SCHEMA" >"$work/schema.json"

@@ -24,6 +24,7 @@ environment variable MOCK_SCENARIO, else `ok`. Scenarios:
   rate_limit    HTTP 429 with retry-after (Anthropic: also the unified rate-limit headers)
   overloaded    Anthropic 529 overloaded_error; OpenAI and Gemini 503
   invalid_key   Anthropic 401, OpenAI 401 invalid_api_key, Gemini 400 API_KEY_INVALID
+  usage_limit   OpenAI only: 429 usage_limit_reached with resets_at (a ChatGPT plan's limit)
 
 Every request is appended as one JSON line to the file named by MOCK_LOG, when set.
 """
@@ -404,6 +405,17 @@ class Handler(BaseHTTPRequestHandler):
                 [],
             ),
         }
+        if scenario == "usage_limit":
+            # The ChatGPT plan's limit, as the Codex backend sends it.
+            reset = int(time.time()) + RESET_IN
+            err = {
+                "type": "usage_limit_reached",
+                "message": "The usage limit has been reached",
+                "plan_type": "plus",
+                "resets_at": reset,
+                "resets_in_seconds": RESET_IN,
+            }
+            errors[scenario] = (429, err, [])
         if scenario in errors:
             status, err, headers = errors[scenario]
             return self.send_json(status, {"error": err}, headers + [("x-request-id", "req_mock")])
