@@ -1305,7 +1305,7 @@ mod tests {
         assert_eq!(gemini.text, REPLY);
         // The turn's model, not the router's (both report the same usage here).
         assert_eq!(gemini.model.as_deref(), Some("gemini-3.8-flash"));
-        assert_eq!(gemini.usage.input_tokens, 2 * 4321);
+        assert_eq!(gemini.usage.input_tokens, 4321 + 11);
     }
 
     #[test]

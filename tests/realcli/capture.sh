@@ -192,6 +192,7 @@ run_case gemini trust_env ok plain GEMINI_CLI_TRUST_WORKSPACE=true -- --output-f
 for s in ok server_error rate_limit overloaded invalid_key; do
     run_case gemini $s $s plain -- --skip-trust --output-format json
 done
+run_case gemini ok_model ok plain -- --model gemini-2.5-flash --skip-trust --output-format json
 run_case gemini write_default write plain -- --skip-trust --output-format json
 run_case gemini write_auto_edit write plain -- --skip-trust --approval-mode auto_edit --output-format json
 run_case gemini write_yolo write plain -- --skip-trust --approval-mode yolo --output-format json

@@ -41,6 +41,9 @@ REPLY = "MOCK-REPLY-4F7: the mock model says hello."
 INPUT_TOKENS = 4321
 OUTPUT_TOKENS = 765
 CACHED_TOKENS = 98
+# Gemini's side requests (generateContent, not streamed).
+SIDE_INPUT_TOKENS = 11
+SIDE_OUTPUT_TOKENS = 2
 STRUCTURED = {"verdict": "MOCK-REPLY-4F7", "count": 3}
 WRITTEN_FILE = "mock-written.txt"
 WRITTEN_TEXT = "written by the mock model\n"
@@ -652,6 +655,14 @@ class Handler(BaseHTTPRequestHandler):
             "cachedContentTokenCount": CACHED_TOKENS,
             "promptTokensDetails": [{"modality": "TEXT", "tokenCount": INPUT_TOKENS}],
         }
+        if not stream:
+            # Side requests (the model router's classifier...): their own small usage.
+            usage = {
+                "promptTokenCount": SIDE_INPUT_TOKENS,
+                "candidatesTokenCount": SIDE_OUTPUT_TOKENS,
+                "totalTokenCount": SIDE_INPUT_TOKENS + SIDE_OUTPUT_TOKENS,
+                "promptTokensDetails": [{"modality": "TEXT", "tokenCount": SIDE_INPUT_TOKENS}],
+            }
         chunk = {
             "candidates": [{"content": {"parts": parts, "role": "model"}, "finishReason": "STOP", "index": 0}],
             "usageMetadata": usage,
