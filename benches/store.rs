@@ -111,6 +111,7 @@ fn bench(
             started_at: 0,
             updated_at: 0,
             dir: ".ralph-flow/runs/bench".to_string(),
+            options: serde_json::json!({}),
         })
         .expect("create the run");
     let filler = "lorem ipsum dolor sit amet, ".repeat(size / 28 + 1);

@@ -96,7 +96,9 @@ async fn chat_sends_the_prompt_and_reads_the_reply() {
         .and(body_json(json!({
             "model": "model-2",
             "messages": [{"role": "user", "content": "Say hi"}],
-            "max_tokens": 100
+            "max_tokens": 100,
+            "stream": true,
+            "stream_options": {"include_usage": true}
         })))
         .respond_with(ResponseTemplate::new(200).set_body_json(chat_response()))
         .expect(1)
@@ -141,7 +143,8 @@ async fn responses_sends_input_and_joins_output_text() {
         .and(body_json(json!({
             "model": "model-1",
             "input": "Say hi",
-            "max_output_tokens": 50
+            "max_output_tokens": 50,
+            "stream": true
         })))
         .respond_with(ResponseTemplate::new(200).set_body_json(json!({
             "id": "resp_1",
@@ -213,7 +216,8 @@ async fn anthropic_sends_its_headers_and_joins_text_blocks() {
         .and(body_json(json!({
             "model": "model-1",
             "max_tokens": 8192,
-            "messages": [{"role": "user", "content": "Say hi"}]
+            "messages": [{"role": "user", "content": "Say hi"}],
+            "stream": true
         })))
         .respond_with(ResponseTemplate::new(200).set_body_json(json!({
             "id": "msg_1",
@@ -391,7 +395,7 @@ async fn anthropic_overload_is_transient() {
         error,
         CallError::Transient {
             message: format!(
-                "agent `llm`: HTTP 529 Overloaded from {}/v1/messages: Overloaded",
+                "HTTP 529 Overloaded from {}/v1/messages: Overloaded",
                 server.uri()
             ),
             retry_after: Some(Duration::from_secs(3)),
@@ -674,7 +678,12 @@ async fn request_and_response_are_written_without_the_key() {
     assert!(!request.contains(&key()), "{request}");
     assert_eq!(
         serde_json::from_str::<Value>(&request).unwrap(),
-        json!({"model": "model-1", "messages": [{"role": "user", "content": "Say hi"}]})
+        json!({
+            "model": "model-1",
+            "messages": [{"role": "user", "content": "Say hi"}],
+            "stream": true,
+            "stream_options": {"include_usage": true}
+        })
     );
     let response = std::fs::read_to_string(dir.path().join("response.json")).unwrap();
     assert_eq!(
@@ -701,4 +710,220 @@ fn bad_settings_are_refused_at_build() {
     };
     let error = build(&config).err().unwrap();
     assert!(error.contains("not an http(s) URL"), "{error}");
+}
+
+// ---- llama-cpp-python's dialect, from captured exchanges -------------------------------
+
+/// A captured exchange of llama-cpp-python's server (tests/fixtures/servers/).
+fn capture(name: &str) -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/servers/llama-cpp-python")
+        .join(format!("{name}.json"));
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// The captured answer, with its status, content type and raw body.
+fn replay(name: &str) -> ResponseTemplate {
+    let c = capture(name);
+    let content_type = c["headers"]["content-type"]
+        .as_str()
+        .unwrap_or("application/json")
+        .to_string();
+    ResponseTemplate::new(u16::try_from(c["status"].as_u64().unwrap()).unwrap())
+        .insert_header("content-type", content_type.as_str())
+        .set_body_string(c["raw"].as_str().unwrap())
+}
+
+/// The text a captured stream carries, joined from its deltas.
+fn streamed_text(name: &str) -> String {
+    capture(name)["raw"]
+        .as_str()
+        .unwrap()
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|v| {
+            v.pointer("/choices/0/delta/content")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        })
+        .collect()
+}
+
+fn verdict_schema() -> Value {
+    json!({"type": "object", "required": ["verdict"], "properties": {"verdict": {"type": "string"}}})
+}
+
+fn local(server: &MockServer) -> AgentConfig {
+    AgentConfig {
+        base_url: Some(format!("{}/v1", server.uri())),
+        api_key_env: None,
+        ..openai(server, "chat")
+    }
+}
+
+#[tokio::test]
+async fn a_captured_llama_stream_is_read_whole() {
+    for name in ["stream", "stream_long", "stream_json_object_schema"] {
+        let server = MockServer::start().await;
+        answer(&server, replay(name)).await;
+        let dir = TempDir::new().unwrap();
+        let reply = run(&local(&server), &call(dir.path())).await.unwrap();
+        let expected = streamed_text(name);
+        assert!(!expected.is_empty(), "{name}");
+        assert_eq!(reply.text, expected, "{name}");
+        assert_eq!(
+            reply.model.as_deref(),
+            Some("gemma-3-270m-q4_k_m"),
+            "{name}"
+        );
+        // llama-cpp-python sends no usage in streams.
+        assert_eq!(reply.usage, Usage::default(), "{name}");
+    }
+}
+
+#[tokio::test]
+async fn auto_steps_down_from_a_rejected_json_schema_once_per_run() {
+    let server = MockServer::start().await;
+    // The server's real answers: 500 to json_schema, a stream to json_object + schema.
+    Mock::given(method("POST"))
+        .and(body_partial_json(
+            json!({"response_format": {"type": "json_schema"}}),
+        ))
+        .respond_with(replay("json_schema_loose"))
+        .expect(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .and(body_partial_json(
+            json!({"response_format": {"type": "json_object", "schema": verdict_schema()}}),
+        ))
+        .respond_with(replay("stream_json_object_schema"))
+        .expect(2)
+        .mount(&server)
+        .await;
+    let dir = TempDir::new().unwrap();
+    let backend = build(&local(&server)).unwrap();
+    let call = AgentCall {
+        schema: Some(verdict_schema()),
+        ..call(dir.path())
+    };
+    let first = backend.call(&call).await.unwrap();
+    assert_eq!(first.text, streamed_text("stream_json_object_schema"));
+    assert_eq!(first.warnings.len(), 1, "{:?}", first.warnings);
+    assert!(
+        first.warnings[0].contains("Input should be 'text' or 'json_object'")
+            && first.warnings[0].contains("set `structured_output = \"json_object\"`"),
+        "{}",
+        first.warnings[0]
+    );
+    // The next call of the run goes straight to the mode that works, with no warning.
+    let second = backend.call(&call).await.unwrap();
+    assert!(second.warnings.is_empty(), "{:?}", second.warnings);
+}
+
+#[tokio::test]
+async fn an_explicit_mode_the_server_rejects_fails_at_once() {
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(replay("json_schema_loose"))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let dir = TempDir::new().unwrap();
+    let config = AgentConfig {
+        structured_output: ralph_flow::model::StructuredOutput::JsonSchema,
+        ..local(&server)
+    };
+    let call = AgentCall {
+        schema: Some(verdict_schema()),
+        ..call(dir.path())
+    };
+    let error = run(&config, &call).await.unwrap_err();
+    let CallError::Failed { message } = error else {
+        panic!("expected a permanent failure, not a transient one: {error:?}");
+    };
+    assert!(
+        message.contains("does not accept structured output `json_schema`")
+            && message.contains("`json_object` for llama-cpp-python"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn the_prompt_mode_writes_the_schema_into_the_prompt() {
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(|request: &Request| {
+            let body: Value = serde_json::from_slice(&request.body).unwrap();
+            let prompt = body["messages"][0]["content"].as_str().unwrap_or("");
+            body.get("response_format").is_none()
+                && prompt.starts_with("Say hi")
+                && prompt.contains("\"required\": [\n    \"verdict\"\n  ]")
+        })
+        .respond_with(replay("stream"))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let dir = TempDir::new().unwrap();
+    let config = AgentConfig {
+        structured_output: ralph_flow::model::StructuredOutput::Prompt,
+        ..local(&server)
+    };
+    let call = AgentCall {
+        schema: Some(verdict_schema()),
+        ..call(dir.path())
+    };
+    run(&config, &call).await.unwrap();
+}
+
+#[tokio::test]
+async fn the_idle_timeout_measures_silence_not_generation_time() {
+    use std::io::{Read, Write};
+    // A stream whose whole answer takes longer than the idle timeout, with no silence as
+    // long as it.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let raw = capture("stream_json_object_schema")["raw"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let server = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        let mut request = [0u8; 8192];
+        let _ = stream.read(&mut request).unwrap();
+        stream
+            .write_all(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                  connection: close\r\n\r\n",
+            )
+            .unwrap();
+        for event in raw.split_inclusive("\n\n") {
+            std::thread::sleep(Duration::from_millis(60));
+            stream.write_all(event.as_bytes()).unwrap();
+            stream.flush().unwrap();
+        }
+    });
+    let dir = TempDir::new().unwrap();
+    let config = AgentConfig {
+        name: "llm".into(),
+        kind: AgentKind::OpenAi,
+        model: Some("m".into()),
+        base_url: Some(format!("http://127.0.0.1:{port}/v1")),
+        ..AgentConfig::default()
+    };
+    let events = streamed_text("stream_json_object_schema").len();
+    assert!(events > 0);
+    let call = AgentCall {
+        idle_timeout: Some(Duration::from_millis(400)),
+        ..call(dir.path())
+    };
+    let started = std::time::Instant::now();
+    let reply = run(&config, &call).await.unwrap();
+    assert!(
+        started.elapsed() > Duration::from_millis(400),
+        "the answer took longer than the idle timeout"
+    );
+    assert_eq!(reply.text, streamed_text("stream_json_object_schema"));
+    server.join().unwrap();
 }

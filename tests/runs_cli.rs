@@ -78,6 +78,7 @@ fn fixture(state: &Path) {
         started_at,
         updated_at: started_at + 72_000,
         dir: format!(".ralph-flow/runs/{id}"),
+        options: serde_json::json!({}),
     };
     s.create_run(&run("r1", T0 - 3_600_000, RunStatus::Running))
         .expect("create");
@@ -102,6 +103,8 @@ fn fixture(state: &Path) {
         attempt("attempts#1", "implement", 2, "ok"),
         Write::Node(node("attempts#1", "implement", NodeState::Done, 20_000)),
         Write::Node(node("attempts#1", "@end", NodeState::Done, 0)),
+        // The loop itself: its row shows what its iterations did.
+        Write::Node(node("", "attempts", NodeState::Done, 0)),
         event(
             "attempts#1",
             "implement",
@@ -244,7 +247,18 @@ fn status_shows_nodes_gates_and_totals() {
 
     let doc = json_out(&cli(dir.path(), &["status", "r2", "--json"]).success());
     assert_eq!(doc["id"], "r2");
-    assert_eq!(doc["nodes"].as_array().expect("nodes").len(), 3);
+    assert_eq!(doc["nodes"].as_array().expect("nodes").len(), 4);
+    let attempts = doc["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .find(|n| n["node"] == "attempts")
+        .expect("the loop's row");
+    assert_eq!(attempts["attempts"], 1, "one iteration ran");
+    assert_eq!(
+        attempts["usage"]["input_tokens"], 20_000,
+        "its iteration's usage"
+    );
     assert_eq!(doc["pending_gates"][0]["gate"], "approve_spec");
     assert!(
         doc["pending_gates"][0]["approve"]
@@ -263,6 +277,7 @@ fn logs_show_events_in_order() {
     let kinds: Vec<&str> = out
         .lines()
         .skip(1)
+        .take_while(|l| !l.is_empty())
         .map(|l| l.split_whitespace().nth(2).expect("kind"))
         .collect();
     assert_eq!(
@@ -270,6 +285,13 @@ fn logs_show_events_in_order() {
         ["started", "started", "done", "started", "retry", "waiting"],
         "{out}"
     );
+    // A settled stage's row shows what it used, and the run's total closes the table.
+    let done = out
+        .lines()
+        .find(|l| l.contains(" done "))
+        .expect("a done row");
+    assert!(done.contains("10000/1000/5000 $0.1000"), "{done}");
+    assert!(out.contains("total: 30000/3000/15000"), "{out}");
     assert!(
         out.contains("2026-01-01T00:00:02Z  attempts#1/implement  started"),
         "{out}"

@@ -547,6 +547,32 @@ fn init_scaffolds_a_workflow_that_checks_for_every_builtin_preset() {
             assert!(text.contains("../prompts/"), "{text}");
             let out = p.run(&["check", &out_file]);
             ok(&out);
+            // It names the preset's agents, and its example of pointing one at a local
+            // server is a valid workflow once uncommented.
+            assert!(text.contains("Its agents: "), "{text}");
+            let (c, head, lines) = if format == "toml" {
+                ("# ", "# [agents.", 4)
+            } else {
+                ("// ", "// agent ", 1)
+            };
+            let start = text
+                .lines()
+                .position(|l| l.starts_with(head))
+                .unwrap_or_else(|| panic!("{text}"));
+            let uncommented: Vec<String> = text
+                .lines()
+                .enumerate()
+                .map(|(i, l)| {
+                    if (start..start + lines).contains(&i) {
+                        l.strip_prefix(c).unwrap().to_string()
+                    } else {
+                        l.to_string()
+                    }
+                })
+                .collect();
+            let example = format!("flows/{name}-local.{format}");
+            p.write(&example, &uncommented.join("\n"));
+            ok(&p.run(&["check", &example]));
         }
     }
     // The scaffold's prompt directory replaces the preset's prompt of the same name.

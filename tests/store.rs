@@ -26,6 +26,7 @@ fn run_record(id: &str, workflow: &str, started_at: i64) -> RunRecord {
         started_at,
         updated_at: started_at,
         dir: format!(".ralph-flow/runs/{id}"),
+        options: serde_json::json!({}),
     }
 }
 

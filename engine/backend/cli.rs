@@ -62,21 +62,25 @@ pub fn build(config: &AgentConfig) -> Result<Box<dyn Backend>, String> {
     };
     let program = match flavor {
         Flavor::Command(_) => String::new(),
-        _ => {
-            let name = config.kind.as_str();
-            config
-                .program
-                .clone()
-                .or_else(|| std::env::var(format!("RALPH_FLOW_{}", name.to_uppercase())).ok())
-                .filter(|p| !p.is_empty())
-                .unwrap_or_else(|| name.to_string())
-        }
+        _ => program(config),
     };
     Ok(Box::new(CliBackend {
         config: config.clone(),
         flavor,
         program,
     }))
+}
+
+/// The program of a `claude`, `codex` or `gemini` agent: its `program`, else the one named
+/// by `RALPH_FLOW_CLAUDE` (`RALPH_FLOW_CODEX`, `RALPH_FLOW_GEMINI`), else the kind's name.
+pub fn program(config: &AgentConfig) -> String {
+    let name = config.kind.as_str();
+    config
+        .program
+        .clone()
+        .or_else(|| std::env::var(format!("RALPH_FLOW_{}", name.to_uppercase())).ok())
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| name.to_string())
 }
 
 /// Which program a backend runs, and so how it talks to it.
@@ -158,6 +162,7 @@ impl CliBackend {
             idle_timeout: call.idle_timeout,
             stdout_path: Some(call.dir.join("stdout")),
             stderr_path: Some(call.dir.join("stderr")),
+            pid_file: Some(call.dir.join("process")),
             result_done: match self.flavor {
                 Flavor::Claude => Some(claude_done),
                 Flavor::Codex => Some(codex_done),
@@ -473,6 +478,7 @@ fn parse_claude(out: &ProcOutput) -> Result<AgentReply, CallError> {
             .and_then(|m| m.keys().next().cloned()),
         raw: String::new(),
         denied: claude_denials(&result),
+        ..AgentReply::default()
     })
 }
 
@@ -871,24 +877,27 @@ fn parse_gemini(out: &ProcOutput) -> Result<AgentReply, CallError> {
 // ---- command --------------------------------------------------------------------------
 
 fn parse_command(out: &ProcOutput) -> Result<AgentReply, CallError> {
-    match (out.code, out.signal) {
-        (Some(0), _) => Ok(AgentReply {
-            text: String::from_utf8_lossy(&out.stdout).into_owned(),
-            ..AgentReply::default()
-        }),
-        (_, Some(signal)) => Err(CallError::Transient {
-            message: format!("killed by signal {signal}: {}", output_tail(out)),
-            retry_after: None,
-        }),
-        (code, None) => Err(CallError::Transient {
-            message: format!(
-                "exited with code {}: {}",
-                code.unwrap_or(-1),
-                last_lines(&String::from_utf8_lossy(&out.stderr), TAIL_LINES)
-            ),
-            retry_after: None,
-        }),
-    }
+    // A program that exits non-zero (or is killed) gave no answer: that attempt failed,
+    // unless what it printed says it was rate-limited or overloaded.
+    let how = match (out.code, out.signal) {
+        (Some(0), _) => {
+            let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+            if out.stdout_cut > 0 {
+                // Only the end of a very long answer was kept: say so, with the true count.
+                text = format!("[... {} bytes cut ...]\n{text}", out.stdout_cut);
+            }
+            return Ok(AgentReply {
+                text,
+                ..AgentReply::default()
+            });
+        }
+        (_, Some(signal)) => format!("was killed by signal {signal}"),
+        (code, None) => format!("exited with code {}", code.unwrap_or(-1)),
+    };
+    let said = output_tail(out);
+    Err(classify(&said, retry_hint(&said), || CallError::Failed {
+        message: format!("the agent's program {how}: {said}"),
+    }))
 }
 
 // ---- classification -------------------------------------------------------------------
@@ -1232,6 +1241,8 @@ mod tests {
             stderr: stderr.as_bytes().to_vec(),
             ended: Ended::Exited,
             elapsed: Duration::from_secs(1),
+            stdout_cut: 0,
+            stderr_cut: 0,
         }
     }
 

@@ -1,28 +1,41 @@
 //! Backends for HTTP APIs: `openai` (Chat Completions or Responses, and any compatible server
-//! through `base_url`: vLLM, llama.cpp, Ollama, LiteLLM...) and `anthropic` (Messages).
+//! through `base_url`: vLLM, llama.cpp, llama-cpp-python, Ollama, LM Studio, LiteLLM...) and
+//! `anthropic` (Messages).
 //!
-//! Each call is one request with the prompt as the single user message, and no streaming.
+//! Each call is one streamed request with the prompt as the single user message.
 //!
+//! - **Streaming**: requests ask for server-sent events, so `idle_timeout` measures the
+//!   model's silence, not its generation time; a server that answers with one JSON body
+//!   anyway is read as such. Dropping a call drops the connection, so the server stops
+//!   generating.
+//! - **Structured output**: a stage's output schema reaches the model as the agent's
+//!   `structured_output` says: `json_schema` (OpenAI's `response_format`), `json_object`
+//!   (`response_format: {type: json_object, schema}`, llama-cpp-python and llama.cpp),
+//!   `guided_json` (vLLM's field), `prompt` (written into the prompt) or `off`. `auto` (the
+//!   default) starts with `json_schema` and, when a server rejects it (HTTP 400, 422 or 500
+//!   to a request that carries it), steps down to the next mode (`json_object`, then
+//!   `prompt`) once for the rest of the run, with a warning that names the setting; the
+//!   rejected request is not retried as if the failure were transient.
 //! - **Keys** are read from the environment at call time, from the variable `api_key_env`
 //!   names (default `OPENAI_API_KEY` or `ANTHROPIC_API_KEY`). A variable named explicitly must
 //!   be set, and so must the default one for the default `base_url`; without either the call
 //!   is [`CallError::Missing`]. A custom `base_url` without `api_key_env` is called without a
 //!   key when the default variable is unset (local servers need none). Keys are never logged,
 //!   written or put in a message.
-//! - **Timeouts**: `timeout` bounds the whole request, from sending to the last byte of the
-//!   body. Since the reply is not streamed, `idle_timeout` bounds the wait for the response
-//!   headers (which most servers send only once the model has finished) and then every stall
-//!   while the body is read.
-//! - **Artifacts**: the request body goes to `request.json` and the response body to
-//!   `response.json` in the call's directory.
+//! - **Timeouts**: `timeout` bounds the whole request, from sending to the last event;
+//!   `idle_timeout` bounds the wait for the response headers and then every silence
+//!   between two chunks of the stream.
+//! - **Artifacts**: the request body goes to `request.json` and the response (the event
+//!   stream as received, or the body) to `response.json` in the call's directory.
 //! - **Errors**: 429 is [`CallError::RateLimited`] (OpenAI's `insufficient_quota` too); 408,
-//!   409, 5xx (Anthropic's 529 "overloaded" among them), connection failures and a 200 whose
-//!   body cannot be read are [`CallError::Transient`]; 401/403 and other 4xx are
-//!   [`CallError::Failed`]. `Retry-After` (seconds or an HTTP date) and `retry-after-ms` are
-//!   passed on.
+//!   409, 5xx (Anthropic's 529 "overloaded" among them), an `error` event in the stream,
+//!   connection failures and a 200 whose body cannot be read are [`CallError::Transient`];
+//!   401/403 and other 4xx are [`CallError::Failed`]. `Retry-After` (seconds or an HTTP
+//!   date) and `retry-after-ms` are passed on.
 
 use std::future::Future;
 use std::path::Path;
+use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use reqwest::StatusCode;
@@ -32,8 +45,9 @@ use tokio::time::Instant;
 
 use super::{
     AgentCall, AgentConfig, AgentReply, Backend, CallError, CallFuture, Capabilities, Usage,
+    prompt_with_schema,
 };
-use crate::model::AgentKind;
+use crate::model::{AgentKind, StructuredOutput};
 
 const OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
 const OPENAI_KEY_ENV: &str = "OPENAI_API_KEY";
@@ -48,11 +62,26 @@ const SCHEMA_NAME: &str = "output";
 const EXCERPT_CHARS: usize = 300;
 /// How many characters of a partly received body go into a timeout's tail.
 const TAIL_CHARS: usize = 2000;
+/// The largest response body read; a longer one is cut there and the call fails.
+const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
 
-/// Builds an `openai` or `anthropic` backend. Fails on an unknown `api` or a `base_url` that
-/// is not an http(s) URL.
-pub fn build(config: &AgentConfig) -> Result<Box<dyn Backend>, String> {
-    let name = &config.name;
+/// Tells whether an `openai` or `anthropic` agent can be called: its settings are valid and
+/// its key variable is set where one is needed.
+pub fn preflight(config: &AgentConfig) -> Result<(), String> {
+    let (_, _, key) = settings(config)?;
+    match key.resolve() {
+        Err(_) => Err(format!(
+            "the API key variable `{}` is not set; export it, or name another variable with \
+             `api_key_env`",
+            key.var
+        )),
+        Ok(_) => Ok(()),
+    }
+}
+
+/// An agent's API, base URL (without a trailing slash) and key variable. Fails on an
+/// unknown `api` or a `base_url` that is not an http(s) URL.
+fn settings(config: &AgentConfig) -> Result<(Api, String, ApiKey), String> {
     let (api, default_base_url, default_key_env) = match config.kind {
         AgentKind::OpenAi => {
             let api = match config.api.as_deref() {
@@ -60,7 +89,7 @@ pub fn build(config: &AgentConfig) -> Result<Box<dyn Backend>, String> {
                 Some("responses") => Api::Responses,
                 Some(other) => {
                     return Err(format!(
-                        "agent `{name}`: unknown api `{other}` (expected `chat` or `responses`)"
+                        "unknown api `{other}` (expected `chat` or `responses`)"
                     ));
                 }
             };
@@ -68,10 +97,7 @@ pub fn build(config: &AgentConfig) -> Result<Box<dyn Backend>, String> {
         }
         AgentKind::Anthropic => (Api::Messages, ANTHROPIC_BASE_URL, ANTHROPIC_KEY_ENV),
         other => {
-            return Err(format!(
-                "agent `{name}`: kind {} is not an HTTP backend",
-                other.as_str()
-            ));
+            return Err(format!("kind {} is not an HTTP backend", other.as_str()));
         }
     };
     let base_url = config
@@ -82,9 +108,7 @@ pub fn build(config: &AgentConfig) -> Result<Box<dyn Backend>, String> {
     match reqwest::Url::parse(base_url) {
         Ok(url) if matches!(url.scheme(), "http" | "https") => {}
         _ => {
-            return Err(format!(
-                "agent `{name}`: base_url `{base_url}` is not an http(s) URL"
-            ));
+            return Err(format!("base_url `{base_url}` is not an http(s) URL"));
         }
     }
     let key = ApiKey {
@@ -94,16 +118,37 @@ pub fn build(config: &AgentConfig) -> Result<Box<dyn Backend>, String> {
             .unwrap_or_else(|| default_key_env.to_owned()),
         required: config.api_key_env.is_some() || base_url == default_base_url,
     };
+    Ok((api, base_url.to_owned(), key))
+}
+
+/// Builds an `openai` or `anthropic` backend.
+pub fn build(config: &AgentConfig) -> Result<Box<dyn Backend>, String> {
+    let (api, base_url, key) = settings(config)?;
     let client = reqwest::Client::builder()
         .build()
-        .map_err(|e| format!("agent `{name}`: cannot set up an HTTP client: {e}"))?;
+        .map_err(|e| format!("cannot set up an HTTP client: {e}"))?;
+    let mode = match (api, config.structured_output) {
+        // The Messages API has no schema mode: `auto` leaves the prompt as written, and
+        // the native modes fall back to writing the schema into the prompt.
+        (Api::Messages, StructuredOutput::Auto | StructuredOutput::Off) => StructuredOutput::Off,
+        (Api::Messages, _) => StructuredOutput::Prompt,
+        (Api::Responses, StructuredOutput::JsonObject | StructuredOutput::GuidedJson) => {
+            StructuredOutput::Prompt
+        }
+        (_, StructuredOutput::Auto) => StructuredOutput::JsonSchema,
+        (_, mode) => mode,
+    };
     Ok(Box::new(HttpBackend {
-        agent: name.clone(),
         api,
         url: format!("{base_url}{}", api.path()),
+        // OpenAI's own API wants `max_completion_tokens` (its reasoning models refuse
+        // `max_tokens`); compatible servers know `max_tokens`.
+        completion_tokens: base_url == OPENAI_BASE_URL,
         key,
         model: config.model.clone(),
         max_tokens: config.max_tokens,
+        auto: config.structured_output == StructuredOutput::Auto,
+        mode: Mutex::new(mode),
         client,
     }))
 }
@@ -137,34 +182,61 @@ impl Api {
         }
     }
 
-    /// Builds the request body. The schema is sent only to the OpenAI APIs.
-    fn request_body(
-        self,
-        model: &str,
-        prompt: &str,
-        max_tokens: Option<u64>,
-        schema: Option<&Value>,
-    ) -> Value {
+    /// The next structured-output mode to try when a server rejects `mode`, under `auto`.
+    fn step_down(self, mode: StructuredOutput) -> Option<StructuredOutput> {
+        match (self, mode) {
+            (Api::Chat, StructuredOutput::JsonSchema) => Some(StructuredOutput::JsonObject),
+            (_, StructuredOutput::JsonSchema | StructuredOutput::JsonObject) => {
+                Some(StructuredOutput::Prompt)
+            }
+            _ => None,
+        }
+    }
+
+    /// Builds the (streamed) request body; `schema` is the stage's output schema, sent in
+    /// the structured-output `mode`.
+    fn request_body(&self, req: &Request<'_>) -> Value {
+        let prompt = match (req.schema, req.mode) {
+            (Some(schema), StructuredOutput::Prompt) => prompt_with_schema(req.prompt, schema),
+            _ => req.prompt.to_owned(),
+        };
+        let schema = req.schema.filter(|_| req.mode.is_native());
         match self {
             Api::Chat => {
                 let mut body = json!({
-                    "model": model,
+                    "model": req.model,
                     "messages": [{"role": "user", "content": prompt}],
+                    "stream": true,
+                    "stream_options": {"include_usage": true},
                 });
-                if let Some(n) = max_tokens {
-                    body["max_tokens"] = n.into();
+                if let Some(n) = req.max_tokens {
+                    let key = if req.completion_tokens {
+                        "max_completion_tokens"
+                    } else {
+                        "max_tokens"
+                    };
+                    body[key] = n.into();
                 }
-                if let Some(schema) = schema {
-                    body["response_format"] = json!({
-                        "type": "json_schema",
-                        "json_schema": {"name": SCHEMA_NAME, "schema": schema, "strict": false},
-                    });
+                match (schema, req.mode) {
+                    (Some(schema), StructuredOutput::JsonSchema) => {
+                        body["response_format"] = json!({
+                            "type": "json_schema",
+                            "json_schema": {"name": SCHEMA_NAME, "schema": schema, "strict": false},
+                        });
+                    }
+                    (Some(schema), StructuredOutput::JsonObject) => {
+                        body["response_format"] = json!({"type": "json_object", "schema": schema});
+                    }
+                    (Some(schema), StructuredOutput::GuidedJson) => {
+                        body["guided_json"] = schema.clone();
+                    }
+                    _ => {}
                 }
                 body
             }
             Api::Responses => {
-                let mut body = json!({"model": model, "input": prompt});
-                if let Some(n) = max_tokens {
+                let mut body = json!({"model": req.model, "input": prompt, "stream": true});
+                if let Some(n) = req.max_tokens {
                     body["max_output_tokens"] = n.into();
                 }
                 if let Some(schema) = schema {
@@ -180,15 +252,16 @@ impl Api {
                 body
             }
             Api::Messages => json!({
-                "model": model,
-                "max_tokens": max_tokens.unwrap_or(ANTHROPIC_MAX_TOKENS),
+                "model": req.model,
+                "max_tokens": req.max_tokens.unwrap_or(ANTHROPIC_MAX_TOKENS),
                 "messages": [{"role": "user", "content": prompt}],
+                "stream": true,
             }),
         }
     }
 
-    /// Finds the answer's text in a successful response, or `None` when it is not where
-    /// this API puts it.
+    /// Finds the answer's text in a whole (not streamed) response, or `None` when it is
+    /// not where this API puts it.
     fn text(self, response: &Value) -> Option<String> {
         match self {
             Api::Chat => response
@@ -224,7 +297,8 @@ impl Api {
         }
     }
 
-    /// Reads the token counts of a successful response (zero where absent).
+    /// Reads the token counts of a response, or of the part of a stream that carries them
+    /// (zero where absent).
     fn usage(self, response: &Value) -> Usage {
         let (input, output, cached) = match self {
             Api::Chat => (
@@ -256,6 +330,146 @@ impl Api {
             cost_usd: None,
         }
     }
+
+    /// Reads a server-sent event stream: the text, the usage, the id and the model, or the
+    /// error an `error` event carries.
+    fn read_stream(self, raw: &str) -> Result<Streamed, String> {
+        let mut out = Streamed::default();
+        for data in sse_data(raw) {
+            if data == "[DONE]" {
+                out.done = true;
+                continue;
+            }
+            let Ok(event) = serde_json::from_str::<Value>(data) else {
+                continue;
+            };
+            let kind = event.get("type").and_then(Value::as_str).unwrap_or("");
+            if kind == "error"
+                || kind == "response.failed"
+                || event.get("error").is_some_and(|e| !e.is_null())
+            {
+                let error = event
+                    .pointer("/error/message")
+                    .or_else(|| event.pointer("/response/error/message"))
+                    .or_else(|| event.get("message"))
+                    .and_then(Value::as_str)
+                    .map_or_else(|| excerpt(data), str::to_owned);
+                let kind = event
+                    .pointer("/error/type")
+                    .or_else(|| event.pointer("/error/code"))
+                    .and_then(Value::as_str)
+                    .map(|k| format!(" ({k})"))
+                    .unwrap_or_default();
+                return Err(format!("{error}{kind}"));
+            }
+            let field = |pointer: &str| {
+                event
+                    .pointer(pointer)
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+            };
+            match self {
+                Api::Chat => {
+                    out.id = out.id.take().or_else(|| field("/id"));
+                    out.model = out.model.take().or_else(|| field("/model"));
+                    if let Some(t) = event
+                        .pointer("/choices/0/delta/content")
+                        .and_then(Value::as_str)
+                    {
+                        out.text.push_str(t);
+                    }
+                    if event
+                        .pointer("/choices/0/finish_reason")
+                        .is_some_and(|f| !f.is_null())
+                    {
+                        out.done = true;
+                    }
+                    if event.get("usage").is_some_and(|u| !u.is_null()) {
+                        out.usage = self.usage(&event);
+                    }
+                }
+                Api::Responses => match kind {
+                    "response.output_text.delta" => {
+                        if let Some(t) = event.get("delta").and_then(Value::as_str) {
+                            out.text.push_str(t);
+                        }
+                    }
+                    "response.completed" | "response.incomplete" => {
+                        if let Some(r) = event.get("response") {
+                            out.usage = self.usage(r);
+                            out.id = r.get("id").and_then(Value::as_str).map(str::to_owned);
+                            out.model = r.get("model").and_then(Value::as_str).map(str::to_owned);
+                            if out.text.is_empty() {
+                                out.text = self.text(r).unwrap_or_default();
+                            }
+                        }
+                        out.done = true;
+                    }
+                    _ => {}
+                },
+                Api::Messages => match kind {
+                    "message_start" => {
+                        if let Some(m) = event.get("message") {
+                            out.id = m.get("id").and_then(Value::as_str).map(str::to_owned);
+                            out.model = m.get("model").and_then(Value::as_str).map(str::to_owned);
+                            out.usage = self.usage(m);
+                        }
+                    }
+                    "content_block_delta" => {
+                        if let Some(t) = event.pointer("/delta/text").and_then(Value::as_str) {
+                            out.text.push_str(t);
+                        }
+                    }
+                    "message_delta" => {
+                        if let Some(n) = event
+                            .pointer("/usage/output_tokens")
+                            .and_then(Value::as_u64)
+                        {
+                            out.usage.output_tokens = n;
+                        }
+                    }
+                    "message_stop" => out.done = true,
+                    _ => {}
+                },
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// What a stream said.
+#[derive(Debug, Default)]
+struct Streamed {
+    text: String,
+    usage: Usage,
+    id: Option<String>,
+    model: Option<String>,
+    /// The stream said it was complete (`[DONE]`, a finish reason, `message_stop`...).
+    done: bool,
+}
+
+/// The `data:` payloads of a server-sent event stream, one per event (multi-line data
+/// joined with newlines).
+fn sse_data(raw: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    for block in raw.split("\n\n").flat_map(|b| b.split("\r\n\r\n")) {
+        for line in block.lines() {
+            if let Some(d) = line.strip_prefix("data:") {
+                out.push(d.trim());
+            }
+        }
+    }
+    out
+}
+
+/// One request's settings.
+struct Request<'a> {
+    model: &'a str,
+    prompt: &'a str,
+    max_tokens: Option<u64>,
+    completion_tokens: bool,
+    schema: Option<&'a Value>,
+    mode: StructuredOutput,
 }
 
 /// Where the API key comes from.
@@ -269,14 +483,11 @@ struct ApiKey {
 
 impl ApiKey {
     /// Reads the key from the environment; an empty variable counts as unset.
-    fn resolve(&self, agent: &str) -> Result<Option<String>, CallError> {
+    fn resolve(&self) -> Result<Option<String>, CallError> {
         match std::env::var(&self.var) {
             Ok(key) if !key.is_empty() => Ok(Some(key)),
             _ if self.required => Err(CallError::Missing {
-                message: format!(
-                    "agent `{agent}`: the API key variable `{}` is not set",
-                    self.var
-                ),
+                message: format!("the API key variable `{}` is not set", self.var),
             }),
             _ => Ok(None),
         }
@@ -285,20 +496,26 @@ impl ApiKey {
 
 /// A backend for one HTTP API, with its client (and so its connections) kept across calls.
 struct HttpBackend {
-    agent: String,
     api: Api,
     /// The endpoint: the base URL and the API's path.
     url: String,
     key: ApiKey,
     model: Option<String>,
     max_tokens: Option<u64>,
+    /// Whether the output limit is sent as `max_completion_tokens`.
+    completion_tokens: bool,
+    /// Whether the structured-output mode may step down when a server rejects it.
+    auto: bool,
+    /// The structured-output mode in use: the configured one, or where `auto` stepped
+    /// down to in this run.
+    mode: Mutex<StructuredOutput>,
     client: reqwest::Client,
 }
 
 impl Backend for HttpBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            json_schema: self.api != Api::Messages,
+            json_schema: self.current_mode() != StructuredOutput::Off,
             cost: false,
             usage: true,
         }
@@ -309,39 +526,99 @@ impl Backend for HttpBackend {
     }
 }
 
+/// How one request went.
+enum Sent {
+    Reply(AgentReply),
+    /// The server rejected the structured-output mode: its status and message.
+    Rejected(String),
+}
+
 impl HttpBackend {
-    /// Makes one call: builds and records the request, sends it within the call's time
-    /// limits, records the response and classifies it.
+    fn current_mode(&self) -> StructuredOutput {
+        *self
+            .mode
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Makes one call; under `auto`, a structured-output mode the server rejects is
+    /// replaced by the next one (for the rest of the run) and the call made again.
     async fn run(&self, call: &AgentCall) -> Result<AgentReply, CallError> {
         let model = call
             .model
             .as_deref()
             .or(self.model.as_deref())
             .ok_or_else(|| CallError::Failed {
-                message: format!(
-                    "agent `{}`: kind {} needs a `model` (on the agent or the stage)",
-                    self.agent,
-                    self.api.kind()
-                ),
+                message: format!("kind {} needs a `model` on the agent", self.api.kind()),
             })?;
-        let key = self.key.resolve(&self.agent)?;
-        let body = self.api.request_body(
-            model,
-            &call.prompt,
-            call.max_tokens.or(self.max_tokens),
-            call.schema.as_ref(),
-        );
+        let key = self.key.resolve()?;
+        let mut warnings = Vec::new();
+        loop {
+            let mode = self.current_mode();
+            let req = Request {
+                model,
+                prompt: &call.prompt,
+                max_tokens: call.max_tokens.or(self.max_tokens),
+                completion_tokens: self.completion_tokens,
+                schema: call.schema.as_ref(),
+                mode,
+            };
+            match self.send(call, &req, key.as_deref()).await? {
+                Sent::Reply(mut reply) => {
+                    reply.warnings = warnings;
+                    return Ok(reply);
+                }
+                Sent::Rejected(why) => {
+                    let next = self.api.step_down(mode).filter(|_| self.auto);
+                    let Some(next) = next else {
+                        return Err(CallError::Failed {
+                            message: format!(
+                                "{why}: the server does not accept structured output `{}`; \
+                                 set `structured_output` on the agent to a mode it accepts \
+                                 (`json_object` for llama-cpp-python and llama.cpp, \
+                                 `guided_json` for older vLLM, else `prompt`)",
+                                mode.as_str()
+                            ),
+                        });
+                    };
+                    *self
+                        .mode
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = next;
+                    let text = format!(
+                        "{why}: the server rejected structured output `{}`; using `{}` for \
+                         the rest of the run (set `structured_output = \"{}\"` on the agent \
+                         to choose it explicitly)",
+                        mode.as_str(),
+                        next.as_str(),
+                        next.as_str()
+                    );
+                    tracing::warn!("{text}");
+                    warnings.push(text);
+                }
+            }
+        }
+    }
+
+    /// Sends one request and reads its stream (or body) within the call's time limits.
+    async fn send(
+        &self,
+        call: &AgentCall,
+        req: &Request<'_>,
+        key: Option<&str>,
+    ) -> Result<Sent, CallError> {
+        let body = self.api.request_body(req);
         write_artifact(&call.dir.join("request.json"), format!("{body:#}")).await;
-        let request = self.request(key.as_deref(), &body)?;
+        let request = self.request(key, &body)?;
 
         let limits = Limits::start(call.timeout, call.idle_timeout);
-        tracing::debug!(agent = %self.agent, url = %self.url, "sending request");
+        tracing::debug!(url = %self.url, "sending request");
         let mut response = limits
             .bound(request.send(), &[])
             .await?
             .map_err(|e| self.send_error(e))?;
         let status = response.status();
-        tracing::debug!(agent = %self.agent, url = %self.url, %status, "response headers");
+        tracing::debug!(url = %self.url, %status, "response headers");
         let retry_after = retry_after(response.headers(), SystemTime::now());
         let mut received = Vec::new();
         while let Some(chunk) = limits
@@ -349,8 +626,7 @@ impl HttpBackend {
             .await?
             .map_err(|e| CallError::Transient {
                 message: format!(
-                    "agent `{}`: the connection to {} dropped while reading the response: {}",
-                    self.agent,
+                    "the connection to {} dropped while reading the response: {}",
                     self.url,
                     error_chain(&e.without_url())
                 ),
@@ -358,14 +634,35 @@ impl HttpBackend {
             })?
         {
             received.extend_from_slice(&chunk);
+            if received.len() > MAX_RESPONSE_BYTES {
+                return Err(CallError::Failed {
+                    message: format!(
+                        "the response from {} is longer than {} MiB; the call was stopped",
+                        self.url,
+                        MAX_RESPONSE_BYTES >> 20
+                    ),
+                });
+            }
         }
         let raw = String::from_utf8_lossy(&received).into_owned();
         write_artifact(&call.dir.join("response.json"), raw.clone()).await;
 
         if !status.is_success() {
-            return Err(self.status_error(status, retry_after, &raw, key.as_deref()));
+            let rejects_mode = req.schema.is_some()
+                && req.mode.is_native()
+                && matches!(status.as_u16(), 400 | 422 | 500);
+            if rejects_mode {
+                let error = ApiError::parse(&raw);
+                return Ok(Sent::Rejected(format!(
+                    "HTTP {} from {}: {}",
+                    status_text(status),
+                    self.url,
+                    redact(&error.message, key)
+                )));
+            }
+            return Err(self.status_error(status, retry_after, &raw, key));
         }
-        self.reply(raw, model)
+        self.reply(raw, req.model).map(Sent::Reply)
     }
 
     /// Builds the request with its headers. The key's header value is marked sensitive so
@@ -375,7 +672,11 @@ impl HttpBackend {
         key: Option<&str>,
         body: &Value,
     ) -> Result<reqwest::RequestBuilder, CallError> {
-        let mut request = self.client.post(&self.url).json(body);
+        let mut request = self
+            .client
+            .post(&self.url)
+            .header("accept", "text/event-stream")
+            .json(body);
         if let Some(key) = key {
             let (name, value) = match self.api {
                 Api::Chat | Api::Responses => ("authorization", format!("Bearer {key}")),
@@ -383,8 +684,8 @@ impl HttpBackend {
             };
             let mut value = HeaderValue::from_str(&value).map_err(|_| CallError::Failed {
                 message: format!(
-                    "agent `{}`: the API key in `{}` is not a valid HTTP header value",
-                    self.agent, self.key.var
+                    "the API key in `{}` is not a valid HTTP header value",
+                    self.key.var
                 ),
             })?;
             value.set_sensitive(true);
@@ -400,8 +701,7 @@ impl HttpBackend {
     fn send_error(&self, error: reqwest::Error) -> CallError {
         let is_builder = error.is_builder();
         let message = format!(
-            "agent `{}`: POST {} failed: {}",
-            self.agent,
+            "POST {} failed: {}",
             self.url,
             error_chain(&error.without_url())
         );
@@ -425,12 +725,7 @@ impl HttpBackend {
     ) -> CallError {
         let error = ApiError::parse(body);
         let detail = redact(&error.message, key);
-        let prefix = format!(
-            "agent `{}`: HTTP {} from {}",
-            self.agent,
-            status_text(status),
-            self.url
-        );
+        let prefix = format!("HTTP {} from {}", status_text(status), self.url);
         match status.as_u16() {
             429 if error.is_quota() => CallError::RateLimited {
                 message: format!("{prefix}: quota exhausted (insufficient_quota): {detail}"),
@@ -463,37 +758,54 @@ impl HttpBackend {
         }
     }
 
-    /// Reads the reply out of a successful response; a body that is not what the API sends
-    /// is transient (a proxy's page, a truncated body).
+    /// Reads the reply out of a successful response (an event stream, or one JSON body from
+    /// a server that does not stream); a body that is not what the API sends, or a stream
+    /// that ends before the answer does, is transient (a proxy's page, a dropped stream).
     fn reply(&self, raw: String, model: &str) -> Result<AgentReply, CallError> {
         let unreadable = |why: &str| CallError::Transient {
-            message: format!(
-                "agent `{}`: the response from {} {why}: {}",
-                self.agent,
-                self.url,
-                excerpt(&raw)
-            ),
+            message: format!("the response from {} {why}: {}", self.url, excerpt(&raw)),
             retry_after: None,
         };
-        let response: Value =
-            serde_json::from_str(&raw).map_err(|e| unreadable(&format!("is not JSON ({e})")))?;
-        let text = self
+        if let Ok(response) = serde_json::from_str::<Value>(&raw) {
+            let text = self
+                .api
+                .text(&response)
+                .ok_or_else(|| unreadable("has no text where the API puts it"))?;
+            let field = |name: &str| {
+                response
+                    .get(name)
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+            };
+            return Ok(AgentReply {
+                text,
+                usage: self.api.usage(&response),
+                session_id: field("id"),
+                model: field("model").or_else(|| Some(model.to_owned())),
+                raw,
+                ..AgentReply::default()
+            });
+        }
+        if !raw.trim_start().starts_with("data:") && !raw.trim_start().starts_with("event:") {
+            return Err(unreadable("is neither JSON nor an event stream"));
+        }
+        let streamed = self
             .api
-            .text(&response)
-            .ok_or_else(|| unreadable("has no text where the API puts it"))?;
-        let field = |name: &str| {
-            response
-                .get(name)
-                .and_then(Value::as_str)
-                .map(str::to_owned)
-        };
+            .read_stream(&raw)
+            .map_err(|e| CallError::Transient {
+                message: format!("the stream from {} reported an error: {e}", self.url),
+                retry_after: None,
+            })?;
+        if !streamed.done {
+            return Err(unreadable("ended before the answer was complete"));
+        }
         Ok(AgentReply {
-            text,
-            usage: self.api.usage(&response),
-            session_id: field("id"),
-            model: field("model").or_else(|| Some(model.to_owned())),
+            text: streamed.text,
+            usage: streamed.usage,
+            session_id: streamed.id,
+            model: streamed.model.or_else(|| Some(model.to_owned())),
             raw,
-            denied: Vec::new(),
+            ..AgentReply::default()
         })
     }
 }

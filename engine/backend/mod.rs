@@ -100,6 +100,10 @@ pub struct AgentReply {
     /// Actions the agent reported as denied (a write without permission, say).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub denied: Vec<String>,
+    /// Things the user should know about this call (a structured-output mode a server
+    /// rejected, and the one used instead); shown in the progress and kept as events.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// Why a call did not produce a reply, classified for the executor.
@@ -194,6 +198,81 @@ pub struct AgentConfig {
     pub program: Option<String>,
     /// What a CLI agent may do unattended.
     pub permissions: crate::model::Permissions,
+    /// How a stage's output schema reaches the model.
+    pub structured_output: crate::model::StructuredOutput,
+}
+
+/// The prompt with the output schema written into it, for backends (or modes) where the
+/// server does not constrain the answer: the schema mode `prompt`.
+pub fn prompt_with_schema(prompt: &str, schema: &serde_json::Value) -> String {
+    let schema = serde_json::to_string_pretty(schema).unwrap_or_default();
+    format!(
+        "{prompt}\n\n---\nAnswer with a JSON document that matches this JSON Schema, on its own \
+         or in a ```json block:\n```json\n{schema}\n```\n"
+    )
+}
+
+/// Tells whether an agent can be called at all on this machine, before a run starts: its
+/// program is installed, its API key variable is set, its recording exists. `cwd` is where
+/// relative program paths start. The error says what to install or set.
+pub fn preflight(config: &AgentConfig, cwd: &std::path::Path) -> Result<(), String> {
+    use crate::model::AgentKind as K;
+    match config.kind {
+        K::Claude | K::Codex | K::Gemini => {
+            let program = cli::program(config);
+            if find_program(&program, cwd).is_none() {
+                let package = match config.kind {
+                    K::Claude => "@anthropic-ai/claude-code",
+                    K::Codex => "@openai/codex",
+                    _ => "@google/gemini-cli",
+                };
+                return Err(format!(
+                    "`{program}` is not installed (not found on PATH); install it with `npm \
+                     install -g {package}`, or point `RALPH_FLOW_{}` (or the agent's `program`) \
+                     at it",
+                    config.kind.as_str().to_uppercase()
+                ));
+            }
+        }
+        K::Command => {
+            let Some(program) = config.command.first() else {
+                return Err("a command agent needs a `command`".into());
+            };
+            if find_program(program, cwd).is_none() {
+                return Err(format!(
+                    "its command `{program}` is not installed (not found on PATH, nor as a \
+                     path from {})",
+                    cwd.display()
+                ));
+            }
+        }
+        K::OpenAi | K::Anthropic => http::preflight(config)?,
+        K::Replay => {
+            if let Some(f) = &config.file {
+                if !f.is_file() {
+                    return Err(format!("its recording {} does not exist", f.display()));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Finds a program as `Command` would: a name on PATH, or a path (relative to `cwd`).
+pub fn find_program(program: &str, cwd: &std::path::Path) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &std::path::Path| {
+        p.metadata()
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.contains('/') {
+        let path = cwd.join(program);
+        return executable(&path).then_some(path);
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|p| executable(p))
 }
 
 /// Builds the backend of an agent.

@@ -37,7 +37,16 @@ pub struct ProcSpec {
     /// on the idle timeout no longer applies, and a timeout ends the program but keeps the
     /// result ([`Ended::AfterResult`]).
     pub result_done: Option<fn(&[u8]) -> bool>,
+    /// Where the program's process group and start time are written once it runs
+    /// (`PGID START_TICKS`), so that a later `resume` can stop what a killed run left
+    /// behind; removed when the program has ended.
+    pub pid_file: Option<PathBuf>,
 }
+
+/// The environment variable every program gets, unique to its run of [`run`]: what a
+/// timeout or a cancellation also kills by, so that descendants that left the process group
+/// (`setsid`) go too.
+pub const TAG_ENV: &str = "RALPH_FLOW_PROCESS";
 
 /// How a program ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,8 +68,13 @@ pub struct ProcOutput {
     pub code: Option<i32>,
     /// The signal that ended it, if one did.
     pub signal: Option<i32>,
+    /// The end of stdout (at most [`MEMORY_CAP`] bytes).
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
+    /// How many bytes of stdout came before `stdout` and are not in it.
+    pub stdout_cut: u64,
+    /// How many bytes of stderr came before `stderr` and are not in it.
+    pub stderr_cut: u64,
     pub ended: Ended,
     pub elapsed: Duration,
 }
@@ -92,8 +106,12 @@ pub const KILL_GRACE: Duration = Duration::from_secs(2);
 /// child it left behind) before the run stops reading it.
 pub const EOF_GRACE: Duration = Duration::from_secs(2);
 
-/// How much of each stream is kept in memory; the files receive everything.
+/// How much of each stream is kept in memory (its end).
 pub const MEMORY_CAP: usize = 16 * 1024 * 1024;
+
+/// How much of each stream its file receives (its start); a line at the end of the file
+/// says how many bytes more there were.
+pub const FILE_CAP: u64 = 64 * 1024 * 1024;
 
 /// Runs a program to its end (or its timeout). Dropping the future kills its process group.
 ///
@@ -107,19 +125,22 @@ pub const MEMORY_CAP: usize = 16 * 1024 * 1024;
 /// Once the program has exited, its output is read until end of file, but no longer than
 /// [`EOF_GRACE`]: a grandchild holding the pipes open cannot hold the run.
 ///
-/// Each stream is appended to its file as it arrives. In memory each keeps at most
+/// Each stream is appended to its file as it arrives, up to [`FILE_CAP`] bytes; a line at
+/// the end of the file then says how many more there were. In memory each keeps at most
 /// [`MEMORY_CAP`] bytes: beyond that, the oldest bytes are dropped (so the end of the
-/// output, where results are, stays).
+/// output, where results are, stays) and counted in `stdout_cut`/`stderr_cut`.
 pub async fn run(spec: &ProcSpec) -> Result<ProcOutput, SpawnError> {
     let Some((program, args)) = spec.argv.split_first() else {
         return Err(SpawnError::Other(
             "nothing to run: the command is empty".into(),
         ));
     };
+    let tag = new_tag();
     let mut command = Command::new(program);
     command
         .args(args)
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .env(TAG_ENV, &tag)
         .stdin(if spec.stdin.is_some() {
             Stdio::piped()
         } else {
@@ -151,7 +172,14 @@ pub async fn run(spec: &ProcSpec) -> Result<ProcOutput, SpawnError> {
         .id()
         .and_then(|id| i32::try_from(id).ok())
         .ok_or_else(|| SpawnError::Other(format!("`{program}` has no process id")))?;
-    let group = GroupGuard(Pid::from_raw(pid));
+    let group = GroupGuard {
+        pgid: Pid::from_raw(pid),
+        tag: tag.clone(),
+    };
+    let _pid_file = spec
+        .pid_file
+        .as_deref()
+        .map(|path| PidFile::write(path, pid));
 
     let mut stdout = child.stdout.take();
     let mut stderr = child.stderr.take();
@@ -228,14 +256,17 @@ pub async fn run(spec: &ProcSpec) -> Result<ProcOutput, SpawnError> {
             }
             () = sleep_until_opt(kill_at) => {
                 group.signal(Signal::SIGKILL);
+                kill_tagged(&group.tag);
                 kill_sent = true;
             }
             () = sleep_until_opt(eof_at) => break,
         }
     }
     if term_sent_at.is_some() && !kill_sent {
-        // The program exited after SIGTERM; what is left of its group gets no more time.
+        // The program exited after SIGTERM; what is left of its group gets no more time,
+        // and neither do descendants that left the group.
         group.signal(Signal::SIGKILL);
+        kill_tagged(&group.tag);
     }
     drop(group);
 
@@ -243,9 +274,13 @@ pub async fn run(spec: &ProcSpec) -> Result<ProcOutput, SpawnError> {
         Some(s) => (s.code(), s.signal()),
         None => (None, None),
     };
+    stdout_sink.finish();
+    stderr_sink.finish();
     Ok(ProcOutput {
         code,
         signal,
+        stdout_cut: stdout_sink.dropped,
+        stderr_cut: stderr_sink.dropped,
         stdout: stdout_sink.kept,
         stderr: stderr_sink.kept,
         ended,
@@ -279,6 +314,12 @@ struct Sink {
     file: Option<std::fs::File>,
     path: Option<PathBuf>,
     kept: Vec<u8>,
+    /// Bytes dropped from the front of `kept`.
+    dropped: u64,
+    /// Bytes written to the file.
+    written: u64,
+    /// Bytes not written because the file reached [`FILE_CAP`].
+    unwritten: u64,
 }
 
 impl Sink {
@@ -295,6 +336,9 @@ impl Sink {
             file: None,
             path: path.map(Path::to_path_buf),
             kept: Vec::new(),
+            dropped: 0,
+            written: 0,
+            unwritten: 0,
         })
     }
 
@@ -316,8 +360,12 @@ impl Sink {
                 }
             }
         }
-        if let Some(file) = &mut self.file {
-            if let Err(e) = file.write_all(chunk) {
+        let room = usize::try_from(FILE_CAP.saturating_sub(self.written)).unwrap_or(usize::MAX);
+        let (to_file, over) = chunk.split_at(chunk.len().min(room));
+        self.written += to_file.len() as u64;
+        self.unwritten += over.len() as u64;
+        if let (Some(file), false) = (&mut self.file, to_file.is_empty()) {
+            if let Err(e) = file.write_all(to_file) {
                 let path = self.path.as_deref().unwrap_or(Path::new(""));
                 tracing::warn!(
                     "cannot write to {}: {e}; not writing it further",
@@ -331,32 +379,202 @@ impl Sink {
         if self.kept.len() > MEMORY_CAP {
             let excess = self.kept.len() - MEMORY_CAP * 3 / 4;
             self.kept.drain(..excess);
+            self.dropped += excess as u64;
+        }
+    }
+
+    /// Ends the file with a line saying how much did not fit in it.
+    fn finish(&mut self) {
+        if self.unwritten == 0 {
+            return;
+        }
+        if let Some(file) = &mut self.file {
+            let _ = write!(
+                file,
+                "\n[ralph-flow: this file keeps the first {} bytes of the stream; {} more bytes were not written]\n",
+                self.written, self.unwritten
+            );
         }
     }
 }
 
 /// Owns a process group: when dropped, signals whatever is left of it (SIGTERM at once,
 /// then SIGKILL after [`KILL_GRACE`] from a detached thread, so that dropping never blocks).
-struct GroupGuard(Pid);
+/// A cancelled program's descendants that left the group are killed too (by their tag).
+struct GroupGuard {
+    pgid: Pid,
+    tag: String,
+}
 
 impl GroupGuard {
     /// Sends a signal to the group; a group already gone is not an error.
     fn signal(&self, signal: Signal) {
-        let _ = killpg(self.0, signal);
+        let _ = killpg(self.pgid, signal);
     }
 }
 
 impl Drop for GroupGuard {
     fn drop(&mut self) {
         // Nothing left of the group: nothing to do (and no thread to start).
-        if killpg(self.0, None).is_err() {
+        if killpg(self.pgid, None).is_err() {
             return;
         }
         self.signal(Signal::SIGTERM);
-        let pgid = self.0;
+        let pgid = self.pgid;
+        let tag = std::mem::take(&mut self.tag);
         std::thread::spawn(move || {
             std::thread::sleep(KILL_GRACE);
             let _ = killpg(pgid, Signal::SIGKILL);
+            kill_tagged(&tag);
         });
     }
+}
+
+/// A tag no other program of this machine carries: this process's id, a counter and the
+/// time.
+fn new_tag() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    format!(
+        "{}-{}-{nanos}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The processes whose environment holds `KEY=VALUE` (those this user may read), other
+/// than this process.
+pub fn processes_with_env(key: &str, value: &str) -> Vec<i32> {
+    let wanted = format!("{key}={value}");
+    let me = std::process::id();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != me)
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == wanted.as_bytes()))
+        })
+        .filter_map(|pid| i32::try_from(pid).ok())
+        .collect()
+}
+
+/// Kills (SIGKILL) every process tagged with one run of a program.
+fn kill_tagged(tag: &str) {
+    if tag.is_empty() {
+        return;
+    }
+    for pid in processes_with_env(TAG_ENV, tag) {
+        let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+    }
+}
+
+/// When a process started, in clock ticks after boot (`/proc/PID/stat`, field 22): with the
+/// pid, it names one process, even after the pid is reused.
+pub fn start_ticks(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: count from its end.
+    let rest = stat.rsplit_once(')')?.1;
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Tells whether a process is alive (a zombie is not).
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .and_then(|(_, r)| r.split_whitespace().next().map(|st| st != "Z" && st != "X"))
+        })
+        .unwrap_or(false)
+}
+
+/// The file that records a running program's group, removed when it ends.
+struct PidFile(PathBuf);
+
+impl PidFile {
+    fn write(path: &Path, pid: i32) -> PidFile {
+        let ticks = start_ticks(pid).unwrap_or(0);
+        if let Err(e) = std::fs::write(path, format!("{pid} {ticks}\n")) {
+            tracing::warn!("cannot write {}: {e}", path.display());
+        }
+        PidFile(path.to_path_buf())
+    }
+}
+
+impl Drop for PidFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Stops what an earlier executor of a run left running, before the run goes on: the
+/// process groups recorded in `pid_files` (when the recorded start time still matches) and
+/// every process whose environment names the run (`RALPH_FLOW_RUN=RUN`, which catches
+/// descendants that left their group). SIGTERM, then SIGKILL after [`KILL_GRACE`]; it
+/// returns once they are gone (or after a few seconds more), with how many there were.
+pub fn stop_leftovers(run: &str, pid_files: &[PathBuf]) -> usize {
+    let mut groups = Vec::new();
+    for file in pid_files {
+        let Ok(text) = std::fs::read_to_string(file) else {
+            continue;
+        };
+        let mut parts = text.split_whitespace();
+        let (Some(pid), Some(ticks)) = (
+            parts.next().and_then(|p| p.parse::<i32>().ok()),
+            parts.next().and_then(|t| t.parse::<u64>().ok()),
+        ) else {
+            continue;
+        };
+        // Only the process that was recorded: a pid reused since then is someone else's.
+        if start_ticks(pid) == Some(ticks) {
+            groups.push(pid);
+        }
+        let _ = std::fs::remove_file(file);
+    }
+    let tagged = processes_with_env("RALPH_FLOW_RUN", run);
+    let mut all: Vec<i32> = groups.clone();
+    all.extend(&tagged);
+    all.sort_unstable();
+    all.dedup();
+    if all.is_empty() {
+        return 0;
+    }
+    for &g in &groups {
+        let _ = killpg(Pid::from_raw(g), Signal::SIGTERM);
+    }
+    for &p in &tagged {
+        let _ = nix::sys::signal::kill(Pid::from_raw(p), Signal::SIGTERM);
+    }
+    let wait = |limit: Duration| {
+        let start = std::time::Instant::now();
+        while start.elapsed() < limit {
+            let left = all.iter().any(|&p| alive(p))
+                || !processes_with_env("RALPH_FLOW_RUN", run).is_empty();
+            if !left {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    };
+    if !wait(KILL_GRACE) {
+        for &g in &groups {
+            let _ = killpg(Pid::from_raw(g), Signal::SIGKILL);
+        }
+        for p in processes_with_env("RALPH_FLOW_RUN", run)
+            .into_iter()
+            .chain(all.iter().copied())
+        {
+            let _ = nix::sys::signal::kill(Pid::from_raw(p), Signal::SIGKILL);
+        }
+        wait(Duration::from_secs(5));
+    }
+    all.len()
 }

@@ -23,6 +23,9 @@ pub struct Exchange {
     pub agent: String,
     /// The prompt's length (the prompt itself is in the run's artifacts).
     pub prompt_bytes: usize,
+    /// The SHA-256 of the prompt (hex), so that a replay can tell a prompt that changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_sha256: Option<String>,
     #[serde(flatten)]
     pub result: Answer,
 }
@@ -37,10 +40,23 @@ pub enum Answer {
 
 type Key = (String, String, u32);
 
+/// The SHA-256 of a prompt, in hex.
+fn prompt_hash(prompt: &str) -> String {
+    use sha2::{Digest, Sha256};
+    crate::store::hex(&Sha256::digest(prompt.as_bytes()))
+}
+
 /// Answers calls from a recording.
 pub struct ReplayBackend {
-    answers: Mutex<HashMap<Key, VecDeque<Answer>>>,
+    answers: Mutex<HashMap<Key, VecDeque<Recorded>>>,
     file: String,
+}
+
+/// A recorded answer with what the prompt was.
+struct Recorded {
+    answer: Answer,
+    prompt_bytes: usize,
+    prompt_sha256: Option<String>,
 }
 
 impl ReplayBackend {
@@ -48,7 +64,7 @@ impl ReplayBackend {
     pub fn open(path: &Path) -> Result<Self, String> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read the recording {}: {e}", path.display()))?;
-        let mut answers: HashMap<Key, VecDeque<Answer>> = HashMap::new();
+        let mut answers: HashMap<Key, VecDeque<Recorded>> = HashMap::new();
         for (i, line) in text.lines().enumerate() {
             if line.trim().is_empty() {
                 continue;
@@ -63,7 +79,11 @@ impl ReplayBackend {
             answers
                 .entry((ex.scope, ex.stage, ex.attempt))
                 .or_default()
-                .push_back(ex.result);
+                .push_back(Recorded {
+                    answer: ex.result,
+                    prompt_bytes: ex.prompt_bytes,
+                    prompt_sha256: ex.prompt_sha256,
+                });
         }
         Ok(ReplayBackend {
             answers: Mutex::new(answers),
@@ -92,8 +112,22 @@ impl Backend for ReplayBackend {
                 })?
                 .get_mut(&key)
                 .and_then(VecDeque::pop_front);
-            match answer {
-                Some(Answer::Reply(r)) => Ok(r),
+            let changed = answer.as_ref().is_some_and(|a| match &a.prompt_sha256 {
+                Some(hash) => *hash != prompt_hash(&call.prompt),
+                None => a.prompt_bytes != call.prompt.len(),
+            });
+            match answer.map(|a| a.answer) {
+                Some(Answer::Reply(mut r)) => {
+                    if changed {
+                        r.warnings.push(format!(
+                            "the prompt of stage `{}` differs from the one recorded in {} \
+                             (other params, or a changed prompt file); the recorded answer is \
+                             replayed anyway",
+                            call.stage, self.file
+                        ));
+                    }
+                    Ok(r)
+                }
                 Some(Answer::Error(e)) => Err(e),
                 None => Err(CallError::Failed {
                     message: format!(
@@ -119,13 +153,19 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    /// Creates (truncates) a recording.
-    pub fn create(path: &Path) -> Result<Self, String> {
+    /// Creates a recording: a new (truncated) file, or, to go on with a resumed run's,
+    /// the end of an existing one.
+    pub fn create(path: &Path, append: bool) -> Result<Self, String> {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent)
                 .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
         }
-        let file = std::fs::File::create(path)
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(append)
+            .truncate(!append)
+            .open(path)
             .map_err(|e| format!("cannot create the recording {}: {e}", path.display()))?;
         Ok(Recorder {
             file: Mutex::new(file),
@@ -174,6 +214,7 @@ impl Backend for Recording {
                 attempt: call.attempt,
                 agent: self.agent.clone(),
                 prompt_bytes: call.prompt.len(),
+                prompt_sha256: Some(prompt_hash(&call.prompt)),
                 result: match &result {
                     Ok(r) => Answer::Reply(r.clone()),
                     Err(e) => Answer::Error(e.clone()),

@@ -71,6 +71,11 @@ pub fn check(c: &mut Checked<'_>, diags: &mut Diagnostics) {
         let missing = match a.kind.value {
             crate::model::AgentKind::Command if a.command.is_empty() => Some("command"),
             crate::model::AgentKind::Replay if a.file.is_none() => Some("file"),
+            crate::model::AgentKind::OpenAi | crate::model::AgentKind::Anthropic
+                if a.model.is_none() =>
+            {
+                Some("model")
+            }
             _ => None,
         };
         if let Some(key) = missing {
@@ -323,6 +328,7 @@ fn stage(c: &mut Checked<'_>, id: StageId, diags: &mut Diagnostics) {
         }
     }
     action_ok(c, Some(id), s.on_fail.as_ref(), "on_fail", diags);
+    action_ok(c, Some(id), s.on_error.as_ref(), "on_error", diags);
     if let Some(b) = &s.budget {
         action_ok(c, Some(id), b.on_exceeded.as_ref(), "on_exceeded", diags);
     }
@@ -594,6 +600,7 @@ fn body_leaves(stages: &[Stage]) -> bool {
             r.cases.iter().any(|(_, a)| leaves(&a.value))
                 || r.default.as_ref().is_some_and(|a| leaves(&a.value))
         }) || s.on_fail.as_ref().is_some_and(|a| leaves(&a.value))
+            || s.on_error.as_ref().is_some_and(|a| leaves(&a.value))
             || match &s.body {
                 StageBody::Gate {
                     on_reject,

@@ -561,6 +561,7 @@ fn toml_scaffold(sc: &Scaffold<'_>) -> String {
             "# [overrides.{stage}]\n# timeout = \"30m\"\n# agent = \"my-agent\"\n"
         ));
     }
+    s.push_str(&agents_help(sc, "#", false));
     s.push_str("\n# Agents, stages and exits of your own go below; a stage of the preset is changed with an\n# override, not redefined.\n");
     s
 }
@@ -603,7 +604,47 @@ fn kdl_scaffold(sc: &Scaffold<'_>) -> String {
             "// override \"{stage}\" timeout=\"30m\" agent=\"my-agent\"\n"
         ));
     }
+    s.push_str(&agents_help(sc, "//", true));
     s.push_str("\n// Agents, stages and exits of your own go below; a stage of the preset is changed with an\n// override, not redefined.\n");
+    s
+}
+
+/// The preset's agents, and how to point one elsewhere (a local server, another CLI).
+fn agents_help(sc: &Scaffold<'_>, c: &str, kdl: bool) -> String {
+    let agents = &sc.wf.agents;
+    if agents.is_empty() {
+        return String::new();
+    }
+    let list: Vec<String> = agents
+        .iter()
+        .map(|a| {
+            let model = a
+                .model
+                .as_ref()
+                .map(|m| format!(", model {}", m.value))
+                .unwrap_or_default();
+            format!("{} ({}{model})", a.name.value, a.kind.value.as_str())
+        })
+        .collect();
+    let mut s = String::from("\n");
+    s.push_str(&comment(
+        &format!("{c} "),
+        &format!(
+            "Its agents: {}. Define an agent of the same name below to replace it, for example to point it at a local OpenAI-compatible server (an HTTP model writes no files: stages that expect an agent to edit files need a CLI agent such as claude, codex or gemini, with `permissions = \"edit\"`).",
+            list.join("; ")
+        ),
+    ));
+    let name = &agents[0].name.value;
+    if kdl {
+        s.push_str(&format!(
+            "{c} agent {} kind=\"openai\" model=\"my-model\" base_url=\"http://127.0.0.1:8080/v1\"\n",
+            literal(&name.clone().into())
+        ));
+    } else {
+        s.push_str(&format!(
+            "{c} [agents.{name}]\n{c} kind = \"openai\"\n{c} model = \"my-model\"\n{c} base_url = \"http://127.0.0.1:8080/v1\"\n"
+        ));
+    }
     s
 }
 

@@ -1,5 +1,6 @@
 //! `ralph-flow run`, `resume`, `approve` and `reject`.
 
+use ralph_flow::run::progress::printable;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -160,7 +161,7 @@ fn go(
 }
 
 fn fail(msg: &str) -> i32 {
-    eprintln!("error: {msg}");
+    eprintln!("error: {}", printable(msg));
     EXIT_CONFIG
 }
 
@@ -204,7 +205,7 @@ fn finish(args: &ExecArgs, result: Result<ralph_flow::run::RunResult, String>) -
                 usage_text(&r.usage),
                 message
                     .as_ref()
-                    .map(|m| format!("\n  {}", m.replace('\n', "\n  ")))
+                    .map(|m| format!("\n  {}", printable(m).replace('\n', "\n  ")))
                     .unwrap_or_default()
             );
         }

@@ -3,10 +3,11 @@
 use std::path::{Path, PathBuf};
 
 use ralph_flow::backend::Usage;
+use ralph_flow::run::progress::printable;
 use ralph_flow::store::sqlite::SqliteStore;
 use ralph_flow::store::{
-    AttemptRecord, Event, GateRequest, LockOwner, NodeRecord, RunRecord, RunStatus, Store,
-    default_path,
+    AttemptRecord, Event, GateRequest, LockOwner, NodeRecord, NodeState, RunRecord, RunStatus,
+    Store, default_path,
 };
 use ralph_flow::store::{now_ms, rfc3339};
 use serde::Serialize;
@@ -88,7 +89,7 @@ fn exit_code(result: Result<(), Failure>) -> i32 {
     match result {
         Ok(()) => 0,
         Err(Failure(message, code)) => {
-            eprintln!("error: {message}");
+            eprintln!("error: {}", printable(&message));
             code
         }
     }
@@ -230,6 +231,7 @@ fn show_status(args: &StatusArgs) -> Result<(), Failure> {
     for node in &nodes {
         total.add(&node.usage);
     }
+    let nodes = with_region_sums(nodes);
     let state_flag = if args.state_dir == Path::new(DEFAULT_STATE_DIR) {
         String::new()
     } else {
@@ -263,7 +265,7 @@ fn show_status(args: &StatusArgs) -> Result<(), Failure> {
     if args.json {
         return print_json(&view);
     }
-    print!("{}", status_text(&view));
+    print!("{}", printable(&status_text(&view)));
     Ok(())
 }
 
@@ -365,6 +367,39 @@ struct LogsView<'a> {
     attempts: Option<&'a [AttemptRecord]>,
 }
 
+/// Gives each loop, for_each and group row what its body did: the usage of every stage
+/// below it, and as attempts the number of iterations or items that ran. (The store keeps
+/// a region's own record; its body's stages are recorded in child scopes `NAME#KEY`.)
+fn with_region_sums(mut nodes: Vec<NodeRecord>) -> Vec<NodeRecord> {
+    let sums: Vec<Option<(Usage, u32)>> = nodes
+        .iter()
+        .map(|region| {
+            let prefix = if region.scope.is_empty() {
+                format!("{}#", region.node)
+            } else {
+                format!("{}/{}#", region.scope, region.node)
+            };
+            let mut usage = Usage::default();
+            let mut bodies: Vec<&str> = Vec::new();
+            for n in nodes.iter().filter(|n| n.scope.starts_with(&prefix)) {
+                usage.add(&n.usage);
+                let body = n.scope[prefix.len()..].split('/').next().unwrap_or("");
+                if !bodies.contains(&body) {
+                    bodies.push(body);
+                }
+            }
+            (!bodies.is_empty()).then(|| (usage, u32::try_from(bodies.len()).unwrap_or(u32::MAX)))
+        })
+        .collect();
+    for (node, sum) in nodes.iter_mut().zip(sums) {
+        if let Some((usage, bodies)) = sum {
+            node.usage = usage;
+            node.attempts = bodies;
+        }
+    }
+    nodes
+}
+
 fn show_logs(args: &LogsArgs) -> Result<(), Failure> {
     let (store, run) = open_run(&args.state_dir, Some(&args.run))?;
     let stage = args.stage.as_deref();
@@ -382,6 +417,12 @@ fn show_logs(args: &LogsArgs) -> Result<(), Failure> {
     if args.json {
         return print_json(&view);
     }
+    // Settled stages show what they used.
+    let nodes = store.nodes(&run.id)?;
+    let usage: std::collections::HashMap<(&str, &str), &Usage> = nodes
+        .iter()
+        .map(|n| ((n.scope.as_str(), n.node.as_str()), &n.usage))
+        .collect();
     let rows: Vec<Vec<String>> = events
         .iter()
         .map(|e| {
@@ -391,7 +432,18 @@ fn show_logs(args: &LogsArgs) -> Result<(), Failure> {
                 (scope, "") => scope.to_string(),
                 (scope, node) => format!("{scope}/{node}"),
             };
-            vec![rfc3339(e.at), place, e.kind.clone(), e.message.clone()]
+            let used = usage
+                .get(&(e.scope.as_str(), e.node.as_str()))
+                .filter(|_| NodeState::parse(&e.kind).is_some())
+                .filter(|u| u.tokens() > 0 || u.cost_usd.is_some())
+                .map_or_else(String::new, |u| format!("{} {}", tokens(u), cost(u)));
+            vec![
+                rfc3339(e.at),
+                place,
+                e.kind.clone(),
+                used,
+                e.message.clone(),
+            ]
         })
         .collect();
     if rows.is_empty() {
@@ -400,7 +452,28 @@ fn show_logs(args: &LogsArgs) -> Result<(), Failure> {
             None => println!("no events in run {}", run.id),
         }
     } else {
-        print!("{}", table(&["TIME", "WHERE", "KIND", "MESSAGE"], &rows));
+        print!(
+            "{}",
+            table(
+                &[
+                    "TIME",
+                    "WHERE",
+                    "KIND",
+                    "TOKENS (IN/OUT/CACHED) COST",
+                    "MESSAGE"
+                ],
+                &rows
+            )
+        );
+        let mut total = Usage::default();
+        for n in &nodes {
+            total.add(&n.usage);
+        }
+        println!(
+            "\ntotal: {} tokens (in/out/cached), cost {}",
+            tokens(&total),
+            cost(&total)
+        );
     }
     if let Some(attempts) = &attempts {
         if !attempts.is_empty() {
@@ -415,6 +488,7 @@ fn show_logs(args: &LogsArgs) -> Result<(), Failure> {
                     format!("#{}", a.attempt),
                     a.state.clone(),
                     a.agent.clone().unwrap_or_else(|| String::from("-")),
+                    tokens(&a.usage),
                     a.dir.clone(),
                 ]
             })
@@ -423,7 +497,7 @@ fn show_logs(args: &LogsArgs) -> Result<(), Failure> {
             print!(
                 "{}",
                 indent(&table(
-                    &["SCOPE", "ATTEMPT", "STATE", "AGENT", "DIRECTORY"],
+                    &["SCOPE", "ATTEMPT", "STATE", "AGENT", "TOKENS", "DIRECTORY"],
                     &rows
                 ))
             );
@@ -481,6 +555,12 @@ fn shell_word(word: &str) -> String {
 
 /// Lays out rows under headers in columns, the last column unpadded.
 fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    // What agents and programs wrote is shown, never interpreted by the terminal.
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| r.iter().map(|c| printable(c).into_owned()).collect())
+        .collect();
+    let rows = &rows;
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {

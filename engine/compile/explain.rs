@@ -319,6 +319,13 @@ fn body(plan: &Plan, region: Option<NodeId>, depth: usize, out: &mut String) {
         if s.on_fail.is_some() {
             let _ = writeln!(out, "{pad}   if it fails: {}", target(plan, &node.on_fail));
         }
+        if s.on_error.is_some() {
+            let _ = writeln!(
+                out,
+                "{pad}   if it cannot run (agent unreachable, timeout): {}",
+                target(plan, &node.on_error)
+            );
+        }
         if node.body.is_some() {
             body(plan, Some(*id), depth + 1, out);
         }

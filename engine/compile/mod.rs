@@ -62,6 +62,9 @@ pub struct Node {
     pub route_default: Option<Target>,
     /// What happens when the stage fails (the declared action, or the default for its place).
     pub on_fail: Target,
+    /// What happens when the stage cannot run for reasons outside the work (an agent that
+    /// cannot be reached, a timeout, a program that cannot start): `on_error`, else `fail`.
+    pub on_error: Target,
     /// Whether the stage may be skipped (a condition, a route or an escalation decides).
     pub conditional: bool,
     /// Escalation rules of a loop: the condition (an expression) and the nodes it runs.
@@ -312,6 +315,10 @@ pub fn compile(checked: &Checked<'_>) -> Plan {
                 },
                 |a| target(&a.value, &exits),
             ),
+            on_error: s
+                .on_error
+                .as_ref()
+                .map_or(Target::Fail, |a| target(&a.value, &exits)),
             conditional: conditional(checked, id),
             escalations,
         });

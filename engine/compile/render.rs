@@ -153,6 +153,9 @@ fn edges(plan: &Plan) -> Vec<(String, String, String, bool)> {
         if s.on_fail.is_some() || node.kind == StageKind::Check {
             actions.push(("fail".into(), &node.on_fail));
         }
+        if s.on_error.is_some() {
+            actions.push(("error".into(), &node.on_error));
+        }
         for (label, t) in actions {
             match t {
                 Target::Exit(_) => out.push((

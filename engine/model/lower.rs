@@ -276,6 +276,10 @@ fn agent(name: Text, t: &Table, span: Span) -> Option<Agent> {
         api: text(t, "api"),
         max_tokens: count(t, "max_tokens"),
         file: text(t, "file"),
+        permissions: text(t, "permissions")
+            .and_then(|p| Some(Spanned::new(Permissions::parse(&p.value)?, p.span))),
+        structured_output: text(t, "structured_output")
+            .and_then(|m| Some(Spanned::new(StructuredOutput::parse(&m.value)?, m.span))),
         span,
     })
 }
@@ -414,6 +418,7 @@ fn stage(id: Text, t: &Table, span: Span) -> Option<Stage> {
             })
         }),
         on_fail: action(t, "on_fail"),
+        on_error: action(t, "on_error"),
         feedback: text(t, "feedback"),
         timeout: duration(t, "timeout"),
         idle_timeout: duration(t, "idle_timeout"),

@@ -381,8 +381,30 @@ pub static AGENT: TableSpec = TableSpec {
             "The most output tokens to ask for.",
         ),
         k("file", &["replay"], Ty::Str, "The recording to replay."),
+        k(
+            "permissions",
+            &["claude", "codex", "gemini"],
+            Ty::Enum(&["read-only", "edit", "full"]),
+            "What a CLI agent may do unattended: `read-only` (default), `edit` (write files in its working directory) or `full` (no restriction).",
+        ),
+        k(
+            "structured_output",
+            &["claude", "codex", "gemini", "openai", "anthropic"],
+            Ty::Enum(STRUCTURED_OUTPUT_MODES),
+            "How a stage's output schema reaches the model: `auto` (default), `json_schema`, `json_object`, `guided_json`, `prompt` or `off`.",
+        ),
     ],
 };
+
+/// The values of an agent's `structured_output`.
+pub const STRUCTURED_OUTPUT_MODES: &[&str] = &[
+    "auto",
+    "json_schema",
+    "json_object",
+    "guided_json",
+    "prompt",
+    "off",
+];
 
 /// `resources.NAME`.
 pub static RESOURCE: TableSpec = TableSpec {
@@ -453,6 +475,11 @@ pub static STAGE: TableSpec = TableSpec {
             "on_fail",
             Ty::Action,
             "The action when the stage fails (default: `continue` inside a loop, `fail` outside).",
+        ),
+        f(
+            "on_error",
+            Ty::Action,
+            "The action when the stage cannot run for reasons outside the work: an agent that cannot be reached, a timeout, a program that cannot start (default `fail`).",
         ),
         f(
             "feedback",

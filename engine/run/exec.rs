@@ -163,6 +163,10 @@ pub(crate) struct Settled {
     pub started_at: i64,
     /// It came from the store (a resume); it is not written again.
     pub resumed: bool,
+    /// It failed for reasons outside the work (an agent that could not be reached, a
+    /// timeout, a program that could not start): its `on_error` is taken, and its message
+    /// is never handed to an agent as feedback.
+    pub infra: bool,
 }
 
 impl Settled {
@@ -177,7 +181,17 @@ impl Settled {
             usage: Usage::default(),
             started_at,
             resumed: false,
+            infra: false,
         }
+    }
+
+    /// A failure for reasons outside the work: no feedback, the given action.
+    pub fn error(state: NodeState, message: String, action: Target, started_at: i64) -> Self {
+        let mut s = Settled::new(state, Json::Null, started_at);
+        s.message = Some(message);
+        s.action = Some(action);
+        s.infra = true;
+        s
     }
 }
 
@@ -192,6 +206,8 @@ pub(crate) enum BodyEnd {
         node: String,
         message: String,
         feedback: Option<String>,
+        /// The failure's cause lies outside the work (see [`Settled::infra`]).
+        infra: bool,
     },
     Waiting,
     Stopped,
@@ -224,18 +240,120 @@ pub(crate) struct Exec<'p> {
     pub params: Value,
 }
 
+/// Checks, before anything runs, that every agent a stage of the plan can call is usable
+/// here (its program installed, its key set), or has a fallback that is. Returns notes on
+/// agents that will hand over to a fallback; fails with what to install or set.
+fn preflight(prepared: &Prepared, opts: &RunOptions) -> Result<Vec<String>, String> {
+    let plan = &prepared.plan;
+    let agents = &plan.workflow.agents;
+    let mut used: Vec<usize> = Vec::new();
+    for (i, node) in plan.nodes.iter().enumerate() {
+        let index = match node.agent {
+            Some(a) => Some(a),
+            None => match &plan.stage(NodeId(i)).body {
+                StageBody::Agent { agent: Some(a), .. } => {
+                    let name = crate::compile::render_params(&a.value, &plan.params)
+                        .unwrap_or_else(|_| a.value.clone());
+                    agents.iter().position(|x| x.name.value == name)
+                }
+                _ => None,
+            },
+        };
+        if let Some(a) = index.filter(|a| !used.contains(a)) {
+            used.push(a);
+        }
+    }
+    let mut problems = Vec::new();
+    let mut notes = Vec::new();
+    for a in used {
+        let mut chain = vec![a];
+        let mut i = 0;
+        while i < chain.len() {
+            for f in &agents[chain[i]].fallbacks {
+                if let Some(j) = agents.iter().position(|x| x.name.value == f.value) {
+                    if !chain.contains(&j) {
+                        chain.push(j);
+                    }
+                }
+            }
+            i += 1;
+        }
+        let mut reasons = Vec::new();
+        let mut usable = None;
+        for &j in &chain {
+            let config = agent_config(&agents[j], plan, &prepared.sources)?;
+            match crate::backend::preflight(&config, &opts.cwd) {
+                Ok(()) => {
+                    usable = Some(j);
+                    break;
+                }
+                Err(why) => reasons.push(format!("agent `{}`: {why}", config.name)),
+            }
+        }
+        let place = prepared.sources.locate(agents[a].name.span);
+        match usable {
+            Some(j) if j == a => {}
+            Some(j) => notes.push(format!(
+                "{}; its stages will use its fallback `{}`",
+                reasons.join("; "),
+                agents[j].name.value
+            )),
+            None => problems.push(format!("{place}: {}", reasons.join("; then its fallback "))),
+        }
+    }
+    if problems.is_empty() {
+        Ok(notes)
+    } else {
+        Err(format!(
+            "{} agent{} of this workflow cannot run here, so nothing was started:\n  {}\n\
+             Install or set what is named, give the agent a `fallbacks` entry that can run, \
+             or point it at another backend with `--set` or an override.",
+            problems.len(),
+            if problems.len() == 1 { "" } else { "s" },
+            problems.join("\n  ")
+        ))
+    }
+}
+
+/// Keeps the state directory (the store, artifacts, worktrees) out of the user's git tree
+/// without the user doing anything, as pytest does with its cache: a `.gitignore` holding
+/// `*` inside it, which ignores itself too.
+fn ignore_in_git(state_dir: &Path) -> Result<(), String> {
+    let path = state_dir.join(".gitignore");
+    if path.exists() {
+        return Ok(());
+    }
+    std::fs::write(
+        &path,
+        "# Written by ralph-flow: its state stays out of git.\n*\n",
+    )
+    .map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
 /// Runs a prepared workflow (or resumes a run of it) to its end.
-pub async fn execute(prepared: &Prepared, opts: RunOptions) -> Result<RunResult, String> {
+pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunResult, String> {
+    // Before anything runs or is recorded, every agent must be usable (a replayed run calls
+    // none).
+    let check_agents = |opts: &RunOptions| {
+        if opts.replay.is_none() {
+            preflight(prepared, opts)
+        } else {
+            Ok(Vec::new())
+        }
+    };
+    let preflight_notes;
     std::fs::create_dir_all(&opts.state_dir)
         .map_err(|e| format!("cannot create {}: {e}", opts.state_dir.display()))?;
+    ignore_in_git(&opts.state_dir)?;
     let durability = if opts.full_sync {
         crate::store::sqlite::Durability::Full
     } else {
         crate::store::sqlite::Durability::Normal
     };
     let db = crate::store::sqlite::default_path(&opts.state_dir);
-    let store =
+    let mut store =
         crate::store::sqlite::SqliteStore::open_with(&db, durability).map_err(|e| e.to_string())?;
+    store.on_busy(|m| eprintln!("! store: {}", super::progress::printable(m)));
     let mut store: Box<dyn Store> = Box::new(store);
     let plan = &prepared.plan;
     let (run, resumed) = match &opts.resume {
@@ -252,6 +370,18 @@ pub async fn execute(prepared: &Prepared, opts: RunOptions) -> Result<RunResult,
                         .map_or("?".to_string(), |(n, c)| format!("{n} = {c}"))
                 ));
             }
+            // A run started with `--replay` or `--record` resumes with it.
+            let stored = |key: &str| {
+                run.options
+                    .get(key)
+                    .and_then(Json::as_str)
+                    .map(PathBuf::from)
+            };
+            if opts.replay.is_none() && opts.record.is_none() {
+                opts.replay = stored("replay");
+                opts.record = stored("record");
+            }
+            preflight_notes = check_agents(&opts)?;
             let nodes = store.nodes(id).map_err(|e| e.to_string())?;
             let map = nodes
                 .into_iter()
@@ -260,8 +390,24 @@ pub async fn execute(prepared: &Prepared, opts: RunOptions) -> Result<RunResult,
             (run, map)
         }
         None => {
+            preflight_notes = check_agents(&opts)?;
             let started = now_ms();
             let id = new_run_id(started);
+            let absolute = |p: &Option<PathBuf>| {
+                p.as_ref().map(|p| {
+                    std::path::absolute(p)
+                        .unwrap_or_else(|_| p.clone())
+                        .to_string_lossy()
+                        .into_owned()
+                })
+            };
+            let mut options = serde_json::Map::new();
+            if let Some(p) = absolute(&opts.replay) {
+                options.insert("replay".into(), Json::String(p));
+            }
+            if let Some(p) = absolute(&opts.record) {
+                options.insert("record".into(), Json::String(p));
+            }
             let run = RunRecord {
                 id: id.clone(),
                 workflow: plan.workflow.name.value.clone(),
@@ -278,6 +424,7 @@ pub async fn execute(prepared: &Prepared, opts: RunOptions) -> Result<RunResult,
                     .join(&id)
                     .to_string_lossy()
                     .into_owned(),
+                options: Json::Object(options),
             };
             store.create_run(&run).map_err(|e| e.to_string())?;
             (run, HashMap::new())
@@ -285,6 +432,19 @@ pub async fn execute(prepared: &Prepared, opts: RunOptions) -> Result<RunResult,
     };
     let owner = crate::store::current_owner();
     store.lock(&run.id, &owner).map_err(|e| e.to_string())?;
+    // What a killed executor of this run left running is stopped before anything starts
+    // again, so that no stage ever runs beside an earlier copy of itself.
+    let mut leftovers = 0;
+    if opts.resume.is_some() {
+        let pid_files: Vec<PathBuf> = store
+            .attempts(&run.id, None)
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .filter(|a| a.state == "running")
+            .map(|a| PathBuf::from(a.dir).join("process"))
+            .collect();
+        leftovers = crate::backend::process::stop_leftovers(&run.id, &pid_files);
+    }
     store
         .set_status(&run.id, RunStatus::Running, None)
         .map_err(|e| e.to_string())?;
@@ -294,7 +454,7 @@ pub async fn execute(prepared: &Prepared, opts: RunOptions) -> Result<RunResult,
         None => None,
     };
     let recorder = match &opts.record {
-        Some(p) => Some(Arc::new(Recorder::create(p)?)),
+        Some(p) => Some(Arc::new(Recorder::create(p, opts.resume.is_some())?)),
         None => None,
     };
     let (interrupt, _) = watch::channel(false);
@@ -315,6 +475,18 @@ pub async fn execute(prepared: &Prepared, opts: RunOptions) -> Result<RunResult,
             crate::store::sqlite::SqliteStore::open(&db).map_err(|e| e.to_string())?,
         )),
     };
+    if leftovers > 0 {
+        let text = format!(
+            "stopped {leftovers} process{} that the run's previous executor left running",
+            if leftovers == 1 { "" } else { "es" }
+        );
+        shared.progress.note(&format!("! {text}"));
+        shared.event("", "", "warning", text);
+    }
+    for note in preflight_notes {
+        shared.progress.note(&format!("! {note}"));
+        shared.event("", "", "warning", note);
+    }
     if shared.opts.resume.is_some() {
         shared.event("", "", "resumed", format!("resumed by pid {}", owner.pid));
     } else {
@@ -557,8 +729,12 @@ impl<'p> Exec<'p> {
         }
     }
 
+    /// Tells whether the run is stopping (an exit taken, Ctrl-C, a store failure): nothing
+    /// new may start.
     pub fn halted(&self) -> bool {
-        *self.stop.borrow() || *self.shared.interrupt.borrow()
+        *self.stop.borrow()
+            || *self.shared.interrupt.borrow()
+            || self.shared.store_error.borrow().is_some()
     }
 
     /// Completes when the run stops (an exit taken, Ctrl-C, a store failure).
@@ -803,6 +979,7 @@ impl<'p> Exec<'p> {
                                         node,
                                         message: s.message.unwrap_or_default(),
                                         feedback: s.feedback,
+                                        infra: true,
                                     });
                                     break;
                                 }
@@ -866,6 +1043,7 @@ impl<'p> Exec<'p> {
                                         node,
                                         message: s.message.unwrap_or_else(|| "failed".into()),
                                         feedback: s.feedback,
+                                        infra: s.infra,
                                     });
                                 }
                                 Some(Target::Approve) => {}
@@ -987,6 +1165,7 @@ impl<'p> Exec<'p> {
             s.state.as_str(),
             Duration::from_millis(u64::try_from(finished - s.started_at).unwrap_or(0)),
             &s.usage,
+            s.message.as_deref(),
         );
         let msg = match (&s.message, &s.action) {
             (Some(m), _) => m.clone(),
@@ -1059,6 +1238,7 @@ impl<'p> Exec<'p> {
             usage: rec.usage.clone(),
             started_at: rec.started_at,
             resumed: true,
+            infra: false,
         })
     }
 
@@ -1070,6 +1250,10 @@ impl<'p> Exec<'p> {
     ) -> LocalBoxFuture<'s, (NodeId, Outcome)> {
         async move {
             let kind = self.plan.node(n).kind;
+            // A run that is stopping (a failed commit, Ctrl-C, an exit) starts nothing new.
+            if self.halted() {
+                return (n, Outcome::Stopped);
+            }
             if !kind.is_region() {
                 if let Some(s) = self.resumed(frame, n) {
                     return (n, Outcome::Settled(s));
@@ -1089,8 +1273,9 @@ impl<'p> Exec<'p> {
                 work.await
             } else {
                 tokio::select! {
-                    o = work => o,
+                    biased;
                     () = self.stopped() => Outcome::Stopped,
+                    o = work => o,
                 }
             };
             (n, outcome)
@@ -1120,6 +1305,9 @@ impl<'p> Exec<'p> {
             Some(s) => s.acquire().await.ok(),
             None => None,
         };
+        if self.halted() {
+            return Outcome::Stopped;
+        }
         match self.plan.node(n).kind {
             StageKind::Agent => self.run_agent(frame, n).await,
             StageKind::Command | StageKind::Check => self.run_command(frame, n).await,
@@ -1269,8 +1457,12 @@ impl<'p> Exec<'p> {
             let iter_feedback = match &end {
                 BodyEnd::Continue(f) => f.clone(),
                 BodyEnd::Failed {
-                    feedback, message, ..
+                    feedback,
+                    message,
+                    infra: false,
+                    ..
                 } => Some(feedback.clone().unwrap_or_else(|| message.clone())),
+                BodyEnd::Failed { infra: true, .. } => None,
                 _ => {
                     let mut parts = Vec::new();
                     for (k, v) in &outs {
@@ -1301,12 +1493,19 @@ impl<'p> Exec<'p> {
                     node: failed,
                     message,
                     feedback,
+                    infra,
                 } => {
                     self.leave_worktree(frame, n, &cwd, false).await;
                     let mut s = Settled::new(NodeState::Failed, outcome_of("failed", it), started);
                     s.message = Some(format!("`{failed}` failed in iteration {it}: {message}"));
-                    s.feedback = feedback;
-                    s.action = Some(node.on_fail.clone());
+                    if infra {
+                        // Not a verdict on the work: the loop does not go on as if it were.
+                        s.infra = true;
+                        s.action = Some(node.on_error.clone());
+                    } else {
+                        s.feedback = feedback;
+                        s.action = Some(node.on_fail.clone());
+                    }
                     return Outcome::Settled(s);
                 }
                 BodyEnd::Completed | BodyEnd::Continue(_) => {}
@@ -1443,11 +1642,12 @@ impl<'p> Exec<'p> {
 
     /// A node that fails before it starts (a limit that cannot be resolved, a template).
     pub fn fail_now(&self, started: i64, message: String) -> Outcome {
-        let mut s = Settled::new(NodeState::Failed, Json::Null, started);
-        s.feedback = Some(message.clone());
-        s.message = Some(message);
-        s.action = Some(Target::Fail);
-        Outcome::Settled(s)
+        Outcome::Settled(Settled::error(
+            NodeState::Failed,
+            message,
+            Target::Fail,
+            started,
+        ))
     }
 
     async fn run_for_each(&self, frame: &Frame<'_>, n: NodeId) -> Outcome {
@@ -1564,6 +1764,7 @@ impl<'p> Exec<'p> {
                                     node: node.name.clone(),
                                     message: e,
                                     feedback: None,
+                                    infra: true,
                                 },
                                 None,
                             );
@@ -1604,6 +1805,7 @@ impl<'p> Exec<'p> {
         }
         let mut results: Vec<Option<Json>> = vec![None; items.len()];
         let mut failures = Vec::new();
+        let mut infra = false;
         let mut waiting = false;
         let mut stopped = false;
         let mut exit = None;
@@ -1612,8 +1814,12 @@ impl<'p> Exec<'p> {
             match end {
                 BodyEnd::Completed | BodyEnd::Break | BodyEnd::Continue(_) => {}
                 BodyEnd::Failed {
-                    node: f, message, ..
+                    node: f,
+                    message,
+                    infra: item_infra,
+                    ..
                 } => {
+                    infra |= item_infra;
                     failures.push(format!("item `{}`: `{f}` failed: {message}", keys[i]));
                 }
                 BodyEnd::Waiting => waiting = true,
@@ -1648,9 +1854,14 @@ impl<'p> Exec<'p> {
                 items.len(),
                 failures.join("; ")
             );
-            s.feedback = Some(msg.clone());
+            if infra {
+                s.infra = true;
+                s.action = Some(node.on_error.clone());
+            } else {
+                s.feedback = Some(msg.clone());
+                s.action = Some(node.on_fail.clone());
+            }
             s.message = Some(msg);
-            s.action = Some(node.on_fail.clone());
             Outcome::Settled(s)
         }
     }
@@ -1730,11 +1941,17 @@ impl<'p> Exec<'p> {
                 node: f,
                 message,
                 feedback,
+                infra,
             } => {
                 let mut s = Settled::new(NodeState::Failed, output, started);
                 s.message = Some(format!("`{f}` failed: {message}"));
-                s.feedback = feedback;
-                s.action = Some(node.on_fail.clone());
+                if infra {
+                    s.infra = true;
+                    s.action = Some(node.on_error.clone());
+                } else {
+                    s.feedback = feedback;
+                    s.action = Some(node.on_fail.clone());
+                }
                 Outcome::Settled(s)
             }
         }
@@ -2000,7 +2217,12 @@ fn agent_config(
             .as_ref()
             .map(|f| crate::check::base_dir(sources, f.span).join(&f.value)),
         program: None,
-        permissions: Default::default(),
+        permissions: a.permissions.as_ref().map(|p| p.value).unwrap_or_default(),
+        structured_output: a
+            .structured_output
+            .as_ref()
+            .map(|m| m.value)
+            .unwrap_or_default(),
     })
 }
 

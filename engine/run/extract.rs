@@ -77,14 +77,26 @@ impl Extractor {
     pub fn extract(&self, text: &str, base: Option<Json>) -> Result<Json, Vec<String>> {
         let mut value = match &self.mode {
             Mode::Text | Mode::Markers => base.unwrap_or_else(|| json!({ "text": text })),
-            Mode::Json => parse_json(text.trim())?,
+            // A server's structured-output mode answers with bare JSON, and models often
+            // fence JSON they were asked to give bare: both modes take both forms, so a
+            // stage's `extract` never contradicts the agent's `structured_output`.
+            Mode::Json => match parse_json(text.trim()) {
+                Ok(v) => v,
+                Err(problems) => match last_fenced_json(text) {
+                    Some(block) => parse_json(block)?,
+                    None => return Err(problems),
+                },
+            },
             Mode::FencedJson => match last_fenced_json(text) {
                 Some(block) => parse_json(block)?,
-                None => {
-                    return Err(vec![
-                        "the answer has no fenced ```json block; answer with one".to_string(),
-                    ]);
-                }
+                None => match serde_json::from_str::<Json>(text.trim()) {
+                    Ok(v) if v.is_object() || v.is_array() => v,
+                    _ => {
+                        return Err(vec![
+                            "the answer has no fenced ```json block; answer with one".to_string(),
+                        ]);
+                    }
+                },
             },
             Mode::Regex(re) => match re.captures_iter(text).last() {
                 Some(caps) => {
@@ -194,7 +206,9 @@ fn last_fenced_json(text: &str) -> Option<&str> {
     let mut offset = 0;
     while let Some(start) = rest.find("```") {
         let after = &rest[start + 3..];
-        let line_end = after.find('\n')?;
+        let Some(line_end) = after.find('\n') else {
+            break;
+        };
         let tag = after[..line_end].trim();
         let body_start = start + 3 + line_end + 1;
         let body = &rest[body_start..];
@@ -239,6 +253,25 @@ mod tests {
         let e = Extractor::new(Some(&spec("fenced_json")), None).expect("compiles");
         assert_eq!(e.extract(t, None), Ok(json!({"a": 2})));
         assert!(e.extract("no block", None).is_err());
+        // A server's structured output: bare JSON, no fence.
+        assert_eq!(e.extract(" {\"a\": 3}\n", None), Ok(json!({"a": 3})));
+        assert!(e.extract("42", None).is_err(), "a bare scalar is no answer");
+        // A fence with no newline after it does not lose the block found before it.
+        assert_eq!(
+            e.extract("```json\n{\"a\":4}\n```\ntrailing ```", None),
+            Ok(json!({"a": 4}))
+        );
+    }
+
+    #[test]
+    fn json_takes_a_fenced_block_too() {
+        let e = Extractor::new(Some(&spec("json")), None).expect("compiles");
+        assert_eq!(e.extract("{\"a\":1}", None), Ok(json!({"a": 1})));
+        assert_eq!(
+            e.extract("Here it is:\n```json\n{\"a\":2}\n```", None),
+            Ok(json!({"a": 2}))
+        );
+        assert!(e.extract("no json here", None).is_err());
     }
 
     #[test]

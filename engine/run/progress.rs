@@ -44,6 +44,35 @@ fn depth(scope: &str) -> usize {
     }
 }
 
+/// A text safe to print on a terminal or in a log: control characters (ESC, BEL, a
+/// carriage return that would overwrite the line, C1 controls...) are shown escaped
+/// (`\u{1b}`), so that nothing an agent or a program wrote can move the cursor, set the
+/// title or hide text. Newlines and tabs stay.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    let unsafe_char = |c: char| c.is_control() && c != '\n' && c != '\t';
+    if !text.chars().any(unsafe_char) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if unsafe_char(c) {
+            out.push_str(&c.escape_unicode().to_string());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// The first line of a message, cut to `max` characters.
+pub fn one_line(text: &str, max: usize) -> String {
+    let line = text.trim().lines().next().unwrap_or("");
+    match line.char_indices().nth(max) {
+        Some((end, _)) => format!("{}…", &line[..end]),
+        None => line.to_owned(),
+    }
+}
+
 /// Shows a duration shortly: `850ms`, `12.3s`, `4m05s`, `1h02m`.
 pub fn short_duration(d: Duration) -> String {
     let ms = d.as_millis();
@@ -83,6 +112,8 @@ impl Progress {
     }
 
     fn line(&self, text: &str) {
+        let text = printable(text);
+        let text = text.as_ref();
         match (&self.multi, self.mode) {
             (Some(m), _) => {
                 let _ = m.println(text);
@@ -128,7 +159,15 @@ impl Progress {
     }
 
     /// A stage settled.
-    pub fn settled(&self, scope: &str, stage: &str, state: &str, elapsed: Duration, usage: &Usage) {
+    pub fn settled(
+        &self,
+        scope: &str,
+        stage: &str,
+        state: &str,
+        elapsed: Duration,
+        usage: &Usage,
+        why: Option<&str>,
+    ) {
         let k = key(scope, stage);
         if let Some(bar) = self.bars.borrow_mut().remove(&k) {
             bar.finish_and_clear();
@@ -148,6 +187,10 @@ impl Progress {
         }
         if let Some(c) = usage.cost_usd {
             text.push_str(&format!(" · ${c:.4}"));
+        }
+        if let Some(why) = why.filter(|_| mark == "✗") {
+            text.push_str(": ");
+            text.push_str(&one_line(why, 240));
         }
         self.line(&text);
     }

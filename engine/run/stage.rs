@@ -34,20 +34,26 @@ const MAX_STREAM_IN_OUTPUT: usize = 256 * 1024;
 /// The most bytes of feedback handed to the next iteration.
 const MAX_FEEDBACK: usize = 16 * 1024;
 
-fn text_of(bytes: &[u8], max: usize) -> String {
+/// The end of a text of which `cut` bytes before `bytes` are already gone, in at most
+/// `max` bytes, with a marker that says how many bytes in all were cut.
+fn text_of(bytes: &[u8], cut: u64, max: usize) -> String {
     let s = String::from_utf8_lossy(bytes);
-    if s.len() <= max {
+    if s.len() <= max && cut == 0 {
         return s.into_owned();
     }
-    let mut start = s.len() - max;
+    let mut start = s.len().saturating_sub(max);
     while !s.is_char_boundary(start) {
         start += 1;
     }
-    format!("[... {} bytes cut ...]\n{}", start, &s[start..])
+    format!(
+        "[... {} bytes cut ...]\n{}",
+        cut + start as u64,
+        &s[start..]
+    )
 }
 
 fn tail(s: &str, max: usize) -> String {
-    text_of(s.as_bytes(), max)
+    text_of(s.as_bytes(), 0, max)
 }
 
 fn write_file(dir: &std::path::Path, name: &str, text: &str) {
@@ -332,6 +338,10 @@ impl Exec<'_> {
             }
             self.attempt_record(&at, "running", Some(&a.name.value), None, &Usage::default());
             self.shared.flush();
+            if self.halted() {
+                // The attempt could not be recorded (or the run is stopping): nothing starts.
+                return Outcome::Stopped;
+            }
             self.shared.progress.started(
                 &scope,
                 &node.name,
@@ -381,10 +391,46 @@ impl Exec<'_> {
                         _ => msg.clone(),
                     };
                     write_file(dir, "error.txt", &detail);
-                    return self.fail_attempt(&at, state, Some(&agent_name), detail, usage);
+                    // The agent gave no answer: not a verdict on the work, so nothing
+                    // of it reaches an agent as feedback, and `on_error` decides.
+                    self.attempt_record(
+                        &at,
+                        state.as_str(),
+                        Some(&agent_name),
+                        Some(detail.clone()),
+                        &usage,
+                    );
+                    let mut s = Settled::error(state, detail, node.on_error.clone(), started);
+                    s.usage = usage;
+                    s.attempts = attempt;
+                    return Outcome::Settled(s);
                 }
             };
             usage.add(&reply.usage);
+            for w in &reply.warnings {
+                self.shared.event(&scope, &node.name, "warning", w.clone());
+                self.shared
+                    .progress
+                    .note(&format!("! {}: agent `{agent_name}`: {w}", node.name));
+            }
+            if !reply.denied.is_empty() {
+                let text = format!(
+                    "agent `{agent_name}` was denied {} action{} (its `permissions` is `{}`): {}",
+                    reply.denied.len(),
+                    if reply.denied.len() == 1 { "" } else { "s" },
+                    self.agents
+                        .iter()
+                        .find(|c| c.name == agent_name)
+                        .map_or("read-only", |c| c.permissions.as_str()),
+                    reply.denied.join("; ")
+                );
+                write_file(dir, "denied.txt", &reply.denied.join("\n"));
+                self.shared
+                    .event(&scope, &node.name, "denied", text.clone());
+                self.shared
+                    .progress
+                    .note(&format!("! {}: {text}", node.name));
+            }
             write_file(dir, "raw.txt", &reply.raw);
             if reply.text != reply.raw {
                 write_file(dir, "answer.md", &reply.text);
@@ -428,11 +474,14 @@ impl Exec<'_> {
                     );
                     self.shared.event(&scope, &node.name, "invalid", text);
                     if attempt < max_attempts {
+                        let more = match problems.len() {
+                            1 => String::new(),
+                            n => format!(" (and {} more)", n - 1),
+                        };
                         self.shared.progress.note(&format!(
-                            "↺ {} answer {attempt} did not validate ({} problem{}); asking again",
+                            "↺ {} answer {attempt} did not validate: {}{more}; asking again",
                             node.name,
-                            problems.len(),
-                            if problems.len() == 1 { "" } else { "s" }
+                            super::progress::one_line(&problems[0], 200),
                         ));
                     }
                     if let Some((t, msg)) = self.over_budget(frame, n, &usage) {
@@ -789,6 +838,9 @@ impl Exec<'_> {
                 };
                 self.attempt_record(&at, "running", None, None, &Usage::default());
                 self.shared.flush();
+                if self.halted() {
+                    return Outcome::Stopped;
+                }
                 self.shared.progress.started(
                     &scope,
                     &node.name,
@@ -802,13 +854,17 @@ impl Exec<'_> {
                             "`{}` could not start: {e}",
                             spec.argv.first().cloned().unwrap_or_default()
                         );
-                        return self.fail_attempt(
+                        self.attempt_record(
                             &at,
-                            NodeState::Failed,
+                            NodeState::Failed.as_str(),
                             None,
-                            msg,
-                            Usage::default(),
+                            Some(msg.clone()),
+                            &Usage::default(),
                         );
+                        let mut s =
+                            Settled::error(NodeState::Failed, msg, node.on_error.clone(), started);
+                        s.attempts = attempt;
+                        return Outcome::Settled(s);
                     }
                 };
                 write_file(
@@ -827,8 +883,8 @@ impl Exec<'_> {
                 let code = out.code.map_or(-1, i64::from);
                 base = json!({
                     "exit_code": code,
-                    "stdout": text_of(&out.stdout, MAX_STREAM_IN_OUTPUT),
-                    "stderr": text_of(&out.stderr, MAX_STREAM_IN_OUTPUT),
+                    "stdout": text_of(&out.stdout, out.stdout_cut, MAX_STREAM_IN_OUTPUT),
+                    "stderr": text_of(&out.stderr, out.stderr_cut, MAX_STREAM_IN_OUTPUT),
                 });
                 if matches!(out.ended, Ended::Timeout | Ended::Idle) {
                     let what = if out.ended == Ended::Idle {
@@ -924,7 +980,7 @@ impl Exec<'_> {
                 }
                 ok = passed;
             }
-            if cmd.is_none() || st.output.is_some() {
+            if is_check || st.output.is_some() {
                 write_file(
                     dir,
                     "output.json",
@@ -1018,6 +1074,7 @@ impl Exec<'_> {
             idle_timeout: idle,
             stdout_path: Some(dir.join("stdout")),
             stderr_path: Some(dir.join("stderr")),
+            pid_file: Some(dir.join("process")),
             result_done: None,
         })
     }

@@ -86,6 +86,9 @@ pub struct RunRecord {
     pub updated_at: i64,
     /// The run's artifact directory.
     pub dir: String,
+    /// Settings of the run that `resume` keeps: `{"replay": PATH}` or `{"record": PATH}`
+    /// (an object; `{}` when none).
+    pub options: serde_json::Value,
 }
 
 /// How a node settled.

@@ -24,13 +24,39 @@ use super::{
 use crate::backend::Usage;
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// Outputs whose JSON text is longer than this many bytes are kept in a file beside the store.
 pub const SPILL_BYTES: usize = 64 * 1024;
 
 /// How long a write waits for another process that holds the file.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long one try of a commit waits for a lock before it reports busy; a commit then
+/// tries again, up to [`BUSY_WAIT`], saying so.
+const COMMIT_BUSY_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// How long a commit waits, in all, for another process that holds the file
+/// (`RALPH_FLOW_STORE_BUSY_WAIT`, in seconds, changes it).
+pub const BUSY_WAIT: Duration = Duration::from_secs(120);
+
+/// The busy wait in force: [`BUSY_WAIT`], or `RALPH_FLOW_STORE_BUSY_WAIT` seconds.
+fn busy_wait() -> Duration {
+    std::env::var("RALPH_FLOW_STORE_BUSY_WAIT")
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .unwrap_or(BUSY_WAIT)
+}
+
+/// Tells whether SQLite said the file is locked by another connection.
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e,
+        rusqlite::Error::SqliteFailure(f, _)
+            if matches!(f.code, rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
+}
 
 /// How a commit reaches the disk.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -43,11 +69,16 @@ pub enum Durability {
     Full,
 }
 
+/// What is told when a commit waits for another process.
+type BusyReport = Box<dyn Fn(&str) + Send>;
+
 /// A store in one SQLite file.
 pub struct SqliteStore {
     conn: Connection,
     path: PathBuf,
     blobs: PathBuf,
+    /// Told when a commit waits for another process.
+    on_busy: Option<BusyReport>,
 }
 
 /// Returns the store file in a state directory (`STATE_DIR/state.db`).
@@ -162,7 +193,7 @@ CREATE TABLE locks (
 ";
 
 const RUN_COLUMNS: &str = "id, workflow, file, workflow_hash, params, status, exit_name, \
-                           exit_code, started_at, updated_at, dir";
+                           exit_code, started_at, updated_at, dir, options";
 /// The columns of `nodes n`, aliased so that joins can use them.
 const NODE_COLUMNS: &str = "n.run, n.scope, n.node, n.state, n.output, n.output_blob, \
                             n.action, n.feedback, n.attempts, n.input_tokens, n.output_tokens, \
@@ -203,6 +234,59 @@ struct Output {
 }
 
 impl SqliteStore {
+    /// Sets what is told when a commit has to wait for another process.
+    pub fn on_busy(&mut self, report: impl Fn(&str) + Send + 'static) {
+        self.on_busy = Some(Box::new(report));
+    }
+
+    /// Commits, trying again while another process holds the file, up to the busy wait.
+    fn commit_retrying(
+        &mut self,
+        writes: &[Write],
+        outputs: &[Output],
+        shows: &[Option<String>],
+    ) -> Result<()> {
+        let started = std::time::Instant::now();
+        let limit = busy_wait();
+        let mut pause = Duration::from_millis(50);
+        let mut reported: Option<Duration> = None;
+        loop {
+            match write_all(&mut self.conn, writes, outputs, shows) {
+                Ok(()) => return Ok(()),
+                Err(e) if is_busy(&e) && started.elapsed() < limit => {
+                    let waited = started.elapsed();
+                    // Said at once, then every five seconds or so.
+                    let due =
+                        reported.is_none_or(|at: Duration| waited >= at + Duration::from_secs(5));
+                    if let (Some(report), true) = (&self.on_busy, due) {
+                        reported = Some(waited);
+                        report(&format!(
+                            "{} is locked by another process; waited {}s, trying again",
+                            self.path.display(),
+                            waited.as_secs()
+                        ));
+                    }
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_secs(2));
+                }
+                Err(e) => {
+                    let busy = is_busy(&e);
+                    let error = sql_error(&self.path, "cannot commit to", e);
+                    return Err(if busy {
+                        StoreError(format!(
+                            "cannot commit to {}: another process kept it locked for more than {}s; find it (`fuser {}`), then resume the run",
+                            self.path.display(),
+                            limit.as_secs_f64(),
+                            self.path.display()
+                        ))
+                    } else {
+                        error
+                    });
+                }
+            }
+        }
+    }
+
     /// Opens (creating if needed) the store at `path` with [`Durability::Normal`].
     pub fn open(path: &Path) -> Result<Self> {
         Self::open_with(path, Durability::Normal)
@@ -220,6 +304,7 @@ impl SqliteStore {
         let conn = Connection::open(path)
             .map_err(|e| StoreError(format!("cannot open {}: {e}", path.display())))?;
         let mut store = SqliteStore {
+            on_busy: None,
             conn,
             path: path.to_path_buf(),
             blobs: dir.join("blobs"),
@@ -286,7 +371,12 @@ impl SqliteStore {
         if version < 1 {
             tx.execute_batch(SCHEMA_V1).map_err(fail)?;
         }
-        // A later version adds `if version < 2 { ... }` here.
+        if version < 2 {
+            // The run's own settings that resume must keep (`--replay`, `--record`).
+            tx.execute_batch("ALTER TABLE runs ADD COLUMN options TEXT NOT NULL DEFAULT '{}';")
+                .map_err(fail)?;
+        }
+        // A later version adds `if version < 3 { ... }` here.
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)
             .map_err(fail)?;
         tx.commit().map_err(fail)
@@ -419,9 +509,10 @@ impl SqliteStore {
 impl Store for SqliteStore {
     fn create_run(&mut self, run: &RunRecord) -> Result<()> {
         let params_text = json_text(&run.params)?;
+        let options_text = json_text(&run.options)?;
         let (exit_name, exit_code) = run.exit.clone().unzip();
         let sql = format!(
-            "INSERT INTO runs ({RUN_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
+            "INSERT INTO runs ({RUN_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"
         );
         let result = self.conn.prepare_cached(&sql).and_then(|mut stmt| {
             stmt.execute(params![
@@ -436,6 +527,7 @@ impl Store for SqliteStore {
                 run.started_at,
                 run.updated_at,
                 run.dir,
+                options_text,
             ])
         });
         match result {
@@ -509,92 +601,19 @@ impl Store for SqliteStore {
                 .and_then(|dir| dir.sync_all())
                 .map_err(|e| StoreError(format!("cannot sync {}: {e}", self.blobs.display())))?;
         }
-        let path = self.path.clone();
-        let fail = |e| sql_error(&path, "cannot commit to", e);
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(fail)?;
-        for (write, output) in writes.iter().zip(outputs) {
-            match write {
-                Write::Node(n) => {
-                    let Output { inline, blob } = output;
-                    let u = UsageCols::from(&n.usage);
-                    tx.prepare_cached(INSERT_NODE)
-                        .and_then(|mut stmt| {
-                            stmt.execute(params![
-                                n.run,
-                                n.scope,
-                                n.node,
-                                n.state.as_str(),
-                                inline,
-                                blob,
-                                n.action,
-                                n.feedback,
-                                n.attempts,
-                                u.input,
-                                u.output,
-                                u.cached,
-                                u.cost,
-                                n.started_at,
-                                n.finished_at,
-                            ])
-                        })
-                        .map_err(fail)?;
-                }
-                Write::Attempt(a) => {
-                    let u = UsageCols::from(&a.usage);
-                    tx.prepare_cached(UPSERT_ATTEMPT)
-                        .and_then(|mut stmt| {
-                            stmt.execute(params![
-                                a.run,
-                                a.scope,
-                                a.node,
-                                a.attempt,
-                                a.state,
-                                a.agent,
-                                a.dir,
-                                a.error,
-                                u.input,
-                                u.output,
-                                u.cached,
-                                u.cost,
-                                a.started_at,
-                                a.finished_at,
-                            ])
-                        })
-                        .map_err(fail)?;
-                }
-                Write::Event(e) => {
-                    tx.prepare_cached(INSERT_EVENT)
-                        .and_then(|mut stmt| {
-                            stmt.execute(params![e.run, e.at, e.scope, e.node, e.kind, e.message])
-                        })
-                        .map_err(fail)?;
-                }
-                Write::Gate(g) => {
-                    let show = json_text(&g.show)?;
-                    tx.prepare_cached(INSERT_GATE)
-                        .and_then(|mut stmt| {
-                            stmt.execute(params![
-                                g.run,
-                                g.scope,
-                                g.gate,
-                                g.message,
-                                show,
-                                g.requested_at,
-                                g.deadline,
-                            ])
-                        })
-                        .map_err(fail)?;
-                }
-                Write::Approval(a) => {
-                    // An answer (a person's, or the timeout's) ends the wait.
-                    insert_approval(&tx, a).map_err(fail)?;
-                }
-            }
-        }
-        tx.commit().map_err(fail)
+        let shows: Vec<Option<String>> = writes
+            .iter()
+            .map(|w| match w {
+                Write::Gate(g) => json_text(&g.show).map(Some),
+                _ => Ok(None),
+            })
+            .collect::<Result<_>>()?;
+        // Another process (an `approve`, a second reader) may hold the write lock: wait for
+        // it with growing pauses, saying so, up to BUSY_WAIT in all.
+        let _ = self.conn.busy_timeout(COMMIT_BUSY_TIMEOUT);
+        let result = self.commit_retrying(writes, &outputs, &shows);
+        let _ = self.conn.busy_timeout(BUSY_TIMEOUT);
+        result
     }
 
     fn nodes(&self, run: &str) -> Result<Vec<NodeRecord>> {
@@ -776,6 +795,88 @@ impl Store for SqliteStore {
 }
 
 /// Inserts an answer and removes the gate it answers.
+/// Writes everything in one transaction (raw errors, for the retry of a busy file).
+fn write_all(
+    conn: &mut Connection,
+    writes: &[Write],
+    outputs: &[Output],
+    shows: &[Option<String>],
+) -> rusqlite::Result<()> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    for ((write, output), show) in writes.iter().zip(outputs).zip(shows) {
+        match write {
+            Write::Node(n) => {
+                let Output { inline, blob } = output;
+                let (inline, blob) = (inline.as_deref(), blob.as_deref());
+                let u = UsageCols::from(&n.usage);
+                tx.prepare_cached(INSERT_NODE).and_then(|mut stmt| {
+                    stmt.execute(params![
+                        n.run,
+                        n.scope,
+                        n.node,
+                        n.state.as_str(),
+                        inline,
+                        blob,
+                        n.action,
+                        n.feedback,
+                        n.attempts,
+                        u.input,
+                        u.output,
+                        u.cached,
+                        u.cost,
+                        n.started_at,
+                        n.finished_at,
+                    ])
+                })?;
+            }
+            Write::Attempt(a) => {
+                let u = UsageCols::from(&a.usage);
+                tx.prepare_cached(UPSERT_ATTEMPT).and_then(|mut stmt| {
+                    stmt.execute(params![
+                        a.run,
+                        a.scope,
+                        a.node,
+                        a.attempt,
+                        a.state,
+                        a.agent,
+                        a.dir,
+                        a.error,
+                        u.input,
+                        u.output,
+                        u.cached,
+                        u.cost,
+                        a.started_at,
+                        a.finished_at,
+                    ])
+                })?;
+            }
+            Write::Event(e) => {
+                tx.prepare_cached(INSERT_EVENT).and_then(|mut stmt| {
+                    stmt.execute(params![e.run, e.at, e.scope, e.node, e.kind, e.message])
+                })?;
+            }
+            Write::Gate(g) => {
+                tx.prepare_cached(INSERT_GATE).and_then(|mut stmt| {
+                    stmt.execute(params![
+                        g.run,
+                        g.scope,
+                        g.gate,
+                        g.message,
+                        show,
+                        g.requested_at,
+                        g.deadline,
+                    ])
+                })?;
+            }
+            Write::Approval(a) => {
+                // An answer (a person's, or the timeout's) ends the wait.
+                insert_approval(&tx, a)?;
+            }
+        }
+    }
+    tx.commit()
+}
+
 fn insert_approval(conn: &Connection, a: &Approval) -> rusqlite::Result<()> {
     conn.prepare_cached(INSERT_APPROVAL)?.execute(params![
         a.run, a.scope, a.gate, a.approved, a.comment, a.by, a.at
@@ -899,6 +1000,7 @@ fn run_from_row(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
         started_at: row.get(8)?,
         updated_at: row.get(9)?,
         dir: row.get(10)?,
+        options: json_col(row, 11)?,
     })
 }
 

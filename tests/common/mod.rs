@@ -151,6 +151,20 @@ impl Project {
         Running { child }
     }
 
+    /// Starts ralph-flow in the background with extra environment variables.
+    pub fn spawn_env(&self, args: &[&str], env: &[(&str, &str)]) -> Running {
+        let mut c = self.command(args);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let child = c
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        Running { child }
+    }
+
     /// Waits (up to 30 s) until a condition holds.
     pub fn wait_for(&self, mut f: impl FnMut() -> bool) {
         let t = Instant::now();
