@@ -579,13 +579,25 @@ async fn run_with(
 async fn real_api_errors_are_classified_alike() {
     for kind in [AgentKind::Claude, AgentKind::Codex, AgentKind::Gemini] {
         let r = run_mode(kind, "server_error").await;
-        assert!(matches!(r, Err(CallError::Transient { .. })), "{kind:?}: {r:?}");
+        assert!(
+            matches!(r, Err(CallError::Transient { .. })),
+            "{kind:?}: {r:?}"
+        );
         let r = run_mode(kind, "overloaded").await;
-        assert!(matches!(r, Err(CallError::Transient { .. })), "{kind:?}: {r:?}");
+        assert!(
+            matches!(r, Err(CallError::Transient { .. })),
+            "{kind:?}: {r:?}"
+        );
         let r = run_mode(kind, "rate_limit").await;
-        assert!(matches!(r, Err(CallError::RateLimited { .. })), "{kind:?}: {r:?}");
+        assert!(
+            matches!(r, Err(CallError::RateLimited { .. })),
+            "{kind:?}: {r:?}"
+        );
         let r = run_mode(kind, "invalid_key").await;
-        assert!(matches!(r, Err(CallError::Missing { .. })), "{kind:?}: {r:?}");
+        assert!(
+            matches!(r, Err(CallError::Missing { .. })),
+            "{kind:?}: {r:?}"
+        );
     }
     match run_mode(AgentKind::Codex, "usage_limit").await {
         Err(CallError::RateLimited {
@@ -608,21 +620,31 @@ async fn untrusted_directories_are_passed() {
 #[tokio::test(flavor = "current_thread")]
 async fn permissions_decide_writes_and_denials_are_reported() {
     use Permissions::*;
-    let reply = run_with(AgentKind::Claude, ReadOnly, "denied").await.expect("a reply");
+    let reply = run_with(AgentKind::Claude, ReadOnly, "denied")
+        .await
+        .expect("a reply");
     assert_eq!(reply.denied.len(), 1, "{:?}", reply.denied);
     assert!(reply.denied[0].starts_with("Write: "), "{:?}", reply.denied);
     for p in [Edit, Full] {
-        let reply = run_with(AgentKind::Claude, p, "denied").await.expect("a reply");
+        let reply = run_with(AgentKind::Claude, p, "denied")
+            .await
+            .expect("a reply");
         assert!(reply.denied.is_empty(), "{p:?}: {:?}", reply.denied);
     }
-    let reply = run_with(AgentKind::Codex, ReadOnly, "denied").await.expect("a reply");
+    let reply = run_with(AgentKind::Codex, ReadOnly, "denied")
+        .await
+        .expect("a reply");
     assert_eq!(reply.denied.len(), 1, "{:?}", reply.denied);
     for p in [Edit, Full] {
-        let reply = run_with(AgentKind::Codex, p, "denied").await.expect("a reply");
+        let reply = run_with(AgentKind::Codex, p, "denied")
+            .await
+            .expect("a reply");
         assert!(reply.denied.is_empty(), "{p:?}: {:?}", reply.denied);
     }
     for p in [ReadOnly, Edit, Full] {
-        let reply = run_with(AgentKind::Gemini, p, "denied").await.expect("a reply");
+        let reply = run_with(AgentKind::Gemini, p, "denied")
+            .await
+            .expect("a reply");
         assert!(reply.denied.is_empty(), "{p:?}: {:?}", reply.denied);
     }
     // As root without IS_SANDBOX, bypassPermissions refuses to start: not worth a retry.

@@ -50,7 +50,9 @@ impl Mock {
             .spawn()
             .ok()?;
         let mut line = String::new();
-        BufReader::new(child.stdout.take()?).read_line(&mut line).ok()?;
+        BufReader::new(child.stdout.take()?)
+            .read_line(&mut line)
+            .ok()?;
         let port = line.trim().parse().ok()?;
         Some(Mock { child, port })
     }
@@ -127,8 +129,16 @@ fn claude_codex_and_gemini_run_a_stage_against_the_mock_api() {
             ],
         );
         assert_eq!(out.code, 0, "{kind}: {}\n{}", out.stderr, out.stdout);
-        assert_eq!(out.json["outputs"]["ask"]["verdict"], VERDICT, "{kind}: {}", out.stdout);
-        assert_eq!(out.json["outputs"]["ask"]["count"], 3, "{kind}: {}", out.stdout);
+        assert_eq!(
+            out.json["outputs"]["ask"]["verdict"], VERDICT,
+            "{kind}: {}",
+            out.stdout
+        );
+        assert_eq!(
+            out.json["outputs"]["ask"]["count"], 3,
+            "{kind}: {}",
+            out.stdout
+        );
         // gemini's model router makes a side request (2 output tokens from the mock).
         let output_tokens = if kind == "gemini" { 765 + 2 } else { 765 };
         let store = p.store_text();

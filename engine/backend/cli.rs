@@ -533,9 +533,16 @@ fn claude_denials(result: &Map<String, Value>) -> Vec<String> {
             let tool = string(d, "tool_name").unwrap_or_else(|| "tool".into());
             let input = d.get("tool_input").and_then(Value::as_object);
             let what = input.and_then(|i| {
-                ["file_path", "command", "path", "notebook_path", "url", "pattern"]
-                    .iter()
-                    .find_map(|k| string(i, k))
+                [
+                    "file_path",
+                    "command",
+                    "path",
+                    "notebook_path",
+                    "url",
+                    "pattern",
+                ]
+                .iter()
+                .find_map(|k| string(i, k))
             });
             match what {
                 Some(w) => format!("{tool}: {w}"),
@@ -1226,9 +1233,27 @@ mod tests {
     macro_rules! capture {
         ($cli:literal, $case:literal) => {
             captured(
-                include_str!(concat!("../../tests/fakes/captures/", $cli, "/", $case, ".stdout")),
-                include_str!(concat!("../../tests/fakes/captures/", $cli, "/", $case, ".stderr")),
-                include_str!(concat!("../../tests/fakes/captures/", $cli, "/", $case, ".exit")),
+                include_str!(concat!(
+                    "../../tests/fakes/captures/",
+                    $cli,
+                    "/",
+                    $case,
+                    ".stdout"
+                )),
+                include_str!(concat!(
+                    "../../tests/fakes/captures/",
+                    $cli,
+                    "/",
+                    $case,
+                    ".stderr"
+                )),
+                include_str!(concat!(
+                    "../../tests/fakes/captures/",
+                    $cli,
+                    "/",
+                    $case,
+                    ".exit"
+                )),
             )
         };
     }
@@ -1305,7 +1330,10 @@ mod tests {
         assert_eq!(structured.text, r#"{"verdict":"MOCK-REPLY-4F7","count":3}"#);
         let codex = parse_codex(&capture!("codex", "ok")).expect("a reply");
         assert_eq!(codex.text, REPLY);
-        assert_eq!((codex.usage.input_tokens, codex.usage.output_tokens), (4321, 765));
+        assert_eq!(
+            (codex.usage.input_tokens, codex.usage.output_tokens),
+            (4321, 765)
+        );
         assert_eq!(codex.usage.cached_tokens, 98);
         let structured = parse_codex(&capture!("codex", "structured")).expect("a reply");
         assert_eq!(
@@ -1323,7 +1351,10 @@ mod tests {
     fn claude_api_errors_use_the_http_status() {
         let rate = parse_claude(&capture!("claude", "rate_limit")).expect_err("an error");
         assert!(matches!(rate, CallError::RateLimited { .. }), "{rate:?}");
-        for out in [capture!("claude", "overloaded"), capture!("claude", "server_error")] {
+        for out in [
+            capture!("claude", "overloaded"),
+            capture!("claude", "server_error"),
+        ] {
             let e = parse_claude(&out).expect_err("an error");
             assert!(matches!(e, CallError::Transient { .. }), "{e:?}");
         }
@@ -1352,7 +1383,10 @@ mod tests {
     #[test]
     fn claude_denials_are_reported() {
         let reply = parse_claude(&capture!("claude", "write_default")).expect("a reply");
-        assert_eq!(reply.denied, ["Write: /WORK/claude-write_default/cwd/mock-written.txt"]);
+        assert_eq!(
+            reply.denied,
+            ["Write: /WORK/claude-write_default/cwd/mock-written.txt"]
+        );
         let reply = parse_claude(&capture!("claude", "write_accept_edits")).expect("a reply");
         assert!(reply.denied.is_empty());
     }
@@ -1376,15 +1410,35 @@ mod tests {
     fn permissions_map_to_each_clis_flags() {
         use AgentKind::*;
         use Permissions::*;
-        let has = |argv: &[String], pair: [&str; 2]| argv.windows(2).any(|w| w[0] == pair[0] && w[1] == pair[1]);
-        assert!(has(&argv_of(Claude, ReadOnly), ["--permission-mode", "default"]));
-        assert!(has(&argv_of(Claude, Edit), ["--permission-mode", "acceptEdits"]));
-        assert!(has(&argv_of(Claude, Full), ["--permission-mode", "bypassPermissions"]));
+        let has = |argv: &[String], pair: [&str; 2]| {
+            argv.windows(2).any(|w| w[0] == pair[0] && w[1] == pair[1])
+        };
+        assert!(has(
+            &argv_of(Claude, ReadOnly),
+            ["--permission-mode", "default"]
+        ));
+        assert!(has(
+            &argv_of(Claude, Edit),
+            ["--permission-mode", "acceptEdits"]
+        ));
+        assert!(has(
+            &argv_of(Claude, Full),
+            ["--permission-mode", "bypassPermissions"]
+        ));
         assert!(has(&argv_of(Codex, ReadOnly), ["--sandbox", "read-only"]));
         assert!(has(&argv_of(Codex, Edit), ["--sandbox", "workspace-write"]));
-        assert!(has(&argv_of(Codex, Full), ["--sandbox", "danger-full-access"]));
-        assert!(has(&argv_of(Gemini, ReadOnly), ["--approval-mode", "default"]));
-        assert!(has(&argv_of(Gemini, Edit), ["--approval-mode", "auto_edit"]));
+        assert!(has(
+            &argv_of(Codex, Full),
+            ["--sandbox", "danger-full-access"]
+        ));
+        assert!(has(
+            &argv_of(Gemini, ReadOnly),
+            ["--approval-mode", "default"]
+        ));
+        assert!(has(
+            &argv_of(Gemini, Edit),
+            ["--approval-mode", "auto_edit"]
+        ));
         assert!(has(&argv_of(Gemini, Full), ["--approval-mode", "yolo"]));
         // The agent's own flags win.
         let dir = tempfile::tempdir().expect("a temp dir");
@@ -1410,8 +1464,10 @@ mod tests {
     fn codex_outside_a_git_repo_is_permanent_and_avoided() {
         let e = parse_codex(&capture!("codex", "untrusted")).expect_err("an error");
         assert!(matches!(e, CallError::Failed { .. }), "{e:?}");
-        assert!(argv_of(AgentKind::Codex, Permissions::ReadOnly)
-            .contains(&"--skip-git-repo-check".to_string()));
+        assert!(
+            argv_of(AgentKind::Codex, Permissions::ReadOnly)
+                .contains(&"--skip-git-repo-check".to_string())
+        );
     }
 
     #[test]
@@ -1429,7 +1485,9 @@ mod tests {
         assert_eq!(clock_hint(msg, now, 3600), Some(Duration::ZERO));
         assert_eq!(
             clock_hint("try again at 8:35 AM.", now, 0),
-            Some(Duration::from_secs(86_400 - (11 * 3600 + 47 * 60) + 8 * 3600 + 35 * 60))
+            Some(Duration::from_secs(
+                86_400 - (11 * 3600 + 47 * 60) + 8 * 3600 + 35 * 60
+            ))
         );
         assert_eq!(
             clock_hint("or try again at Nov 24th, 2026 12:05 AM.", now, 0),
@@ -1447,9 +1505,15 @@ mod tests {
             .invocation(&call_in(dir.path(), Some(schema.clone())))
             .expect("argv")
             .0;
-        let at = argv.iter().position(|a| a == "--output-schema").expect("the flag");
+        let at = argv
+            .iter()
+            .position(|a| a == "--output-schema")
+            .expect("the flag");
         let written = std::fs::read_to_string(&argv[at + 1]).expect("the schema file");
-        assert_eq!(serde_json::from_str::<Value>(&written).expect("JSON"), schema);
+        assert_eq!(
+            serde_json::from_str::<Value>(&written).expect("JSON"),
+            schema
+        );
         assert_eq!(argv.last().map(String::as_str), Some("-"));
     }
 
@@ -1457,7 +1521,11 @@ mod tests {
     fn codex_denials_come_from_its_log() {
         let reply = parse_codex(&capture!("codex", "write_read_only")).expect("a reply");
         assert_eq!(reply.denied.len(), 1, "{:?}", reply.denied);
-        assert!(reply.denied[0].starts_with("patch rejected"), "{:?}", reply.denied);
+        assert!(
+            reply.denied[0].starts_with("patch rejected"),
+            "{:?}",
+            reply.denied
+        );
         let reply = parse_codex(&capture!("codex", "write_workspace")).expect("a reply");
         assert!(reply.denied.is_empty());
     }
@@ -1483,7 +1551,10 @@ mod tests {
             panic!("a rate limit: {e:?}");
         };
         assert!(retry_after.is_some_and(|d| d.as_secs() == 45), "{e:?}");
-        for out in [capture!("gemini", "overloaded"), capture!("gemini", "server_error")] {
+        for out in [
+            capture!("gemini", "overloaded"),
+            capture!("gemini", "server_error"),
+        ] {
             let e = parse_gemini(&out).expect_err("an error");
             assert!(matches!(e, CallError::Transient { .. }), "{e:?}");
         }
