@@ -512,14 +512,16 @@ async fn command_gets_the_prompt_as_an_argument() {
 }
 
 #[tokio::test(flavor = "current_thread")]
-async fn command_failures_are_transient_with_the_stderr_tail() {
+async fn command_failures_fail_with_the_stderr_tail() {
+    // A command that exits non-zero gave no answer: that attempt failed (engine change on
+    // main: parse_command classifies the output, else Failed).
     let scene = Scene::new();
     let config = command(
         &["/bin/sh", "-c", "echo out; echo broken >&2; exit 4"],
         None,
     );
     match run(&config, &scene.call("hi", &[])).await {
-        Err(CallError::Transient { message, .. }) => {
+        Err(CallError::Failed { message }) => {
             assert!(message.contains("code 4"), "{message}");
             assert!(message.contains("broken"), "{message}");
         }
@@ -527,9 +529,7 @@ async fn command_failures_are_transient_with_the_stderr_tail() {
     }
     let config = command(&["/bin/sh", "-c", "kill -9 $$"], None);
     match run(&config, &scene.call("hi", &[])).await {
-        Err(CallError::Transient { message, .. }) => {
-            assert!(message.contains("signal 9"), "{message}")
-        }
+        Err(CallError::Failed { message }) => assert!(message.contains("signal 9"), "{message}"),
         other => panic!("{other:?}"),
     }
 }
