@@ -11,6 +11,7 @@ pub mod load;
 pub mod model;
 pub mod preset;
 pub mod run;
+pub mod secrets;
 pub mod source;
 pub mod store;
 pub mod suggest;

@@ -512,9 +512,7 @@ async fn command_gets_the_prompt_as_an_argument() {
 }
 
 #[tokio::test(flavor = "current_thread")]
-async fn command_failures_fail_with_the_stderr_tail() {
-    // A command that exits non-zero gave no answer: that attempt failed (engine change on
-    // main: parse_command classifies the output, else Failed).
+async fn command_failures_fail_the_attempt_with_the_output_tail() {
     let scene = Scene::new();
     let config = command(
         &["/bin/sh", "-c", "echo out; echo broken >&2; exit 4"],
@@ -529,7 +527,22 @@ async fn command_failures_fail_with_the_stderr_tail() {
     }
     let config = command(&["/bin/sh", "-c", "kill -9 $$"], None);
     match run(&config, &scene.call("hi", &[])).await {
-        Err(CallError::Failed { message }) => assert!(message.contains("signal 9"), "{message}"),
+        Err(CallError::Failed { message }) => {
+            assert!(message.contains("signal 9"), "{message}")
+        }
+        other => panic!("{other:?}"),
+    }
+    // What the program said decides otherwise: an overload is worth retrying.
+    let config = command(
+        &[
+            "/bin/sh",
+            "-c",
+            "echo 'HTTP 503 Service Unavailable' >&2; exit 1",
+        ],
+        None,
+    );
+    match run(&config, &scene.call("hi", &[])).await {
+        Err(CallError::Transient { .. }) => {}
         other => panic!("{other:?}"),
     }
 }

@@ -281,3 +281,317 @@ prompt = "Answer."
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert_eq!(p.calls("ask"), 2);
 }
+
+/// A server that echoes the API key it is sent: in an error body, in an answer, and in a
+/// 401.
+struct Echo {
+    calls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl wiremock::Respond for Echo {
+    fn respond(&self, request: &wiremock::Request) -> wiremock::ResponseTemplate {
+        use std::sync::atomic::Ordering;
+        let auth = request
+            .headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        let body: serde_json::Value = serde_json::from_slice(&request.body).unwrap();
+        let prompt = body["messages"][0]["content"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        let n = self.calls.fetch_add(1, Ordering::SeqCst);
+        if prompt.starts_with("Check") {
+            return wiremock::ResponseTemplate::new(401).set_body_string(format!(
+                "<html><body>Proxy login failed for {auth}</body></html>"
+            ));
+        }
+        if n == 0 {
+            return wiremock::ResponseTemplate::new(500).set_body_json(serde_json::json!({
+                "error": {"message": format!("upstream rejected {auth}")}
+            }));
+        }
+        wiremock::ResponseTemplate::new(200).set_body_json(serde_json::json!({
+            "id": "x", "model": "m",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": format!("I was called with {auth}")}}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1}
+        }))
+    }
+}
+
+#[test]
+fn an_echoed_api_key_is_never_written_or_printed() {
+    const KEY: &str = "sk-leak-test-5f0c1d2e3a4b";
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let server = wiremock::MockServer::start().await;
+            wiremock::Mock::given(wiremock::matchers::method("POST"))
+                .respond_with(Echo {
+                    calls: std::sync::Arc::default(),
+                })
+                .mount(&server)
+                .await;
+            tx.send(server.uri()).unwrap();
+            std::future::pending::<()>().await;
+        });
+    });
+    let uri = rx.recv().unwrap();
+    let p = Project::new();
+    p.workflow(
+        "w.toml",
+        &format!(
+            r#"name = "leak"
+[agents.echo]
+kind = "openai"
+model = "m"
+base_url = "{uri}/v1"
+api_key_env = "LEAK_KEY"
+
+[stages.a]
+kind = "agent"
+agent = "echo"
+prompt = "Hello."
+
+[stages.b]
+kind = "command"
+needs = ["a"]
+argv = ["sh", "-c", "echo \"$1\"; echo \"key=$LEAK_KEY\" >&2", "b", "{{{{ stages.a.output.text }}}}"]
+
+[stages.c]
+kind = "agent"
+agent = "echo"
+needs = ["b"]
+prompt = "Check {{{{ stages.b.output.stdout }}}} {{{{ stages.b.output.stderr }}}}"
+"#
+        ),
+    );
+    let env = [
+        ("LEAK_KEY", KEY),
+        ("RUST_LOG", "ralph_flow=debug,reqwest=debug,hyper=debug"),
+    ];
+    let out = p.run_env(&["run", "w.toml", "--record", "rec.jsonl", "--json"], &env);
+    assert_eq!(out.code, 1, "c fails on its 401: {}", out.stderr);
+    assert!(
+        out.stderr.contains("[REDACTED]"),
+        "the echo was seen: {}",
+        out.stderr
+    );
+    let run = out.json["run"].as_str().unwrap().to_string();
+    let mut streams = vec![("run stdout", out.stdout), ("run stderr", out.stderr)];
+    for args in [
+        vec!["status", run.as_str(), "--json"],
+        vec!["status", run.as_str()],
+        vec!["logs", run.as_str()],
+        vec!["logs", run.as_str(), "--json"],
+        vec!["logs", run.as_str(), "--stage", "c"],
+        vec!["runs", "--json"],
+    ] {
+        let o = p.run_env(&args, &env);
+        streams.push(("a later command", format!("{}{}", o.stdout, o.stderr)));
+    }
+    for (what, text) in &streams {
+        assert!(!text.contains(KEY), "{what} holds the key:\n{text}");
+    }
+    // Every file the run wrote: the store (and its log), artifacts, the recording.
+    fn walk(dir: &std::path::Path, files: &mut Vec<std::path::PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let path = e.path();
+            if path.is_dir() {
+                walk(&path, files);
+            } else {
+                files.push(path);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(&p.dir().join(".ralph-flow"), &mut files);
+    files.push(p.dir().join("rec.jsonl"));
+    assert!(files.len() > 10, "{files:?}");
+    for f in &files {
+        let bytes = std::fs::read(f).unwrap();
+        let found = bytes.windows(KEY.len()).any(|w| w == KEY.as_bytes());
+        assert!(!found, "{} holds the key", f.display());
+    }
+}
+
+/// `a` takes a second, then `b`; a gate after `b` keeps the run waiting.
+const SLOW_THEN_GATE: &str = r#"name = "slow"
+[stages.a]
+kind = "command"
+argv = ["sh", "-c", "sleep 1; echo a-out"]
+[stages.b]
+kind = "command"
+needs = ["a"]
+argv = ["echo", "b"]
+[stages.ok]
+kind = "gate"
+needs = ["b"]
+message = "Go on?"
+"#;
+
+#[test]
+fn a_store_deleted_mid_run_fails_loudly() {
+    let p = Project::new();
+    p.workflow("w.toml", SLOW_THEN_GATE);
+    let child = p.spawn(&["run", "w.toml", "--no-wait"]);
+    p.wait_for(|| {
+        p.store_text()
+            .contains("\"node\":\"a\",\"attempt\":1,\"state\":\"running\"")
+    });
+    std::fs::remove_dir_all(p.dir().join(".ralph-flow")).unwrap();
+    let out = child.finish();
+    assert_eq!(out.code, 3, "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("was deleted while the run was going on"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn a_state_directory_that_cannot_be_written_leaves_the_run_resumable() {
+    let p = Project::new();
+    p.workflow("w.toml", SLOW_THEN_GATE);
+    let child = p.spawn(&["run", "w.toml", "--no-wait", "--json"]);
+    let run = p.wait_for_run();
+    p.wait_for(|| {
+        p.store_text()
+            .contains("\"node\":\"a\",\"attempt\":1,\"state\":\"running\"")
+    });
+    // `b`'s artifact directory cannot be made: a file stands where it goes.
+    p.write(&format!(".ralph-flow/runs/{run}/b"), "in the way");
+    let out = child.finish();
+    assert_eq!(out.code, 3, "{}", out.stderr);
+    assert!(out.stderr.contains("cannot be written"), "{}", out.stderr);
+    std::fs::remove_file(p.dir().join(format!(".ralph-flow/runs/{run}/b"))).unwrap();
+    let out = p.run(&["resume", &run, "--no-wait", "--json"]);
+    assert_eq!(out.code, 75, "resumed up to the gate: {}", out.stderr);
+}
+
+/// Every file under a directory with its size and modification time.
+fn listing(dir: &std::path::Path) -> Vec<(std::path::PathBuf, u64, std::time::SystemTime)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let m = e.metadata().unwrap();
+        if m.is_dir() {
+            out.extend(listing(&e.path()));
+        } else {
+            out.push((e.path(), m.len(), m.modified().unwrap()));
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn reading_a_store_changes_nothing() {
+    let p = Project::new();
+    p.workflow("w.toml", SLOW_THEN_GATE);
+    let out = p.run(&["run", "w.toml", "--no-wait", "--json"]);
+    assert_eq!(out.code, 75, "{}", out.stderr);
+    let run = out.json["run"].as_str().unwrap().to_string();
+    let state = p.dir().join(".ralph-flow");
+    let before = listing(&state);
+    std::thread::sleep(Duration::from_millis(20));
+    for args in [
+        vec!["runs"],
+        vec!["status", run.as_str()],
+        vec!["logs", run.as_str()],
+    ] {
+        let o = p.run(&args);
+        assert_eq!(o.code, 0, "{args:?}: {}", o.stderr);
+    }
+    assert_eq!(
+        listing(&state),
+        before,
+        "a read wrote to the state directory"
+    );
+}
+
+#[test]
+fn a_store_that_lost_its_log_after_a_crash_says_so_and_one_checkpointed_does_not() {
+    let p = Project::new();
+    p.workflow("w.toml", SLOW_THEN_GATE);
+    let child = p.spawn(&["run", "w.toml"]);
+    p.wait_for(|| p.store_text().contains("waiting"));
+    child.signal(nix::sys::signal::Signal::SIGKILL);
+    let _ = child.finish();
+    std::fs::remove_file(p.dir().join(".ralph-flow/state.db-wal")).unwrap();
+    for args in [vec!["runs"], vec!["run", "w.toml", "--no-wait"]] {
+        let out = p.run(&args);
+        assert_ne!(out.code, 0, "{args:?}: {}{}", out.stdout, out.stderr);
+        assert!(
+            out.stderr.contains("lost its write-ahead log"),
+            "{}",
+            out.stderr
+        );
+        assert!(!out.stdout.contains("no runs"), "{}", out.stdout);
+    }
+
+    // Another program that checkpoints and closes the store after the crash removes the
+    // log legitimately: nothing is lost, and nothing is reported.
+    let p = Project::new();
+    p.workflow("w.toml", SLOW_THEN_GATE);
+    let child = p.spawn(&["run", "w.toml"]);
+    let run = p.wait_for_run();
+    p.wait_for(|| p.store_text().contains("waiting"));
+    child.signal(nix::sys::signal::Signal::SIGKILL);
+    let _ = child.finish();
+    {
+        let conn = rusqlite::Connection::open(p.dir().join(".ralph-flow/state.db")).unwrap();
+        conn.pragma_update(None, "wal_checkpoint", "TRUNCATE")
+            .unwrap();
+    }
+    assert!(!p.dir().join(".ralph-flow/state.db-wal").exists());
+    let out = p.run(&["status", &run]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let out = p.run(&["resume", &run, "--no-wait"]);
+    assert_eq!(out.code, 75, "{}", out.stderr);
+}
+
+#[test]
+fn a_damaged_store_is_found_before_anything_is_written_to_it() {
+    let p = Project::new();
+    p.workflow("w.toml", SLOW_THEN_GATE);
+    let child = p.spawn(&["run", "w.toml"]);
+    p.wait_for(|| p.store_text().contains("waiting"));
+    child.signal(nix::sys::signal::Signal::SIGKILL);
+    let _ = child.finish();
+    let db = p.dir().join(".ralph-flow/state.db");
+    let (page_size, root) = {
+        // Bring the log into the file, as a checkpoint would, and find an index's page.
+        let conn = rusqlite::Connection::open(&db).unwrap();
+        conn.pragma_update(None, "wal_checkpoint", "TRUNCATE")
+            .unwrap();
+        let page_size: usize = conn
+            .pragma_query_value(None, "page_size", |r| r.get(0))
+            .unwrap();
+        let root: usize = conn
+            .query_row(
+                "SELECT rootpage FROM sqlite_master WHERE type = 'index' AND name = 'runs_started'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        (page_size, root)
+    };
+    // Damage that index page: the cells, not the page header.
+    let mut bytes = std::fs::read(&db).unwrap();
+    let start = (root - 1) * page_size;
+    for b in &mut bytes[start + 8..start + page_size] {
+        *b = 0xA5;
+    }
+    std::fs::write(&db, bytes).unwrap();
+    let out = p.run(&["run", "w.toml", "--no-wait"]);
+    assert_eq!(out.code, 3, "{}", out.stderr);
+    assert!(out.stderr.contains("is damaged"), "{}", out.stderr);
+    assert!(out.stderr.contains(".recover"), "{}", out.stderr);
+}

@@ -905,6 +905,7 @@ fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
 
 /// Writes an artifact; a failure is logged, not fatal (the executor keeps the raw reply).
 async fn write_artifact(path: &Path, contents: String) {
+    let contents = crate::secrets::redact(&contents).into_owned();
     if let Err(e) = tokio::fs::write(path, contents).await {
         tracing::warn!(path = %path.display(), error = %e, "cannot write an artifact");
     }

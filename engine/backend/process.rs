@@ -276,6 +276,10 @@ pub async fn run(spec: &ProcSpec) -> Result<ProcOutput, SpawnError> {
     };
     stdout_sink.finish();
     stderr_sink.finish();
+    // What the program wrote reached its files before anyone could look: mask secrets now.
+    for path in [&spec.stdout_path, &spec.stderr_path].into_iter().flatten() {
+        crate::secrets::redact_file(path);
+    }
     Ok(ProcOutput {
         code,
         signal,

@@ -185,6 +185,7 @@ impl Recorder {
         let Ok(line) = serde_json::to_string(ex) else {
             return;
         };
+        let line = crate::secrets::redact(&line);
         if let Ok(mut f) = self.file.lock() {
             if let Err(e) = writeln!(f, "{line}").and_then(|()| f.flush()) {
                 tracing::warn!("cannot write to the recording: {e}");

@@ -68,8 +68,9 @@ enum Command {
 pub fn main() -> i32 {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_env("RUST_LOG"))
-        .with_writer(std::io::stderr)
-        .with_ansi(color())
+        // Every line is masked and escaped like everything else printed (so no colour).
+        .with_writer(|| ralph_flow::secrets::RedactingWriter(std::io::stderr()))
+        .with_ansi(false)
         .init();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,

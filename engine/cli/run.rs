@@ -1,6 +1,7 @@
 //! `ralph-flow run`, `resume`, `approve` and `reject`.
 
 use ralph_flow::run::progress::printable;
+use ralph_flow::secrets::redact;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -161,7 +162,7 @@ fn go(
 }
 
 fn fail(msg: &str) -> i32 {
-    eprintln!("error: {}", printable(msg));
+    eprintln!("error: {}", printable(&redact(msg)));
     EXIT_CONFIG
 }
 
@@ -191,6 +192,8 @@ fn finish(args: &ExecArgs, result: Result<ralph_flow::run::RunResult, String>) -
             "usage": r.usage,
             "outputs": r.outputs,
         });
+        let mut doc = doc;
+        ralph_flow::secrets::redact_json(&mut doc);
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
     }
     match &r.end {
@@ -205,7 +208,7 @@ fn finish(args: &ExecArgs, result: Result<ralph_flow::run::RunResult, String>) -
                 usage_text(&r.usage),
                 message
                     .as_ref()
-                    .map(|m| format!("\n  {}", printable(m).replace('\n', "\n  ")))
+                    .map(|m| format!("\n  {}", printable(&redact(m)).replace('\n', "\n  ")))
                     .unwrap_or_default()
             );
         }

@@ -102,7 +102,12 @@ fn open(state_dir: &Path) -> Result<Option<SqliteStore>, Failure> {
     if !path.exists() {
         return Ok(None);
     }
-    Ok(Some(SqliteStore::open(&path)?))
+    // Reading changes nothing; a store of an older version is brought up to date first
+    // (which needs to write).
+    match SqliteStore::open_read_only(&path) {
+        Ok(store) => Ok(Some(store)),
+        Err(read_only) => Ok(Some(SqliteStore::open(&path).map_err(|_| read_only)?)),
+    }
 }
 
 /// Opens the store and finds the run `id`, or the newest run when `id` is `None`; fails with

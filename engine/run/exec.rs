@@ -56,7 +56,8 @@ pub(crate) struct Shared {
 
 impl Shared {
     /// Queues a write for the next group commit.
-    pub fn write(&self, w: Write) {
+    pub fn write(&self, mut w: Write) {
+        w.redact();
         self.pending.borrow_mut().push(w);
     }
 
@@ -71,6 +72,17 @@ impl Shared {
             self.store_error.borrow_mut().get_or_insert(e.0);
             let _ = self.interrupt.send(true);
         }
+    }
+
+    /// A failure to write the state directory (artifacts): handled like a failed commit, so
+    /// that the run stops, nothing new starts, and `resume` continues once it is fixed.
+    pub fn io_failed(&self, message: String) -> Outcome {
+        tracing::error!("state directory: {message}");
+        self.store_error
+            .borrow_mut()
+            .get_or_insert(format!("the state directory cannot be written: {message}"));
+        let _ = self.interrupt.send(true);
+        Outcome::Stopped
     }
 
     /// Queues an event.
@@ -315,6 +327,20 @@ fn preflight(prepared: &Prepared, opts: &RunOptions) -> Result<Vec<String>, Stri
     }
 }
 
+/// Registers the values of the API key variables the workflow's agents use as secrets, so
+/// that nothing written or printed from now on holds them (see [`crate::secrets`]).
+fn register_secrets(prepared: &Prepared) {
+    use crate::model::AgentKind;
+    for a in &prepared.plan.workflow.agents {
+        match (&a.api_key_env, a.kind.value) {
+            (Some(var), _) => crate::secrets::register_env(&var.value),
+            (None, AgentKind::OpenAi) => crate::secrets::register_env("OPENAI_API_KEY"),
+            (None, AgentKind::Anthropic) => crate::secrets::register_env("ANTHROPIC_API_KEY"),
+            _ => {}
+        }
+    }
+}
+
 /// Keeps the state directory (the store, artifacts, worktrees) out of the user's git tree
 /// without the user doing anything, as pytest does with its cache: a `.gitignore` holding
 /// `*` inside it, which ignores itself too.
@@ -342,6 +368,7 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         }
     };
     let preflight_notes;
+    register_secrets(prepared);
     std::fs::create_dir_all(&opts.state_dir)
         .map_err(|e| format!("cannot create {}: {e}", opts.state_dir.display()))?;
     ignore_in_git(&opts.state_dir)?;

@@ -112,7 +112,8 @@ impl Progress {
     }
 
     fn line(&self, text: &str) {
-        let text = printable(text);
+        let text = crate::secrets::redact(text);
+        let text = printable(&text);
         let text = text.as_ref();
         match (&self.multi, self.mode) {
             (Some(m), _) => {

@@ -16,6 +16,29 @@ use crate::compile::{Target, render_params, resolve_count, resolve_duration};
 use crate::model::{StageBody, StageKind};
 use crate::store::{AttemptRecord, GateRequest, NodeState, Write, rfc3339};
 
+/// A reply with the registered secrets masked, before anything reads it.
+fn redact_reply(mut r: AgentReply) -> AgentReply {
+    use crate::secrets::redact_in_place;
+    redact_in_place(&mut r.text);
+    redact_in_place(&mut r.raw);
+    r.denied.iter_mut().for_each(redact_in_place);
+    r.warnings.iter_mut().for_each(redact_in_place);
+    r
+}
+
+/// An error with the registered secrets masked.
+fn redact_error(mut e: CallError) -> CallError {
+    use crate::secrets::redact_in_place;
+    match &mut e {
+        CallError::RateLimited { message, .. }
+        | CallError::Transient { message, .. }
+        | CallError::Missing { message }
+        | CallError::Failed { message } => redact_in_place(message),
+        CallError::Timeout { tail, .. } => redact_in_place(tail),
+    }
+    e
+}
+
 /// Which attempt a record is about: stage, scope, number, artifact directory, start.
 struct AttemptAt<'a> {
     node: NodeId,
@@ -57,7 +80,7 @@ fn tail(s: &str, max: usize) -> String {
 }
 
 fn write_file(dir: &std::path::Path, name: &str, text: &str) {
-    if let Err(e) = std::fs::write(dir.join(name), text) {
+    if let Err(e) = std::fs::write(dir.join(name), crate::secrets::redact(text).as_bytes()) {
         tracing::warn!("cannot write {}: {e}", dir.join(name).display());
     }
 }
@@ -298,7 +321,9 @@ impl Exec<'_> {
         for attempt in 1..=max_attempts {
             let (at, ctx) = match self.begin_attempt(frame, n, &scope, attempt, started) {
                 Ok(x) => x,
-                Err(e) => return self.fail_now(started, e),
+                // The state directory cannot be written: like a store failure, the run
+                // stops and stays resumable.
+                Err(e) => return self.shared.io_failed(e),
             };
             let dir = &at.dir;
             let mut prompt = match self.render(&format!("{}/prompt", node.name), &ctx) {
@@ -590,7 +615,11 @@ impl Exec<'_> {
             };
             call.schema = schema;
             tracing::debug!(stage = %call.stage, scope = %call.scope, attempt = call.attempt, agent = %name, "calling agent");
-            let result = backend.call(&this).await;
+            let result = backend
+                .call(&this)
+                .await
+                .map(redact_reply)
+                .map_err(redact_error);
             if let Err(e) = &result {
                 tracing::debug!(stage = %call.stage, agent = %name, error = %e, "agent call failed");
             }
@@ -825,7 +854,9 @@ impl Exec<'_> {
         for attempt in 1..=max_attempts {
             let (at, ctx) = match self.begin_attempt(frame, n, &scope, attempt, started) {
                 Ok(x) => x,
-                Err(e) => return self.fail_now(started, e),
+                // The state directory cannot be written: like a store failure, the run
+                // stops and stays resumable.
+                Err(e) => return self.shared.io_failed(e),
             };
             let dir = &at.dir;
             let mut base = json!({"exit_code": 0, "stdout": "", "stderr": ""});

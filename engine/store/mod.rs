@@ -226,6 +226,31 @@ pub enum Write {
     Approval(Approval),
 }
 
+impl Write {
+    /// Masks the registered secrets in every text the record holds (see
+    /// [`crate::secrets`]).
+    pub fn redact(&mut self) {
+        use crate::secrets::{redact_in_place as r, redact_json};
+        if !crate::secrets::any() {
+            return;
+        }
+        match self {
+            Write::Node(n) => {
+                redact_json(&mut n.output);
+                n.feedback.iter_mut().for_each(r);
+                n.action.iter_mut().for_each(r);
+            }
+            Write::Attempt(a) => a.error.iter_mut().for_each(r),
+            Write::Event(e) => r(&mut e.message),
+            Write::Gate(g) => {
+                r(&mut g.message);
+                g.show.iter_mut().for_each(r);
+            }
+            Write::Approval(a) => a.comment.iter_mut().for_each(r),
+        }
+    }
+}
+
 /// Who holds a run.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LockOwner {

@@ -49,6 +49,86 @@ fn busy_wait() -> Duration {
         .unwrap_or(BUSY_WAIT)
 }
 
+/// The error of a store whose write-ahead log was deleted after a crash.
+fn lost_log(path: &Path) -> StoreError {
+    let wal = wal_path(path);
+    StoreError(format!(
+        "{} lost its write-ahead log: a process that had it open was killed, and {} was \
+         deleted since, so the commits it held are gone. Keep the file as it is and restore {} \
+         from a backup if you have one; to start over, move the state directory aside",
+        path.display(),
+        wal.display(),
+        wal.display()
+    ))
+}
+
+/// A file's device and inode.
+fn identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// The write-ahead log of a store file.
+fn wal_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push("-wal");
+    PathBuf::from(name)
+}
+
+/// The marker a process keeps while it has a store open for writing (`.open-PID-N`: a
+/// process may hold several connections).
+fn marker_path(path: &Path, pid: u32) -> PathBuf {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let mut name = path.as_os_str().to_owned();
+    name.push(format!(
+        ".open-{pid}-{}",
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    PathBuf::from(name)
+}
+
+/// The markers of processes that had the store open and are gone without closing it, with
+/// the last event each committed (run, number).
+fn unclean_markers(path: &Path) -> Vec<(PathBuf, Option<(String, i64)>)> {
+    let Some(dir) = path.parent() else {
+        return Vec::new();
+    };
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let prefix = format!(
+        "{}.open-",
+        path.file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default()
+    );
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(std::io::Result::ok)
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let pid: i32 = name
+                .strip_prefix(&prefix)?
+                .split('-')
+                .next()?
+                .parse()
+                .ok()?;
+            // A process that is still there has it open; one that is gone was killed.
+            let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok();
+            let last = fs::read_to_string(e.path()).ok().and_then(|t| {
+                let (run, seq) = t.trim().rsplit_once(' ')?;
+                Some((run.to_owned(), seq.parse().ok()?))
+            });
+            (!alive).then(|| (e.path(), last))
+        })
+        .collect()
+}
+
 /// Tells whether SQLite said the file is locked by another connection.
 fn is_busy(e: &rusqlite::Error) -> bool {
     matches!(
@@ -69,6 +149,14 @@ pub enum Durability {
     Full,
 }
 
+impl Drop for SqliteStore {
+    fn drop(&mut self) {
+        if let Some((m, _)) = &self.marker {
+            let _ = fs::remove_file(m);
+        }
+    }
+}
+
 /// What is told when a commit waits for another process.
 type BusyReport = Box<dyn Fn(&str) + Send>;
 
@@ -79,6 +167,12 @@ pub struct SqliteStore {
     blobs: PathBuf,
     /// Told when a commit waits for another process.
     on_busy: Option<BusyReport>,
+    /// The file's identity (device, inode) when it was opened: a commit refuses a store
+    /// that was deleted or replaced since.
+    identity: Option<(u64, u64)>,
+    /// This process's open-marker (`state.db.open-PID-N`, holding the highest event row it
+    /// committed), removed when the store is closed cleanly; `None` for a read-only store.
+    marker: Option<(PathBuf, fs::File)>,
 }
 
 /// Returns the store file in a state directory (`STATE_DIR/state.db`).
@@ -252,7 +346,15 @@ impl SqliteStore {
         let mut reported: Option<Duration> = None;
         loop {
             match write_all(&mut self.conn, writes, outputs, shows) {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    if let Some(run) = writes.iter().rev().find_map(|w| match w {
+                        Write::Event(e) => Some(e.run.as_str()),
+                        _ => None,
+                    }) {
+                        self.note_commit(run);
+                    }
+                    return Ok(());
+                }
                 Err(e) if is_busy(&e) && started.elapsed() < limit => {
                     let waited = started.elapsed();
                     // Said at once, then every five seconds or so.
@@ -294,13 +396,18 @@ impl SqliteStore {
 
     /// Opens (creating if needed, with its directory) the store at `path`, bringing its
     /// schema up to [`SCHEMA_VERSION`].
+    ///
+    /// A store that an earlier process did not close cleanly (it was killed) is checked
+    /// first: a write-ahead log deleted since is reported ("the store lost its log") instead
+    /// of showing runs as if they had never been, and `PRAGMA quick_check` must pass.
     pub fn open_with(path: &Path, durability: Durability) -> Result<Self> {
         let dir = path
             .parent()
             .filter(|d| !d.as_os_str().is_empty())
-            .unwrap_or_else(|| Path::new("."));
+            .unwrap_or(Path::new("."));
         fs::create_dir_all(dir)
             .map_err(|e| StoreError(format!("cannot create {}: {e}", dir.display())))?;
+        let unclean = unclean_markers(path);
         let conn = Connection::open(path)
             .map_err(|e| StoreError(format!("cannot open {}: {e}", path.display())))?;
         let mut store = SqliteStore {
@@ -308,15 +415,165 @@ impl SqliteStore {
             conn,
             path: path.to_path_buf(),
             blobs: dir.join("blobs"),
+            identity: None,
+            marker: None,
         };
         store.configure(durability)?;
+        if !unclean.is_empty() {
+            store.after_crash(&unclean)?;
+        }
         store.migrate()?;
+        for (m, _) in unclean {
+            let _ = fs::remove_file(m);
+        }
+        let marker = marker_path(path, std::process::id());
+        if let Ok(file) = fs::File::create(&marker) {
+            store.marker = Some((marker, file));
+        }
+        store.identity = identity(path);
         Ok(store)
     }
 
-    /// Returns the path of the store file.
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// Opens an existing store for reading only: `status`, `runs` and `logs` work on a
+    /// read-only state directory, and create or change nothing.
+    pub fn open_read_only(path: &Path) -> Result<Self> {
+        use rusqlite::OpenFlags;
+        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let immutable = || {
+            let uri = format!("file:{}?immutable=1", path.display());
+            Connection::open_with_flags(uri, flags | OpenFlags::SQLITE_OPEN_URI)
+        };
+        // Without a log no process has the store open for writing, and everything is in the
+        // file itself: reading it as immutable creates no log or shared-memory file.
+        let conn = if path.exists() && !wal_path(path).exists() {
+            immutable()
+        } else {
+            Connection::open_with_flags(path, flags)
+        }
+        .map_err(|e| StoreError(format!("cannot open {}: {e}", path.display())))?;
+        let store = SqliteStore {
+            on_busy: None,
+            conn,
+            path: path.to_path_buf(),
+            blobs: path.parent().unwrap_or(Path::new(".")).join("blobs"),
+            identity: identity(path),
+            marker: None,
+        };
+        store
+            .conn
+            .busy_timeout(BUSY_TIMEOUT)
+            .map_err(|e| store.error("cannot configure", e))?;
+        let unclean = unclean_markers(path);
+        if !unclean.is_empty() {
+            store.check_log(&unclean)?;
+        }
+        let version: i64 = store
+            .conn
+            .pragma_query_value(None, "user_version", |row| row.get(0))
+            .map_err(|e| store.error("cannot read", e))?;
+        if version != SCHEMA_VERSION {
+            return Err(StoreError(format!(
+                "{} has schema version {version} and this ralph-flow reads {SCHEMA_VERSION}; \
+                 open it once with `ralph-flow run` or `resume` (which can write) to bring it \
+                 up to date",
+                path.display()
+            )));
+        }
+        Ok(store)
+    }
+
+    /// The checks on a store that a killed process had open: its commits must all be
+    /// there (a write-ahead log deleted after the crash loses them), and
+    /// `PRAGMA quick_check` must pass.
+    fn after_crash(&self, markers: &[(PathBuf, Option<(String, i64)>)]) -> Result<()> {
+        self.check_log(markers)?;
+        self.quick_check()
+    }
+
+    /// Each open-marker holds the last event its process committed; a store that lacks one
+    /// of them lost its write-ahead log.
+    fn check_log(&self, markers: &[(PathBuf, Option<(String, i64)>)]) -> Result<()> {
+        let committed: Vec<&(String, i64)> =
+            markers.iter().filter_map(|(_, c)| c.as_ref()).collect();
+        if committed.is_empty() {
+            return Ok(());
+        }
+        let version: i64 = self
+            .conn
+            .pragma_query_value(None, "user_version", |row| row.get(0))
+            .unwrap_or(-1);
+        if version == 0 {
+            // Commits were made, yet the file has not even its schema: all of it was in the
+            // log.
+            return Err(lost_log(&self.path));
+        }
+        for (run, seq) in committed {
+            let present = self
+                .conn
+                .query_row(
+                    "SELECT EXISTS (SELECT 1 FROM events WHERE run = ?1 AND seq >= ?2)",
+                    params![run, seq],
+                    |row| row.get::<_, bool>(0),
+                )
+                // A store too damaged to answer is reported by the quick check.
+                .unwrap_or(true);
+            if !present {
+                return Err(lost_log(&self.path));
+            }
+        }
+        Ok(())
+    }
+
+    /// Records, in this process's open-marker, the last event it committed: the run and the
+    /// event's number in it.
+    fn note_commit(&mut self, run: &str) {
+        use std::os::unix::fs::FileExt;
+        let Some((_, file)) = &self.marker else {
+            return;
+        };
+        let Ok(seq) = self
+            .conn
+            .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM events WHERE run = ?1")
+            .and_then(|mut stmt| stmt.query_row([run], |row| row.get::<_, i64>(0)))
+        else {
+            return;
+        };
+        // Fixed width, so that a shorter record overwrites a longer one whole.
+        let _ = file.write_at(format!("{:<120}\n", format!("{run} {seq}")).as_bytes(), 0);
+    }
+
+    /// Fails when the store's file was deleted or replaced since it was opened (a
+    /// `rm -rf .ralph-flow` in the middle of a run): nothing would be saved.
+    fn check_file(&self) -> Result<()> {
+        match (self.identity, identity(&self.path)) {
+            (Some(was), Some(is)) if was == is => Ok(()),
+            (None, _) => Ok(()),
+            (Some(_), now) => Err(StoreError(format!(
+                "{} was {} while the run was going on, so nothing more can be saved; the run's \
+                 state is lost",
+                self.path.display(),
+                if now.is_none() { "deleted" } else { "replaced" }
+            ))),
+        }
+    }
+
+    /// `PRAGMA quick_check`: fails on a damaged store, before anything is written to it.
+    fn quick_check(&self) -> Result<()> {
+        let problems: Vec<String> = self
+            .conn
+            .prepare("PRAGMA quick_check")
+            .and_then(|mut stmt| stmt.query_map([], |row| row.get(0))?.collect())
+            .map_err(|e| self.error("cannot check", e))?;
+        if problems.len() == 1 && problems[0] == "ok" {
+            return Ok(());
+        }
+        Err(StoreError(format!(
+            "{} is damaged ({}); nothing was written to it. Move it aside and recover what \
+             can be recovered with `sqlite3 {} .recover`",
+            self.path.display(),
+            problems.join("; "),
+            self.path.display()
+        )))
     }
 
     fn configure(&self, durability: Durability) -> Result<()> {
@@ -582,6 +839,7 @@ impl Store for SqliteStore {
     }
 
     fn commit(&mut self, writes: &[Write]) -> Result<()> {
+        self.check_file()?;
         // Serialize and spill first, so the write lock is held only for the inserts.
         let mut outputs = Vec::with_capacity(writes.len());
         let mut spilled = false;
