@@ -114,3 +114,97 @@ fake_hang() {
     sleep 1000
     exit 0
 }
+
+# ---- replaying the real CLIs' captured output (captures/, see tests/realcli) ---------------
+#
+# A capture is what the real CLI printed against tests/realcli/mock_api.py: the mock's
+# reply text, usage numbers and the normalized session id are replaced with this call's.
+
+FAKE_CAPTURES=${FAKE_CAPTURES:-$(dirname "$0")/captures}
+
+# Replaces the mock's values in stdin with this call's (literally: any text is safe).
+# Set before: fake_name, FAKE_TEXT, FAKE_IN, FAKE_OUT, FAKE_CACHED, FAKE_SESSION_ID and
+# optionally fake_model (the --model argument), fake_structured (a JSON value).
+fake_subst() {
+    structured_esc=
+    if [ -n "${fake_structured:-}" ]; then
+        structured_esc=$(printf '%s' "$fake_structured" | fake_json_escape)
+    fi
+    FS_CLI=$fake_name FS_TEXT=$FAKE_TEXT FS_IN=$FAKE_IN FS_OUT=$FAKE_OUT FS_CACHED=$FAKE_CACHED \
+        FS_SESSION=$FAKE_SESSION_ID FS_MODEL=${fake_model:-} FS_CAPTURED_MODEL=${fake_captured_model:-} \
+        FS_COST=${FAKE_COST:-0.0123} FS_STRUCT=${fake_structured:-} FS_STRUCT_ESC=$structured_esc \
+        FS_CLOCK=${fake_clock:-} \
+        awk 'BEGIN { RS = "\001" }
+function rep(s, from, to,    out, i) {
+    if (from == "") return s
+    out = ""
+    while ((i = index(s, from)) > 0) {
+        out = out substr(s, 1, i - 1) to
+        s = substr(s, i + length(from))
+    }
+    return out s
+}
+{
+    s = $0
+    s = rep(s, "MOCK-REPLY-4F7: the mock model says hello.", ENVIRON["FS_TEXT"])
+    s = rep(s, "00000000-0000-4000-8000-000000000000", ENVIRON["FS_SESSION"])
+    if (ENVIRON["FS_STRUCT"] != "") {
+        s = rep(s, "{\\\"verdict\\\":\\\"MOCK-REPLY-4F7\\\",\\\"count\\\":3}", ENVIRON["FS_STRUCT_ESC"])
+        s = rep(s, "{\"verdict\":\"MOCK-REPLY-4F7\",\"count\":3}", ENVIRON["FS_STRUCT"])
+    }
+    if (ENVIRON["FS_MODEL"] != "" && ENVIRON["FS_CAPTURED_MODEL"] != "")
+        s = rep(s, "\"" ENVIRON["FS_CAPTURED_MODEL"] "\"", "\"" ENVIRON["FS_MODEL"] "\"")
+    if (ENVIRON["FS_CLOCK"] != "") s = rep(s, "12:47 PM", ENVIRON["FS_CLOCK"])
+    in_ = ENVIRON["FS_IN"]; out_ = ENVIRON["FS_OUT"]; c = ENVIRON["FS_CACHED"]
+    if (ENVIRON["FS_CLI"] == "gemini") {
+        gsub(/"prompt": 4321/, "\"prompt\": " in_, s)
+        gsub(/"input": 4223/, "\"input\": " (in_ - c), s)
+        gsub(/"candidates": 765/, "\"candidates\": " out_, s)
+        gsub(/"cached": 98/, "\"cached\": " c, s)
+        gsub(/"total": 5086/, "\"total\": " (in_ + out_), s)
+    } else {
+        gsub(/"input_tokens":(4321|8642)/, "\"input_tokens\":" in_, s)
+        gsub(/"output_tokens":(765|1530)/, "\"output_tokens\":" out_, s)
+        gsub(/"cache_read_input_tokens":(98|196)/, "\"cache_read_input_tokens\":" c, s)
+        gsub(/"cached_input_tokens":(98|196)/, "\"cached_input_tokens\":" c, s)
+        gsub(/"inputTokens":(4321|8642)/, "\"inputTokens\":" in_, s)
+        gsub(/"outputTokens":(765|1530)/, "\"outputTokens\":" out_, s)
+        gsub(/"cacheReadInputTokens":(98|196)/, "\"cacheReadInputTokens\":" c, s)
+        gsub(/"total_cost_usd":[0-9.]+/, "\"total_cost_usd\":" ENVIRON["FS_COST"], s)
+        gsub(/"costUSD":[0-9.]+/, "\"costUSD\":" ENVIRON["FS_COST"], s)
+    }
+    printf "%s", s
+}'
+}
+
+# Prints a capture's stdout and stderr with this call's values: `fake_print CASE`.
+fake_print() {
+    f=$FAKE_CAPTURES/$fake_name/$1
+    if [ ! -f "$f.stdout" ]; then
+        echo "fake $fake_name: no capture $f.stdout" >&2
+        exit 2
+    fi
+    fake_subst <"$f.stdout"
+    fake_subst <"$f.stderr" >&2
+}
+
+# Prints a capture and exits with its exit code: `fake_replay CASE`.
+fake_replay() {
+    fake_print "$1"
+    exit "$(cat "$FAKE_CAPTURES/$fake_name/$1.exit")"
+}
+
+# The value after an option in the arguments: `fake_opt --model "$@"`.
+fake_opt() {
+    want=$1
+    shift
+    prev=
+    for a in "$@"; do
+        if [ "$prev" = "$want" ]; then
+            printf '%s' "$a"
+            return 0
+        fi
+        prev=$a
+    done
+    return 1
+}

@@ -1,0 +1,150 @@
+//! Whole runs through the real claude, codex and gemini CLIs, each pointed at the local mock
+//! of its API (tests/realcli/mock_api.py, 127.0.0.1 only): one agent stage with an output
+//! schema per CLI. Needs the CLIs installed by tests/realcli/install.sh (in target/realcli,
+//! or the directory named by RALPH_FLOW_REAL_CLI_DIR) and python3; skipped otherwise.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use common::Project;
+
+/// The reply of the mock's `structured` scenario.
+const VERDICT: &str = "MOCK-REPLY-4F7";
+
+fn real_cli_dir() -> Option<PathBuf> {
+    let dir = std::env::var_os("RALPH_FLOW_REAL_CLI_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/realcli"));
+    let bin = dir.join("node_modules/.bin");
+    ["claude", "codex", "gemini"]
+        .iter()
+        .all(|c| bin.join(c).exists())
+        .then_some(bin)
+}
+
+/// Says why the test did nothing, on stderr past the test harness's capture (which hides
+/// `eprintln!` of passing tests).
+fn skipped(why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIPPED: {why}");
+}
+
+/// The mock API server, killed when dropped.
+struct Mock {
+    child: Child,
+    port: u16,
+}
+
+impl Mock {
+    fn start() -> Option<Mock> {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/realcli/mock_api.py");
+        let mut child = Command::new("python3")
+            .arg(script)
+            .arg("0")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()?;
+        let mut line = String::new();
+        BufReader::new(child.stdout.take()?)
+            .read_line(&mut line)
+            .ok()?;
+        let port = line.trim().parse().ok()?;
+        Some(Mock { child, port })
+    }
+}
+
+impl Drop for Mock {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const WORKFLOW: &str = r#"
+name = "real"
+
+[agents.main]
+kind = "KIND"
+
+[stages.ask]
+kind = "agent"
+agent = "main"
+prompt = "Give a verdict and a count."
+timeout = "120s"
+output = { extract = "json", schema = { type = "object", required = ["verdict", "count"], additionalProperties = false, properties = { verdict = { type = "string" }, count = { type = "integer" } } } }
+"#;
+
+#[test]
+fn claude_codex_and_gemini_run_a_stage_against_the_mock_api() {
+    let Some(bin) = real_cli_dir() else {
+        skipped("real CLIs not installed (run tests/realcli/install.sh)");
+        return;
+    };
+    let Some(mock) = Mock::start() else {
+        skipped("python3 cannot run tests/realcli/mock_api.py");
+        return;
+    };
+    let base = format!("http://127.0.0.1:{}/s/structured", mock.port);
+    for kind in ["claude", "codex", "gemini"] {
+        let p = Project::new();
+        p.workflow("w.toml", &WORKFLOW.replace("KIND", kind));
+        let home = p.dir().join("home");
+        std::fs::create_dir_all(home.join(".codex")).unwrap();
+        std::fs::create_dir_all(home.join(".gemini")).unwrap();
+        std::fs::write(
+            home.join(".codex/config.toml"),
+            format!(
+                "model_provider = \"mock\"\n\n[model_providers.mock]\nname = \"mock\"\n\
+                 base_url = \"{base}/v1\"\nenv_key = \"MOCK_API_KEY\"\nwire_api = \"responses\"\n\
+                 request_max_retries = 0\nstream_max_retries = 0\n"
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            home.join(".gemini/settings.json"),
+            r#"{"security":{"auth":{"selectedType":"gemini-api-key"}},"general":{"maxAttempts":1}}"#,
+        )
+        .unwrap();
+        let program = bin.join(kind).display().to_string();
+        let var = format!("RALPH_FLOW_{}", kind.to_uppercase());
+        let home_s = home.display().to_string();
+        let codex_home = home.join(".codex").display().to_string();
+        let out = p.run_env(
+            &["run", "w.toml", "--json"],
+            &[
+                (var.as_str(), program.as_str()),
+                ("HOME", home_s.as_str()),
+                ("ANTHROPIC_BASE_URL", base.as_str()),
+                ("ANTHROPIC_API_KEY", "sk-ant-mock-key"),
+                ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"),
+                ("CODEX_HOME", codex_home.as_str()),
+                ("MOCK_API_KEY", "mock-key"),
+                ("GEMINI_API_KEY", "mock-key"),
+                ("GOOGLE_GEMINI_BASE_URL", base.as_str()),
+            ],
+        );
+        assert_eq!(out.code, 0, "{kind}: {}\n{}", out.stderr, out.stdout);
+        assert_eq!(
+            out.json["outputs"]["ask"]["verdict"], VERDICT,
+            "{kind}: {}",
+            out.stdout
+        );
+        assert_eq!(
+            out.json["outputs"]["ask"]["count"], 3,
+            "{kind}: {}",
+            out.stdout
+        );
+        // gemini's model router makes a side request (2 output tokens from the mock).
+        let output_tokens = if kind == "gemini" { 765 + 2 } else { 765 };
+        let store = p.store_text();
+        assert!(
+            store.contains(&format!("\"output_tokens\":{output_tokens}")),
+            "{kind}: usage recorded: {store}"
+        );
+    }
+}

@@ -1,0 +1,200 @@
+#!/bin/sh
+# Runs the real claude, codex and gemini CLIs against tests/realcli/mock_api.py, the way
+# ralph-flow calls them, and stores what they print as the fixtures the fakes replay:
+#   tests/fakes/captures/<cli>/<case>.stdout .stderr .exit .argv (.files: the cwd after)
+#   tests/fakes/captures/VERSIONS
+#
+# Usage: tests/realcli/capture.sh [REALCLI_DIR [CASE...]]
+#   REALCLI_DIR  where tests/realcli/install.sh installed the CLIs (default target/realcli)
+#   CASE         only these cases, as <cli>/<case> (default: all)
+#
+# Each case runs in a fresh HOME and cwd (under $CAPTURE_WORK, default
+# ~/.cache/ralph-flow-realcli-capture), with no environment
+# but PATH, HOME and the CLI's own settings, against the mock on 127.0.0.1 only. Noise is
+# normalized: the work directory becomes /WORK, the install directory /CLI, the mock's port
+# MOCKPORT, and the session id (claude session_id, codex thread_id, gemini session_id)
+# 00000000-0000-4000-8000-000000000000.
+set -eu
+
+root=$(cd "$(dirname "$0")/../.." && pwd)
+dir=${1:-$root/target/realcli}
+[ $# -gt 0 ] && shift
+dir=$(cd "$dir" && pwd)
+bin=$dir/node_modules/.bin
+out=$root/tests/fakes/captures
+# Outside any git repository (codex and gemini look for one above the cwd), and outside
+# the temporary directory (codex warns when its home is there).
+work=${CAPTURE_WORK:-${XDG_CACHE_HOME:-$HOME/.cache}/ralph-flow-realcli-capture}
+only="$*"
+
+for c in claude codex gemini; do
+    if [ ! -x "$bin/$c" ]; then
+        echo "capture: $bin/$c not found: run tests/realcli/install.sh first" >&2
+        exit 1
+    fi
+done
+
+rm -rf "$work"
+mkdir -p "$work" "$out/claude" "$out/codex" "$out/gemini"
+if git -C "$work" rev-parse --git-dir >/dev/null 2>&1; then
+    echo "capture: $work is inside a git repository: set CAPTURE_WORK elsewhere" >&2
+    exit 1
+fi
+MOCK_LOG=$work/mock.log python3 "$root/tests/realcli/mock_api.py" 0 >"$work/port" &
+mock=$!
+trap 'kill $mock 2>/dev/null || true' EXIT INT TERM
+i=0
+while [ ! -s "$work/port" ] && [ $i -lt 100 ]; do
+    sleep 0.1
+    i=$((i + 1))
+done
+port=$(cat "$work/port")
+base=http://127.0.0.1:$port
+
+SYSPATH=$(dirname "$(command -v node)"):/usr/local/bin:/usr/bin:/bin
+SCHEMA='{"type":"object","properties":{"verdict":{"type":"string"},"count":{"type":"integer"}},"required":["verdict","count"],"additionalProperties":false}'
+
+{
+    echo "claude $("$bin/claude" --version 2>/dev/null | head -1)"
+    echo "codex $(HOME=$work CODEX_HOME=$work "$bin/codex" --version 2>/dev/null | tail -1)"
+    echo "gemini $(HOME=$work "$bin/gemini" --version 2>/dev/null | tail -1)"
+    echo "node $(node --version)"
+} >"$out/VERSIONS"
+
+# Replaces the noise in a captured file, in place.
+normalize() {
+    python3 - "$1" "$work" "$dir" "$port" <<'PY'
+import re, sys
+path, work, cli, port = sys.argv[1:]
+text = open(path, encoding="utf-8", errors="surrogateescape").read()
+for key in ("session_id", "thread_id"):
+    for m in re.finditer(r'"%s"\s*:\s*"([0-9a-f-]{36})"' % key, text):
+        text = text.replace(m.group(1), "00000000-0000-4000-8000-000000000000")
+text = text.replace(work, "/WORK").replace(cli, "/CLI").replace("127.0.0.1:" + port, "127.0.0.1:MOCKPORT")
+open(path, "w", encoding="utf-8", errors="surrogateescape").write(text)
+PY
+}
+
+# case CLI NAME SCENARIO CWD(plain|git) [VAR=VALUE...] -- ARGS...
+# ARGS are the arguments after the program, as ralph-flow passes them.
+run_case() {
+    cli=$1 name=$2 scenario=$3 kind=$4
+    shift 4
+    if [ -n "$only" ]; then
+        case " $only " in
+        *" $cli/$name "*) ;;
+        *) return 0 ;;
+        esac
+    fi
+    envs=
+    while [ "$1" != -- ]; do
+        envs="$envs $1"
+        shift
+    done
+    shift
+    d=$work/$cli-$name
+    mkdir -p "$d/home" "$d/cwd"
+    if [ "$kind" = git ]; then
+        git -C "$d/cwd" init -q
+        git -C "$d/cwd" -c user.email=t@t -c user.name=t commit -q --allow-empty -m init
+    fi
+    case $cli in
+    claude)
+        set -- env -i PATH="$SYSPATH" HOME="$d/home" ANTHROPIC_BASE_URL="$base/s/$scenario" \
+            ANTHROPIC_API_KEY=sk-ant-mock-key CLAUDE_CODE_MAX_RETRIES=0 \
+            CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 $envs "$bin/claude" "$@"
+        ;;
+    codex)
+        mkdir -p "$d/home/.codex"
+        cat >"$d/home/.codex/config.toml" <<EOF
+model_provider = "mock"
+
+[model_providers.mock]
+name = "mock"
+base_url = "$base/s/$scenario/v1"
+env_key = "MOCK_API_KEY"
+wire_api = "responses"
+request_max_retries = 0
+stream_max_retries = 0
+EOF
+        set -- env -i PATH="$SYSPATH" HOME="$d/home" CODEX_HOME="$d/home/.codex" \
+            MOCK_API_KEY=mock-key $envs "$bin/codex" "$@"
+        ;;
+    gemini)
+        mkdir -p "$d/home/.gemini"
+        printf '%s\n' '{"security":{"auth":{"selectedType":"gemini-api-key"}},"general":{"maxAttempts":1}}' \
+            >"$d/home/.gemini/settings.json"
+        set -- env -i PATH="$SYSPATH" HOME="$d/home" GEMINI_API_KEY=mock-key \
+            GOOGLE_GEMINI_BASE_URL="$base/s/$scenario" $envs "$bin/gemini" "$@"
+        ;;
+    esac
+    prompt="Reply with a short greeting."
+    if [ "$scenario" = write ]; then
+        prompt="Create the file mock-written.txt in the current directory."
+    fi
+    f=$out/$cli/$name
+    start=$(date +%s)
+    set +e
+    (cd "$d/cwd" && printf '%s\n' "$prompt" | MOCK_WRITE_DIR="$d/cwd" timeout 300 "$@" >"$f.stdout" 2>"$f.stderr")
+    code=$?
+    set -e
+    echo "$code" >"$f.exit"
+    # The arguments after `env -i VAR=...`: the program (by its name), then its argv.
+    seen=
+    for a in "$@"; do
+        if [ -z "$seen" ]; then
+            case $a in "$bin/$cli")
+                seen=1
+                echo "$cli"
+                ;;
+            esac
+        else
+            printf '%s\n' "$a"
+        fi
+    done >"$f.argv"
+    (cd "$d/cwd" && find . -path ./.git -prune -o -type f -print | sort | while read -r p; do
+        printf '%s: %s\n' "$p" "$(head -c 200 "$p" | tr '\n' ' ')"
+    done) >"$f.files"
+    for x in stdout stderr argv files; do
+        normalize "$f.$x"
+    done
+    [ -s "$f.files" ] || rm -f "$f.files"
+    echo "captured $cli/$name: exit $code in $(($(date +%s) - start))s" >&2
+}
+
+# ---- claude: claude -p --output-format json [--model M] [--json-schema S] [ARGS], prompt on stdin
+for s in ok server_error rate_limit overloaded invalid_key; do
+    run_case claude $s $s plain -- -p --output-format json
+done
+run_case claude structured structured plain -- -p --output-format json --json-schema "$SCHEMA"
+run_case claude write_default write plain -- -p --output-format json
+run_case claude write_default_mode write plain -- -p --output-format json --permission-mode default
+run_case claude write_accept_edits write plain -- -p --output-format json --permission-mode acceptEdits
+run_case claude write_bypass write plain -- -p --output-format json --permission-mode bypassPermissions
+run_case claude write_bypass_sandbox write plain IS_SANDBOX=1 -- -p --output-format json --permission-mode bypassPermissions
+
+# ---- codex: codex exec --json [--model M] [ARGS] -, prompt on stdin
+run_case codex untrusted ok plain -- exec --json -
+run_case codex ok_git ok git -- exec --json -
+for s in ok server_error rate_limit overloaded invalid_key usage_limit; do
+    run_case codex $s $s plain -- exec --json --skip-git-repo-check -
+done
+echo "$SCHEMA" >"$work/schema.json"
+run_case codex structured structured plain -- exec --json --skip-git-repo-check --output-schema "$work/schema.json" -
+run_case codex write_default write git -- exec --json -
+run_case codex write_read_only write git -- exec --json --sandbox read-only -
+run_case codex write_workspace write git -- exec --json --sandbox workspace-write -
+run_case codex write_full write git -- exec --json --sandbox danger-full-access -
+
+# ---- gemini: gemini [--model M] [ARGS] --output-format json, prompt on stdin
+run_case gemini untrusted ok plain -- --output-format json
+run_case gemini trust_env ok plain GEMINI_CLI_TRUST_WORKSPACE=true -- --output-format json
+for s in ok server_error rate_limit overloaded invalid_key; do
+    run_case gemini $s $s plain -- --skip-trust --output-format json
+done
+run_case gemini ok_model ok plain -- --model gemini-2.5-flash --skip-trust --output-format json
+run_case gemini write_default write plain -- --skip-trust --output-format json
+run_case gemini write_auto_edit write plain -- --skip-trust --approval-mode auto_edit --output-format json
+run_case gemini write_yolo write plain -- --skip-trust --approval-mode yolo --output-format json
+
+cp "$work/mock.log" "$work/mock.log.keep" 2>/dev/null || true

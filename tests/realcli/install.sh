@@ -1,0 +1,43 @@
+#!/bin/sh
+# Installs the real agent CLIs, at the versions the captures in tests/fakes/captures come
+# from, into a directory (default target/realcli): DIR/node_modules/.bin/{claude,codex,gemini}.
+# Idempotent: does nothing when those versions are already there. Needs node and npm
+# (claude-code declares node >= 22 but its npm package is a native binary that runs
+# under node 20 too; gemini-cli needs node >= 20).
+#
+# Usage: tests/realcli/install.sh [DIR]
+set -eu
+
+CLAUDE_VERSION=2.1.330
+CODEX_VERSION=0.169.0
+GEMINI_VERSION=0.61.0
+
+root=$(cd "$(dirname "$0")/../.." && pwd)
+dir=${1:-$root/target/realcli}
+mkdir -p "$dir"
+
+installed() {
+    # installed PACKAGE VERSION
+    v=$(sed -n 's/^ *"version": *"\([^"]*\)".*/\1/p' "$dir/node_modules/$1/package.json" 2>/dev/null | head -1)
+    [ "$v" = "$2" ]
+}
+
+if installed @anthropic-ai/claude-code "$CLAUDE_VERSION" &&
+    installed @openai/codex "$CODEX_VERSION" &&
+    installed @google/gemini-cli "$GEMINI_VERSION" &&
+    [ -x "$dir/node_modules/.bin/claude" ] && [ -x "$dir/node_modules/.bin/codex" ] &&
+    [ -x "$dir/node_modules/.bin/gemini" ]; then
+    echo "real CLIs already installed in $dir"
+    exit 0
+fi
+
+# A package.json of its own, so npm does not climb to an enclosing project.
+[ -f "$dir/package.json" ] || echo '{"name":"ralph-flow-realcli","private":true}' >"$dir/package.json"
+npm install --prefix "$dir" --no-audit --no-fund --no-save --loglevel=error \
+    "@anthropic-ai/claude-code@$CLAUDE_VERSION" \
+    "@openai/codex@$CODEX_VERSION" \
+    "@google/gemini-cli@$GEMINI_VERSION"
+echo "real CLIs installed in $dir:"
+for c in claude codex gemini; do
+    echo "  $c: $(HOME=${TMPDIR:-/tmp} "$dir/node_modules/.bin/$c" --version 2>/dev/null | tail -1)"
+done
