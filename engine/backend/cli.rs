@@ -34,10 +34,7 @@ pub fn build(config: &AgentConfig) -> Result<Box<dyn Backend>, String> {
         AgentKind::Gemini => Flavor::Gemini,
         AgentKind::Command => {
             if config.command.is_empty() {
-                return Err(format!(
-                    "agent `{}`: a command agent needs a `command`",
-                    config.name
-                ));
+                return Err("a command agent needs a `command`".to_string());
             }
             let via = match config.prompt_via.as_deref() {
                 None | Some("stdin") => PromptVia::Stdin,
@@ -45,8 +42,7 @@ pub fn build(config: &AgentConfig) -> Result<Box<dyn Backend>, String> {
                 Some("arg") => PromptVia::Arg,
                 Some(other) => {
                     return Err(format!(
-                        "agent `{}`: prompt_via must be stdin, file or arg, not `{other}`",
-                        config.name
+                        "prompt_via must be stdin, file or arg, not `{other}`"
                     ));
                 }
             };
@@ -54,8 +50,7 @@ pub fn build(config: &AgentConfig) -> Result<Box<dyn Backend>, String> {
         }
         other => {
             return Err(format!(
-                "agent `{}`: the {} backend does not run a program",
-                config.name,
+                "the {} backend does not run a program",
                 other.as_str()
             ));
         }
