@@ -12,6 +12,7 @@ pub mod model;
 pub mod preset;
 pub mod run;
 pub mod secrets;
+pub mod shell;
 pub mod source;
 pub mod store;
 pub mod suggest;

@@ -635,6 +635,40 @@ fn many_items_add_and_remove_worktrees_at_once() {
 }
 
 #[test]
+fn two_runs_in_one_repository_add_and_remove_worktrees_without_racing() {
+    // Two processes, twelve items each, all starting at once: the repository's worktree
+    // lock (in its git directory) serializes them across processes.
+    let p = Project::new();
+    p.git_init();
+    for (name, prefix) in [("a.toml", "a"), ("b.toml", "b")] {
+        p.workflow(
+            name,
+            &items_in_worktrees(
+                "range(12) | list",
+                &format!(r#"{{ branch = "{prefix}/{{{{ t }}}}", cleanup = "always" }}"#),
+                &format!(
+                    "echo $0 > f.txt && git add f.txt && git commit --allow-empty -qm {prefix}-$0"
+                ),
+            ),
+        );
+    }
+    for round in 0..2 {
+        let a = p.spawn(&["run", "a.toml", "--state-dir", ".rf-a"]);
+        let b = p.spawn(&["run", "b.toml", "--state-dir", ".rf-b"]);
+        let (a, b) = (a.finish(), b.finish());
+        assert_eq!(a.code, 0, "round {round}, a: {}", a.stderr);
+        assert_eq!(b.code, 0, "round {round}, b: {}", b.stderr);
+    }
+    for prefix in ["a", "b"] {
+        for t in 0..12 {
+            let log = p.git(&["log", "-1", "--format=%s", &format!("{prefix}/{t}")]);
+            assert_eq!(log.trim(), format!("{prefix}-{t}"));
+        }
+    }
+    assert_eq!(p.git(&["worktree", "list"]).lines().count(), 1);
+}
+
+#[test]
 fn parallel_items_get_their_own_git_worktrees() {
     let p = Project::new();
     p.git_init();
@@ -832,4 +866,66 @@ output = {{ extract = "markers", markers.learnings = {{ prefix = "LEARNING:", ma
         "earlier: [keep diffs small][run tests first]",
         "newest first"
     );
+}
+
+#[test]
+fn a_gate_waiting_in_several_scopes_is_answered_by_its_qualified_name() {
+    let p = Project::new();
+    p.workflow(
+        "w.toml",
+        r#"name = "gates"
+[stages.items]
+kind = "for_each"
+over = "['a', 'b']"
+as = "t"
+key = "t"
+
+[stages.items.stages.ship]
+kind = "gate"
+message = "Ship {{ t }}?"
+timeout = "1h"
+on_timeout = "reject"
+"#,
+    );
+    let out = p.run(&["run", "w.toml", "--no-wait", "--json"]);
+    assert_eq!(out.code, 75, "{}", out.stderr);
+    let run = out.json["run"].as_str().unwrap().to_string();
+    assert!(
+        out.stderr
+            .contains(&format!("approve: ralph-flow approve {run} 'items#a/ship'")),
+        "{}",
+        out.stderr
+    );
+    // The bare id is ambiguous: the answer names the places.
+    let out = p.run(&["approve", &run, "ship"]);
+    assert_eq!(out.code, 3, "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("waits in 2 places: items#a/ship, items#b/ship"),
+        "{}",
+        out.stderr
+    );
+    // status shows the commands with the qualified names.
+    let status = p.run(&["status", &run]);
+    assert!(
+        status
+            .stdout
+            .contains(&format!("ralph-flow approve {run} 'items#b/ship'")),
+        "{}",
+        status.stdout
+    );
+    assert_eq!(p.run(&["approve", &run, "items#a/ship"]).code, 0);
+    assert_eq!(
+        p.run(&["reject", &run, "items#b/ship", "--comment", "not b"])
+            .code,
+        0
+    );
+    let out = p.run(&["resume", &run, "--json"]);
+    let store = p.store_text();
+    assert!(
+        store.contains("\"approved\":true") || store.contains("approved by"),
+        "{store}"
+    );
+    assert!(store.contains("not b"), "{store}");
+    assert_ne!(out.code, 75, "nothing waits any more: {}", out.stderr);
 }

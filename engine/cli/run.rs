@@ -377,18 +377,40 @@ pub fn answer(args: &AnswerArgs, approved: bool) -> i32 {
         Err(e) => return fail(&e.to_string()),
     };
     let pending = store.pending_gates(&run.id).unwrap_or_default();
-    let Some(gate) = pending.iter().find(|g| g.gate == args.gate) else {
-        let waiting: Vec<String> = pending.iter().map(|g| g.gate.clone()).collect();
-        return fail(&format!(
-            "gate `{}` of run `{}` is not waiting for an answer{}",
-            args.gate,
-            run.id,
-            if waiting.is_empty() {
-                "; no gate of this run is waiting".to_string()
-            } else {
-                format!("; waiting: {}", waiting.join(", "))
-            }
-        ));
+    // `SCOPE/GATE` names one waiting gate; a bare id names the gate wherever it waits, if it
+    // waits in one place only.
+    let matching: Vec<&ralph_flow::store::GateRequest> =
+        match pending.iter().find(|g| g.qualified() == args.gate) {
+            Some(g) => vec![g],
+            None => pending.iter().filter(|g| g.gate == args.gate).collect(),
+        };
+    let gate = match matching.as_slice() {
+        [one] => *one,
+        [] => {
+            let waiting: Vec<String> = pending.iter().map(|g| g.qualified()).collect();
+            return fail(&format!(
+                "gate `{}` of run `{}` is not waiting for an answer{}",
+                args.gate,
+                run.id,
+                if waiting.is_empty() {
+                    "; no gate of this run is waiting".to_string()
+                } else {
+                    format!("; waiting: {}", waiting.join(", "))
+                }
+            ));
+        }
+        several => {
+            let names: Vec<String> = several.iter().map(|g| g.qualified()).collect();
+            return fail(&format!(
+                "gate `{}` of run `{}` waits in {} places: {}; name one of them, as in `ralph-flow approve {} {}`",
+                args.gate,
+                run.id,
+                several.len(),
+                names.join(", "),
+                run.id,
+                ralph_flow::shell::quote(&names[0])
+            ));
+        }
     };
     let by = args
         .by
@@ -433,7 +455,8 @@ pub fn answer(args: &AnswerArgs, approved: bool) -> i32 {
     };
     eprintln!(
         "{verb} gate `{}` of run {} as {by}; {next}",
-        args.gate, run.id
+        gate.qualified(),
+        run.id
     );
     0
 }

@@ -242,7 +242,7 @@ fn show_status(args: &StatusArgs) -> Result<(), Failure> {
     } else {
         format!(
             " --state-dir {}",
-            shell_word(&args.state_dir.to_string_lossy())
+            ralph_flow::shell::quote(&args.state_dir.to_string_lossy())
         )
     };
     let gate_views: Vec<GateView<'_>> = gates
@@ -250,8 +250,8 @@ fn show_status(args: &StatusArgs) -> Result<(), Failure> {
         .map(|g| {
             let target = format!(
                 "{} {}{state_flag}",
-                shell_word(&run.id),
-                shell_word(&g.gate)
+                ralph_flow::shell::quote(&run.id),
+                ralph_flow::shell::quote(&g.qualified())
             );
             GateView {
                 gate: g,
@@ -546,17 +546,6 @@ fn duration(ms: i64) -> String {
 }
 
 /// Quotes a word for a POSIX shell when it needs it.
-fn shell_word(word: &str) -> String {
-    let plain = !word.is_empty()
-        && word
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_./:@#%+=,".contains(c));
-    if plain {
-        word.to_string()
-    } else {
-        format!("'{}'", word.replace('\'', r"'\''"))
-    }
-}
 
 /// Lays out rows under headers in columns, the last column unpadded.
 fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
@@ -609,13 +598,6 @@ mod tests {
             duration(86_400_000 * 2 + 3_600_000 * 4 + 600_000),
             "2d4h10m"
         );
-    }
-
-    #[test]
-    fn shell_words_are_quoted_when_needed() {
-        assert_eq!(shell_word("approve_spec"), "approve_spec");
-        assert_eq!(shell_word("a b"), "'a b'");
-        assert_eq!(shell_word("it's"), r"'it'\''s'");
     }
 
     #[test]

@@ -834,7 +834,7 @@ impl<'p> Exec<'p> {
                     .store
                     .borrow()
                     .pending_gates(&self.shared.run.id)
-                    .map(|g| g.into_iter().map(|g| g.gate).collect())
+                    .map(|g| g.iter().map(crate::store::GateRequest::qualified).collect())
                     .unwrap_or_default();
                 RunEnd::Waiting(gates)
             }

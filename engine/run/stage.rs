@@ -876,7 +876,7 @@ impl Exec<'_> {
                     &scope,
                     &node.name,
                     attempt,
-                    &format!("$ {}", shell_words(&spec.argv)),
+                    &format!("$ {}", crate::shell::join(&spec.argv)),
                 );
                 let out = match process::run(&spec).await {
                     Ok(o) => o,
@@ -931,7 +931,7 @@ impl Exec<'_> {
                     .unwrap_or_default();
                     let msg = format!(
                         "`{}` {what} {} and was stopped (its whole process group)\n{}",
-                        shell_words(&spec.argv),
+                        crate::shell::join(&spec.argv),
                         super::progress::short_duration(lim),
                         tail(&String::from_utf8_lossy(&out.stderr), 2000)
                     );
@@ -947,7 +947,7 @@ impl Exec<'_> {
                 if !ok {
                     last_msg = format!(
                         "`{}` exited with {}{}",
-                        shell_words(&spec.argv),
+                        crate::shell::join(&spec.argv),
                         match (out.code, out.signal) {
                             (Some(c), _) => format!("code {c}"),
                             (None, Some(s)) => format!("signal {s}"),
@@ -1193,17 +1193,24 @@ impl Exec<'_> {
             }
         };
         if let Some(req) = &request {
-            let mut text = format!(
-                "⏸ gate `{}` waits: {}\n    approve: ralph-flow approve {run} {}{}\n    reject:  ralph-flow reject {run} {} --comment \"...\"",
-                node.name,
-                req.message.trim(),
-                node.name,
+            let state_dir =
                 if self.shared.opts.state_dir != self.shared.opts.cwd.join(".ralph-flow") {
-                    format!(" --state-dir {}", self.shared.opts.state_dir.display())
+                    format!(
+                        " --state-dir {}",
+                        crate::shell::quote(&self.shared.opts.state_dir.to_string_lossy())
+                    )
                 } else {
                     String::new()
-                },
-                node.name,
+                };
+            let target = format!(
+                "{} {}{state_dir}",
+                crate::shell::quote(&run),
+                crate::shell::quote(&req.qualified())
+            );
+            let mut text = format!(
+                "⏸ gate `{}` waits: {}\n    approve: ralph-flow approve {target}\n    reject:  ralph-flow reject {target} --comment \"...\"",
+                req.qualified(),
+                req.message.trim(),
             );
             for f in &req.show {
                 text.push_str(&format!("\n    see: {f}"));
@@ -1394,18 +1401,6 @@ impl Exec<'_> {
 }
 
 /// Shows an argv for people (not for a shell).
-fn shell_words(argv: &[String]) -> String {
-    argv.iter()
-        .map(|a| {
-            if a.is_empty() || a.contains(|c: char| c.is_whitespace() || "'\"\\$`".contains(c)) {
-                format!("'{}'", a.replace('\'', "'\\''"))
-            } else {
-                a.clone()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
 
 fn feedback_streams(stdout: &[u8], stderr: &[u8]) -> String {
     let mut s = String::new();
@@ -1481,10 +1476,5 @@ mod tests {
         );
         assert!(msg.contains("lines 4-5"), "{msg}");
         assert!(too_big("short", 100).is_none());
-    }
-
-    #[test]
-    fn argv_is_shown_quoted() {
-        assert_eq!(shell_words(&["echo".into(), "a b".into()]), "echo 'a b'");
     }
 }

@@ -3,7 +3,9 @@
 //! Worktree changes of one repository are serialized: `git worktree prune` run while another
 //! `git worktree add` is half done removes the new worktree's administrative files, and two
 //! `add`s race on the repository's lock files. Items of a fan-out start together, so
-//! without this their worktrees fail under load.
+//! without this their worktrees fail under load. Within a process a mutex serializes them;
+//! across processes (two runs in one repository) a lock on the file
+//! `ralph-flow-worktrees.lock` in the repository's git directory does.
 
 use std::path::Path;
 
@@ -32,6 +34,29 @@ async fn git(repo: &Path, args: &[&str]) -> Result<String, String> {
     }
 }
 
+/// Takes the repository's worktree lock, shared by every ralph-flow process (released when
+/// the returned file is dropped). Waiting for it does not block the executor's thread.
+async fn repo_lock(repo: &Path) -> Result<std::fs::File, String> {
+    let common = git(repo, &["rev-parse", "--git-common-dir"]).await?;
+    let common = Path::new(common.trim());
+    let dir = if common.is_absolute() {
+        common.to_path_buf()
+    } else {
+        repo.join(common)
+    };
+    let path = dir.join("ralph-flow-worktrees.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    tokio::task::spawn_blocking(move || file.lock().map(|()| file))
+        .await
+        .map_err(|e| format!("cannot lock {}: {e}", path.display()))?
+        .map_err(|e| format!("cannot lock {}: {e}", path.display()))
+}
+
 /// Makes sure a worktree of `repo` exists at `path` on `branch` (created from `base` when
 /// the branch does not exist yet). An existing worktree there is reused (resume).
 pub async fn ensure(repo: &Path, path: &Path, branch: &str, base: &str) -> Result<(), String> {
@@ -39,6 +64,7 @@ pub async fn ensure(repo: &Path, path: &Path, branch: &str, base: &str) -> Resul
         return Ok(());
     }
     let _held = WORKTREES.lock().await;
+    let _locked = repo_lock(repo).await?;
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent)
             .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
@@ -71,6 +97,7 @@ pub async fn remove(repo: &Path, path: &Path) -> Result<(), String> {
         return Ok(());
     }
     let _held = WORKTREES.lock().await;
+    let _locked = repo_lock(repo).await?;
     git(
         repo,
         &["worktree", "remove", "--force", &path.to_string_lossy()],

@@ -203,6 +203,18 @@ pub struct GateRequest {
     pub deadline: Option<i64>,
 }
 
+impl GateRequest {
+    /// The gate's name as `approve` and `reject` take it: `SCOPE/GATE` inside a loop or a
+    /// fan-out item (`tickets#T-1/approve`), the gate's id at the top level.
+    pub fn qualified(&self) -> String {
+        if self.scope.is_empty() {
+            self.gate.clone()
+        } else {
+            format!("{}/{}", self.scope, self.gate)
+        }
+    }
+}
+
 /// A person's answer to a gate.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Approval {
