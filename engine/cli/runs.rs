@@ -545,8 +545,6 @@ fn duration(ms: i64) -> String {
     }
 }
 
-/// Quotes a word for a POSIX shell when it needs it.
-
 /// Lays out rows under headers in columns, the last column unpadded.
 fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     // What agents and programs wrote is shown, never interpreted by the terminal.

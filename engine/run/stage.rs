@@ -1400,8 +1400,6 @@ impl Exec<'_> {
     }
 }
 
-/// Shows an argv for people (not for a shell).
-
 fn feedback_streams(stdout: &[u8], stderr: &[u8]) -> String {
     let mut s = String::new();
     let out = String::from_utf8_lossy(stdout);

@@ -36,7 +36,7 @@ async fn git(repo: &Path, args: &[&str]) -> Result<String, String> {
 
 /// Takes the repository's worktree lock, shared by every ralph-flow process (released when
 /// the returned file is dropped). Waiting for it does not block the executor's thread.
-async fn repo_lock(repo: &Path) -> Result<std::fs::File, String> {
+async fn repo_lock(repo: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, String> {
     let common = git(repo, &["rev-parse", "--git-common-dir"]).await?;
     let common = Path::new(common.trim());
     let dir = if common.is_absolute() {
@@ -51,10 +51,14 @@ async fn repo_lock(repo: &Path) -> Result<std::fs::File, String> {
         .write(true)
         .open(&path)
         .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
-    tokio::task::spawn_blocking(move || file.lock().map(|()| file))
-        .await
-        .map_err(|e| format!("cannot lock {}: {e}", path.display()))?
-        .map_err(|e| format!("cannot lock {}: {e}", path.display()))
+    let shown = path.display().to_string();
+    tokio::task::spawn_blocking(move || {
+        nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, errno)| errno)
+    })
+    .await
+    .map_err(|e| format!("cannot lock {shown}: {e}"))?
+    .map_err(|e| format!("cannot lock {shown}: {e}"))
 }
 
 /// Makes sure a worktree of `repo` exists at `path` on `branch` (created from `base` when
