@@ -962,7 +962,14 @@ impl<'p> Exec<'p> {
             .env
             .get_template(name)
             .map_err(|e| format!("template `{name}`: {e}"))?;
-        t.render(ctx).map_err(|e| describe_error(&e))
+        let text = t.render(ctx).map_err(|e| describe_error(&e))?;
+        if !name.contains("/argv/") && super::helpers::spread_items(&text).is_some() {
+            return Err(
+                "`spread` makes one argument per item and works only as a whole argv item of a command or check"
+                    .into(),
+            );
+        }
+        Ok(text)
     }
 
     /// Evaluates an expression (`when`, `until`, `over`, ...).

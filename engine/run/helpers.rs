@@ -70,6 +70,43 @@ pub fn register(env: &mut minijinja::Environment<'static>, roots: Roots) {
     );
     env.add_function("git_diff", git_diff);
     env.add_function("git_status", git_status);
+    env.add_filter("spread", spread);
+}
+
+/// What `spread` renders to: a mark no text has, then the list as JSON.
+const SPREAD_MARK: &str = "\u{1}ralph-flow-spread\u{1}";
+
+/// `{{ list | spread }}`, as a whole argv item: one argument per item of the list (strings
+/// as they are, other values as JSON). Never through a shell, like every argument.
+fn spread(value: Value) -> Result<String, Error> {
+    let items: Vec<String> = match value.try_iter() {
+        Ok(iter) if !matches!(value.kind(), minijinja::value::ValueKind::String) => iter
+            .map(|v| match v.as_str() {
+                Some(s) => s.to_owned(),
+                None => v.to_string(),
+            })
+            .collect(),
+        _ => {
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!("`spread` takes a list, not {}", value.kind()),
+            ));
+        }
+    };
+    let json = serde_json::to_string(&items)
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    Ok(format!("{SPREAD_MARK}{json}"))
+}
+
+/// The arguments of a rendered argv item that is a `spread`: `None` for an ordinary item,
+/// an error for a `spread` that is not the whole item.
+pub fn spread_items(rendered: &str) -> Option<Result<Vec<String>, String>> {
+    let at = rendered.find(SPREAD_MARK)?;
+    let whole = || "`spread` must be the whole argv item, as in \"{{ params.paths | spread }}\"".to_string();
+    if at != 0 {
+        return Some(Err(whole()));
+    }
+    Some(serde_json::from_str(&rendered[SPREAD_MARK.len()..]).map_err(|_| whole()))
 }
 
 fn cwd(state: &State) -> PathBuf {

@@ -1066,10 +1066,13 @@ impl Exec<'_> {
         let name = &self.plan.node(n).name;
         let mut argv = Vec::new();
         for i in 0..cmd.argv.len() {
-            argv.push(
-                self.render(&format!("{name}/argv/{i}"), ctx)
-                    .map_err(|e| format!("argv item {i}: {e}"))?,
-            );
+            let item = self
+                .render(&format!("{name}/argv/{i}"), ctx)
+                .map_err(|e| format!("argv item {i}: {e}"))?;
+            match super::helpers::spread_items(&item) {
+                Some(items) => argv.extend(items.map_err(|e| format!("argv item {i}: {e}"))?),
+                None => argv.push(item),
+            }
         }
         let mut env = vec![
             ("RALPH_FLOW_RUN".to_string(), self.shared.run.id.clone()),
