@@ -929,3 +929,50 @@ on_timeout = "reject"
     assert!(store.contains("not b"), "{store}");
     assert_ne!(out.code, 75, "nothing waits any more: {}", out.stderr);
 }
+
+#[test]
+fn a_list_is_spread_into_argv_one_argument_per_item() {
+    let p = Project::new();
+    p.workflow(
+        "w.toml",
+        r#"name = "spread"
+[params.paths]
+type = "list"
+default = ["a b", "$(touch pwned)", "c"]
+
+[stages.show]
+kind = "command"
+argv = ["sh", "-c", "for a in \"$@\"; do echo \"[$a]\"; done", "show", "{{ params.paths | spread }}", "last"]
+"#,
+    );
+    let out = p.run(&["run", "w.toml", "--json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(
+        out.json["outputs"]["show"]["stdout"],
+        "[a b]\n[$(touch pwned)]\n[c]\n[last]\n"
+    );
+    assert!(!p.dir().join("pwned").exists());
+    // Anywhere but as a whole argv item, `spread` is an error that says so.
+    p.workflow(
+        "w.toml",
+        r#"name = "spread"
+[params.paths]
+type = "list"
+default = ["a", "b"]
+
+[stages.show]
+kind = "command"
+argv = ["echo", "--paths={{ params.paths | spread }}"]
+"#,
+    );
+    let out = p.run(&["run", "w.toml", "--json"]);
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    assert!(
+        out.json["message"]
+            .as_str()
+            .unwrap()
+            .contains("`spread` must be the whole argv item"),
+        "{}",
+        out.json["message"]
+    );
+}
