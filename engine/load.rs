@@ -741,6 +741,7 @@ fn merge_extends(mut base: Workflow, child: Workflow, diags: &mut Diagnostics) -
     prompt_path.append(&mut base.prompt_path);
     base.prompt_path = prompt_path;
     base.file_roots.extend(child.file_roots);
+    base.worktree = child.worktree.or(base.worktree);
     base.sources = child.sources;
     base.file = child.file;
     base.name = child.name;

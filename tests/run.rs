@@ -976,3 +976,53 @@ argv = ["echo", "--paths={{ params.paths | spread }}"]
         out.json["message"]
     );
 }
+
+#[test]
+fn a_whole_run_works_in_its_own_worktree_and_branch() {
+    let p = Project::new();
+    p.git_init();
+    p.workflow(
+        "w.toml",
+        r#"name = "tree"
+worktree = { branch = "ralph/{{ params.topic }}" }
+
+[params.topic]
+type = "string"
+default = "notes"
+
+[stages.write]
+kind = "command"
+argv = ["sh", "-c", "pwd; echo hello > notes.md && git add notes.md && git commit -qm notes"]
+
+[stages.read]
+kind = "command"
+needs = ["write"]
+argv = ["cat", "notes.md"]
+"#,
+    );
+    let out = p.run(&["run", "w.toml", "--json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let pwd = out.json["outputs"]["write"]["stdout"].as_str().unwrap();
+    assert!(
+        pwd.contains(".ralph-flow/worktrees/") && pwd.trim_end().ends_with("/@run"),
+        "{pwd}"
+    );
+    assert_eq!(out.json["outputs"]["read"]["stdout"], "hello\n");
+    // The work is on the run's branch; the checkout the run started from is untouched.
+    assert_eq!(
+        p.git(&["log", "-1", "--format=%s", "ralph/notes"]).trim(),
+        "notes"
+    );
+    assert!(!p.dir().join("notes.md").exists());
+    assert_eq!(p.git(&["branch", "--show-current"]).trim(), "main");
+    // It succeeded: its worktree is gone (cleanup on_success).
+    assert_eq!(p.git(&["worktree", "list"]).lines().count(), 1);
+    let explain = p.run(&["explain", "w.toml"]);
+    assert!(
+        explain.stdout.contains(
+            "The whole run works in its own git worktree, on branch `ralph/{{ params.topic }}`"
+        ),
+        "{}",
+        explain.stdout
+    );
+}

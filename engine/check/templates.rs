@@ -88,6 +88,11 @@ pub fn check(c: &mut Checked<'_>, loader: &mut Loader<'_>, diags: &mut Diagnosti
         dur_like(c, loader.sources, &env, a.timeout.as_ref(), diags);
         dur_like(c, loader.sources, &env, a.idle_timeout.as_ref(), diags);
     }
+    if let Some(w) = &wf.worktree {
+        for x in std::iter::once(&w.branch).chain(&w.base) {
+            inline(c, loader.sources, &env, x, Kind::Template, params, diags);
+        }
+    }
     for e in &wf.exits {
         if let Some(m) = &e.message {
             inline(

@@ -79,6 +79,19 @@ pub fn explain(plan: &Plan) -> String {
             );
         }
     }
+    if let Some(w) = &wf.worktree {
+        let _ = writeln!(
+            out,
+            "\nThe whole run works in its own git worktree, on branch `{}` (from `{}`); it is removed {}.",
+            w.branch.value,
+            w.base.as_ref().map_or("HEAD", |b| b.value.as_str()),
+            match w.cleanup.as_ref().map(|c| c.value.as_str()) {
+                Some("always") => "when the run ends",
+                Some("never") => "never",
+                _ => "when the run succeeds",
+            }
+        );
+    }
     if !wf.agents.is_empty() {
         let _ = writeln!(out, "\nAgents:");
         for a in &wf.agents {

@@ -168,6 +168,11 @@ fn resolve_action(
 }
 
 /// Compiles a checked workflow into a plan.
+/// The template name of the branch of the run's own worktree.
+pub const RUN_WORKTREE_BRANCH: &str = "@run/worktree/branch";
+/// The template name of the base of the run's own worktree.
+pub const RUN_WORKTREE_BASE: &str = "@run/worktree/base";
+
 pub fn compile(checked: &Checked<'_>) -> Plan {
     let wf = checked.workflow;
     let mut exits: Vec<ExitDef> = wf
@@ -197,6 +202,13 @@ pub fn compile(checked: &Checked<'_>) -> Plan {
         .unwrap_or(Target::Fail)
     };
     let mut templates = minijinja::Environment::new();
+    // The run's own worktree (no stage id starts with `@`).
+    if let Some(w) = &wf.worktree {
+        let _ = templates.add_template_owned(RUN_WORKTREE_BRANCH, w.branch.value.clone());
+        if let Some(b) = &w.base {
+            let _ = templates.add_template_owned(RUN_WORKTREE_BASE, b.value.clone());
+        }
+    }
     let mut nodes = Vec::with_capacity(checked.stages.len());
     for (i, info) in checked.stages.iter().enumerate() {
         let s = info.stage;

@@ -26,6 +26,8 @@ pub struct Workflow {
     pub prompt_path: Vec<Text>,
     /// Directories outside the workspace that template helpers may read.
     pub file_roots: Vec<Text>,
+    /// The git worktree the whole run works in, if any.
+    pub worktree: Option<Worktree>,
     /// Git repositories of presets declared by this file (not merged across files).
     pub sources: Vec<Source>,
     pub max_concurrency: Option<Spanned<Count>>,

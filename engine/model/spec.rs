@@ -167,6 +167,11 @@ pub static WORKFLOW: TableSpec = TableSpec {
             "Directories searched in order for every `prompt_file`, before the directory of the file that names it; relative to this file. An extending file's directories come before its base's.",
         ),
         f(
+            "worktree",
+            Ty::Table(&WORKTREE),
+            "The whole run works in its own git worktree and branch, made under the state directory (see Worktrees).",
+        ),
+        f(
             "file_roots",
             Ty::List(&Ty::Str),
             "Directories outside the workspace that the template helpers (`read_file`, `file_exists`, `glob`, `tail`) may read; relative to this file. Without them, helpers read only the workspace and the state directory.",

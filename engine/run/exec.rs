@@ -555,8 +555,18 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
     }
     let exec = Exec::new(&shared, plan, &prepared.sources, String::new())?;
     exec.warn_unenforceable_budgets()?;
+    // A run with its own worktree works there, from its first stage to its last.
+    let run_worktree = match exec.enter_run_worktree().await {
+        Ok(w) => w,
+        Err(e) => {
+            shared.flush();
+            return Err(e);
+        }
+    };
     let top = Frame {
-        cwd: shared.opts.cwd.clone(),
+        cwd: run_worktree
+            .clone()
+            .unwrap_or_else(|| shared.opts.cwd.clone()),
         ..Frame::default()
     };
     let ctrl_c = async {
@@ -580,6 +590,9 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
     } else {
         exec.run_end(end)
     };
+    if let Some(path) = &run_worktree {
+        exec.leave_run_worktree(path, &end).await;
+    }
     let mut store = shared.store.into_inner();
     let (status, exit) = match &end {
         RunEnd::Exit { name, code, .. } => (RunStatus::Finished, Some((name.as_str(), *code))),
@@ -2188,6 +2201,69 @@ impl<'p> Exec<'p> {
             json!({"path": path.to_string_lossy(), "branch": branch.trim()}),
         );
         Ok(path)
+    }
+
+    /// Makes the run's own worktree (`worktree` at the top of the workflow), if it has one:
+    /// `STATE_DIR/worktrees/RUN/@run`, on its branch; a resume finds it again.
+    async fn enter_run_worktree(&self) -> Result<Option<PathBuf>, String> {
+        let Some(w) = &self.plan.workflow.worktree else {
+            return Ok(None);
+        };
+        let ctx = self.context(&Frame::default(), &[]);
+        let branch = self.render(crate::compile::RUN_WORKTREE_BRANCH, &ctx)?;
+        let base = match &w.base {
+            Some(_) => self.render(crate::compile::RUN_WORKTREE_BASE, &ctx)?,
+            None => "HEAD".to_string(),
+        };
+        let path = self
+            .shared
+            .opts
+            .state_dir
+            .join("worktrees")
+            .join(&self.shared.run.id)
+            .join("@run");
+        super::worktree::ensure(&self.shared.opts.cwd, &path, branch.trim(), base.trim())
+            .await
+            .map_err(|e| format!("cannot create the run's worktree: {e}"))?;
+        self.shared.event(
+            "",
+            "",
+            "worktree",
+            format!("the run works in {} on {}", path.display(), branch.trim()),
+        );
+        self.shared.progress.note(&format!(
+            "⎇ the run works in {} on branch {}",
+            path.display(),
+            branch.trim()
+        ));
+        Ok(Some(path))
+    }
+
+    /// Removes the run's own worktree as its `cleanup` says, once the run has ended (a
+    /// run that waits or was interrupted keeps it for its resume).
+    async fn leave_run_worktree(&self, path: &Path, end: &RunEnd) {
+        let RunEnd::Exit { code, .. } = end else {
+            return;
+        };
+        let cleanup = self
+            .plan
+            .workflow
+            .worktree
+            .as_ref()
+            .and_then(|w| w.cleanup.as_ref())
+            .map(|c| c.value.as_str());
+        let remove = match cleanup {
+            Some("always") => true,
+            Some("never") => false,
+            _ => *code == 0,
+        };
+        if remove {
+            if let Err(e) = super::worktree::remove(&self.shared.opts.cwd, path).await {
+                self.shared
+                    .progress
+                    .note(&format!("! could not remove {}: {e}", path.display()));
+            }
+        }
     }
 
     async fn leave_worktree(&self, frame: &Frame<'_>, n: NodeId, cwd: &Path, ok: bool) {

@@ -102,7 +102,9 @@ fn spread(value: Value) -> Result<String, Error> {
 /// an error for a `spread` that is not the whole item.
 pub fn spread_items(rendered: &str) -> Option<Result<Vec<String>, String>> {
     let at = rendered.find(SPREAD_MARK)?;
-    let whole = || "`spread` must be the whole argv item, as in \"{{ params.paths | spread }}\"".to_string();
+    let whole = || {
+        "`spread` must be the whole argv item, as in \"{{ params.paths | spread }}\"".to_string()
+    };
     if at != 0 {
         return Some(Err(whole()));
     }
