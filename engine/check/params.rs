@@ -19,7 +19,7 @@ pub fn parse_set(arg: &str) -> Result<(String, String), String> {
 }
 
 /// Converts a `--set` string into a value of the param's type.
-fn convert(raw: &str, ty: ParamType) -> Option<serde_json::Value> {
+fn convert(raw: &str, ty: ParamType, items: ParamType) -> Option<serde_json::Value> {
     Some(match ty {
         ParamType::String => serde_json::Value::String(raw.to_string()),
         ParamType::Int => serde_json::Value::from(raw.trim().parse::<i64>().ok()?),
@@ -32,19 +32,22 @@ fn convert(raw: &str, ty: ParamType) -> Option<serde_json::Value> {
             _ => return None,
         }),
         ParamType::List => {
+            let fits = |v: &serde_json::Value| match items {
+                ParamType::Int => v.is_i64(),
+                ParamType::Float => v.is_number(),
+                ParamType::Bool => v.is_boolean(),
+                _ => v.is_string(),
+            };
             if raw.trim().starts_with('[') {
                 let v: serde_json::Value = serde_json::from_str(raw).ok()?;
-                v.as_array()?
-                    .iter()
-                    .all(serde_json::Value::is_string)
-                    .then_some(v)?
+                v.as_array()?.iter().all(fits).then_some(v)?
             } else {
                 serde_json::Value::Array(
                     raw.split(',')
                         .map(str::trim)
                         .filter(|s| !s.is_empty())
-                        .map(|s| serde_json::Value::String(s.into()))
-                        .collect(),
+                        .map(|s| convert(s, items, ParamType::String))
+                        .collect::<Option<Vec<_>>>()?,
                 )
             }
         }
@@ -76,15 +79,15 @@ pub fn check(
             ));
         }
         if let Some(d) = &default {
-            match param_value_error(d, p.ty.value, &p.name.value) {
-                Some(err) => diags.push(err.help("change the default or the type")),
+            match param_value_error(d, p.ty.value, p.items, &p.name.value) {
+                Some(err) => diags.push(err.help_or("change the default or the type")),
                 None => {
                     values.insert(p.name.value.clone(), d.to_json());
                 }
             }
         }
         for c in &p.choices {
-            if let Some(err) = param_value_error(c, p.ty.value, &p.name.value) {
+            if let Some(err) = param_value_error(c, p.ty.value, p.items, &p.name.value) {
                 diags.push(err);
             }
         }
@@ -118,7 +121,7 @@ pub fn check(
             );
             continue;
         };
-        let Some(v) = convert(raw, p.ty.value) else {
+        let Some(v) = convert(raw, p.ty.value, p.items) else {
             diags.push(
                 Diagnostic::new(
                     Code::ParamType,
@@ -183,21 +186,34 @@ mod tests {
 
     #[test]
     fn set_values_convert_by_type() {
-        assert_eq!(convert("5", ParamType::Int), Some(serde_json::json!(5)));
-        assert_eq!(convert("five", ParamType::Int), None);
         assert_eq!(
-            convert("yes", ParamType::Bool),
+            convert("5", ParamType::Int, ParamType::String),
+            Some(serde_json::json!(5))
+        );
+        assert_eq!(convert("five", ParamType::Int, ParamType::String), None);
+        assert_eq!(
+            convert("yes", ParamType::Bool, ParamType::String),
             Some(serde_json::json!(true))
         );
         assert_eq!(
-            convert("a, b", ParamType::List),
+            convert("a, b", ParamType::List, ParamType::String),
             Some(serde_json::json!(["a", "b"]))
         );
         assert_eq!(
-            convert("[\"a\"]", ParamType::List),
+            convert("[\"a\"]", ParamType::List, ParamType::String),
             Some(serde_json::json!(["a"]))
         );
-        assert_eq!(convert("[1]", ParamType::List), None);
+        assert_eq!(convert("[1]", ParamType::List, ParamType::String), None);
+        // Typed items: `items = "int"`.
+        assert_eq!(
+            convert("1, 2,3", ParamType::List, ParamType::Int),
+            Some(serde_json::json!([1, 2, 3]))
+        );
+        assert_eq!(
+            convert("[1, 2]", ParamType::List, ParamType::Int),
+            Some(serde_json::json!([1, 2]))
+        );
+        assert_eq!(convert("1, two", ParamType::List, ParamType::Int), None);
         assert!(parse_set("novalue").is_err());
         assert_eq!(parse_set("a=b=c"), Ok(("a".into(), "b=c".into())));
     }

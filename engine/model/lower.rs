@@ -244,9 +244,16 @@ fn param(name: Text, t: &Table, span: Span) -> Option<Param> {
         "list" => ParamType::List,
         _ => return None,
     };
+    let items = match text(t, "items").as_ref().map(|i| i.value.as_str()) {
+        Some("int") => ParamType::Int,
+        Some("float") => ParamType::Float,
+        Some("bool") => ParamType::Bool,
+        _ => ParamType::String,
+    };
     Some(Param {
         name,
         ty: Spanned::new(ty, ty_text.span),
+        items,
         default: t.get("default").cloned(),
         description: text(t, "description"),
         choices: t
@@ -515,17 +522,70 @@ fn override_(stage: Text, t: &Table, span: Span) -> Option<Override> {
 }
 
 /// Reports a value that is not valid for a param of the given type.
-pub fn param_value_error(value: &Value, ty: ParamType, name: &str) -> Option<Diagnostic> {
-    let ok = match ty {
-        ParamType::String => value.as_str().is_some(),
-        ParamType::Int => value.as_int().is_some(),
-        ParamType::Float => matches!(value.kind, ValueKind::Int(_) | ValueKind::Float(_)),
-        ParamType::Bool => value.as_bool().is_some(),
-        ParamType::List => value
-            .as_array()
-            .is_some_and(|a| a.iter().all(|v| v.as_str().is_some())),
+pub fn param_value_error(
+    value: &Value,
+    ty: ParamType,
+    items: ParamType,
+    name: &str,
+) -> Option<Diagnostic> {
+    let scalar = |v: &Value, ty: ParamType| match ty {
+        ParamType::String => v.as_str().is_some(),
+        ParamType::Int => v.as_int().is_some(),
+        ParamType::Float => matches!(v.kind, ValueKind::Int(_) | ValueKind::Float(_)),
+        ParamType::Bool => v.as_bool().is_some(),
+        ParamType::List => false,
     };
-    (!ok).then(|| {
+    let item_word = |t: ParamType| match t {
+        ParamType::Int => "whole numbers",
+        ParamType::Float => "numbers",
+        ParamType::Bool => "booleans",
+        _ => "strings",
+    };
+    if ty == ParamType::List {
+        let Some(array) = value.as_array() else {
+            return Some(
+                Diagnostic::new(
+                    Code::ParamType,
+                    value.span,
+                    format!(
+                        "param `{name}` is a list of {}, but this value is {}",
+                        item_word(items),
+                        value.type_name()
+                    ),
+                )
+                .label("expected a list"),
+            );
+        };
+        let wrong = array.iter().find(|v| !scalar(v, items))?;
+        let hint = match wrong.kind {
+            ValueKind::Int(_) => Some("int"),
+            ValueKind::Float(_) => Some("float"),
+            ValueKind::Bool(_) => Some("bool"),
+            _ => None,
+        };
+        let mut d = Diagnostic::new(
+            Code::ParamType,
+            wrong.span,
+            format!(
+                "param `{name}` is a list of {}, but this item is {}",
+                item_word(items),
+                wrong.type_name()
+            ),
+        )
+        .label(format!("expected one of the list's {}", item_word(items)));
+        if let (Some(h), true) = (hint, items == ParamType::String) {
+            d = d.help(format!(
+                "for a list of {}, add `items = \"{h}\"` to the param",
+                item_word(match h {
+                    "int" => ParamType::Int,
+                    "float" => ParamType::Float,
+                    _ => ParamType::Bool,
+                })
+            ));
+        }
+        return Some(d);
+    }
+    (!scalar(value, ty)).then(|| {
         Diagnostic::new(
             Code::ParamType,
             value.span,

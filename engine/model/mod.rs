@@ -137,6 +137,8 @@ impl ParamType {
 pub struct Param {
     pub name: Text,
     pub ty: Spanned<ParamType>,
+    /// For a list: the type of its items (strings when not said).
+    pub items: ParamType,
     pub default: Option<Value>,
     pub description: Option<Text>,
     pub choices: Vec<Value>,

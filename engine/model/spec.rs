@@ -300,7 +300,12 @@ pub static PARAM: TableSpec = TableSpec {
         req(
             "type",
             Ty::Enum(PARAM_TYPES),
-            "The type: string, int, float, bool or list (of strings).",
+            "The type: string, int, float, bool or list (its items are strings unless `items` says otherwise).",
+        ),
+        f(
+            "items",
+            Ty::Enum(&["string", "int", "float", "bool"]),
+            "For a list: the type of its items (default `string`).",
         ),
         f(
             "default",
