@@ -204,7 +204,7 @@ fn duration(t: &Table, key: &str) -> Option<Spanned<Dur>> {
     let d = match &v.kind {
         ValueKind::Int(n) => Dur::Literal(std::time::Duration::from_secs(u64::try_from(*n).ok()?)),
         ValueKind::Str(s) if s.contains("{{") => Dur::Template(s.clone()),
-        ValueKind::Str(s) => Dur::Literal(parse_duration(s)?),
+        ValueKind::Str(s) => Dur::Written(parse_duration(s)?, s.trim().to_string()),
         _ => return None,
     };
     Some(Spanned::new(d, v.span))
