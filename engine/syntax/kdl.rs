@@ -72,8 +72,10 @@ fn first_errors(
         "Found invalid node name",
     ];
     let line = |span: Span| {
-        text[..(span.start as usize).min(text.len())]
-            .matches('\n')
+        let end = (span.start as usize).min(text.len());
+        text.as_bytes()[..end]
+            .iter()
+            .filter(|b| **b == b'\n')
             .count()
     };
     let mut kept: Vec<(Span, String, Option<String>)> = Vec::new();

@@ -70,9 +70,9 @@ fn dotted(text: &str) -> Vec<String> {
 fn header_before(text: &str, pos: usize) -> Option<(usize, Vec<String>)> {
     let mut end = pos;
     loop {
-        let start = text[..end.saturating_sub(1)]
-            .rfind('\n')
-            .map_or(0, |i| i + 1);
+        let upto = text.get(..end)?;
+        let upto = upto.strip_suffix('\n').unwrap_or(upto);
+        let start = upto.rfind('\n').map_or(0, |i| i + 1);
         let line = text[start..end].trim();
         if let Some(inner) = line.strip_prefix('[') {
             let inner = inner.trim_start_matches('[');
