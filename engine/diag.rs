@@ -57,7 +57,7 @@ codes! {
     ReservedName = "RF018", Error, "an id that is a reserved word";
     CrossRegionNeed = "RF019", Error, "a `needs` entry that reaches into another loop or fan-out body";
     Cycle = "RF020", Error, "a dependency cycle outside a loop region";
-    Unreachable = "RF021", Warning, "a stage that can never run";
+    Unreachable = "RF021", Warning, "a stage that can never run (a condition always false, or false on every iteration of a loop with a literal bound; a need whose every route leaves)";
     UnboundedLoop = "RF022", Error, "a loop without a positive `max_iterations`";
     LoopNeverEndsEarly = "RF023", Warning, "a loop whose only way out is running out of iterations";
     ActionOutOfPlace = "RF024", Error, "an action that cannot be taken where it is written (`continue` outside a loop, `approve` outside a gate)";
@@ -98,6 +98,9 @@ pub struct Diagnostic {
     pub related: Vec<(Span, String)>,
     /// The name an unknown-reference diagnostic is about (see [`Diagnostic::unknown`]).
     pub subject: Option<String>,
+    /// The advice written in KDL, for when the file the diagnostic points into is KDL
+    /// (`help` is then written in TOML); see [`Diagnostic::help_syntax`].
+    pub help_kdl: Option<String>,
 }
 
 impl Diagnostic {
@@ -112,6 +115,7 @@ impl Diagnostic {
             help: None,
             related: Vec::new(),
             subject: None,
+            help_kdl: None,
         }
     }
 
@@ -148,6 +152,40 @@ impl Diagnostic {
         match crate::suggest::closest(name, candidates) {
             Some(best) => self.help(format!("did you mean `{best}`?")),
             None => self,
+        }
+    }
+
+    /// Sets advice that shows a snippet of a workflow file, written once in each syntax; the
+    /// one of the file the diagnostic points into is kept (see [`Diagnostic::fit_syntax`]).
+    pub fn help_syntax(mut self, toml: impl Into<String>, kdl: impl Into<String>) -> Self {
+        self.help = Some(toml.into());
+        self.help_kdl = Some(kdl.into());
+        self
+    }
+
+    /// Like [`Diagnostic::help_syntax`], unless a more specific advice is already there.
+    pub fn help_or_syntax(self, toml: impl Into<String>, kdl: impl Into<String>) -> Self {
+        if self.help.is_some() {
+            self
+        } else {
+            self.help_syntax(toml, kdl)
+        }
+    }
+
+    /// Keeps the advice written in the syntax of the file the diagnostic points into.
+    pub fn fit_syntax(&mut self, sources: &Sources) {
+        let Some(kdl) = self.help_kdl.take() else {
+            return;
+        };
+        let is_kdl = self.span.is_some_and(|s| {
+            sources
+                .get(s.file)
+                .path
+                .extension()
+                .is_some_and(|e| e.eq_ignore_ascii_case("kdl"))
+        });
+        if is_kdl {
+            self.help = Some(kdl);
         }
     }
 
@@ -235,6 +273,8 @@ pub fn render(sources: &Sources, diagnostics: &[Diagnostic], color: bool) -> Str
         .with_links(false);
     let mut out = String::new();
     for d in diagnostics {
+        let mut d = d.clone();
+        d.fit_syntax(sources);
         let severity = match d.severity {
             Severity::Error => miette::Severity::Error,
             Severity::Warning => miette::Severity::Warning,
@@ -276,6 +316,8 @@ pub fn render(sources: &Sources, diagnostics: &[Diagnostic], color: bool) -> Str
 pub fn render_short(sources: &Sources, diagnostics: &[Diagnostic]) -> String {
     let mut out = String::new();
     for d in diagnostics {
+        let mut d = d.clone();
+        d.fit_syntax(sources);
         let sev = match d.severity {
             Severity::Error => "error",
             Severity::Warning => "warning",

@@ -213,3 +213,30 @@ fn huge_and_deep_inputs_do_not_panic() {
         format!("name x\n{}\n", "a {".repeat(2000) + &"}".repeat(2000)),
     );
 }
+
+#[test]
+fn non_ascii_next_to_reported_places_does_not_panic() {
+    let toml = [
+        "name = \"é\"\n[stages.é]\nkind = \"command\"\n[stages.é]\nkind = \"command\"\n",
+        "name = \"x\"\n[stages.a]\nkind = \"command\"\nargv = [\"é\\t{{ nöpe }}\", \"\"\"\nç \\\n  {% if é %}\"\"\"]\nargv = []\n",
+        "name = \"x\"\n[stages.a]\nkind = \"command\"\nargv = [\"\\u00e9{{ params.x\"]\n",
+    ];
+    for text in toml {
+        for cut in 0..=text.len() {
+            if text.is_char_boundary(cut) {
+                check_text("w.toml", text[..cut].to_string());
+            }
+        }
+    }
+    let kdl = [
+        "name \"x\"\nstage \"a\" kind=\"command\" {\n    argv \"é\\u{e9}{{ nöpe }}\" \"\"\"\n        ç {% if é %}\n        \"\"\"\n}\n",
+        "name \"x\"\nstage \"é\" kind=true {\n    argv \"ç\né\"\n",
+    ];
+    for text in kdl {
+        for cut in 0..=text.len() {
+            if text.is_char_boundary(cut) {
+                check_text("w.kdl", text[..cut].to_string());
+            }
+        }
+    }
+}

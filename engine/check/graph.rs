@@ -72,12 +72,35 @@ pub fn check(c: &Checked<'_>, diags: &mut Diagnostics) {
             let mut d = Diagnostic::new(
                 Code::Cycle,
                 first.id.span,
-                format!("stages {} depend on each other in a cycle", names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")),
+                format!(
+                    "stages {} depend on each other in a cycle",
+                    names
+                        .iter()
+                        .map(|n| format!("`{n}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
             )
-            .label("part of the cycle")
-            .help("iteration belongs in a loop: put these stages in a `kind = \"loop\"` stage with max_iterations, and remove the edge that goes back");
+            .label("part of the cycle");
+            d = match region.map(|r| c.info(r).stage) {
+                Some(r) if r.kind.value == crate::model::StageKind::Loop => d.help(format!(
+                    "the body of loop `{}` runs once per iteration and must itself be acyclic: remove the edge that goes back; the loop already repeats the body (read the previous iteration with `stages.NAME.last`)",
+                    r.id.value
+                )),
+                Some(r) => d.help(format!(
+                    "the body of `{}` must be acyclic: remove the edge that goes back",
+                    r.id.value
+                )),
+                None => d.help_syntax(
+                    "iteration belongs in a loop: put these stages in a `kind = \"loop\"` stage with max_iterations, and remove the edge that goes back",
+                    "iteration belongs in a loop: put these stages in a `kind=\"loop\"` stage with max_iterations, and remove the edge that goes back",
+                ),
+            };
             for id in &ids[1..] {
                 d = d.related(c.info(*id).stage.id.span, "also in the cycle");
+            }
+            if let Some((span, label)) = closing_edge(c, &ids) {
+                d = d.related(span, label);
             }
             diags.push(d);
         }
@@ -101,6 +124,68 @@ pub fn check(c: &Checked<'_>, diags: &mut Diagnostics) {
                 .help("remove the stage or fix the condition"),
             );
         }
+    }
+    // A condition that the enclosing loop's literal bound makes false on every iteration.
+    for (i, info) in c.stages.iter().enumerate() {
+        if never[i] {
+            continue;
+        }
+        let Some(when) = &info.stage.when else {
+            continue;
+        };
+        let Some((l, max)) = literal_loop_bound(c, StageId(i)) else {
+            continue;
+        };
+        if false_on_every_iteration(&when.value, max) {
+            never[i] = true;
+            diags.push(
+                Diagnostic::new(
+                    Code::Unreachable,
+                    when.span,
+                    format!(
+                        "stage `{}` can never run: its condition is false on every iteration of loop `{}` (iterations 1 to {max})",
+                        info.stage.id.value,
+                        c.info(l).stage.id.value
+                    ),
+                )
+                .label("false for every iteration")
+                .help("fix the condition, or raise the loop's max_iterations"),
+            );
+        }
+    }
+    // A stage that needs a stage whose every route leaves (the run, the loop or the
+    // iteration) never runs: the frame ends before its needs settle.
+    for (i, info) in c.stages.iter().enumerate() {
+        if never[i] {
+            continue;
+        }
+        let Some((need, span, how)) = info.needs.iter().enumerate().find_map(|(k, n)| {
+            if needs_reach(c, *n, StageId(i)) {
+                return None; // a cycle, reported as such
+            }
+            let how = always_leaves(c.info(*n).stage)?;
+            Some((*n, info.stage.needs.get(k)?.span, how))
+        }) else {
+            continue;
+        };
+        never[i] = true;
+        let need_stage = c.info(need).stage;
+        let mut d = Diagnostic::new(
+            Code::Unreachable,
+            span,
+            format!(
+                "stage `{}` can never run: `{}`, which it needs, {how}",
+                info.stage.id.value, need_stage.id.value
+            ),
+        )
+        .label("needed here");
+        if let Some(r) = &need_stage.route {
+            d = d.related(r.span, "every route leaves");
+        }
+        diags.push(d.help(format!(
+            "route one of the cases of `{}` to this stage instead of needing it, or remove the stage",
+            need_stage.id.value
+        )));
     }
     // A stage whose needs can all never run can never run either (skips propagate).
     loop {
@@ -126,6 +211,135 @@ pub fn check(c: &Checked<'_>, diags: &mut Diagnostics) {
             break;
         }
     }
+}
+
+/// Finds the entry that closes a cycle (of stages `ids`, in file order): the first `needs`
+/// entry naming a stage written after its own, or route to a stage written before its own.
+fn closing_edge(c: &Checked<'_>, ids: &[StageId]) -> Option<(crate::source::Span, String)> {
+    for (i, id) in ids.iter().enumerate() {
+        let stage = c.info(*id).stage;
+        for need in &stage.needs {
+            if let Some(j) = c
+                .find(&need.value)
+                .and_then(|t| ids.iter().position(|x| *x == t))
+            {
+                if j > i {
+                    return Some((
+                        need.span,
+                        format!(
+                            "`{}` needs `{}`: this closes the cycle",
+                            stage.id.value, need.value
+                        ),
+                    ));
+                }
+            }
+        }
+        if let Some(route) = &stage.route {
+            let actions = route
+                .cases
+                .iter()
+                .map(|(_, a)| a)
+                .chain(route.default.iter());
+            for a in actions {
+                let Action::Goto(t) = &a.value else { continue };
+                if let Some(j) = c.find(t).and_then(|t| ids.iter().position(|x| *x == t)) {
+                    if j <= i {
+                        return Some((
+                            a.span,
+                            format!(
+                                "`{}` routes back to `{t}`: this closes the cycle",
+                                stage.id.value
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    None
+}
+
+/// Tells how a stage's route always leaves its frame, when every case and the default (or
+/// the failure of an unmatched value) end the run, the loop or the iteration.
+fn always_leaves(stage: &crate::model::Stage) -> Option<&'static str> {
+    let route = stage.route.as_ref()?;
+    let actions: Vec<&Action> = route
+        .cases
+        .iter()
+        .map(|(_, a)| &a.value)
+        .chain(route.default.iter().map(|a| &a.value))
+        .collect();
+    if actions.is_empty()
+        || !actions.iter().all(|a| {
+            matches!(
+                a,
+                Action::Exit(_) | Action::Break | Action::Continue | Action::Fail
+            )
+        })
+    {
+        return None;
+    }
+    let all = |f: fn(&Action) -> bool| actions.iter().all(|a| f(a));
+    Some(if all(|a| matches!(a, Action::Exit(_))) {
+        "always ends the run (every route is `exit:`)"
+    } else if all(|a| matches!(a, Action::Break)) {
+        "always leaves the loop (every route is `break`)"
+    } else if all(|a| matches!(a, Action::Continue)) {
+        "always starts the next iteration (every route is `continue`)"
+    } else {
+        "always leaves (every route exits, fails, breaks or continues)"
+    })
+}
+
+/// Tells whether `from` needs `to`, directly or through other needs.
+fn needs_reach(c: &Checked<'_>, from: StageId, to: StageId) -> bool {
+    let mut seen = vec![false; c.stages.len()];
+    let mut stack = vec![from];
+    while let Some(x) = stack.pop() {
+        if x == to {
+            return true;
+        }
+        if !std::mem::replace(&mut seen[x.0], true) {
+            stack.extend(c.info(x).needs.iter().copied());
+        }
+    }
+    false
+}
+
+/// Returns the innermost loop around a stage and its `max_iterations`, when that is a literal.
+fn literal_loop_bound(c: &Checked<'_>, id: StageId) -> Option<(StageId, u64)> {
+    let l = c.enclosing_loop(id)?;
+    match &c.info(l).stage.body {
+        crate::model::StageBody::Loop {
+            max_iterations: Some(m),
+            ..
+        } => match m.value {
+            crate::model::Count::Literal(n) if (1..=10_000).contains(&n) => Some((l, n)),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// Tells whether a condition over `iteration` and `max_iterations` only (and literals) is
+/// false for every iteration from 1 to `max`.
+fn false_on_every_iteration(expr: &str, max: u64) -> bool {
+    let env = minijinja::Environment::new();
+    let Ok(e) = env.compile_expression(expr) else {
+        return false;
+    };
+    let vars = e.undeclared_variables(false);
+    if !vars.contains("iteration")
+        || vars
+            .iter()
+            .any(|v| v != "iteration" && v != "max_iterations")
+    {
+        return false;
+    }
+    (1..=max).all(|i| {
+        e.eval(minijinja::context! { iteration => i, max_iterations => max })
+            .is_ok_and(|v| !v.is_true())
+    })
 }
 
 fn is_constant_false(expr: &str) -> bool {

@@ -122,8 +122,9 @@ pub fn check<'w>(
     outputs::check(&mut checked, loader, &mut found);
     templates::check(&mut checked, loader, &mut found);
     subflows::check(&checked, loader, &mut found);
-    for d in found.into_sorted() {
+    for mut d in found.into_sorted() {
         if !is_cascade(workflow, &d) {
+            d.fit_syntax(loader.sources);
             diags.push(d);
         }
     }

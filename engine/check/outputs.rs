@@ -101,7 +101,16 @@ fn output_schema(
             )?;
             let text = loader.sources.get(file).text.clone();
             match serde_json::from_str::<Json>(&text) {
-                Ok(v) => validate_schema(v, path.span, diags),
+                Ok(v) => validate_schema(
+                    v,
+                    SchemaAt::File {
+                        file,
+                        text: &text,
+                        named: path.span,
+                        named_at: loader.sources.locate(path.span),
+                    },
+                    diags,
+                ),
                 Err(err) => {
                     let offset = line_offset(&text, err.line(), err.column());
                     diags.push(
@@ -117,7 +126,9 @@ fn output_schema(
                 }
             }
         }
-        Some(SchemaRef::Inline(v)) => validate_schema(v.value.clone(), v.span, diags),
+        Some(SchemaRef::Inline(v)) => {
+            validate_schema(v.value.clone(), SchemaAt::Inline(v.span), diags)
+        }
         None => None,
     };
     if schema.is_some() && matches!(extract, Some("text" | "markers")) {
@@ -143,7 +154,10 @@ fn output_schema(
                     o.span,
                     "`extract = \"regex\"` needs `pattern`",
                 )
-                .help("add pattern = \"(?P<name>...)\""),
+                .help_syntax(
+                    "add pattern = \"(?P<name>...)\"",
+                    "add pattern=\"(?P<name>...)\" to the output",
+                ),
             ),
             Some(p) => match regex::Regex::new(&p.value) {
                 Ok(re) => {
@@ -183,7 +197,10 @@ fn output_schema(
                 p.span,
                 "`pattern` is only used with `extract = \"regex\"`",
             )
-            .help("set extract = \"regex\" or remove pattern"),
+            .help_syntax(
+                "set extract = \"regex\" or remove pattern",
+                "set extract=\"regex\" or remove pattern",
+            ),
         );
     }
     let mut marker_props = serde_json::Map::new();
@@ -195,7 +212,10 @@ fn output_schema(
                     m.span,
                     format!("marker `{}` needs `prefix` or `pattern`", m.name.value),
                 )
-                .help("add prefix = \"VERDICT:\""),
+                .help_syntax(
+                    "add prefix = \"VERDICT:\"",
+                    "add prefix=\"VERDICT:\" to the marker",
+                ),
             ),
             (Some(p), Some(_)) => diags.push(
                 Diagnostic::new(
@@ -264,37 +284,192 @@ fn line_offset(text: &str, line: usize, col: usize) -> usize {
     (start + col.saturating_sub(1)).min(text.len())
 }
 
-fn validate_schema(
-    schema: Json,
-    span: crate::source::Span,
-    diags: &mut Diagnostics,
-) -> Option<Json> {
+/// Where a schema was written: inline in the workflow, or in a file of its own (then its
+/// problems are reported in that file, at the value at fault).
+enum SchemaAt<'a> {
+    Inline(crate::source::Span),
+    File {
+        file: crate::source::FileId,
+        text: &'a str,
+        named: crate::source::Span,
+        /// Where the workflow names the file, as `path:line:column`.
+        named_at: String,
+    },
+}
+
+fn validate_schema(schema: Json, at: SchemaAt<'_>, diags: &mut Diagnostics) -> Option<Json> {
+    let place = |pointer: &str| match &at {
+        SchemaAt::Inline(span) => *span,
+        SchemaAt::File { file, text, .. } => {
+            let tokens: Vec<String> = pointer
+                .split('/')
+                .skip(1)
+                .map(|t| t.replace("~1", "/").replace("~0", "~"))
+                .collect();
+            let range = json_locate(text, &tokens).unwrap_or(0..0);
+            crate::source::Span::new(*file, range)
+        }
+    };
+    let named = |d: Diagnostic| match &at {
+        SchemaAt::File {
+            named, named_at, ..
+        } => {
+            let help = d.help.clone().unwrap_or_default();
+            d.related(*named, "the schema is used here").help(format!(
+                "{help} (the workflow names this schema at {named_at})"
+            ))
+        }
+        SchemaAt::Inline(_) => d,
+    };
     if let Err(err) = jsonschema::meta::validate(&schema) {
-        diags.push(
-            Diagnostic::new(
-                Code::InvalidSchema,
-                span,
-                format!(
-                    "not a valid JSON Schema: {err} at `{}`",
-                    err.instance_path()
-                ),
-            )
-            .help("fix the schema; ralph-flow validates outputs with JSON Schema draft 2020-12"),
-        );
+        let pointer = err.instance_path().to_string();
+        let keyword = pointer.rsplit('/').next().unwrap_or("");
+        let message = if keyword == "type" {
+            format!("{} is not a JSON Schema type", err.instance())
+        } else if pointer.is_empty() {
+            format!("not a valid JSON Schema: {err}")
+        } else {
+            format!("not a valid JSON Schema: `{keyword}` (at `{pointer}`): {err}")
+        };
+        let help = if keyword == "type" {
+            "a type is one of \"string\", \"number\", \"integer\", \"boolean\", \"object\", \"array\", \"null\", or a list of them".to_string()
+        } else {
+            "fix the schema; ralph-flow validates outputs with JSON Schema draft 2020-12"
+                .to_string()
+        };
+        diags.push(named(
+            Diagnostic::new(Code::InvalidSchema, place(&pointer), message)
+                .label("not valid here")
+                .help(help),
+        ));
         return None;
     }
     if let Err(err) = jsonschema::validator_for(&schema) {
-        diags.push(
+        // A `$ref` that points nowhere: point at the reference as written.
+        let span = match &at {
+            SchemaAt::File { file, text, .. } => {
+                let msg = err.to_string();
+                let pointer = msg.split('\'').nth(1).unwrap_or("");
+                let needle = format!("\"#{pointer}\"");
+                match text.find(&needle).filter(|_| !pointer.is_empty()) {
+                    Some(i) => crate::source::Span::new(*file, i..i + needle.len()),
+                    None => place(""),
+                }
+            }
+            SchemaAt::Inline(span) => *span,
+        };
+        diags.push(named(
             Diagnostic::new(
                 Code::InvalidSchema,
                 span,
                 format!("the JSON Schema cannot be used: {err}"),
             )
             .help("schemas must be self-contained: refs point inside the schema"),
-        );
+        ));
         return None;
     }
     Some(schema)
+}
+
+/// Finds the byte range of the value at a JSON pointer (as tokens) in JSON text.
+fn json_locate(text: &str, path: &[String]) -> Option<std::ops::Range<usize>> {
+    let b = text.as_bytes();
+    let ws = |mut i: usize| {
+        while i < b.len() && b[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        i
+    };
+    // Returns the end of the value starting at `i`.
+    fn skip(b: &[u8], i: usize) -> Option<usize> {
+        let ws = |mut i: usize| {
+            while i < b.len() && b[i].is_ascii_whitespace() {
+                i += 1;
+            }
+            i
+        };
+        match *b.get(i)? {
+            b'"' => {
+                let mut j = i + 1;
+                while j < b.len() {
+                    match b[j] {
+                        b'\\' => j += 2,
+                        b'"' => return Some(j + 1),
+                        _ => j += 1,
+                    }
+                }
+                None
+            }
+            open @ (b'{' | b'[') => {
+                let close = if open == b'{' { b'}' } else { b']' };
+                let mut j = ws(i + 1);
+                if b.get(j) == Some(&close) {
+                    return Some(j + 1);
+                }
+                loop {
+                    if open == b'{' {
+                        j = ws(skip(b, j)?);
+                        j = ws(j + 1); // the colon
+                    }
+                    j = ws(skip(b, j)?);
+                    match *b.get(j)? {
+                        b',' => j = ws(j + 1),
+                        c if c == close => return Some(j + 1),
+                        _ => return None,
+                    }
+                }
+            }
+            _ => {
+                let mut j = i;
+                while j < b.len()
+                    && !matches!(b[j], b',' | b'}' | b']')
+                    && !b[j].is_ascii_whitespace()
+                {
+                    j += 1;
+                }
+                Some(j)
+            }
+        }
+    }
+    let mut start = ws(0);
+    for token in path {
+        match *b.get(start)? {
+            b'{' => {
+                let mut j = ws(start + 1);
+                loop {
+                    if b.get(j) != Some(&b'"') {
+                        return None;
+                    }
+                    let key_end = skip(b, j)?;
+                    let key: String = serde_json::from_slice(&b[j..key_end]).ok()?;
+                    let value = ws(ws(key_end) + 1);
+                    if key == *token {
+                        start = value;
+                        break;
+                    }
+                    j = ws(skip(b, value)?);
+                    if b.get(j) != Some(&b',') {
+                        return None;
+                    }
+                    j = ws(j + 1);
+                }
+            }
+            b'[' => {
+                let n: usize = token.parse().ok()?;
+                let mut j = ws(start + 1);
+                for _ in 0..n {
+                    j = ws(skip(b, j)?);
+                    if b.get(j) != Some(&b',') {
+                        return None;
+                    }
+                    j = ws(j + 1);
+                }
+                start = j;
+            }
+            _ => return None,
+        }
+    }
+    Some(start..skip(b, start)?)
 }
 
 fn route(c: &Checked<'_>, id: StageId, diags: &mut Diagnostics) {
@@ -393,7 +568,10 @@ fn aggregate(c: &Checked<'_>, id: StageId, diags: &mut Diagnostics) {
                     agg.span,
                     format!("aggregate mode `{}` needs `field`", agg.mode.value),
                 )
-                .help("name the output field to compare, such as field = \"severity\""),
+                .help_syntax(
+                    "name the output field to compare, such as field = \"severity\"",
+                    "name the output field to compare, such as field=\"severity\"",
+                ),
             );
         }
         return;
@@ -427,7 +605,10 @@ fn aggregate(c: &Checked<'_>, id: StageId, diags: &mut Diagnostics) {
             {
                 diags.push(
                     Diagnostic::new(Code::MissingKey, agg.span, format!("`{}` needs an order of values", agg.mode.value))
-                        .help("add order = [\"none\", \"minor\", \"major\"] or give the field an enum in its schema"),
+                        .help_syntax(
+                            "add order = [\"none\", \"minor\", \"major\"] or give the field an enum in its schema",
+                            "add `order \"none\" \"minor\" \"major\"` in the aggregate or give the field an enum in its schema",
+                        ),
                 );
             }
         }

@@ -78,7 +78,11 @@ pub fn check(c: &mut Checked<'_>, diags: &mut Diagnostics) {
             }
             _ => None,
         };
-        if let Some(key) = missing {
+        let mistyped_key = |key: &str| {
+            c.workflow
+                .is_broken(&crate::model::lower::mistyped("agents", &a.name.value, key))
+        };
+        if let Some(key) = missing.filter(|key| !mistyped_key(key)) {
             diags.push(
                 Diagnostic::new(
                     Code::AgentIncomplete,
@@ -101,7 +105,7 @@ pub fn check(c: &mut Checked<'_>, diags: &mut Diagnostics) {
                     r.capacity.span,
                     "a resource's capacity must be at least 1",
                 )
-                .help("set capacity = 1 for a queue"),
+                .help_syntax("set capacity = 1 for a queue", "set capacity=1 for a queue"),
             );
         }
     }
@@ -198,9 +202,50 @@ fn action_ok(
                         name,
                         names.iter().map(String::as_str),
                     )
-                    .help_or(format!("declare it under [exits.{name}] with its code")),
+                    .help_or_syntax(
+                        format!("declare it under [exits.{name}] with its code"),
+                        format!("declare it with exit \"{name}\" code=N"),
+                    ),
                 );
             }
+        }
+        // Only route cases and defaults go to stages: elsewhere a bare word is a misspelt
+        // or invented action, not a stage to look for.
+        Action::Goto(target) if key != "cases" && key != "default" && c.find(target).is_none() => {
+            let mut actions = Vec::new();
+            if in_loop {
+                actions.extend(["continue", "break"]);
+            }
+            if key == "on_timeout" {
+                actions.extend(["approve", "reject"]);
+            }
+            actions.push("fail");
+            let exits = exit_names(c)
+                .iter()
+                .map(|n| format!("exit:{n}"))
+                .collect::<Vec<_>>();
+            let list = actions
+                .iter()
+                .map(|a| format!("`{a}`"))
+                .chain(exits.iter().map(|e| format!("`{e}`")))
+                .collect::<Vec<_>>()
+                .join(", ");
+            diags.push(
+                Diagnostic::new(
+                    Code::InvalidValue,
+                    action.span,
+                    format!("`{target}` is not an action `{key}` can take"),
+                )
+                .label("not an action")
+                .suggest(
+                    target,
+                    actions
+                        .iter()
+                        .copied()
+                        .chain(exits.iter().map(String::as_str)),
+                )
+                .help_or(format!("`{key}` here takes one of: {list}")),
+            );
         }
         Action::Goto(target) => match c.find(target) {
             None => diags.push(Diagnostic::unknown(
@@ -238,8 +283,18 @@ fn action_ok(
     }
 }
 
-fn require(stage: &Stage, key: &str, present: bool, diags: &mut Diagnostics) {
-    if !present {
+/// Tells whether a stage has `key` with a value of the wrong type (reported once, by the shape
+/// check): the key counts as present.
+fn mistyped(c: &Checked<'_>, stage: &Stage, key: &str) -> bool {
+    c.workflow.is_broken(&crate::model::lower::mistyped(
+        "stages",
+        &stage.id.value,
+        key,
+    ))
+}
+
+fn require(c: &Checked<'_>, stage: &Stage, key: &str, present: bool, diags: &mut Diagnostics) {
+    if !present && !mistyped(c, stage, key) {
         let code = if key == "max_iterations" {
             Code::UnboundedLoop
         } else {
@@ -252,8 +307,14 @@ fn require(stage: &Stage, key: &str, present: bool, diags: &mut Diagnostics) {
         )
         .label(format!("stage `{}` has no `{key}`", stage.id.value));
         d = match key {
-            "max_iterations" => d.help("every loop is bounded: add max_iterations = N"),
-            "prompt" => d.help("add `prompt = \"...\"` or `prompt_file = \"prompts/....md.j2\"`"),
+            "max_iterations" => d.help_syntax(
+                "every loop is bounded: add max_iterations = N",
+                "every loop is bounded: add max_iterations=N",
+            ),
+            "prompt" => d.help_syntax(
+                "add `prompt = \"...\"` or `prompt_file = \"prompts/....md.j2\"`",
+                "add `prompt \"...\"` or `prompt_file \"prompts/....md.j2\"`",
+            ),
             _ => d.help(format!("add `{key}`")),
         };
         diags.push(d);
@@ -323,7 +384,10 @@ fn stage(c: &mut Checked<'_>, id: StageId, diags: &mut Diagnostics) {
                     p.span,
                     "`priority` has no effect without `resource`",
                 )
-                .help("add `resource = \"NAME\"` or remove priority"),
+                .help_syntax(
+                    "add `resource = \"NAME\"` or remove priority",
+                    "add `resource \"NAME\"` or remove priority",
+                ),
             );
         }
     }
@@ -344,11 +408,12 @@ fn stage(c: &mut Checked<'_>, id: StageId, diags: &mut Diagnostics) {
             prompt,
             prompt_file,
         } => {
-            require(s, "agent", agent.is_some(), diags);
+            require(c, s, "agent", agent.is_some(), diags);
             require(
+                c,
                 s,
                 "prompt",
-                prompt.is_some() || prompt_file.is_some(),
+                prompt.is_some() || prompt_file.is_some() || mistyped(c, s, "prompt_file"),
                 diags,
             );
             if let (Some(p), Some(_)) = (prompt, prompt_file) {
@@ -365,22 +430,25 @@ fn stage(c: &mut Checked<'_>, id: StageId, diags: &mut Diagnostics) {
                 agent_ref(c, a, diags);
             }
         }
-        StageBody::Command(cmd) => require(s, "argv", !cmd.argv.is_empty(), diags),
+        StageBody::Command(cmd) => require(c, s, "argv", !cmd.argv.is_empty(), diags),
         StageBody::Check {
             command, expect, ..
         } => {
-            if command.is_none() && expect.is_none() {
+            if command.is_none() && expect.is_none() && !mistyped(c, s, "expect") {
                 diags.push(
                     Diagnostic::new(
                         Code::MissingKey,
                         s.kind.span,
                         "a check stage needs `argv`, `expect` or both",
                     )
-                    .help("add argv = [...] to run a command, or expect = \"...\" to test outputs"),
+                    .help_syntax(
+                        "add argv = [...] to run a command, or expect = \"...\" to test outputs",
+                        "add argv \"...\" to run a command, or expect \"...\" to test outputs",
+                    ),
                 );
             }
             if let Some(cmd) = command {
-                require(s, "argv", !cmd.argv.is_empty(), diags);
+                require(c, s, "argv", !cmd.argv.is_empty(), diags);
             }
         }
         StageBody::Gate {
@@ -389,7 +457,7 @@ fn stage(c: &mut Checked<'_>, id: StageId, diags: &mut Diagnostics) {
             on_reject,
             ..
         } => {
-            require(s, "message", message.is_some(), diags);
+            require(c, s, "message", message.is_some(), diags);
             action_ok(c, Some(id), on_timeout.as_ref(), "on_timeout", diags);
             action_ok(c, Some(id), on_reject.as_ref(), "on_reject", diags);
             if s.timeout.is_none() || on_timeout.is_none() {
@@ -400,13 +468,17 @@ fn stage(c: &mut Checked<'_>, id: StageId, diags: &mut Diagnostics) {
                 };
                 diags.push(
                     Diagnostic::new(Code::GateNoTimeout, s.kind.span, format!("gate `{}` has {what}: it may wait forever", s.id.value))
-                        .help("add timeout = \"24h\" and on_timeout = \"reject\" (or approve, fail, exit:NAME)"),
+                        .help_syntax(
+                            "add timeout = \"24h\" and on_timeout = \"reject\" (or approve, fail, exit:NAME)",
+                            "add timeout \"24h\" and on_timeout \"reject\" (or approve, fail, exit:NAME)",
+                        ),
                 );
             }
         }
         // A preset reference that could not be resolved was reported by the loader, which
         // dropped it and marked the stage broken.
         StageBody::Subflow { workflow, .. } => require(
+            c,
             s,
             "workflow",
             workflow.is_some() || c.workflow.is_broken(&s.id.value),
@@ -421,7 +493,7 @@ fn stage(c: &mut Checked<'_>, id: StageId, diags: &mut Diagnostics) {
             stages,
             ..
         } => {
-            require(s, "max_iterations", max_iterations.is_some(), diags);
+            require(c, s, "max_iterations", max_iterations.is_some(), diags);
             if let Some(m) = max_iterations {
                 // A template counts too, when the params in force resolve it to 0.
                 if crate::compile::resolve_count(&m.value, &c.params) == Ok(0) {
@@ -480,11 +552,18 @@ fn stage(c: &mut Checked<'_>, id: StageId, diags: &mut Diagnostics) {
                     }
                 }
             }
-            let leaves = until.is_some() || stuck.is_some() || body_leaves(stages);
+            let leaves = until.is_some()
+                || stuck.is_some()
+                || mistyped(c, s, "until")
+                || mistyped(c, s, "stuck")
+                || body_leaves(stages);
             if !leaves {
                 diags.push(
                     Diagnostic::new(Code::LoopNeverEndsEarly, s.kind.span, format!("loop `{}` can only end by running out of iterations", s.id.value))
-                        .help("add `until = \"...\"`, a `stuck` rule, or a route to `break` or `exit:NAME`"),
+                        .help_syntax(
+                            "add `until = \"...\"`, a `stuck` rule, or a route to `break` or `exit:NAME`",
+                            "add `until \"...\"`, a `stuck` rule, or a route to `break` or `exit:NAME`",
+                        ),
                 );
             }
             if stages.is_empty() {
@@ -506,7 +585,7 @@ fn stage(c: &mut Checked<'_>, id: StageId, diags: &mut Diagnostics) {
             as_name,
             ..
         } => {
-            require(s, "over", over.is_some(), diags);
+            require(c, s, "over", over.is_some(), diags);
             region_common(
                 c,
                 id,

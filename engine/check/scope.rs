@@ -146,3 +146,56 @@ pub fn share_loop(c: &Checked<'_>, a: StageId, b: StageId) -> bool {
     la.iter().any(|l| lb.contains(l))
         || (c.info(a).stage.kind.value == StageKind::Loop && lb.contains(&a))
 }
+
+/// Tells whether a stage may have been skipped when a site reads it: it may be skipped for a
+/// reason inside the regions around the site (its condition, a route or escalation that
+/// alone starts it, needs that may all be skipped, or such a reason of a region between it
+/// and the site). A loop's own `when` does not make its body's outputs uncertain inside it.
+pub fn maybe_skipped_at(c: &Checked<'_>, target: StageId, site: Site) -> bool {
+    let mut around = c.ancestors(site.stage());
+    if matches!(site, Site::BodyEnd(_) | Site::Region(_)) {
+        around.push(site.stage());
+    }
+    let mut x = Some(target);
+    while let Some(id) = x {
+        if around.contains(&id) {
+            return false;
+        }
+        if skipped_locally(c, id, &mut Vec::new()) {
+            return true;
+        }
+        x = c.info(id).parent;
+    }
+    false
+}
+
+/// Tells whether a stage may be skipped within its own body.
+fn skipped_locally(c: &Checked<'_>, id: StageId, seen: &mut Vec<StageId>) -> bool {
+    if seen.contains(&id) {
+        return false; // a cycle, reported on its own
+    }
+    seen.push(id);
+    let info = c.info(id);
+    info.stage.when.is_some()
+        || is_route_target(c, id)
+        || is_escalated(c, id)
+        || (!info.needs.is_empty() && info.needs.iter().all(|n| skipped_locally(c, *n, seen)))
+}
+
+/// Tells whether a stage can run only after `target` ran: it is `target`, every stage it
+/// needs runs only after `target` ran (a stage whose needs were all skipped is skipped), or
+/// its enclosing region does.
+pub fn runs_only_after(c: &Checked<'_>, at: StageId, target: StageId) -> bool {
+    fn go(c: &Checked<'_>, at: StageId, target: StageId, depth: usize) -> bool {
+        if at == target {
+            return true;
+        }
+        if depth > c.stages.len() {
+            return false; // a cycle, reported on its own
+        }
+        let info = c.info(at);
+        (!info.needs.is_empty() && info.needs.iter().all(|n| go(c, *n, target, depth + 1)))
+            || info.parent.is_some_and(|p| go(c, p, target, depth + 1))
+    }
+    go(c, at, target, 0)
+}

@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 
 use super::filters::{self, Use, UseKind};
-use super::scope::{Site, conditional, share_loop, upstream};
+use super::scope::{Site, maybe_skipped_at, runs_only_after, share_loop, upstream};
 use super::{Checked, ParamValues, StageId, base_dir};
 use crate::diag::{Code, Diagnostic, Diagnostics};
 use crate::load::Loader;
@@ -354,7 +354,10 @@ fn agent_choices(c: &Checked<'_>, a: &Spanned<String>, diags: &mut Diagnostics) 
                 ),
             )
             .severity_warning()
-            .help("add choices = [...] listing the agents it may name"),
+            .help_syntax(
+                "add choices = [...] listing the agents it may name",
+                "add choices \"...\" \"...\" listing the agents it may name",
+            ),
         );
     }
 }
@@ -473,6 +476,12 @@ fn map(src: &Sources, text: &Text<'_>, range: std::ops::Range<usize>) -> Span {
         return Span::new(text.span.file, range);
     }
     let raw = src.slice(text.span);
+    let kdl = crate::syntax::Format::from_path(&src.get(text.span.file).path)
+        == crate::syntax::Format::Kdl;
+    if let Some(r) = crate::syntax::strings::map_range(raw, kdl, text.source, range.clone()) {
+        let start = text.span.start as usize;
+        return Span::new(text.span.file, start + r.start..start + r.end);
+    }
     match raw.find(text.source) {
         Some(base) if !text.source.is_empty() => {
             let start = text.span.start as usize + base;
@@ -588,7 +597,6 @@ fn syntax_error(
     code: Code,
     diags: &mut Diagnostics,
 ) {
-    let span = err.range().map_or(text.span, |r| map(src, text, r));
     let detail = err
         .detail()
         .map(str::to_string)
@@ -598,11 +606,127 @@ fn syntax_error(
     } else {
         "expression"
     };
-    diags.push(
+    let at_end = err
+        .range()
+        .is_none_or(|r| r.end >= text.source.trim_end().len());
+    let mut d = None;
+    if code == Code::TemplateSyntax && at_end {
+        // The parser found out at the end of the text; the mistake is where the unclosed
+        // block or delimiter was opened.
+        if let Some((range, opened)) = unclosed(text.source) {
+            let closer = match opened.as_str() {
+                "{{" => "`}}`".to_string(),
+                "{%" => "`%}`".to_string(),
+                "{#" => "`#}`".to_string(),
+                block => format!("`{{% end{block} %}}`"),
+            };
+            let label = if opened.starts_with('{') {
+                format!("`{opened}` opened here is never closed")
+            } else {
+                format!("this `{opened}` block is never closed")
+            };
+            d = Some(
+                Diagnostic::new(
+                    code,
+                    map(src, text, range),
+                    format!("invalid {what}: {detail}"),
+                )
+                .label(label)
+                .help(format!("close it with {closer}")),
+            );
+        }
+    }
+    let d = d.unwrap_or_else(|| {
+        let span = err.range().map_or(text.span, |r| map(src, text, r));
+        let help = syntax_hint(code, text.source, &detail);
         Diagnostic::new(code, span, format!("invalid {what}: {detail}"))
             .label("here")
-            .help("see the minijinja syntax; expressions are written without {{ }}"),
-    );
+            .help(help)
+    });
+    diags.push(d);
+}
+
+/// A hint for a template or expression syntax error, by what went wrong.
+fn syntax_hint(code: Code, source: &str, detail: &str) -> String {
+    if code == Code::ExpressionSyntax && (source.contains("{{") || source.contains("{%")) {
+        return "conditions and expressions are written without {{ }} or {% %}: `stages.review.output.verdict == \"ok\"`".into();
+    }
+    if detail.contains("unknown statement") {
+        return "a block is `{% if %}`, `{% for %}`, `{% set %}`, `{% with %}`, `{% filter %}` or `{% macro %}`; a value is written `{{ name }}`".into();
+    }
+    if detail.contains("unexpected end of") || detail.contains("unexpected end") {
+        return "something opened is not closed: `{{` needs `}}`, `{%` needs `%}`, a block needs its `{% end... %}`, a string its quote".into();
+    }
+    if detail.contains("unexpected `}`") || detail.contains("unexpected }") {
+        return "a `{{ ... }}` holds one expression; check its brackets and quotes".into();
+    }
+    if detail.contains("unexpected end of block")
+        || detail.contains("endif")
+        || detail.contains("endfor")
+    {
+        return "each `{% if %}` ends with `{% endif %}` and each `{% for %}` with `{% endfor %}`, in order".into();
+    }
+    if code == Code::ExpressionSyntax {
+        return "an expression is minijinja (Jinja2) syntax: `a == \"b\"`, `x and not y`, `n > 2`, `name is defined`".into();
+    }
+    "templates are minijinja (Jinja2) syntax: `{{ value }}`, `{% if cond %}...{% endif %}`, `{% for x in xs %}...{% endfor %}`".into()
+}
+
+/// Finds what a template leaves open at its end: the innermost unclosed block tag (`if`,
+/// `for`, ...) or an unclosed `{{`, `{%` or `{#`, with its range in the template.
+fn unclosed(source: &str) -> Option<(std::ops::Range<usize>, String)> {
+    const BLOCKS: &[&str] = &[
+        "if",
+        "for",
+        "macro",
+        "call",
+        "filter",
+        "with",
+        "raw",
+        "block",
+        "autoescape",
+    ];
+    let mut stack: Vec<(std::ops::Range<usize>, String)> = Vec::new();
+    let mut i = 0;
+    while let Some(pos) = source[i..].find('{').map(|p| p + i) {
+        let rest = &source[pos..];
+        let (open, close) = match rest.get(..2) {
+            Some("{{") => ("{{", "}}"),
+            Some("{%") => ("{%", "%}"),
+            Some("{#") => ("{#", "#}"),
+            _ => {
+                i = pos + 1;
+                continue;
+            }
+        };
+        let Some(end) = rest[2..].find(close).map(|e| pos + 2 + e + 2) else {
+            return Some((pos..pos + 2, open.to_string()));
+        };
+        if open == "{%" {
+            let inner = source[pos + 2..end - 2]
+                .trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace());
+            let word = inner.split_whitespace().next().unwrap_or("");
+            if word == "raw" {
+                // Everything up to `{% endraw %}` is text.
+                match source[end..].find("endraw") {
+                    Some(e) => {
+                        i = end + e;
+                        continue;
+                    }
+                    None => return Some((pos..end, "raw".into())),
+                }
+            }
+            if let Some(block) = word.strip_prefix("end") {
+                if stack.last().is_some_and(|(_, b)| b == block) {
+                    stack.pop();
+                }
+            } else if BLOCKS.contains(&word) || (word == "set" && !inner.contains('=')) {
+                stack.push((pos..end, word.to_string()));
+            }
+        }
+        i = end;
+    }
+    stack.pop()
 }
 
 fn variable(
@@ -636,7 +760,10 @@ fn variable(
                             name,
                             c.workflow.params.iter().map(|p| p.name.value.as_str()),
                         )
-                        .help_or(format!("declare it under [params.{name}]")),
+                        .help_or_syntax(
+                            format!("declare it under [params.{name}] with its type"),
+                            format!("declare it with param \"{name}\" type=\"...\""),
+                        ),
                     );
                 }
             }
@@ -661,6 +788,10 @@ fn variable(
         _ => {}
     }
     if matches!(scope, Scope::Params) {
+        if crate::suggest::closest(root, ["params", "run"]).is_some() {
+            diags.push(unknown(var, span, &["params", "run"]));
+            return;
+        }
         diags.push(
             Diagnostic::new(
                 Code::NotParamsOnly,
@@ -677,7 +808,7 @@ fn variable(
         return;
     }
     let Some(site) = site else {
-        diags.push(unknown(root, span, &[]));
+        diags.push(unknown(var, span, &["params", "stages", "run"]));
         return;
     };
     let at = site.stage();
@@ -720,7 +851,7 @@ fn variable(
             if loops.is_empty() {
                 diags.push(
                     Diagnostic::new(Code::LoopVarOutsideLoop, span, format!("`{r}` is a loop variable, but this is not inside a loop"))
-                        .help("loop variables exist only in the body of a `kind = \"loop\"` stage"),
+                        .help_syntax("loop variables exist only in the body of a `kind = \"loop\"` stage", "loop variables exist only in the body of a `kind=\"loop\"` stage"),
                 );
             }
         }
@@ -752,23 +883,43 @@ fn variable(
                 StageBody::ForEach { as_name, .. } => as_name.as_ref().map_or("item", |n| n.value.as_str()) == r,
                 _ => false,
             });
-            if in_some_foreach || r == "index" {
+            if r == "item" && !items.is_empty() {
+                let (name, fe) = &items[0];
+                let fe = c.info(*fe).stage;
+                let rest = var.strip_prefix("item").unwrap_or("");
+                diags.push(
+                    Diagnostic::new(Code::UnknownVariable, span, format!("there is no `item` here: the for_each `{}` names its item `{name}`", fe.id.value))
+                        .label(format!("write `{name}{rest}`"))
+                        .help(format!("`as` names the item variable; it is `item` only when `as` is left out (did you mean `{name}{rest}`?)")),
+                );
+            } else if in_some_foreach || r == "index" {
                 diags.push(
                     Diagnostic::new(Code::LoopVarOutsideLoop, span, format!("`{r}` is a for_each variable, but this is not inside that for_each"))
                         .help("item variables exist only in the body of their for_each"),
                 );
             } else {
-                diags.push(unknown(r, span, &known));
+                diags.push(unknown(var, span, &known));
             }
         }
     }
 }
 
-fn unknown(name: &str, span: Span, known: &[&str]) -> Diagnostic {
-    Diagnostic::new(Code::UnknownVariable, span, format!("unknown variable `{name}`"))
-        .label("names no param, loop variable, stage or helper")
-        .suggest(name, known.iter().copied())
-        .help_or("templates see params.*, stages.*, run.*, attempt, loop variables, item variables and helper functions")
+/// Reports a variable `var` (`root.rest...`) whose root names nothing, suggesting the closest
+/// of the `known` roots with the rest of the path kept (`param.x` → `params.x`).
+fn unknown(var: &str, span: Span, known: &[&str]) -> Diagnostic {
+    let (name, rest) = var.split_once('.').map_or((var, ""), |(r, t)| (r, t));
+    let d = Diagnostic::new(
+        Code::UnknownVariable,
+        span,
+        format!("unknown variable `{name}`"),
+    )
+    .label("names no param, loop variable, stage or helper");
+    let d = match crate::suggest::closest(name, known.iter().copied()) {
+        Some(best) if !rest.is_empty() => d.help(format!("did you mean `{best}.{rest}`?")),
+        Some(best) => d.help(format!("did you mean `{best}`?")),
+        None => d,
+    };
+    d.help_or("templates see params.*, stages.*, run.*, attempt, loop variables, item variables and helper functions")
 }
 
 fn stage_ref(
@@ -843,16 +994,25 @@ fn stage_ref(
                 diags.push(d);
                 return;
             }
-            let guard = guarded.contains(*name) || when_mentions(c, at, name);
-            if *attr == "output"
-                && conditional(c, target)
-                && !guard
-                && !matches!(site, Site::BodyEnd(_))
-            {
+            // A stage's own `when` is no guard for what it reads itself.
+            let own_when = c
+                .info(at)
+                .stage
+                .when
+                .as_ref()
+                .is_some_and(|w| w.span == text.span);
+            let guard = guarded.contains(*name) || when_mentions(c, at, name, own_when);
+            let implied =
+                matches!(site, Site::Stage(_) | Site::Region(_)) && runs_only_after(c, at, target);
+            if *attr == "output" && maybe_skipped_at(c, target, site) && !guard && !implied {
                 diags.push(
                     Diagnostic::new(Code::MaybeSkipped, span, format!("stage `{name}` may have been skipped here, leaving its output empty"))
                         .label("may not have run")
-                        .help(format!("guard the use with `{{% if stages.{name}.ran %}}` (or in `when`), or give a default with `| default(...)` after checking `stages.{name}.ran`")),
+                        .help(if text.source.contains("{{") || text.source.contains("{%") {
+                            format!("guard the use with `{{% if stages.{name}.ran %}}` (or in `when`), or give a default with `| default(...)` after checking `stages.{name}.ran`")
+                        } else {
+                            format!("guard it in the expression: `stages.{name}.ran and ...` (a skipped stage's output is empty, so the rest would read nothing)")
+                        }),
                 );
             }
             if *attr == "output" && parts.len() > 3 {
@@ -869,9 +1029,10 @@ fn stage_ref(
     }
 }
 
-fn when_mentions(c: &Checked<'_>, at: StageId, name: &str) -> bool {
+fn when_mentions(c: &Checked<'_>, at: StageId, name: &str, skip_own: bool) -> bool {
     let needle = format!("stages.{name}.");
-    std::iter::once(at).chain(c.ancestors(at)).any(|s| {
+    let own = (!skip_own).then_some(at);
+    own.into_iter().chain(c.ancestors(at)).any(|s| {
         c.info(s)
             .stage
             .when

@@ -6,8 +6,11 @@ use std::fmt::Write;
 use super::{NodeId, Plan, Target};
 use crate::model::{Action, Dur, StageBody};
 
+/// Shows a duration as the file writes it ("72h"); seconds written as a number, and
+/// templates resolved with the params in force, as seconds.
 fn dur(plan: &Plan, d: &Dur) -> String {
     match (d, super::resolve_duration(d, &plan.params)) {
+        (Dur::Written(_, text), _) => text.clone(),
         (_, Ok(d)) => format!("{}s", d.as_secs()),
         (Dur::Template(t), Err(_)) => t.clone(),
         (Dur::Literal(d), Err(_)) => format!("{}s", d.as_secs()),
@@ -342,5 +345,37 @@ fn body(plan: &Plan, region: Option<NodeId>, depth: usize, out: &mut String) {
         if node.body.is_some() {
             body(plan, Some(*id), depth + 1, out);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use crate::diag::Diagnostics;
+    use crate::load::{FileSystem, Loader};
+    use crate::source::Sources;
+
+    struct One(&'static str);
+
+    impl FileSystem for One {
+        fn read(&self, _: &Path) -> std::io::Result<String> {
+            Ok(self.0.to_string())
+        }
+    }
+
+    #[test]
+    fn durations_show_as_written() {
+        let fs = One(
+            "name = \"d\"\n[stages.ok]\nkind = \"gate\"\nmessage = \"Go?\"\ntimeout = \"72h\"\non_timeout = \"reject\"\n",
+        );
+        let mut sources = Sources::new();
+        let mut diags = Diagnostics::default();
+        let mut loader = Loader::new(&fs, &mut sources, &mut diags);
+        let wf = loader.load(Path::new("/w.toml"), None).expect("loads");
+        let mut cd = Diagnostics::default();
+        let checked = crate::check::check(&wf, &mut loader, &[], false, &mut cd).expect("checks");
+        let text = super::explain(&crate::compile::compile(&checked));
+        assert!(text.contains("after 72h without an answer"), "{text}");
     }
 }

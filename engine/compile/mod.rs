@@ -427,7 +427,7 @@ pub fn resolve_duration(
     params: &crate::check::ParamValues,
 ) -> Result<std::time::Duration, String> {
     match d {
-        crate::model::Dur::Literal(d) => Ok(*d),
+        crate::model::Dur::Literal(d) | crate::model::Dur::Written(d, _) => Ok(*d),
         crate::model::Dur::Template(t) => {
             let s = render_params(t, params)?;
             crate::model::parse_duration(&s)

@@ -285,7 +285,12 @@ fn type_name(ty: &Ty) -> String {
         Ty::Duration => "duration".into(),
         Ty::Action => "action".into(),
         Ty::Any => "any".into(),
-        Ty::List(item) => format!("list of {}", type_name(item)),
+        // A single item stands for a list of one (see `lower::texts`), except for `choices`.
+        Ty::List(Ty::Any) => "list".into(),
+        Ty::List(item) => {
+            let one = type_name(item);
+            format!("{one} or list of {one}s")
+        }
         Ty::Table(spec) => format!("table [{0}](#{0})", spec.name),
         Ty::Map(item) => format!("map of {}", type_name(item)),
         Ty::Named(spec, _) => format!("named [{0}s](#{0})", spec.name),

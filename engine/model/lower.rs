@@ -82,6 +82,54 @@ fn collect_broken(t: &Table, key: &str, out: &mut Vec<String>) {
         if !ok {
             out.push(e.key.clone());
         }
+        if key == "agents" {
+            if let Some(x) = e.value.as_table() {
+                collect_mistyped(key, &e.key, x, out);
+            }
+        }
+    }
+}
+
+/// Keys whose presence later checks require (a stage's `prompt`, a loop's `max_iterations`,
+/// an agent's `command`, ...) or that give a loop a way out.
+const PRESENCE_KEYS: &[&str] = &[
+    "prompt",
+    "prompt_file",
+    "agent",
+    "argv",
+    "expect",
+    "message",
+    "workflow",
+    "max_iterations",
+    "until",
+    "stuck",
+    "over",
+    "command",
+    "file",
+    "model",
+];
+
+/// The name under which [`Workflow::broken`] records that the table `owner`.`name` (such as
+/// `stages`.`plan`) has `key` with a value of the wrong type, already reported by the shape
+/// check: such a key counts as present, so that checks do not also report it missing.
+pub fn mistyped(owner: &str, name: &str, key: &str) -> String {
+    format!("{owner}.{name}.{key}")
+}
+
+fn collect_mistyped(owner: &str, name: &str, t: &Table, out: &mut Vec<String>) {
+    for key in PRESENCE_KEYS {
+        let Some(v) = t.get(key) else { continue };
+        let lowers = match *key {
+            "max_iterations" => count(t, key).is_some(),
+            "argv" | "command" => {
+                !texts(t, key).is_empty() || v.as_array().is_some_and(<[Value]>::is_empty)
+            }
+            "stuck" => v.as_table().is_some_and(|s| text(s, "on").is_some()),
+            _ => v.as_str().is_some(),
+        };
+        if !lowers {
+            out.push(mistyped(owner, name, key));
+        }
     }
 }
 
@@ -96,6 +144,7 @@ fn collect_broken_stages(t: &Table, out: &mut Vec<String>) {
                     .and_then(Value::as_str)
                     .is_some_and(|k| StageKind::parse(k).is_some()) =>
             {
+                collect_mistyped("stages", &e.key, x, out);
                 collect_broken_stages(x, out);
             }
             _ => out.push(e.key.clone()),
@@ -157,7 +206,7 @@ fn duration(t: &Table, key: &str) -> Option<Spanned<Dur>> {
     let d = match &v.kind {
         ValueKind::Int(n) => Dur::Literal(std::time::Duration::from_secs(u64::try_from(*n).ok()?)),
         ValueKind::Str(s) if s.contains("{{") => Dur::Template(s.clone()),
-        ValueKind::Str(s) => Dur::Literal(parse_duration(s)?),
+        ValueKind::Str(s) => Dur::Written(parse_duration(s)?, s.trim().to_string()),
         _ => return None,
     };
     Some(Spanned::new(d, v.span))

@@ -93,10 +93,12 @@ pub enum Count {
     Template(String),
 }
 
-/// A duration written literally or as a template over params.
+/// A duration written literally (seconds, or a string such as "72h", kept as written so
+/// that `explain` can show it the way the file does) or as a template over params.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Dur {
     Literal(Duration),
+    Written(Duration, String),
     Template(String),
 }
 

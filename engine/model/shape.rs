@@ -207,7 +207,7 @@ fn check_value(value: &Value, ty: &Ty, key: &str, diags: &mut Diagnostics) {
                     if !is_ident(&e.key) {
                         diags.push(
                             Diagnostic::new(Code::InvalidValue, e.key_span, format!("`{}` is not a valid {} name", e.key, spec.name))
-                                .help("names start with a letter or `_` and contain only letters, digits, `_` and `-`"),
+                                .help("names start with an ASCII letter (a-z, A-Z) or `_` and contain only ASCII letters, digits, `_` and `-`"),
                         );
                     } else if RESERVED.contains(&e.key.as_str()) && spec.name == "stage" {
                         diags.push(

@@ -474,7 +474,7 @@ pub static STAGE: TableSpec = TableSpec {
         f(
             "needs",
             Ty::List(&Ty::Str),
-            "Stages (in the same body) that must settle before this one starts.",
+            "Stages (in the same body) that must settle before this one starts: one id, or a list of ids.",
         ),
         f(
             "when",

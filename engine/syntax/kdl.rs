@@ -23,25 +23,26 @@ pub fn parse(file: FileId, text: &str, diags: &mut Diagnostics) -> Table {
             cx.document(&doc, Some(&WORKFLOW))
         }
         Err(err) => {
-            for d in &err.diagnostics {
-                let mut message = d
-                    .message
-                    .clone()
-                    .unwrap_or_else(|| "invalid KDL".to_string());
-                if let Some(label) = &d.label {
-                    if !message.contains(label.as_str()) {
-                        message = format!("{message}: {label}");
+            let mut found: Vec<(Span, String, Option<String>)> = err
+                .diagnostics
+                .iter()
+                .map(|d| {
+                    let mut message = d
+                        .message
+                        .clone()
+                        .unwrap_or_else(|| "invalid KDL".to_string());
+                    if let Some(label) = &d.label {
+                        if !message.contains(label.as_str()) {
+                            message = format!("{message}: {label}");
+                        }
                     }
-                }
-                let mut diag = Diagnostic::new(
-                    Code::Syntax,
-                    Span::new(file, d.span.offset()..d.span.offset() + d.span.len()),
-                    format!("invalid KDL: {message}"),
-                );
-                diag = diag.help(d.help.clone().unwrap_or_else(|| {
-                    "fix the KDL syntax; https://kdl.dev describes KDL v2".to_string()
-                }));
-                diags.push(diag);
+                    let span = Span::new(file, d.span.offset()..d.span.offset() + d.span.len());
+                    (span, message, d.help.clone())
+                })
+                .collect();
+            found.sort_by_key(|(span, _, _)| (span.start, span.end));
+            for (span, message, help) in first_errors(text, found) {
+                diags.push(syntax_error(text, span, &message, help));
             }
             if err.diagnostics.is_empty() {
                 diags.push(Diagnostic::new(
@@ -53,6 +54,79 @@ pub fn parse(file: FileId, text: &str, diags: &mut Diagnostics) -> Table {
             Table::default()
         }
     }
+}
+
+/// Keeps the syntax errors worth reading: the parser, once thrown off, reports echoes of one
+/// mistake (an unclosed block, the rest of a line, a whole file read inside out after a
+/// newline in a string). Kept: the first error of each line, unless it is only an echo
+/// ("no closing `}`", "expected end of document") of an earlier error; nothing after a
+/// newline in a single-line string, which puts every later quote out of step.
+fn first_errors(
+    text: &str,
+    found: Vec<(Span, String, Option<String>)>,
+) -> Vec<(Span, String, Option<String>)> {
+    const ECHOES: &[&str] = &[
+        "No closing '}'",
+        "Closing '}' was not found",
+        "Expected end of document",
+        "Found invalid node name",
+    ];
+    let line = |span: Span| {
+        let end = (span.start as usize).min(text.len());
+        text.as_bytes()[..end]
+            .iter()
+            .filter(|b| **b == b'\n')
+            .count()
+    };
+    let mut kept: Vec<(Span, String, Option<String>)> = Vec::new();
+    for (span, message, help) in found {
+        if let Some((last, last_message, _)) = kept.last() {
+            if last_message.contains("Unexpected newline in single-line quoted string")
+                || line(*last) == line(span)
+                || ECHOES.iter().any(|e| message.contains(e))
+            {
+                continue;
+            }
+        }
+        kept.push((span, message, help));
+    }
+    kept
+}
+
+/// Builds the diagnostic for one KDL syntax error, recognising KDL v1 spellings.
+fn syntax_error(text: &str, span: Span, message: &str, help: Option<String>) -> Diagnostic {
+    let written = text.get(span.range()).unwrap_or("");
+    if let Some(word) = ["true", "false", "null"].iter().find(|w| written == **w) {
+        return Diagnostic::new(
+            Code::Syntax,
+            span,
+            format!("invalid KDL: `{word}` is the KDL v1 spelling; KDL v2 writes `#{word}`"),
+        )
+        .label(format!("write `#{word}`"))
+        .help("KDL v2 spells its keywords `#true`, `#false` and `#null`; a bare word is a string, and `true`, `false` and `null` may not be bare words");
+    }
+    if written.starts_with("r\"") || written.starts_with("r#") {
+        return Diagnostic::new(
+            Code::Syntax,
+            span,
+            "invalid KDL: `r\"...\"` is a KDL v1 raw string; KDL v2 writes `#\"...\"#`",
+        )
+        .label("KDL v1 raw string")
+        .help("write the raw string as #\"...\"# (add more `#` on both sides if the text holds `\"#`)");
+    }
+    if message.contains("Unexpected newline in single-line quoted string") {
+        return Diagnostic::new(Code::Syntax, span, format!("invalid KDL: {message}"))
+            .label("the string is still open here")
+            .help("close the string on its line, write the line break as \\n, or use a multi-line string: \"\"\" on its own line, the text, then \"\"\" on its own line (later errors are not reported: they are likely echoes of this one)");
+    }
+    if message.contains("No closing '}'") {
+        return Diagnostic::new(Code::Syntax, span, format!("invalid KDL: {message}"))
+            .label("this `{` is never closed")
+            .help("add the `}` that closes this block; the errors that follow from it are not reported");
+    }
+    Diagnostic::new(Code::Syntax, span, format!("invalid KDL: {message}")).help(
+        help.unwrap_or_else(|| "fix the KDL syntax; https://kdl.dev describes KDL v2".to_string()),
+    )
 }
 
 struct Cx<'a> {
@@ -83,6 +157,33 @@ impl Cx<'_> {
         let field = spec
             .and_then(|s| s.fields.iter().find(|f| f.key == name))
             .filter(|f| !matches!(f.ty, Ty::Tables(_, singular) if singular == name));
+        // A keyed collection written with its plural name and an id (`stages "plan" ...`,
+        // the TOML habit): said once, then read as the singular node it was meant to be.
+        let plural_with_id = field.and_then(|f| match f.ty {
+            Ty::Named(_, singular) if singular != name => Some(singular),
+            _ => None,
+        });
+        let plural_with_id = plural_with_id.filter(|_| {
+            node.entries()
+                .first()
+                .is_some_and(|e| e.name().is_none() && matches!(e.value(), KdlValue::String(_)))
+        });
+        let mut name = name;
+        if let Some(singular) = plural_with_id {
+            self.diags.push(
+                Diagnostic::new(
+                    Code::UnknownKey,
+                    key_span,
+                    format!("in KDL, each of the `{name}` is a `{singular}` node"),
+                )
+                .label(format!("read as `{singular}`"))
+                .help(format!(
+                    "write `{singular} \"ID\" ...` (the singular), once per item; `{name}` is the TOML table's name"
+                )),
+            );
+            name = singular;
+        }
+        let field = field.filter(|_| plural_with_id.is_none());
         if let Some(field) = field {
             let value = self.typed(node, &field.ty);
             self.insert(table, name, key_span, value);

@@ -2,6 +2,7 @@
 
 pub mod emit;
 pub mod kdl;
+pub mod strings;
 pub mod toml;
 pub mod tree;
 
