@@ -137,7 +137,10 @@ fn spider_rejected_spec_is_rewritten_with_the_comment_then_every_phase_is_built_
 
     let out = p.run(&["run", "w.toml", "--no-wait", "--json"]);
     assert_eq!(out.code, 75, "waits on the spec gate: {}", out.stderr);
-    assert_eq!(out.json["waiting_on"], serde_json::json!(["approve_spec"]));
+    assert_eq!(
+        out.json["waiting_on"],
+        serde_json::json!(["specify_loop#1/approve_spec"])
+    );
     let run = out.json["run"].as_str().unwrap().to_string();
     let r = p.run(&[
         "reject",
@@ -155,7 +158,10 @@ fn spider_rejected_spec_is_rewritten_with_the_comment_then_every_phase_is_built_
         "the rewritten spec waits again: {}",
         out.stderr
     );
-    assert_eq!(out.json["waiting_on"], serde_json::json!(["approve_spec"]));
+    assert_eq!(
+        out.json["waiting_on"],
+        serde_json::json!(["specify_loop#2/approve_spec"])
+    );
     let second = p.prompt("specify", 2);
     assert!(
         second.contains("handle unicode words"),
@@ -169,7 +175,10 @@ fn spider_rejected_spec_is_rewritten_with_the_comment_then_every_phase_is_built_
     assert_eq!(p.run(&["approve", &run, "approve_spec"]).code, 0);
     let out = p.run(&["resume", &run, "--no-wait", "--json"]);
     assert_eq!(out.code, 75, "the plan gate: {}", out.stderr);
-    assert_eq!(out.json["waiting_on"], serde_json::json!(["approve_plan"]));
+    assert_eq!(
+        out.json["waiting_on"],
+        serde_json::json!(["plan_loop#1/approve_plan"])
+    );
     assert_eq!(p.run(&["approve", &run, "approve_plan"]).code, 0);
     let out = p.run(&["resume", &run, "--json"]);
     assert_eq!(out.code, 0, "{}", logs(&p));
@@ -354,6 +363,22 @@ fn wiggum_stuck_loop_stops_when_the_findings_repeat() {
     assert_eq!(out.code, 1, "{}", out.stderr);
     assert_eq!(out.json["exit"], "stuck");
     assert_eq!(p.calls("review"), 2);
+    // Giving up wrote the report of what stayed unfixed, from the loop's history.
+    let run = out.json["run"].as_str().unwrap();
+    let report = p.read(&format!(".ralph-flow/runs/{run}/unfixed.md"));
+    assert!(
+        report.contains("gave up (stuck) after 2 iteration(s)"),
+        "{report}"
+    );
+    assert!(
+        report.contains("### Iteration 1\n- src/a.rs:1 unused import"),
+        "{report}"
+    );
+    assert!(
+        out.stderr.contains("unfixed.md"),
+        "the exit says where: {}",
+        out.stderr
+    );
 }
 
 // ------------------------------------------------------------------------ cairo (001)
@@ -730,4 +755,15 @@ fn ticket_pipeline_rediscovers_unlanded_tickets_in_the_next_run() {
         !resume.contains("fast-ticket"),
         "landed tickets are not resumed: {second}"
     );
+    // The evicted ticket was recorded when its passes ran out, with why.
+    let evicted = second
+        .split("Tickets the merge queue evicted in earlier runs")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{second}"));
+    let evicted = evicted.split("##").next().unwrap();
+    assert!(
+        evicted.contains("`slow-ticket` (small, 1 passes") && evicted.contains("last eviction:"),
+        "{second}"
+    );
+    assert!(!evicted.contains("fast-ticket"), "{second}");
 }

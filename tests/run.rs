@@ -392,14 +392,14 @@ fn a_gate_waits_and_a_rejection_comment_is_the_next_attempts_feedback() {
     let out = p.run(&["run", "w.toml", "--no-wait", "--json"]);
     assert_eq!(out.code, 75, "waiting: {}", out.stderr);
     let run = out.json["run"].as_str().unwrap().to_string();
-    assert_eq!(out.json["waiting_on"], json!(["approve_plan"]));
+    assert_eq!(out.json["waiting_on"], json!(["review#1/approve_plan"]));
     assert_eq!(
         out.json["outputs"]["other"]["stdout"], "independent\n",
         "other branches go on"
     );
     assert!(
         out.stderr
-            .contains(&format!("ralph-flow approve {run} approve_plan")),
+            .contains(&format!("ralph-flow approve {run} 'review#1/approve_plan'")),
         "{}",
         out.stderr
     );
@@ -407,7 +407,7 @@ fn a_gate_waits_and_a_rejection_comment_is_the_next_attempts_feedback() {
     let bad = p.run(&["approve", &run, "nope"]);
     assert_eq!(bad.code, 3);
     assert!(
-        bad.stderr.contains("waiting: approve_plan"),
+        bad.stderr.contains("waiting: review#1/approve_plan"),
         "{}",
         bad.stderr
     );
@@ -1025,4 +1025,56 @@ argv = ["cat", "notes.md"]
         "{}",
         explain.stdout
     );
+}
+
+#[test]
+fn a_loop_and_a_gate_that_give_up_run_a_stage_that_sees_the_history() {
+    let p = Project::new();
+    let flow = |gate_first: bool| {
+        format!(
+            r#"name = "give-up"
+[exits.blocked]
+code = 2
+[exits.expired]
+code = 4
+[stages.attempts]
+kind = "loop"
+max_iterations = {}
+until = "stages.try.output.exit_code == 0"
+on_exhausted = "block"
+[stages.attempts.stages.try]
+kind = "command"
+argv = ["sh", "-c", "echo try {{{{ iteration }}}}; exit 2"]
+ok_codes = [0, 2]
+[stages.block]
+kind = "command"
+argv = ["echo", "{{{{ stages.attempts.output.outcome }}}}: {{{{ stages.attempts.output.history | map(attribute='outputs') | map(attribute='try') | map(attribute='stdout') | map('trim') | join(', ') }}}}"]
+then = "exit:blocked"
+[stages.ship]
+kind = "gate"
+message = "Ship it?"
+timeout = "1s"
+on_timeout = "remind"
+[stages.remind]
+kind = "command"
+argv = ["echo", "nobody answered"]
+then = "exit:expired"
+"#,
+            if gate_first { 50 } else { 3 }
+        )
+    };
+    p.workflow("w.toml", &flow(false));
+    let out = p.run(&["run", "w.toml", "--json"]);
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert_eq!(out.json["exit"], "blocked");
+    assert_eq!(
+        out.json["outputs"]["block"]["stdout"],
+        "exhausted: try 1, try 2, try 3\n"
+    );
+    // The gate's timeout runs `remind`, whose `then` ends the run (the loop is still busy).
+    p.workflow("w.toml", &flow(true).replace("exit 2", "sleep 0.2; exit 2"));
+    let out = p.run(&["run", "w.toml", "--json"]);
+    assert_eq!(out.code, 4, "{}", out.stderr);
+    assert_eq!(out.json["exit"], "expired");
+    assert_eq!(out.json["outputs"]["remind"]["stdout"], "nobody answered\n");
 }

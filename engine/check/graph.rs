@@ -32,15 +32,17 @@ pub fn body_graph(c: &Checked<'_>, region: Option<StageId>) -> DiGraph<StageId, 
 }
 
 /// Returns the stages a stage's route can go to.
+/// Returns the stages a stage's route can go to, and those it runs when it gives up (a
+/// loop's `on_exhausted` or `stuck.then`, a gate's `on_timeout` naming a stage): both run
+/// only when chosen.
 pub fn route_targets(c: &Checked<'_>, id: StageId) -> Vec<StageId> {
-    let Some(route) = &c.info(id).stage.route else {
-        return Vec::new();
-    };
-    route
-        .cases
+    let stage = c.info(id).stage;
+    let routes = stage
+        .route
         .iter()
-        .map(|(_, a)| a)
-        .chain(route.default.iter())
+        .flat_map(|r| r.cases.iter().map(|(_, a)| a).chain(r.default.iter()));
+    routes
+        .chain(stage.give_up_targets().into_iter().map(|(_, a)| a))
         .filter_map(|a| match &a.value {
             Action::Goto(t) => c.find(t),
             _ => None,

@@ -30,7 +30,10 @@ fn builtin_schema(kind: StageKind) -> Option<Json> {
             "exit": {"type": "string"}, "code": {"type": "integer"}, "outputs": {"type": "object"}
         }}),
         StageKind::Loop => json!({"type": "object", "properties": {
-            "iterations": {"type": "integer"}, "outcome": {"type": "string"}
+            "iterations": {"type": "integer"}, "outcome": {"type": "string"},
+            "history": {"type": "array", "items": {"type": "object", "properties": {
+                "iteration": {"type": "integer"}, "feedback": {"type": "string"}, "outputs": {"type": "object"}
+            }}}
         }}),
         StageKind::ForEach | StageKind::Group => json!({"type": "object", "properties": {
             "results": {"type": "array"}, "value": {}

@@ -165,6 +165,15 @@ fn exit_names(c: &Checked<'_>) -> Vec<String> {
 }
 
 /// Checks an action written on stage `at` (or at the top level for `None`).
+/// The keys whose action runs a stage instead of giving up.
+const GIVE_UP_KEYS: &[&str] = &["on_exhausted", "stuck.then", "on_timeout"];
+
+/// Tells whether a key's action may name a stage: route cases and defaults, and what a loop
+/// or a gate does when it gives up.
+fn goes_to_stages(key: &str) -> bool {
+    key == "cases" || key == "default" || GIVE_UP_KEYS.contains(&key)
+}
+
 fn action_ok(
     c: &Checked<'_>,
     at: Option<StageId>,
@@ -211,7 +220,7 @@ fn action_ok(
         }
         // Only route cases and defaults go to stages: elsewhere a bare word is a misspelt
         // or invented action, not a stage to look for.
-        Action::Goto(target) if key != "cases" && key != "default" && c.find(target).is_none() => {
+        Action::Goto(target) if !goes_to_stages(key) && c.find(target).is_none() => {
             let mut actions = Vec::new();
             if in_loop {
                 actions.extend(["continue", "break"]);
@@ -257,15 +266,48 @@ fn action_ok(
             )),
             Some(t) => {
                 let here = at.and_then(|s| c.info(s).parent);
-                if key != "cases" && key != "default" {
+                if !goes_to_stages(key) {
                     diags.push(
                         Diagnostic::new(Code::ActionOutOfPlace, action.span, format!("`{key}` cannot go to a stage"))
-                            .help("only route cases go to stages; use `continue`, `break`, `fail` or `exit:NAME`"),
+                            .help("only route cases and what a loop or gate does when it gives up (`on_exhausted`, `stuck.then`, `on_timeout`) go to stages; use `continue`, `break`, `fail` or `exit:NAME`"),
+                    );
+                } else if GIVE_UP_KEYS.contains(&key)
+                    && c.info(t).parent == here
+                    && Some(t) != at
+                    && c.info(t).stage.route.is_none()
+                    && c.info(t).stage.then.is_none()
+                {
+                    diags.push(
+                        Diagnostic::new(
+                            Code::ActionOutOfPlace,
+                            action.span,
+                            format!("stage `{target}` runs when this gives up, but does not say how the run goes on"),
+                        )
+                        .label("gives up to this stage")
+                        .help_or_syntax(
+                            format!("add then = \"exit:NAME\" (or \"fail\") to [stages.{target}], or a route"),
+                            format!("add then=\"exit:NAME\" (or \"fail\") to stage \"{target}\", or a route"),
+                        ),
                     );
                 } else if c.info(t).parent != here {
+                    let (what, help) = if GIVE_UP_KEYS.contains(&key) {
+                        (
+                            "this stage",
+                            "the stage run on giving up stands beside the loop or gate (in the same body), not inside it",
+                        )
+                    } else {
+                        (
+                            "this route",
+                            "a route goes to a stage of the same body; to leave a loop, use `break` or `exit:NAME`",
+                        )
+                    };
                     diags.push(
-                        Diagnostic::new(Code::CrossRegionNeed, action.span, format!("stage `{target}` is in another body than this route"))
-                            .help("a route goes to a stage of the same body; to leave a loop, use `break` or `exit:NAME`"),
+                        Diagnostic::new(
+                            Code::CrossRegionNeed,
+                            action.span,
+                            format!("stage `{target}` is in another body than {what}"),
+                        )
+                        .help(help),
                     );
                 } else if Some(t) == at {
                     diags.push(
@@ -393,6 +435,7 @@ fn stage(c: &mut Checked<'_>, id: StageId, diags: &mut Diagnostics) {
     }
     action_ok(c, Some(id), s.on_fail.as_ref(), "on_fail", diags);
     action_ok(c, Some(id), s.on_error.as_ref(), "on_error", diags);
+    action_ok(c, Some(id), s.then.as_ref(), "then", diags);
     if let Some(b) = &s.budget {
         action_ok(c, Some(id), b.on_exceeded.as_ref(), "on_exceeded", diags);
     }
@@ -509,7 +552,7 @@ fn stage(c: &mut Checked<'_>, id: StageId, diags: &mut Diagnostics) {
             }
             action_ok(c, Some(id), on_exhausted.as_ref(), "on_exhausted", diags);
             if let Some(st) = stuck {
-                action_ok(c, Some(id), st.then.as_ref(), "then", diags);
+                action_ok(c, Some(id), st.then.as_ref(), "stuck.then", diags);
                 if st
                     .repeats
                     .as_ref()

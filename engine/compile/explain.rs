@@ -335,6 +335,9 @@ fn body(plan: &Plan, region: Option<NodeId>, depth: usize, out: &mut String) {
         if s.on_fail.is_some() {
             let _ = writeln!(out, "{pad}   if it fails: {}", target(plan, &node.on_fail));
         }
+        if let Some(t) = &node.then {
+            let _ = writeln!(out, "{pad}   then: {}", target(plan, t));
+        }
         if s.on_error.is_some() {
             let _ = writeln!(
                 out,

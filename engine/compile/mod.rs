@@ -65,6 +65,11 @@ pub struct Node {
     /// What happens when the stage cannot run for reasons outside the work (an agent that
     /// cannot be reached, a timeout, a program that cannot start): `on_error`, else `fail`.
     pub on_error: Target,
+    /// What happens when the stage completes and no route took an action (`then`).
+    pub then: Option<Target>,
+    /// The stages a loop or gate runs instead of giving up (`on_exhausted`, `stuck.then`,
+    /// `on_timeout`), with the key's name: edges of the body like routes.
+    pub give_up: Vec<(String, Target)>,
     /// Whether the stage may be skipped (a condition, a route or an escalation decides).
     pub conditional: bool,
     /// Escalation rules of a loop: the condition (an expression) and the nodes it runs.
@@ -331,6 +336,12 @@ pub fn compile(checked: &Checked<'_>) -> Plan {
                 .on_error
                 .as_ref()
                 .map_or(Target::Fail, |a| target(&a.value, &exits)),
+            then: s.then.as_ref().map(|a| target(&a.value, &exits)),
+            give_up: s
+                .give_up_targets()
+                .into_iter()
+                .map(|(k, a)| (k.to_string(), target(&a.value, &exits)))
+                .collect(),
             conditional: conditional(checked, id),
             escalations,
         });
@@ -366,12 +377,17 @@ fn body(c: &Checked<'_>, region: Option<StageId>, nodes: &[Node]) -> Body {
             }
         }
         let mut by_target: Vec<(NodeId, Vec<String>)> = Vec::new();
-        let routes = nodes[m.0].routes.iter().map(|(k, t)| (k.clone(), t)).chain(
-            nodes[m.0]
-                .route_default
-                .iter()
-                .map(|t| ("*".to_string(), t)),
-        );
+        let routes = nodes[m.0]
+            .routes
+            .iter()
+            .map(|(k, t)| (k.clone(), t))
+            .chain(
+                nodes[m.0]
+                    .route_default
+                    .iter()
+                    .map(|t| ("*".to_string(), t)),
+            )
+            .chain(nodes[m.0].give_up.iter().map(|(k, t)| (k.clone(), t)));
         for (label, t) in routes {
             if let Target::Stage(to) = t {
                 match by_target.iter_mut().find(|(x, _)| x == to) {

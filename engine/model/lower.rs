@@ -477,6 +477,7 @@ fn stage(id: Text, t: &Table, span: Span) -> Option<Stage> {
         }),
         on_fail: action(t, "on_fail"),
         on_error: action(t, "on_error"),
+        then: action(t, "then"),
         feedback: text(t, "feedback"),
         timeout: duration(t, "timeout"),
         idle_timeout: duration(t, "idle_timeout"),

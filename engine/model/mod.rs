@@ -374,6 +374,35 @@ impl std::fmt::Display for Action {
     }
 }
 
+impl Stage {
+    /// The stages this one runs instead of giving up: a loop's `on_exhausted` and
+    /// `stuck.then`, a gate's `on_timeout`, when they name a stage (with the key's name).
+    pub fn give_up_targets(&self) -> Vec<(&'static str, &Spanned<Action>)> {
+        let mut out = Vec::new();
+        match &self.body {
+            StageBody::Loop {
+                on_exhausted,
+                stuck,
+                ..
+            } => {
+                out.extend(on_exhausted.iter().map(|a| ("exhausted", a)));
+                out.extend(
+                    stuck
+                        .iter()
+                        .filter_map(|s| s.then.as_ref())
+                        .map(|a| ("stuck", a)),
+                );
+            }
+            StageBody::Gate { on_timeout, .. } => {
+                out.extend(on_timeout.iter().map(|a| ("timeout", a)));
+            }
+            _ => {}
+        }
+        out.retain(|(_, a)| matches!(a.value, Action::Goto(_)));
+        out
+    }
+}
+
 /// Words that cannot be used as ids, because actions or template names use them.
 pub const RESERVED: &[&str] = &[
     "continue",
@@ -471,6 +500,7 @@ pub struct Stage {
     pub route: Option<Route>,
     pub on_fail: Option<Spanned<Action>>,
     pub on_error: Option<Spanned<Action>>,
+    pub then: Option<Spanned<Action>>,
     pub feedback: Option<Text>,
     pub timeout: Option<Spanned<Dur>>,
     pub idle_timeout: Option<Spanned<Dur>>,

@@ -496,6 +496,12 @@ pub static STAGE: TableSpec = TableSpec {
             Ty::Action,
             "The action when the stage cannot run for reasons outside the work: an agent that cannot be reached, a timeout, a program that cannot start (default `fail`).",
         ),
+        k(
+            "then",
+            &["agent", "command", "check"],
+            Ty::Action,
+            "The action taken when the stage completes and no route case took one: `exit:NAME`, `fail`, `continue` or `break` (a stage run when a loop or gate gives up says so how the run goes on).",
+        ),
         f(
             "feedback",
             Ty::Template,
@@ -603,7 +609,7 @@ pub static STAGE: TableSpec = TableSpec {
             "on_timeout",
             &["gate"],
             Ty::Action,
-            "The action when nobody answers in time: approve, reject, fail or exit:NAME.",
+            "The action when nobody answers in time: approve, reject, fail or exit:NAME, or a stage beside the gate to run instead.",
         ),
         k(
             "on_reject",
@@ -639,7 +645,7 @@ pub static STAGE: TableSpec = TableSpec {
             "on_exhausted",
             &["loop"],
             Ty::Action,
-            "The action when the iterations run out (default `fail`).",
+            "The action when the iterations run out (default `fail`), or a stage beside the loop to run instead (see Loops).",
         ),
         k(
             "stuck",
@@ -801,7 +807,7 @@ pub static STUCK: TableSpec = TableSpec {
         f(
             "then",
             Ty::Action,
-            "The action when stuck (default `fail`).",
+            "The action when stuck (default `fail`), or a stage beside the loop to run instead.",
         ),
     ],
 };

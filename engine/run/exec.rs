@@ -1645,6 +1645,7 @@ impl<'p> Exec<'p> {
                                 format!(
                                     "stuck: the same findings {stuck_count} iterations in a row"
                                 ),
+                                &history,
                             ));
                         }
                     }
@@ -1676,10 +1677,14 @@ impl<'p> Exec<'p> {
             max,
             then,
             format!("no success after {max} iterations"),
+            &history,
         ))
     }
 
     /// The settlement of a loop that ended by a rule (`stuck`, exhausted) with an action.
+    /// When the action runs a stage (one that handles giving up: a report, a block with
+    /// context), the loop's output carries its `history` for that stage to read.
+    #[allow(clippy::too_many_arguments)]
     fn loop_end(
         &self,
         n: NodeId,
@@ -1688,8 +1693,13 @@ impl<'p> Exec<'p> {
         it: u64,
         then: Target,
         message: String,
+        history: &[Value],
     ) -> Settled {
-        let output = json!({"iterations": it, "outcome": outcome});
+        let mut output = json!({"iterations": it, "outcome": outcome});
+        if matches!(then, Target::Stage(_)) {
+            output["history"] =
+                serde_json::to_value(history).unwrap_or_else(|_| Json::Array(Vec::new()));
+        }
         match then {
             Target::Fail => {
                 let mut s = Settled::new(NodeState::Failed, output, started);

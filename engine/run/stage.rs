@@ -207,7 +207,7 @@ impl Exec<'_> {
                 s.action = Some(Target::Fail);
                 return Outcome::Settled(s);
             }
-            Ok(a) => s.action = a.map(|(t, _)| t),
+            Ok(a) => s.action = a.map(|(t, _)| t).or_else(|| self.plan.node(n).then.clone()),
             Err(m) => {
                 s.state = NodeState::Failed;
                 s.feedback = Some(m.clone());
