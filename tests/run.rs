@@ -1078,3 +1078,55 @@ then = "exit:expired"
     assert_eq!(out.json["exit"], "expired");
     assert_eq!(out.json["outputs"]["remind"]["stdout"], "nobody answered\n");
 }
+
+#[test]
+fn fan_out_items_see_the_items_that_settled_before_them() {
+    let p = Project::new();
+    p.workflow(
+        "w.toml",
+        r#"name = "siblings"
+[stages.items]
+kind = "for_each"
+over = "['a', 'b', 'c']"
+as = "t"
+key = "t"
+max_concurrency = 1
+
+[stages.items.stages.work]
+kind = "command"
+argv = ["sh", "-c", "echo {{ t }} saw [{{ stages.items.settled | map(attribute='key') | join(',') }}]; test {{ t }} != b"]
+"#,
+    );
+    let out = p.run(&["run", "w.toml", "--json"]);
+    assert_eq!(out.code, 1, "b fails: {}", out.stderr);
+    let results = p.store_text();
+    assert!(results.contains("a saw []"), "{results}");
+    assert!(results.contains("b saw [a]"), "{results}");
+    assert!(results.contains("c saw [a,b]"), "{results}");
+    // Outside its body, `settled` is a check error.
+    p.workflow(
+        "w.toml",
+        r#"name = "siblings"
+[stages.items]
+kind = "for_each"
+over = "['a']"
+as = "t"
+[stages.items.stages.work]
+kind = "command"
+argv = ["echo", "{{ t }}"]
+[stages.after]
+kind = "command"
+needs = ["items"]
+argv = ["echo", "{{ stages.items.settled | length }}"]
+"#,
+    );
+    let out = p.run(&["check", "w.toml"]);
+    assert_eq!(out.code, 3, "{}", out.stderr);
+    assert!(
+        out.stderr.contains(
+            "`stages.items.settled` is only read inside the body of the for_each `items`"
+        ),
+        "{}",
+        out.stderr
+    );
+}

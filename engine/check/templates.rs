@@ -35,7 +35,7 @@ const BUILTINS: &[&str] = &[
 ];
 /// The attributes of `stages.ID`.
 pub const STAGE_ATTRS: &[&str] = &[
-    "output", "history", "last", "status", "ran", "feedback", "attempts", "usage",
+    "output", "history", "last", "status", "ran", "feedback", "attempts", "usage", "settled",
 ];
 /// The attributes of `run`.
 pub const RUN_ATTRS: &[&str] = &["id", "dir", "workflow", "started_at", "stage_dir", "cwd"];
@@ -1018,6 +1018,19 @@ fn stage_ref(
             if *attr == "output" && parts.len() > 3 {
                 field(c, src, text, target, &parts[3..], diags);
             }
+        }
+        "settled"
+            if c.info(target).stage.kind.value != StageKind::ForEach
+                || !c.ancestors(at).contains(&target) =>
+        {
+            diags.push(
+                Diagnostic::new(
+                    Code::NotUpstream,
+                    span,
+                    format!("`stages.{name}.settled` is only read inside the body of the for_each `{name}`"),
+                )
+                .help("`settled` lists the items of a for_each that have settled, for the items that run after them; after the for_each, read `stages.NAME.output.results`"),
+            );
         }
         "history" | "last" if !ups.contains(&target) && !share_loop(c, at, target) => {
             diags.push(

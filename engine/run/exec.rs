@@ -119,6 +119,9 @@ pub(crate) struct Frame<'a> {
     pub outputs: RefCell<BTreeMap<String, View>>,
     /// A group's concurrency limit.
     pub limit: Option<Rc<Semaphore>>,
+    /// For a for_each item: the items of the same fan-out that have settled so far
+    /// (`stages.FOR_EACH.settled`), shared by every item.
+    pub siblings: Option<Rc<RefCell<Vec<Json>>>>,
 }
 
 impl Frame<'_> {
@@ -930,6 +933,10 @@ impl<'p> Exec<'p> {
             for (k, v) in &f.vars {
                 vars.insert(k.clone(), v.clone());
             }
+            if let (Some(n), Some(settled)) = (f.region, &f.siblings) {
+                let e = stages.entry(self.plan.node(n).name.clone()).or_default();
+                e.insert("settled", jv(&*settled.borrow()));
+            }
             if let Some((name, v)) = &f.loop_vars {
                 loops.insert(name.clone(), v.clone());
             }
@@ -1501,6 +1508,7 @@ impl<'p> Exec<'p> {
                 usage_key: Some((usage_key.clone(), n)),
                 outputs: RefCell::new(BTreeMap::new()),
                 limit: None,
+                siblings: None,
             };
             // An iteration replayed from the store (a resume) is not announced again.
             let scope = self.scope(&iframe);
@@ -1596,6 +1604,7 @@ impl<'p> Exec<'p> {
                 usage_key: None,
                 outputs: RefCell::new(outs),
                 limit: None,
+                siblings: None,
             };
             let ctx = self.context(&end_frame, &[]);
             if let Some(u) = until {
@@ -1825,8 +1834,10 @@ impl<'p> Exec<'p> {
         }
         let mut running: FuturesUnordered<LocalBoxFuture<'_, (usize, BodyEnd, Option<Json>)>> =
             FuturesUnordered::new();
+        let siblings: Rc<RefCell<Vec<Json>>> = Rc::default();
         for (i, item) in items.iter().enumerate() {
             let sem = sem.clone();
+            let siblings = siblings.clone();
             let var = var.clone();
             let k = keys[i].clone();
             let fut = async move {
@@ -1865,6 +1876,7 @@ impl<'p> Exec<'p> {
                         (var.clone(), jv(item)),
                         ("index".to_string(), Value::from(i)),
                     ],
+                    siblings: Some(siblings.clone()),
                     ..Frame::default()
                 };
                 let end = self.run_body(&iframe).await;
@@ -1883,6 +1895,16 @@ impl<'p> Exec<'p> {
                         .filter(|v| v.state == NodeState::Done)
                         .map(|v| v.output.clone())
                 });
+                // The items that start from now on see this one.
+                if !matches!(end, BodyEnd::Waiting | BodyEnd::Stopped) {
+                    siblings.borrow_mut().push(json!({
+                        "key": k,
+                        "index": i,
+                        "item": item,
+                        "ok": ok,
+                        "result": result.clone().unwrap_or(Json::Null),
+                    }));
+                }
                 (i, end, result)
             };
             running.push(fut.boxed_local());
@@ -1984,6 +2006,7 @@ impl<'p> Exec<'p> {
             usage_key: None,
             outputs: RefCell::new(BTreeMap::new()),
             limit,
+            siblings: None,
         };
         let end = self.run_body(&gframe).await;
         let outs = gframe.outputs.take();
