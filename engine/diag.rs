@@ -83,6 +83,7 @@ codes! {
     BadOverride = "RF056", Error, "an override of a stage or key that the base workflow does not have";
     UnknownPreset = "RF057", Error, "a preset or preset source that does not exist";
     PresetSource = "RF058", Error, "a git preset source that is not fetched, or whose cached copy does not match ralph-flow.lock";
+    EmptyPromptDir = "RF059", Warning, "a prompt_path directory that does not exist or holds no files";
 }
 
 /// One problem found in a workflow, pointing at where it was written.

@@ -122,6 +122,7 @@ pub fn check<'w>(
     outputs::check(&mut checked, loader, &mut found);
     templates::check(&mut checked, loader, &mut found);
     subflows::check(&checked, loader, &mut found);
+    prompt_dirs(workflow, loader, &mut found);
     for mut d in found.into_sorted() {
         if !is_cascade(workflow, &d) {
             d.fit_syntax(loader.sources);
@@ -129,6 +130,29 @@ pub fn check<'w>(
         }
     }
     (!diags.has_errors()).then_some(checked)
+}
+
+/// Warns about `prompt_path` directories that hold no files: a misspelt directory would
+/// otherwise only show as the preset's own prompts being used.
+fn prompt_dirs(workflow: &Workflow, loader: &Loader<'_>, diags: &mut Diagnostics) {
+    for d in &workflow.prompt_path {
+        let dir = crate::load::normalize(&base_dir(loader.sources, d.span).join(&d.value));
+        if crate::preset::is_builtin(&dir) || !loader.fs.list(&dir).is_empty() {
+            continue;
+        }
+        diags.push(
+            Diagnostic::new(
+                crate::diag::Code::EmptyPromptDir,
+                d.span,
+                format!(
+                    "prompt directory `{}` does not exist or holds no files, so none of its prompts replaces one",
+                    d.value
+                ),
+            )
+            .label("no prompt files here")
+            .help("check the path (it is relative to this file); `ralph-flow init` points here before the directory exists: create it and add a file named like one of the preset's prompts to replace that prompt"),
+        );
+    }
 }
 
 /// Tells whether a diagnostic only repeats an earlier one: a reference to a name whose
