@@ -274,9 +274,14 @@ impl<'a> Loader<'a> {
                 )
                 .label("unknown source")
                 .suggest(name, sources.iter().map(|s| s.name.value.as_str()))
-                .help_or(format!(
-                    "declare it in this file: [sources.{name}] with `git` (a URL or a path) and `rev` (a tag, branch or commit)"
-                )),
+                .help_or_syntax(
+                    format!(
+                        "declare it in this file: [sources.{name}] with `git` (a URL or a path) and `rev` (a tag, branch or commit)"
+                    ),
+                    format!(
+                        "declare it in this file: source \"{name}\" git=\"URL or path\" rev=\"tag, branch or commit\""
+                    ),
+                ),
             );
             return None;
         };

@@ -178,10 +178,14 @@ fn stage(
         | StageBody::Check {
             command: Some(cmd), ..
         } => {
+            for a in &cmd.argv {
+                ARGV_ITEM.with(|f| f.set(true));
+                t(c, a, here, diags);
+                ARGV_ITEM.with(|f| f.set(false));
+            }
             for a in cmd
-                .argv
+                .cwd
                 .iter()
-                .chain(&cmd.cwd)
                 .chain(&cmd.stdin)
                 .chain(cmd.env.iter().map(|(_, v)| v))
             {
@@ -554,7 +558,34 @@ fn check_text(
     };
     for u in &uses {
         filter_or_test(src, text, u, diags);
+        if u.kind == UseKind::Filter && text.source.get(u.range.clone()) == Some("spread") {
+            spread_in_place(src, text, u, diags);
+        }
     }
+}
+
+thread_local! {
+    /// Set while a command's argv item is checked: the only place `spread` may stand.
+    static ARGV_ITEM: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// `spread` makes one argument per item, so it must be a whole argv item by itself.
+fn spread_in_place(src: &Sources, text: &Text<'_>, u: &Use, diags: &mut Diagnostics) {
+    static WHOLE: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r"^\s*\{\{[^{}]*\|\s*spread\s*\}\}\s*$").expect("the pattern is valid")
+    });
+    let message = if !ARGV_ITEM.with(std::cell::Cell::get) {
+        "`spread` gives one argument per item, so it only works in a command's argv"
+    } else if !WHOLE.is_match(text.source) {
+        "`spread` must be the whole argv item"
+    } else {
+        return;
+    };
+    diags.push(
+        Diagnostic::new(Code::InvalidValue, map(src, text, u.range.clone()), message)
+            .label("spreads a list")
+            .help("write the list as an argv item of its own: \"{{ params.paths | spread }}\"; elsewhere, use `join(' ')` for one text"),
+    );
 }
 
 /// Reports a filter or test that the run's environment does not have (minijinja finds out
