@@ -573,6 +573,50 @@ fn init_scaffolds_a_workflow_that_checks_for_every_builtin_preset() {
             let example = format!("flows/{name}-local.{format}");
             p.write(&example, &uncommented.join("\n"));
             ok(&p.run(&["check", &example]));
+            // So is every param line, uncommented (TOML: those under [extends.params]).
+            let mut in_params = false;
+            let with_params: Vec<String> = text
+                .lines()
+                .map(|l| {
+                    if format == "toml" {
+                        if l == "[extends.params]" {
+                            in_params = true;
+                        } else if l.is_empty() {
+                            in_params = false;
+                        }
+                    }
+                    if format == "kdl" {
+                        // The whole `params` node, uncommented.
+                        if l.starts_with("    // params ") {
+                            in_params = true;
+                        }
+                        let was = in_params;
+                        if in_params
+                            && (l == "    // }"
+                                || (l.starts_with("    // params ") && !l.ends_with('{')))
+                        {
+                            in_params = false;
+                        }
+                        return if was {
+                            l.replacen("// ", "", 1)
+                        } else {
+                            l.to_string()
+                        };
+                    }
+                    let param = in_params
+                        && l.starts_with("# ")
+                        && !l.starts_with("#  ")
+                        && l.contains(" = ");
+                    if param && !l.contains("# required") {
+                        l.replacen("# ", "", 1)
+                    } else {
+                        l.to_string()
+                    }
+                })
+                .collect();
+            let example = format!("flows/{name}-params.{format}");
+            p.write(&example, &with_params.join("\n"));
+            ok(&p.run(&["check", &example]));
         }
     }
     // The scaffold's prompt directory replaces the preset's prompt of the same name.

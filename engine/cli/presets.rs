@@ -586,16 +586,22 @@ fn kdl_scaffold(sc: &Scaffold<'_>) -> String {
         "extends workflow={} {{\n",
         literal(&sc.reference.into())
     ));
-    s.push_str("    // The preset's params, with their defaults; set them here (`params NAME=VALUE ...`)\n    // or with --set at run time.\n");
+    s.push_str("    // The preset's params, with their defaults; set them by uncommenting the `params`\n    // node below and editing it, or with --set at run time.\n");
     for p in &sc.wf.params {
-        let value = match &p.default {
-            Some(v) => literal(&v.to_json()),
-            None => "\"\"  (required)".to_string(),
+        let required = if p.default.is_none() {
+            " (required)"
+        } else {
+            ""
         };
-        s.push_str(&format!("    // {}={value}\n", p.name.value));
-        if let Some(d) = &p.description {
-            s.push_str(&comment("    //   ", &d.value));
-        }
+        let text = p.description.as_ref().map_or("", |d| d.value.as_str());
+        s.push_str(&comment(
+            "    //   ",
+            &format!("{}{required}: {text}", p.name.value),
+        ));
+    }
+    // Written by the KDL emitter, so that uncommenting it gives valid KDL v2.
+    for line in kdl_params(sc.reference, &sc.wf.params) {
+        s.push_str(&format!("    // {line}\n"));
     }
     s.push_str("}\n");
     s.push_str(&overrides_help(sc, "//"));
@@ -646,6 +652,56 @@ fn agents_help(sc: &Scaffold<'_>, c: &str, kdl: bool) -> String {
         ));
     }
     s
+}
+
+/// How the KDL emitter writes the params of `extends` (a required one as `""`): the lines
+/// inside the `extends` node.
+fn kdl_params(reference: &str, params: &[ralph_flow::model::Param]) -> Vec<String> {
+    use ralph_flow::syntax::tree::{Entry, Table, Value, ValueKind};
+    let Some(span) = params.first().map(|p| p.span) else {
+        return Vec::new();
+    };
+    let entry = |key: &str, value: Value| Entry {
+        key: key.to_string(),
+        key_span: span,
+        value,
+    };
+    let values = Table {
+        entries: params
+            .iter()
+            .map(|p| {
+                let value = p
+                    .default
+                    .clone()
+                    .unwrap_or_else(|| Value::new(span, ValueKind::Str(String::new())));
+                entry(&p.name.value, value)
+            })
+            .collect(),
+    };
+    let extends = Table {
+        entries: vec![
+            entry(
+                "workflow",
+                Value::new(span, ValueKind::Str(reference.to_string())),
+            ),
+            entry("params", Value::new(span, ValueKind::Table(values))),
+        ],
+    };
+    let root = Table {
+        entries: vec![entry(
+            "extends",
+            Value::new(span, ValueKind::Table(extends)),
+        )],
+    };
+    let text = ralph_flow::syntax::emit::to_kdl(&root);
+    let lines: Vec<&str> = text.lines().collect();
+    // Between `extends ... {` and its closing `}`, one level less indented.
+    lines
+        .iter()
+        .skip(1)
+        .take(lines.len().saturating_sub(2))
+        .map(|l| l.strip_prefix("    ").unwrap_or(l).to_string())
+        .collect()
 }
 
 fn overrides_help(sc: &Scaffold<'_>, c: &str) -> String {
