@@ -1578,17 +1578,14 @@ impl<'p> Exec<'p> {
                     infra,
                 } => {
                     self.leave_worktree(frame, n, &cwd, false).await;
-                    let mut s = Settled::new(NodeState::Failed, outcome_of("failed", it), started);
-                    s.message = Some(format!("`{failed}` failed in iteration {it}: {message}"));
-                    if infra {
-                        // Not a verdict on the work: the loop does not go on as if it were.
-                        s.infra = true;
-                        s.action = Some(node.on_error.clone());
-                    } else {
-                        s.feedback = feedback;
-                        s.action = Some(node.on_fail.clone());
-                    }
-                    return Outcome::Settled(s);
+                    return Outcome::Settled(self.region_failed(
+                        n,
+                        outcome_of("failed", it),
+                        started,
+                        format!("`{failed}` failed in iteration {it}: {message}"),
+                        feedback,
+                        infra,
+                    ));
                 }
                 BodyEnd::Completed | BodyEnd::Continue(_) => {}
             }
@@ -1688,6 +1685,31 @@ impl<'p> Exec<'p> {
             format!("no success after {max} iterations"),
             &history,
         ))
+    }
+
+    /// The settlement of a loop, for_each or group whose body failed: a failure that is not
+    /// the work's takes the region's `on_error` and hands no feedback on (the loop does not
+    /// go on as if it were a verdict); any other takes its `on_fail` with the feedback.
+    fn region_failed(
+        &self,
+        n: NodeId,
+        output: Json,
+        started: i64,
+        message: String,
+        feedback: Option<String>,
+        infra: bool,
+    ) -> Settled {
+        let node = self.plan.node(n);
+        let mut s = Settled::new(NodeState::Failed, output, started);
+        s.message = Some(message);
+        if infra {
+            s.infra = true;
+            s.action = Some(node.on_error.clone());
+        } else {
+            s.feedback = feedback;
+            s.action = Some(node.on_fail.clone());
+        }
+        s
     }
 
     /// The settlement of a loop that ended by a rule (`stuck`, exhausted) with an action.
@@ -1953,22 +1975,13 @@ impl<'p> Exec<'p> {
         if failures.is_empty() {
             Outcome::Settled(Settled::new(NodeState::Done, output, started))
         } else {
-            let mut s = Settled::new(NodeState::Failed, output, started);
             let msg = format!(
                 "{} of {} items failed: {}",
                 failures.len(),
                 items.len(),
                 failures.join("; ")
             );
-            if infra {
-                s.infra = true;
-                s.action = Some(node.on_error.clone());
-            } else {
-                s.feedback = Some(msg.clone());
-                s.action = Some(node.on_fail.clone());
-            }
-            s.message = Some(msg);
-            Outcome::Settled(s)
+            Outcome::Settled(self.region_failed(n, output, started, msg.clone(), Some(msg), infra))
         }
     }
 
@@ -2049,18 +2062,14 @@ impl<'p> Exec<'p> {
                 message,
                 feedback,
                 infra,
-            } => {
-                let mut s = Settled::new(NodeState::Failed, output, started);
-                s.message = Some(format!("`{f}` failed: {message}"));
-                if infra {
-                    s.infra = true;
-                    s.action = Some(node.on_error.clone());
-                } else {
-                    s.feedback = feedback;
-                    s.action = Some(node.on_fail.clone());
-                }
-                Outcome::Settled(s)
-            }
+            } => Outcome::Settled(self.region_failed(
+                n,
+                output,
+                started,
+                format!("`{f}` failed: {message}"),
+                feedback,
+                infra,
+            )),
         }
     }
 
