@@ -3,6 +3,7 @@
 //! **Invariant:** this is the only I/O of check and compile: it reads the workflow's own files
 //! (the file, its bases, includes, prompt files, schemas and subflows) and nothing else.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use crate::diag::{Code, Diagnostic, Diagnostics};
@@ -135,6 +136,8 @@ pub struct Loader<'a> {
     pub declared: Vec<DeclaredSource>,
     /// Cached copies of git sources already checked against their lockfile.
     verified: Vec<(PathBuf, Result<(), String>)>,
+    /// The git sources each loaded file sees (its own, then its bases'), by its path.
+    visible: HashMap<PathBuf, Vec<DeclaredSource>>,
     /// Prompt search directories named by files that are not fetched presets: a fetched
     /// preset's prompt may come from them (a team replacing one of its prompts).
     trusted_dirs: std::cell::RefCell<Vec<PathBuf>>,
@@ -166,12 +169,13 @@ impl<'a> Loader<'a> {
             declared: Vec::new(),
             verified: Vec::new(),
             trusted_dirs: std::cell::RefCell::default(),
+            visible: HashMap::new(),
         }
     }
 
     /// Resolves a workflow reference written in a file that declares `sources`: a path
     /// relative to that file, or a preset. Reports what cannot be resolved.
-    pub fn resolve(&mut self, r: &Spanned<String>, sources: &[Source]) -> Option<PathBuf> {
+    pub fn resolve(&mut self, r: &Spanned<String>, sources: &[DeclaredSource]) -> Option<PathBuf> {
         let dir = crate::check::base_dir(self.sources, r.span);
         match preset::parse_reference(&r.value) {
             Reference::Path(p) => Some(dir.join(p)),
@@ -214,7 +218,7 @@ impl<'a> Loader<'a> {
                 source: Some(src),
                 name,
             } => {
-                let (root, _) = self.git_root(src, sources, r.span, &dir)?;
+                let (root, _) = self.git_root(src, sources, r.span)?;
                 if let Some(path) = preset::find_in(self.fs, &root, name) {
                     return Some(path);
                 }
@@ -248,24 +252,24 @@ impl<'a> Loader<'a> {
     /// against each other; what is wrong is reported as diagnostics.
     pub fn source_root(&mut self, d: &DeclaredSource) -> Option<(PathBuf, lock::Locked)> {
         let name = d.source.name.value.clone();
-        self.git_root(
-            &name,
-            std::slice::from_ref(&d.source),
-            d.source.name.span,
-            &d.decl_dir,
-        )
+        self.git_root(&name, std::slice::from_ref(d), d.source.name.span)
     }
 
     /// The preset directory of a git source and its lockfile entry, once its cached copy
     /// matches the lockfile.
+    /// `sources` are those the naming file sees: its own, then its bases' (each with the
+    /// directory of the file that declares it, where its lockfile is).
     fn git_root(
         &mut self,
         name: &str,
-        sources: &[Source],
+        sources: &[DeclaredSource],
         at: Span,
-        dir: &Path,
     ) -> Option<(PathBuf, lock::Locked)> {
-        let Some(src) = sources.iter().find(|s| s.name.value == name).cloned() else {
+        let Some(declared) = sources
+            .iter()
+            .find(|s| s.source.name.value == name)
+            .cloned()
+        else {
             self.diags.push(
                 Diagnostic::new(
                     Code::UnknownPreset,
@@ -273,7 +277,7 @@ impl<'a> Loader<'a> {
                     format!("this file declares no source `{name}`"),
                 )
                 .label("unknown source")
-                .suggest(name, sources.iter().map(|s| s.name.value.as_str()))
+                .suggest(name, sources.iter().map(|s| s.source.name.value.as_str()))
                 .help_or_syntax(
                     format!(
                         "declare it in this file: [sources.{name}] with `git` (a URL or a path) and `rev` (a tag, branch or commit)"
@@ -285,6 +289,8 @@ impl<'a> Loader<'a> {
             );
             return None;
         };
+        let (src, dir) = (declared.source, declared.decl_dir);
+        let dir = dir.as_path();
         if let Some(p) = &src.path {
             let rel = Path::new(&p.value);
             if rel.is_absolute()
@@ -551,13 +557,47 @@ impl<'a> Loader<'a> {
             .parent()
             .map(Path::to_path_buf)
             .unwrap_or_default();
-        for s in &wf.sources {
-            self.declared.push(DeclaredSource {
+        let own: Vec<DeclaredSource> = wf
+            .sources
+            .iter()
+            .map(|s| DeclaredSource {
                 decl_dir: dir.clone(),
                 source: s.clone(),
-            });
+            })
+            .collect();
+        self.declared.extend(own.iter().cloned());
+        // The base first: the file's own references then see its sources and, after them,
+        // those its bases declare (the extends reference itself sees only its own).
+        let mut base = None;
+        if let Some(ext) = wf.extends.clone() {
+            match self.resolve(&ext.workflow, &own) {
+                Some(path) => {
+                    base = self.load(&path, Some(ext.workflow.span));
+                    if base.is_none() {
+                        wf.overrides.clear();
+                    }
+                    let inherited = self.visible.get(&normalize(&path)).cloned();
+                    let mut visible = own.clone();
+                    for d in inherited.unwrap_or_default() {
+                        if !visible
+                            .iter()
+                            .any(|v| v.source.name.value == d.source.name.value)
+                        {
+                            visible.push(d);
+                        }
+                    }
+                    self.visible.insert(canonical.clone(), visible);
+                }
+                // Without its base, the file's overrides and references cannot be checked.
+                None => wf.overrides.clear(),
+            }
         }
-        let sources = wf.sources.clone();
+        let sources = self
+            .visible
+            .get(&canonical)
+            .cloned()
+            .unwrap_or_else(|| own.clone());
+        self.visible.insert(canonical.clone(), sources.clone());
         self.resolve_subflows(&mut wf.stages, &sources, &mut wf.broken);
         for inc in std::mem::take(&mut wf.include) {
             let Some(path) = self.resolve(&inc, &sources) else {
@@ -575,16 +615,8 @@ impl<'a> Loader<'a> {
                 );
             }
         }
-        if let Some(ext) = wf.extends.clone() {
-            match self.resolve(&ext.workflow, &sources) {
-                Some(path) => {
-                    if let Some(base) = self.load(&path, Some(ext.workflow.span)) {
-                        wf = merge_extends(base, wf, self.diags);
-                    }
-                }
-                // Without its base, the file's overrides and references cannot be checked.
-                None => wf.overrides.clear(),
-            }
+        if let Some(base) = base {
+            wf = merge_extends(base, wf, self.diags);
         }
         self.stack.pop();
         Some(wf)
@@ -595,7 +627,7 @@ impl<'a> Loader<'a> {
     fn resolve_subflows(
         &mut self,
         stages: &mut [Stage],
-        sources: &[Source],
+        sources: &[DeclaredSource],
         broken: &mut Vec<String>,
     ) {
         for s in stages.iter_mut() {

@@ -795,3 +795,48 @@ fn a_fetched_preset_reads_only_its_own_files() {
         assert_eq!(p.calls("draft"), 0, "{tag}: nothing ran");
     }
 }
+
+#[test]
+fn a_base_declares_git_sources_that_the_files_extending_it_use() {
+    let (p, repo, cache) = git_setup();
+    let cache_s = cache.path().to_str().unwrap();
+    // The base, in a directory of its own, declares the source; the lock goes beside it.
+    p.workflow(
+        "shared/common.toml",
+        &format!(
+            "name = \"common\"\n\n[sources.team]\ngit = \"{}\"\nrev = \"v1\"\npath = \"presets\"\n\n[stages.prepare]\nkind = \"command\"\nargv = [\"true\"]\n",
+            repo.path().display()
+        ),
+    );
+    // The extending file names a preset of that source, without declaring it.
+    p.workflow(
+        "workflows/team.toml",
+        "name = \"team-run\"\nextends = \"../shared/common.toml\"\n\n[stages.drafting]\nkind = \"subflow\"\nneeds = [\"prepare\"]\nworkflow = \"team:base\"\n",
+    );
+    ok(&run_env(
+        &p,
+        &["presets", "fetch", "workflows/team.toml"],
+        cache_s,
+    ));
+    assert!(
+        p.read("shared/ralph-flow.lock")
+            .contains("hash = \"sha256:")
+    );
+    assert!(!p.dir().join("workflows/ralph-flow.lock").exists());
+    ok(&run_env(&p, &["check", "workflows/team.toml"], cache_s));
+    p.answer("draft", 1, "a draft");
+    let out = run_env(&p, &["run", "workflows/team.toml", "--json"], cache_s);
+    ok(&out);
+    // A file that neither declares nor extends the source still cannot name it.
+    p.workflow(
+        "workflows/alone.toml",
+        "name = \"alone\"\n\n[stages.drafting]\nkind = \"subflow\"\nworkflow = \"team:base\"\n",
+    );
+    let out = run_env(&p, &["check", "workflows/alone.toml"], cache_s);
+    assert_eq!(out.code, 3);
+    assert!(
+        out.stderr.contains("this file declares no source `team`"),
+        "{}",
+        out.stderr
+    );
+}
