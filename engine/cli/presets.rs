@@ -524,33 +524,30 @@ fn header(sc: &Scaffold<'_>, c: &str) -> String {
 }
 
 fn toml_scaffold(sc: &Scaffold<'_>) -> String {
+    use ralph_flow::syntax::emit::to_toml;
     let mut s = header(sc, "#");
-    s.push_str(&format!("name = {}\n", literal(&sc.name.clone().into())));
-    s.push_str(&format!(
-        "prompt_path = [{}]\n\n",
-        literal(&sc.prompt_dir.clone().into())
-    ));
-    if let Some((name, g, rev)) = sc.source {
-        s.push_str("# Pinned in ralph-flow.lock beside this file; `ralph-flow presets update` moves the pin.\n");
-        s.push_str(&format!(
-            "[sources.{name}]\ngit = {}\nrev = {}\n\n",
-            literal(&g.into()),
-            literal(&rev.into())
-        ));
+    // What the file sets is written by the TOML emitter, so it reads back as written.
+    s.push_str(&to_toml(&scaffold_tree(sc, false)));
+    if let Some(t) = scaffold_tree_sources(sc) {
+        s.push_str("\n# Pinned in ralph-flow.lock beside this file; `ralph-flow presets update` moves the pin.\n");
+        s.push_str(&to_toml(&t));
     }
     s.push_str(&format!(
-        "[extends]\nworkflow = {}\n\n[extends.params]\n",
-        literal(&sc.reference.into())
+        "\n[extends]\n{}\n[extends.params]\n",
+        to_toml(&one_entry("workflow", str_value(sc.reference)))
     ));
     s.push_str(
         "# The preset's params, with their defaults; set them here or with --set at run time.\n",
     );
     for p in &sc.wf.params {
-        let value = match &p.default {
-            Some(v) => literal(&v.to_json()),
-            None => "\"\"  # required".to_string(),
-        };
-        s.push_str(&format!("# {} = {value}\n", p.name.value));
+        match &p.default {
+            Some(v) => {
+                for line in to_toml(&one_entry(&p.name.value, v.clone())).lines() {
+                    s.push_str(&format!("# {line}\n"));
+                }
+            }
+            None => s.push_str(&format!("# {} = \"\"  # required\n", p.name.value)),
+        }
         if let Some(d) = &p.description {
             s.push_str(&comment("#   ", &d.value));
         }
@@ -567,25 +564,19 @@ fn toml_scaffold(sc: &Scaffold<'_>) -> String {
 }
 
 fn kdl_scaffold(sc: &Scaffold<'_>) -> String {
+    use ralph_flow::syntax::emit::to_kdl;
     let mut s = header(sc, "//");
-    s.push_str(&format!("name {}\n", literal(&sc.name.clone().into())));
-    s.push_str(&format!(
-        "prompt_path {}\n\n",
-        literal(&sc.prompt_dir.clone().into())
-    ));
-    if let Some((name, g, rev)) = sc.source {
-        s.push_str("// Pinned in ralph-flow.lock beside this file; `ralph-flow presets update` moves the pin.\n");
-        s.push_str(&format!(
-            "source {} git={} rev={}\n\n",
-            literal(&name.into()),
-            literal(&g.into()),
-            literal(&rev.into())
-        ));
+    // What the file sets is written by the KDL emitter, so it reads back as written.
+    s.push_str(&to_kdl(&scaffold_tree(sc, true)));
+    if let Some(t) = scaffold_tree_sources(sc) {
+        s.push_str("\n// Pinned in ralph-flow.lock beside this file; `ralph-flow presets update` moves the pin.\n");
+        s.push_str(&to_kdl(&t));
     }
-    s.push_str(&format!(
-        "extends workflow={} {{\n",
-        literal(&sc.reference.into())
+    let extends = to_kdl(&one_entry(
+        "extends",
+        table_value(vec![("workflow", str_value(sc.reference))]),
     ));
+    s.push_str(&format!("\n{} {{\n", extends.trim_end()));
     s.push_str("    // The preset's params, with their defaults; set them by uncommenting the `params`\n    // node below and editing it, or with --set at run time.\n");
     for p in &sc.wf.params {
         let required = if p.default.is_none() {
@@ -613,6 +604,68 @@ fn kdl_scaffold(sc: &Scaffold<'_>) -> String {
     s.push_str(&agents_help(sc, "//", true));
     s.push_str("\n// Agents, stages and exits of your own go below; a stage of the preset is changed with an\n// override, not redefined.\n");
     s
+}
+
+/// A string value for a scaffold's tree (spans do not matter to the emitter).
+fn str_value(s: &str) -> ralph_flow::syntax::tree::Value {
+    use ralph_flow::syntax::tree::{Value, ValueKind};
+    Value::new(nowhere(), ValueKind::Str(s.to_string()))
+}
+
+fn nowhere() -> ralph_flow::source::Span {
+    ralph_flow::source::Span::new(ralph_flow::source::FileId(0), 0..0)
+}
+
+fn table_value(
+    entries: Vec<(&str, ralph_flow::syntax::tree::Value)>,
+) -> ralph_flow::syntax::tree::Value {
+    use ralph_flow::syntax::tree::{Table, Value, ValueKind};
+    let t = Table {
+        entries: entries
+            .into_iter()
+            .map(|(k, v)| one_entry(k, v).entries.remove(0))
+            .collect(),
+    };
+    Value::new(nowhere(), ValueKind::Table(t))
+}
+
+/// A table of one key.
+fn one_entry(key: &str, value: ralph_flow::syntax::tree::Value) -> ralph_flow::syntax::tree::Table {
+    use ralph_flow::syntax::tree::{Entry, Table};
+    Table {
+        entries: vec![Entry {
+            key: key.to_string(),
+            key_span: nowhere(),
+            value,
+        }],
+    }
+}
+
+/// What a scaffold sets at its top: its name and its prompt search path.
+fn scaffold_tree(sc: &Scaffold<'_>, _kdl: bool) -> ralph_flow::syntax::tree::Table {
+    use ralph_flow::syntax::tree::{Value, ValueKind};
+    let mut t = one_entry("name", str_value(&sc.name));
+    t.entries.push(
+        one_entry(
+            "prompt_path",
+            Value::new(nowhere(), ValueKind::Array(vec![str_value(&sc.prompt_dir)])),
+        )
+        .entries
+        .remove(0),
+    );
+    t
+}
+
+/// The git source a scaffold declares, if it comes from one.
+fn scaffold_tree_sources(sc: &Scaffold<'_>) -> Option<ralph_flow::syntax::tree::Table> {
+    let (name, g, rev) = sc.source?;
+    Some(one_entry(
+        "sources",
+        table_value(vec![(
+            name,
+            table_value(vec![("git", str_value(g)), ("rev", str_value(rev))]),
+        )]),
+    ))
 }
 
 /// The preset's agents, and how to point one elsewhere (a local server, another CLI).
