@@ -1127,3 +1127,28 @@ argv = ["echo", "{{ stages.items.settled | length }}"]
         out.stderr
     );
 }
+
+#[test]
+fn a_list_of_whole_numbers_is_set_on_the_command_line_and_spread() {
+    let p = Project::new();
+    p.workflow(
+        "w.toml",
+        r#"name = "sizes"
+[params.sizes]
+type = "list"
+items = "int"
+default = [1, 2]
+
+[stages.sum]
+kind = "command"
+argv = ["sh", "-c", "echo $(( $1 + $2 + $3 )) {{ params.sizes | sum }}", "sum", "{{ params.sizes | spread }}"]
+"#,
+    );
+    let out = p.run(&["run", "w.toml", "--set", "sizes=4, 5,6", "--json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(out.json["outputs"]["sum"]["stdout"], "15 15\n");
+    // A value that is not a whole number is refused before anything runs.
+    let out = p.run(&["run", "w.toml", "--set", "sizes=4,five"]);
+    assert_eq!(out.code, 3, "{}", out.stderr);
+    assert!(out.stderr.contains("sizes"), "{}", out.stderr);
+}
