@@ -13,8 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use common::Project;
 use serde_json::{Value, json};
-use wiremock::matchers::{method, path};
-use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
+use wiremock::{Request, Respond, ResponseTemplate};
 
 /// A scripted model behind llama-cpp-python's dialect.
 #[derive(Clone, Default)]
@@ -125,28 +124,9 @@ fn stream(text: &str) -> String {
     out
 }
 
-/// Starts the server on a thread of its own (runs of ralph-flow block the test's thread)
-/// and returns its base URI; it lives until the test process ends.
+/// Starts the server (see [`common::serve_posts`]) and returns its base URI.
 fn serve(model: &Model) -> String {
-    let model = model.clone();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let server = MockServer::start().await;
-            Mock::given(method("POST"))
-                .and(path("/v1/chat/completions"))
-                .respond_with(model)
-                .mount(&server)
-                .await;
-            tx.send(server.uri()).unwrap();
-            std::future::pending::<()>().await;
-        });
-    });
-    rx.recv().unwrap()
+    common::serve_posts(model.clone())
 }
 
 /// A workflow that extends a built-in preset and points the given agents at the server.

@@ -324,25 +324,9 @@ impl wiremock::Respond for Echo {
 #[test]
 fn an_echoed_api_key_is_never_written_or_printed() {
     const KEY: &str = "sk-leak-test-5f0c1d2e3a4b";
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let server = wiremock::MockServer::start().await;
-            wiremock::Mock::given(wiremock::matchers::method("POST"))
-                .respond_with(Echo {
-                    calls: std::sync::Arc::default(),
-                })
-                .mount(&server)
-                .await;
-            tx.send(server.uri()).unwrap();
-            std::future::pending::<()>().await;
-        });
+    let uri = common::serve_posts(Echo {
+        calls: std::sync::Arc::default(),
     });
-    let uri = rx.recv().unwrap();
     let p = Project::new();
     p.workflow(
         "w.toml",

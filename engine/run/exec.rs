@@ -2221,13 +2221,7 @@ impl<'p> Exec<'p> {
         } else {
             format!("{}/{scope}", self.prefix)
         };
-        let path = self
-            .shared
-            .opts
-            .state_dir
-            .join("worktrees")
-            .join(&self.shared.run.id)
-            .join(full.split('/').map(sanitize).collect::<Vec<_>>().join("/"));
+        let path = self.worktree_path(&full.split('/').map(sanitize).collect::<Vec<_>>().join("/"));
         super::worktree::ensure(&self.shared.opts.cwd, &path, branch.trim(), base.trim())
             .await
             .map_err(|e| format!("cannot create the worktree for `{name}`: {e}"))?;
@@ -2245,6 +2239,16 @@ impl<'p> Exec<'p> {
         Ok(path)
     }
 
+    /// Where a worktree of this run lives: `STATE_DIR/worktrees/RUN/REL`.
+    fn worktree_path(&self, rel: &str) -> PathBuf {
+        self.shared
+            .opts
+            .state_dir
+            .join("worktrees")
+            .join(&self.shared.run.id)
+            .join(rel)
+    }
+
     /// Makes the run's own worktree (`worktree` at the top of the workflow), if it has one:
     /// `STATE_DIR/worktrees/RUN/@run`, on its branch; a resume finds it again.
     async fn enter_run_worktree(&self) -> Result<Option<PathBuf>, String> {
@@ -2257,13 +2261,7 @@ impl<'p> Exec<'p> {
             Some(_) => self.render(crate::compile::RUN_WORKTREE_BASE, &ctx)?,
             None => "HEAD".to_string(),
         };
-        let path = self
-            .shared
-            .opts
-            .state_dir
-            .join("worktrees")
-            .join(&self.shared.run.id)
-            .join("@run");
+        let path = self.worktree_path("@run");
         super::worktree::ensure(&self.shared.opts.cwd, &path, branch.trim(), base.trim())
             .await
             .map_err(|e| format!("cannot create the run's worktree: {e}"))?;

@@ -228,6 +228,29 @@ impl Project {
     }
 }
 
+/// Starts a local HTTP server (wiremock) on a thread of its own, answering every POST with
+/// `responder`, and returns its base URI. Runs of ralph-flow block the test's thread, so the
+/// server needs its own runtime; it lives until the test process ends.
+pub fn serve_posts(responder: impl wiremock::Respond + 'static) -> String {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let server = wiremock::MockServer::start().await;
+            wiremock::Mock::given(wiremock::matchers::method("POST"))
+                .respond_with(responder)
+                .mount(&server)
+                .await;
+            tx.send(server.uri()).unwrap();
+            std::future::pending::<()>().await;
+        });
+    });
+    rx.recv().unwrap()
+}
+
 /// A ralph-flow process running in the background.
 pub struct Running {
     child: Child,
