@@ -79,6 +79,12 @@ pub fn preflight(config: &AgentConfig) -> Result<(), String> {
     }
 }
 
+/// The environment variable an `openai` or `anthropic` agent's key comes from (named by
+/// `api_key_env`, else the kind's default), for the run to keep its value secret.
+pub fn key_variable(config: &AgentConfig) -> Option<String> {
+    settings(config).ok().map(|(_, _, key)| key.var)
+}
+
 /// An agent's API, base URL (without a trailing slash) and key variable. Fails on an
 /// unknown `api` or a `base_url` that is not an http(s) URL.
 fn settings(config: &AgentConfig) -> Result<(Api, String, ApiKey), String> {

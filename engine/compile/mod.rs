@@ -102,6 +102,43 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// The agent an agent stage calls: the one resolved at compile time, else the one its
+    /// `agent` template names with the params in force. `Err` holds the name that matched no
+    /// agent.
+    pub fn agent_of(&self, n: NodeId) -> Result<usize, String> {
+        if let Some(a) = self.node(n).agent {
+            return Ok(a);
+        }
+        let written = match &self.stage(n).body {
+            crate::model::StageBody::Agent { agent: Some(a), .. } => a.value.clone(),
+            _ => String::new(),
+        };
+        let name = render_params(&written, &self.params).unwrap_or(written);
+        self.workflow
+            .agents
+            .iter()
+            .position(|a| a.name.value == name)
+            .ok_or(name)
+    }
+
+    /// An agent and its fallbacks (and theirs), each once, in the order they take over.
+    pub fn fallback_chain(&self, agent: usize) -> Vec<usize> {
+        let agents = &self.workflow.agents;
+        let mut out = vec![agent];
+        let mut i = 0;
+        while i < out.len() {
+            for f in &agents[out[i]].fallbacks {
+                if let Some(j) = agents.iter().position(|a| a.name.value == f.value) {
+                    if !out.contains(&j) {
+                        out.push(j);
+                    }
+                }
+            }
+            i += 1;
+        }
+        out
+    }
+
     /// Returns a node.
     pub fn node(&self, id: NodeId) -> &Node {
         &self.nodes[id.0]

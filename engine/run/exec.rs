@@ -263,36 +263,17 @@ fn preflight(prepared: &Prepared, opts: &RunOptions) -> Result<Vec<String>, Stri
     let agents = &plan.workflow.agents;
     let mut used: Vec<usize> = Vec::new();
     for (i, node) in plan.nodes.iter().enumerate() {
-        let index = match node.agent {
-            Some(a) => Some(a),
-            None => match &plan.stage(NodeId(i)).body {
-                StageBody::Agent { agent: Some(a), .. } => {
-                    let name = crate::compile::render_params(&a.value, &plan.params)
-                        .unwrap_or_else(|_| a.value.clone());
-                    agents.iter().position(|x| x.name.value == name)
-                }
-                _ => None,
-            },
-        };
-        if let Some(a) = index.filter(|a| !used.contains(a)) {
+        if node.kind != StageKind::Agent {
+            continue;
+        }
+        if let Some(a) = plan.agent_of(NodeId(i)).ok().filter(|a| !used.contains(a)) {
             used.push(a);
         }
     }
     let mut problems = Vec::new();
     let mut notes = Vec::new();
     for a in used {
-        let mut chain = vec![a];
-        let mut i = 0;
-        while i < chain.len() {
-            for f in &agents[chain[i]].fallbacks {
-                if let Some(j) = agents.iter().position(|x| x.name.value == f.value) {
-                    if !chain.contains(&j) {
-                        chain.push(j);
-                    }
-                }
-            }
-            i += 1;
-        }
+        let chain = plan.fallback_chain(a);
         let mut reasons = Vec::new();
         let mut usable = None;
         for &j in &chain {
@@ -335,11 +316,16 @@ fn preflight(prepared: &Prepared, opts: &RunOptions) -> Result<Vec<String>, Stri
 fn register_secrets(prepared: &Prepared) {
     use crate::model::AgentKind;
     for a in &prepared.plan.workflow.agents {
-        match (&a.api_key_env, a.kind.value) {
-            (Some(var), _) => crate::secrets::register_env(&var.value),
-            (None, AgentKind::OpenAi) => crate::secrets::register_env("OPENAI_API_KEY"),
-            (None, AgentKind::Anthropic) => crate::secrets::register_env("ANTHROPIC_API_KEY"),
-            _ => {}
+        let var = match a.kind.value {
+            AgentKind::OpenAi | AgentKind::Anthropic => {
+                agent_config(a, &prepared.plan, &prepared.sources)
+                    .ok()
+                    .and_then(|c| crate::backend::http::key_variable(&c))
+            }
+            _ => a.api_key_env.as_ref().map(|v| v.value.clone()),
+        };
+        if let Some(var) = var {
+            crate::secrets::register_env(&var);
         }
     }
 }

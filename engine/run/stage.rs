@@ -12,7 +12,7 @@ use super::now_ms;
 use crate::backend::process::{self, Ended, ProcSpec};
 use crate::backend::{AgentCall, AgentReply, CallError, Usage};
 use crate::check::StageId as NodeId;
-use crate::compile::{Target, render_params, resolve_count, resolve_duration};
+use crate::compile::{Target, resolve_count, resolve_duration};
 use crate::model::{StageBody, StageKind};
 use crate::store::{AttemptRecord, GateRequest, NodeState, Write, rfc3339};
 
@@ -279,29 +279,11 @@ impl Exec<'_> {
         let st = self.plan.stage(n);
         let node = self.plan.node(n);
         let scope = self.scope(frame);
-        let agent = match node.agent {
-            Some(a) => a,
-            None => {
-                let written = match &st.body {
-                    StageBody::Agent { agent: Some(a), .. } => a.value.clone(),
-                    _ => String::new(),
-                };
-                let name = render_params(&written, &self.plan.params).unwrap_or(written);
-                match self
-                    .plan
-                    .workflow
-                    .agents
-                    .iter()
-                    .position(|a| a.name.value == name)
-                {
-                    Some(i) => i,
-                    None => {
-                        return self.fail_now(started, format!("there is no agent `{name}`"));
-                    }
-                }
-            }
+        let agent = match self.plan.agent_of(n) {
+            Ok(a) => a,
+            Err(name) => return self.fail_now(started, format!("there is no agent `{name}`")),
         };
-        let chain = self.fallback_chain(agent);
+        let chain = self.plan.fallback_chain(agent);
         let retries = st
             .retries
             .as_ref()
@@ -549,29 +531,6 @@ impl Exec<'_> {
         s.feedback = Some(msg);
         s.action = Some(t);
         Outcome::Settled(s)
-    }
-
-    /// The agent and its fallbacks, each once, in order.
-    fn fallback_chain(&self, agent: usize) -> Vec<usize> {
-        let mut out = vec![agent];
-        let mut i = 0;
-        while i < out.len() {
-            for f in &self.plan.workflow.agents[out[i]].fallbacks {
-                if let Some(j) = self
-                    .plan
-                    .workflow
-                    .agents
-                    .iter()
-                    .position(|a| a.name.value == f.value)
-                {
-                    if !out.contains(&j) {
-                        out.push(j);
-                    }
-                }
-            }
-            i += 1;
-        }
-        out
     }
 
     /// Calls an agent: transient failures retry with backoff, rate limits wait (or hand
