@@ -44,6 +44,9 @@ pub struct Body {
     pub index: HashMap<NodeId, NodeIndex>,
     /// The body's nodes in a topological order.
     pub order: Vec<NodeId>,
+    /// Each graph node's place in `order` (indexed by `NodeIndex::index()`): the executor
+    /// starts nodes that become ready together in this order.
+    pub rank: Vec<usize>,
 }
 
 /// One stage of the plan.
@@ -74,6 +77,10 @@ pub struct Node {
     pub conditional: bool,
     /// Escalation rules of a loop: the condition (an expression) and the nodes it runs.
     pub escalations: Vec<(String, Vec<NodeId>)>,
+    /// Where the stage's model is in the workflow's stage tree: the index at each level.
+    pub path: Vec<usize>,
+    /// The node's index in the graph of the body it belongs to.
+    pub local: NodeIndex,
 }
 
 /// A named outcome with its exit code.
@@ -99,6 +106,8 @@ pub struct Plan {
     /// as source and compiled with `compile_expression` where they are evaluated, so that
     /// their values keep their types.
     pub templates: minijinja::Environment<'static>,
+    /// Every node by its stage id (ids are unique in a workflow).
+    pub by_name: HashMap<String, NodeId>,
 }
 
 impl Plan {
@@ -146,17 +155,15 @@ impl Plan {
 
     /// Returns the model of a node's stage.
     pub fn stage(&self, id: NodeId) -> &Stage {
-        fn find<'a>(stages: &'a [Stage], name: &str) -> Option<&'a Stage> {
-            stages.iter().find_map(|s| {
-                if s.id.value == name {
-                    Some(s)
-                } else {
-                    find(s.children(), name)
-                }
-            })
+        let path = &self.nodes[id.0].path;
+        let mut level: &[Stage] = &self.workflow.stages;
+        let mut found = None;
+        for &i in path {
+            let s = &level[i];
+            found = Some(s);
+            level = s.children();
         }
-        find(&self.workflow.stages, &self.nodes[id.0].name)
-            .unwrap_or_else(|| unreachable!("every node comes from a stage"))
+        found.unwrap_or_else(|| unreachable!("every node comes from a stage"))
     }
 
     /// Returns the body of a region, or the top level for `None`.
@@ -178,7 +185,7 @@ impl Plan {
 
     /// Returns the node of a stage by id.
     pub fn find(&self, name: &str) -> Option<NodeId> {
-        self.nodes.iter().position(|n| n.name == name).map(NodeId)
+        self.by_name.get(name).copied()
     }
 
     /// Resolves an action (as written, or as stored by a run) to where control goes.
@@ -381,14 +388,29 @@ pub fn compile(checked: &Checked<'_>) -> Plan {
                 .collect(),
             conditional: conditional(checked, id),
             escalations,
+            path: Vec::new(),
+            local: NodeIndex::end(),
         });
     }
+    let by_name: HashMap<String, NodeId> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.name.clone(), NodeId(i)))
+        .collect();
+    set_paths(&wf.stages, &mut Vec::new(), &by_name, &mut nodes);
     for i in 0..nodes.len() {
         if checked.stages[i].stage.kind.value.is_region() {
             nodes[i].body = Some(body(checked, Some(StageId(i)), &nodes));
         }
     }
     let top = body(checked, None, &nodes);
+    let locals: Vec<(usize, NodeIndex)> = std::iter::once(&top)
+        .chain(nodes.iter().filter_map(|n| n.body.as_ref()))
+        .flat_map(|b| b.index.iter().map(|(id, ix)| (id.0, *ix)))
+        .collect();
+    for (i, ix) in locals {
+        nodes[i].local = ix;
+    }
     Plan {
         workflow: wf.clone(),
         nodes,
@@ -397,6 +419,24 @@ pub fn compile(checked: &Checked<'_>) -> Plan {
         params: checked.params.clone(),
         schemas: checked.schemas.clone(),
         templates,
+        by_name,
+    }
+}
+
+/// Records where each node's stage is in the stage tree.
+fn set_paths(
+    stages: &[Stage],
+    prefix: &mut Vec<usize>,
+    by_name: &HashMap<String, NodeId>,
+    nodes: &mut [Node],
+) {
+    for (i, s) in stages.iter().enumerate() {
+        prefix.push(i);
+        if let Some(id) = by_name.get(&s.id.value) {
+            nodes[id.0].path = prefix.clone();
+        }
+        set_paths(s.children(), prefix, by_name, nodes);
+        prefix.pop();
     }
 }
 
@@ -439,13 +479,20 @@ fn body(c: &Checked<'_>, region: Option<StageId>, nodes: &[Node]) -> Body {
             }
         }
     }
-    let order = petgraph::algo::toposort(&graph, None)
+    let order: Vec<NodeId> = petgraph::algo::toposort(&graph, None)
         .map(|o| o.into_iter().map(|n| graph[n]).collect())
         .unwrap_or_else(|_| members.to_vec());
+    let mut rank = vec![0; graph.node_count()];
+    for (r, id) in order.iter().enumerate() {
+        if let Some(ix) = index.get(id) {
+            rank[ix.index()] = r;
+        }
+    }
     Body {
         graph,
         index,
         order,
+        rank,
     }
 }
 

@@ -5,13 +5,25 @@
 //!   hashes its files for resume.
 //! - [`execute`] runs (or resumes) it and returns how the run ended.
 
+mod agent;
+mod attempt;
+mod budget;
+mod command;
+mod context;
 mod exec;
 pub mod extract;
+mod fanout;
+mod frame;
+mod gate;
 pub mod helpers;
+mod lifecycle;
+mod loops;
 pub mod progress;
 mod resource;
-mod stage;
+mod schedule;
+mod subflow;
 mod worktree;
+mod worktrees;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -25,7 +37,7 @@ use crate::load::{Loader, RealFs};
 use crate::source::Sources;
 
 pub use crate::store::now_ms;
-pub use exec::execute;
+pub use lifecycle::execute;
 
 /// A workflow ready to run: its plan, the hash of its files and the files themselves.
 pub struct Prepared {

@@ -1,0 +1,488 @@
+//! Agent stages: the prompt, the call (with the retry, rate-limit and fallback policy), schema
+//! repair, and the attempt's artifacts.
+
+use std::time::Duration;
+
+use serde_json::{Value as Json, json};
+
+use super::attempt::*;
+use super::exec::*;
+use super::frame::*;
+use super::now_ms;
+use crate::backend::{AgentCall, AgentReply, CallError, Usage};
+use crate::check::StageId as NodeId;
+use crate::compile::{Target, resolve_count};
+use crate::store::NodeState;
+
+/// A reply with the registered secrets masked, before anything reads it.
+fn redact_reply(mut r: AgentReply) -> AgentReply {
+    use crate::secrets::redact_in_place;
+    redact_in_place(&mut r.text);
+    redact_in_place(&mut r.raw);
+    r.denied.iter_mut().for_each(redact_in_place);
+    r.warnings.iter_mut().for_each(redact_in_place);
+    r
+}
+
+/// An error with the registered secrets masked.
+fn redact_error(mut e: CallError) -> CallError {
+    use crate::secrets::redact_in_place;
+    match &mut e {
+        CallError::RateLimited { message, .. }
+        | CallError::Transient { message, .. }
+        | CallError::Missing { message }
+        | CallError::Failed { message } => redact_in_place(message),
+        CallError::Timeout { tail, .. } => redact_in_place(tail),
+    }
+    e
+}
+
+impl Exec<'_> {
+    pub(super) async fn run_agent(&self, frame: &Frame<'_>, n: NodeId) -> Outcome {
+        let started = now_ms();
+        let st = self.plan.stage(n);
+        let node = self.plan.node(n);
+        let scope = self.scope(frame);
+        let agent = match self.plan.agent_of(n) {
+            Ok(a) => a,
+            Err(name) => return self.fail_now(started, format!("there is no agent `{name}`")),
+        };
+        let chain = self.plan.fallback_chain(agent);
+        let retries = st
+            .retries
+            .as_ref()
+            .and_then(|r| resolve_count(&r.value, &self.plan.params).ok())
+            .unwrap_or(2);
+        let max_attempts = u32::try_from(retries).unwrap_or(u32::MAX).saturating_add(1);
+        let a = &self.plan.workflow.agents[agent];
+        let timeout = limit(st.timeout.as_ref(), a.timeout.as_ref(), self.plan);
+        let idle = limit(st.idle_timeout.as_ref(), a.idle_timeout.as_ref(), self.plan);
+        let window = a
+            .context_window
+            .as_ref()
+            .and_then(|w| resolve_count(&w.value, &self.plan.params).ok());
+        let extractor = self.extractors.get(&n);
+        let mut usage = Usage::default();
+        let mut repair: Option<Vec<String>> = None;
+        for attempt in 1..=max_attempts {
+            let (at, ctx) = match self.begin_attempt(frame, n, &scope, attempt, started) {
+                Ok(x) => x,
+                // The state directory cannot be written: like a store failure, the run
+                // stops and stays resumable.
+                Err(e) => return self.shared.io_failed(e),
+            };
+            let dir = &at.dir;
+            let mut prompt = match self.render(&format!("{}/prompt", node.name), &ctx) {
+                Ok(p) => p,
+                Err(e) => {
+                    return self
+                        .fail_now(started, format!("its prompt could not be rendered: {e}"));
+                }
+            };
+            if let Some(problems) = &repair {
+                prompt.push_str("\n\n---\nYour previous answer could not be used:\n");
+                for p in problems {
+                    prompt.push_str(&format!("- {p}\n"));
+                }
+                prompt.push_str("Answer again, in exactly the required format.\n");
+            }
+            write_file(dir, "prompt.md", &prompt);
+            if let Some(w) = window {
+                if let Some(msg) = too_big(&prompt, w) {
+                    self.attempt_record(
+                        &at,
+                        "failed",
+                        Some(&a.name.value),
+                        Some(msg.clone()),
+                        &Usage::default(),
+                    );
+                    let mut s = Settled::new(NodeState::Failed, Json::Null, started);
+                    s.message = Some(msg.clone());
+                    s.feedback = Some(msg);
+                    s.action = Some(Target::Fail);
+                    s.attempts = attempt;
+                    return Outcome::Settled(s);
+                }
+            }
+            if let Some((t, msg)) = self.over_budget(frame, n, &usage) {
+                return self.budget_outcome(started, t, msg, usage, attempt - 1);
+            }
+            self.attempt_record(&at, "running", Some(&a.name.value), None, &Usage::default());
+            self.shared.flush();
+            if self.halted() {
+                // The attempt could not be recorded (or the run is stopping): nothing starts.
+                return Outcome::Stopped;
+            }
+            self.shared.progress.started(
+                &scope,
+                &node.name,
+                attempt,
+                &format!("agent {}", a.name.value),
+            );
+            let call = AgentCall {
+                stage: node.name.clone(),
+                scope: scope.clone(),
+                attempt,
+                prompt,
+                model: None,
+                args: Vec::new(),
+                env: vec![
+                    ("RALPH_FLOW_RUN".into(), self.shared.run.id.clone()),
+                    ("RALPH_FLOW_STAGE".into(), node.name.clone()),
+                    (
+                        "RALPH_FLOW_STAGE_DIR".into(),
+                        dir.to_string_lossy().into_owned(),
+                    ),
+                ],
+                cwd: frame.cwd.clone(),
+                dir: dir.clone(),
+                timeout,
+                idle_timeout: idle,
+                schema: extractor
+                    .filter(|e| e.wants_json())
+                    .and_then(|_| self.plan.schemas.get(&n).cloned())
+                    .filter(|_| st.output.as_ref().is_some_and(|o| o.schema.is_some())),
+                max_tokens: None,
+            };
+            let result = self.call_with_policy(frame, &chain, call).await;
+            let (reply, agent_name) = match result {
+                Ok(r) => r,
+                Err((e, agent_name, spent)) => {
+                    usage.add(&spent);
+                    let state = if matches!(e, CallError::Timeout { .. }) {
+                        NodeState::TimedOut
+                    } else {
+                        NodeState::Failed
+                    };
+                    let msg = format!("agent `{agent_name}`: {e}");
+                    let detail = match &e {
+                        CallError::Timeout { tail: t, .. } if !t.is_empty() => {
+                            format!("{msg}\nlast output:\n{t}")
+                        }
+                        _ => msg.clone(),
+                    };
+                    write_file(dir, "error.txt", &detail);
+                    // The agent gave no answer: not a verdict on the work, so nothing
+                    // of it reaches an agent as feedback, and `on_error` decides.
+                    self.attempt_record(
+                        &at,
+                        state.as_str(),
+                        Some(&agent_name),
+                        Some(detail.clone()),
+                        &usage,
+                    );
+                    let mut s = Settled::error(state, detail, node.on_error.clone(), started);
+                    s.usage = usage;
+                    s.attempts = attempt;
+                    return Outcome::Settled(s);
+                }
+            };
+            usage.add(&reply.usage);
+            for w in &reply.warnings {
+                self.shared.event(&scope, &node.name, "warning", w.clone());
+                self.shared
+                    .progress
+                    .note(&format!("! {}: agent `{agent_name}`: {w}", node.name));
+            }
+            if !reply.denied.is_empty() {
+                let text = format!(
+                    "agent `{agent_name}` was denied {} action{} (its `permissions` is `{}`): {}",
+                    reply.denied.len(),
+                    if reply.denied.len() == 1 { "" } else { "s" },
+                    self.agents
+                        .iter()
+                        .find(|c| c.name == agent_name)
+                        .map_or("read-only", |c| c.permissions.as_str()),
+                    reply.denied.join("; ")
+                );
+                write_file(dir, "denied.txt", &reply.denied.join("\n"));
+                self.shared
+                    .event(&scope, &node.name, "denied", text.clone());
+                self.shared
+                    .progress
+                    .note(&format!("! {}: {text}", node.name));
+            }
+            write_file(dir, "raw.txt", &reply.raw);
+            if reply.text != reply.raw {
+                write_file(dir, "answer.md", &reply.text);
+            }
+            let extracted = match extractor {
+                Some(e) => e.extract(&reply.text, None),
+                None => Ok(json!({ "text": reply.text })),
+            };
+            match extracted {
+                Ok(v) => {
+                    write_file(
+                        dir,
+                        "output.json",
+                        &serde_json::to_string_pretty(&v).unwrap_or_default(),
+                    );
+                    self.attempt_record(&at, "ok", Some(&agent_name), None, &reply.usage);
+                    if let Some((t, msg)) = self.over_budget(frame, n, &usage) {
+                        // The output is kept; the budget's action decides what follows.
+                        let mut s = Settled::new(NodeState::Done, v, started);
+                        s.usage = usage;
+                        s.attempts = attempt;
+                        s.message = Some(msg.clone());
+                        s.feedback = Some(msg);
+                        s.action = Some(t);
+                        if s.action == Some(Target::Fail) {
+                            s.state = NodeState::Failed;
+                        }
+                        return Outcome::Settled(s);
+                    }
+                    return self.done(frame, n, started, v, usage, attempt);
+                }
+                Err(problems) => {
+                    let text = problems.join("\n");
+                    write_file(dir, "feedback.md", &text);
+                    self.attempt_record(
+                        &at,
+                        "invalid",
+                        Some(&agent_name),
+                        Some(text.clone()),
+                        &reply.usage,
+                    );
+                    self.shared.event(&scope, &node.name, "invalid", text);
+                    if attempt < max_attempts {
+                        let more = match problems.len() {
+                            1 => String::new(),
+                            n => format!(" (and {} more)", n - 1),
+                        };
+                        self.shared.progress.note(&format!(
+                            "↺ {} answer {attempt} did not validate: {}{more}; asking again",
+                            node.name,
+                            super::progress::one_line(&problems[0], 200),
+                        ));
+                    }
+                    if let Some((t, msg)) = self.over_budget(frame, n, &usage) {
+                        return self.budget_outcome(started, t, msg, usage, attempt);
+                    }
+                    repair = Some(problems);
+                }
+            }
+        }
+        let problems = repair.unwrap_or_default();
+        let msg = format!(
+            "its output did not validate after {max_attempts} attempt{}:\n{}",
+            if max_attempts == 1 { "" } else { "s" },
+            problems
+                .iter()
+                .map(|p| format!("  - {p}"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        self.failed(n, started, NodeState::Failed, msg, usage, max_attempts)
+    }
+
+    /// Calls an agent: transient failures retry with backoff, rate limits wait (or hand
+    /// over to a fallback) without using up an attempt, a missing backend hands over.
+    pub(super) async fn call_with_policy(
+        &self,
+        frame: &Frame<'_>,
+        chain: &[usize],
+        mut call: AgentCall,
+    ) -> Result<(AgentReply, String), (CallError, String, Usage)> {
+        let opts = &self.shared.opts;
+        let mut idx = 0;
+        let mut transient = 0u32;
+        let mut waited = Duration::ZERO;
+        let mut rate_backoff = opts.backoff;
+        loop {
+            let agent = chain[idx];
+            let cfg = &self.agents[agent];
+            let name = cfg.name.clone();
+            let backend = match self.backend(agent) {
+                Ok(b) => b,
+                Err(e) => {
+                    let err = CallError::Missing { message: e };
+                    if idx + 1 < chain.len() {
+                        self.hand_over(&call, &name, chain[idx + 1], &err);
+                        idx += 1;
+                        continue;
+                    }
+                    return Err((err, name, Usage::default()));
+                }
+            };
+            call.model = cfg.model.clone();
+            call.max_tokens = cfg.max_tokens;
+            let caps = backend.capabilities();
+            let schema = call.schema.take();
+            let mut this = call.clone();
+            this.schema = if caps.json_schema {
+                schema.clone()
+            } else {
+                None
+            };
+            call.schema = schema;
+            tracing::debug!(stage = %call.stage, scope = %call.scope, attempt = call.attempt, agent = %name, "calling agent");
+            let result = backend
+                .call(&this)
+                .await
+                .map(redact_reply)
+                .map_err(redact_error);
+            if let Err(e) = &result {
+                tracing::debug!(stage = %call.stage, agent = %name, error = %e, "agent call failed");
+            }
+            match result {
+                Ok(reply) => {
+                    self.add_usage(frame, &reply.usage);
+                    return Ok((reply, name));
+                }
+                Err(err @ CallError::Missing { .. }) => {
+                    if idx + 1 < chain.len() {
+                        self.hand_over(&call, &name, chain[idx + 1], &err);
+                        idx += 1;
+                        continue;
+                    }
+                    return Err((err, name, Usage::default()));
+                }
+                Err(CallError::RateLimited {
+                    message,
+                    retry_after,
+                }) => {
+                    if idx + 1 < chain.len() {
+                        let err = CallError::RateLimited {
+                            message,
+                            retry_after,
+                        };
+                        self.hand_over(&call, &name, chain[idx + 1], &err);
+                        idx += 1;
+                        continue;
+                    }
+                    let wait = retry_after.unwrap_or(rate_backoff);
+                    rate_backoff = (rate_backoff * 2).min(Duration::from_secs(900));
+                    waited += wait;
+                    if waited > opts.rate_limit_wait {
+                        return Err((
+                            CallError::RateLimited {
+                                message: format!(
+                                    "{message}; gave up after waiting {}s in all",
+                                    waited.as_secs()
+                                ),
+                                retry_after,
+                            },
+                            name,
+                            Usage::default(),
+                        ));
+                    }
+                    let text = format!(
+                        "agent `{name}` is rate-limited ({message}); waiting {} before trying again",
+                        super::progress::short_duration(wait)
+                    );
+                    self.shared
+                        .event(&call.scope, &call.stage, "rate_limited", text.clone());
+                    self.shared.flush();
+                    self.shared
+                        .progress
+                        .note(&format!("⏳ {}: {text}", call.stage));
+                    tokio::time::sleep(wait).await;
+                }
+                Err(CallError::Transient {
+                    message,
+                    retry_after,
+                }) => {
+                    transient += 1;
+                    if transient > opts.transient_retries {
+                        return Err((
+                            CallError::Transient {
+                                message: format!(
+                                    "{message} (after {} retries)",
+                                    opts.transient_retries
+                                ),
+                                retry_after,
+                            },
+                            name,
+                            Usage::default(),
+                        ));
+                    }
+                    let wait =
+                        retry_after.unwrap_or(opts.backoff * 2u32.saturating_pow(transient - 1));
+                    let text = format!(
+                        "agent `{name}` failed ({message}); retry {transient} of {} in {}",
+                        opts.transient_retries,
+                        super::progress::short_duration(wait)
+                    );
+                    self.shared
+                        .event(&call.scope, &call.stage, "retry", text.clone());
+                    self.shared.flush();
+                    self.shared
+                        .progress
+                        .note(&format!("↺ {}: {text}", call.stage));
+                    tokio::time::sleep(wait).await;
+                }
+                Err(e) => return Err((e, name, Usage::default())),
+            }
+        }
+    }
+
+    pub(super) fn hand_over(&self, call: &AgentCall, from: &str, to: usize, why: &CallError) {
+        let text = format!(
+            "agent `{from}`: {why}; falling back to `{}`",
+            self.agents[to].name
+        );
+        self.shared
+            .event(&call.scope, &call.stage, "fallback", text.clone());
+        self.shared
+            .progress
+            .note(&format!("⇢ {}: {text}", call.stage));
+    }
+}
+
+/// Checks a prompt against a context window (about 4 bytes a token). Names the size and the
+/// largest parts when it does not fit.
+fn too_big(prompt: &str, window: u64) -> Option<String> {
+    let tokens = (prompt.len() as u64).div_ceil(4);
+    if tokens <= window {
+        return None;
+    }
+    // Parts: runs of lines between headings or blank lines.
+    let mut parts: Vec<(usize, usize, usize, String)> = Vec::new();
+    let mut start = 1;
+    let mut size = 0;
+    let mut first = String::new();
+    for (i, line) in prompt.lines().enumerate() {
+        let ln = i + 1;
+        if (line.starts_with('#') || line.trim().is_empty()) && size > 0 {
+            parts.push((start, ln - 1, size, first.clone()));
+            start = ln;
+            size = 0;
+            first.clear();
+        }
+        if first.is_empty() && !line.trim().is_empty() {
+            first = line.chars().take(60).collect();
+        }
+        size += line.len() + 1;
+    }
+    if size > 0 {
+        parts.push((start, prompt.lines().count(), size, first));
+    }
+    parts.sort_by_key(|p| std::cmp::Reverse(p.2));
+    let largest: Vec<String> = parts
+        .iter()
+        .take(3)
+        .map(|(a, b, s, f)| format!("lines {a}-{b} (~{} tokens, \"{f}\")", s.div_ceil(4)))
+        .collect();
+    Some(format!(
+        "the prompt is ~{tokens} tokens ({} bytes), more than the agent's context window of {window}; nothing was sent. Largest parts: {}",
+        prompt.len(),
+        largest.join("; ")
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prompt_too_big_names_its_largest_parts() {
+        let prompt = format!("# Task\nsmall\n\n# Diff\n{}\n", "x".repeat(4000));
+        let msg = too_big(&prompt, 100).expect("too big");
+        assert!(
+            msg.contains("more than the agent's context window of 100"),
+            "{msg}"
+        );
+        assert!(msg.contains("lines 4-5"), "{msg}");
+        assert!(too_big("short", 100).is_none());
+    }
+}

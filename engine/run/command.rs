@@ -1,0 +1,341 @@
+//! Command and check stages: argv (never a shell), streams, exit codes, `expect`.
+
+use std::time::Duration;
+
+use minijinja::Value;
+use serde_json::{Value as Json, json};
+
+use super::attempt::*;
+use super::context::*;
+use super::exec::*;
+use super::frame::*;
+use super::now_ms;
+use crate::backend::Usage;
+use crate::backend::process::{self, Ended, ProcSpec};
+use crate::check::StageId as NodeId;
+use crate::compile::{resolve_count, resolve_duration};
+use crate::model::{StageBody, StageKind};
+use crate::store::NodeState;
+
+impl Exec<'_> {
+    pub(super) async fn run_command(&self, frame: &Frame<'_>, n: NodeId) -> Outcome {
+        let started = now_ms();
+        let st = self.plan.stage(n);
+        let node = self.plan.node(n);
+        let scope = self.scope(frame);
+        let (cmd, codes, expect) = match &st.body {
+            StageBody::Command(c) => (
+                Some(c),
+                c.ok_codes.iter().map(|c| c.value).collect::<Vec<_>>(),
+                None,
+            ),
+            StageBody::Check {
+                command,
+                pass_codes,
+                expect,
+            } => (
+                command.as_ref(),
+                pass_codes.iter().map(|c| c.value).collect(),
+                expect.as_ref(),
+            ),
+            _ => return self.fail_now(started, "not a command".into()),
+        };
+        let codes = if codes.is_empty() { vec![0] } else { codes };
+        let retries = st
+            .retries
+            .as_ref()
+            .and_then(|r| resolve_count(&r.value, &self.plan.params).ok())
+            .unwrap_or(0);
+        let max_attempts = u32::try_from(retries).unwrap_or(u32::MAX).saturating_add(1);
+        let timeout = st
+            .timeout
+            .as_ref()
+            .and_then(|d| resolve_duration(&d.value, &self.plan.params).ok());
+        let idle = st
+            .idle_timeout
+            .as_ref()
+            .and_then(|d| resolve_duration(&d.value, &self.plan.params).ok());
+        let is_check = node.kind == StageKind::Check;
+        let mut last_msg = String::new();
+        let mut last_output = Json::Null;
+        for attempt in 1..=max_attempts {
+            let (at, ctx) = match self.begin_attempt(frame, n, &scope, attempt, started) {
+                Ok(x) => x,
+                // The state directory cannot be written: like a store failure, the run
+                // stops and stays resumable.
+                Err(e) => return self.shared.io_failed(e),
+            };
+            let dir = &at.dir;
+            let mut base = json!({"exit_code": 0, "stdout": "", "stderr": ""});
+            let mut ok = true;
+            let mut stdout_text = String::new();
+            if let Some(cmd) = cmd {
+                let spec = match self.command_spec(frame, n, cmd, &ctx, dir, timeout, idle) {
+                    Ok(s) => s,
+                    Err(e) => return self.fail_now(started, e),
+                };
+                self.attempt_record(&at, "running", None, None, &Usage::default());
+                self.shared.flush();
+                if self.halted() {
+                    return Outcome::Stopped;
+                }
+                self.shared.progress.started(
+                    &scope,
+                    &node.name,
+                    attempt,
+                    &format!("$ {}", crate::shell::join(&spec.argv)),
+                );
+                let out = match process::run(&spec).await {
+                    Ok(o) => o,
+                    Err(e) => {
+                        let msg = format!(
+                            "`{}` could not start: {e}",
+                            spec.argv.first().cloned().unwrap_or_default()
+                        );
+                        self.attempt_record(
+                            &at,
+                            NodeState::Failed.as_str(),
+                            None,
+                            Some(msg.clone()),
+                            &Usage::default(),
+                        );
+                        let mut s =
+                            Settled::error(NodeState::Failed, msg, node.on_error.clone(), started);
+                        s.attempts = attempt;
+                        return Outcome::Settled(s);
+                    }
+                };
+                write_file(
+                    dir,
+                    "command.json",
+                    &serde_json::to_string_pretty(&json!({
+                        "argv": spec.argv,
+                        "cwd": spec.cwd,
+                        "exit_code": out.code,
+                        "signal": out.signal,
+                        "elapsed_ms": u64::try_from(out.elapsed.as_millis()).unwrap_or(u64::MAX),
+                    }))
+                    .unwrap_or_default(),
+                );
+                stdout_text = String::from_utf8_lossy(&out.stdout).into_owned();
+                let code = out.code.map_or(-1, i64::from);
+                base = json!({
+                    "exit_code": code,
+                    "stdout": text_of(&out.stdout, out.stdout_cut, MAX_STREAM_IN_OUTPUT),
+                    "stderr": text_of(&out.stderr, out.stderr_cut, MAX_STREAM_IN_OUTPUT),
+                });
+                if matches!(out.ended, Ended::Timeout | Ended::Idle) {
+                    let what = if out.ended == Ended::Idle {
+                        "produced no output for"
+                    } else {
+                        "ran longer than"
+                    };
+                    let lim = if out.ended == Ended::Idle {
+                        idle
+                    } else {
+                        timeout
+                    }
+                    .unwrap_or_default();
+                    let msg = format!(
+                        "`{}` {what} {} and was stopped (its whole process group)\n{}",
+                        crate::shell::join(&spec.argv),
+                        super::progress::short_duration(lim),
+                        tail(&String::from_utf8_lossy(&out.stderr), 2000)
+                    );
+                    return self.fail_attempt(
+                        &at,
+                        NodeState::TimedOut,
+                        None,
+                        msg,
+                        Usage::default(),
+                    );
+                }
+                ok = codes.contains(&code);
+                if !ok {
+                    last_msg = format!(
+                        "`{}` exited with {}{}",
+                        crate::shell::join(&spec.argv),
+                        match (out.code, out.signal) {
+                            (Some(c), _) => format!("code {c}"),
+                            (None, Some(s)) => format!("signal {s}"),
+                            _ => "an unknown status".to_string(),
+                        },
+                        feedback_streams(&out.stdout, &out.stderr)
+                    );
+                }
+            } else {
+                self.shared
+                    .progress
+                    .started(&scope, &node.name, attempt, "check");
+            }
+            let mut value = match self.extractors.get(&n) {
+                Some(e) if st.output.is_some() => match e.extract(&stdout_text, Some(base.clone()))
+                {
+                    Ok(v) => v,
+                    Err(problems) => {
+                        ok = false;
+                        last_msg =
+                            format!("its output could not be read:\n{}", problems.join("\n"));
+                        base.clone()
+                    }
+                },
+                _ => base.clone(),
+            };
+            if is_check {
+                let mut passed = ok;
+                if let (true, Some(x)) = (ok, expect) {
+                    let ctx = self.context(frame, &[("output", jv(&value))]);
+                    match self.eval(&x.value, &ctx) {
+                        Ok(v) => {
+                            passed = v.is_true();
+                            if !passed {
+                                last_msg = format!(
+                                    "`{}` does not hold{}",
+                                    x.value,
+                                    feedback_streams(
+                                        value
+                                            .get("stdout")
+                                            .and_then(Json::as_str)
+                                            .unwrap_or("")
+                                            .as_bytes(),
+                                        value
+                                            .get("stderr")
+                                            .and_then(Json::as_str)
+                                            .unwrap_or("")
+                                            .as_bytes()
+                                    )
+                                );
+                            }
+                        }
+                        Err(e) => {
+                            passed = false;
+                            last_msg = format!("its `expect` failed: {e}");
+                        }
+                    }
+                }
+                if let Some(obj) = value.as_object_mut() {
+                    obj.insert("passed".into(), Json::Bool(passed));
+                }
+                ok = passed;
+            }
+            if is_check || st.output.is_some() {
+                write_file(
+                    dir,
+                    "output.json",
+                    &serde_json::to_string_pretty(&value).unwrap_or_default(),
+                );
+            }
+            if ok {
+                self.attempt_record(&at, "ok", None, None, &Usage::default());
+                return self.done(frame, n, started, value, Usage::default(), attempt);
+            }
+            write_file(dir, "feedback.md", &last_msg);
+            self.attempt_record(
+                &at,
+                "failed",
+                None,
+                Some(tail(&last_msg, 4000)),
+                &Usage::default(),
+            );
+            last_output = value;
+            if attempt < max_attempts {
+                let wait = self.shared.opts.backoff * 2u32.saturating_pow(attempt - 1);
+                self.shared.progress.note(&format!(
+                    "↺ {} failed; retry {attempt} of {retries} in {}",
+                    node.name,
+                    super::progress::short_duration(wait)
+                ));
+                tokio::time::sleep(wait).await;
+            }
+        }
+        let feedback = self
+            .feedback_template(frame, n, &last_output)
+            .unwrap_or_else(|| tail(&last_msg, MAX_FEEDBACK));
+        let mut s = Settled::new(NodeState::Failed, last_output, started);
+        s.feedback = Some(feedback);
+        s.message = Some(last_msg);
+        s.action = Some(node.on_fail.clone());
+        s.attempts = max_attempts;
+        Outcome::Settled(s)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn command_spec(
+        &self,
+        frame: &Frame<'_>,
+        n: NodeId,
+        cmd: &crate::model::CommandSpec,
+        ctx: &Value,
+        dir: &std::path::Path,
+        timeout: Option<Duration>,
+        idle: Option<Duration>,
+    ) -> Result<ProcSpec, String> {
+        let name = &self.plan.node(n).name;
+        let mut argv = Vec::new();
+        for i in 0..cmd.argv.len() {
+            let item = self
+                .render(&format!("{name}/argv/{i}"), ctx)
+                .map_err(|e| format!("argv item {i}: {e}"))?;
+            match super::helpers::spread_items(&item) {
+                Some(items) => argv.extend(items.map_err(|e| format!("argv item {i}: {e}"))?),
+                None => argv.push(item),
+            }
+        }
+        let mut env = vec![
+            ("RALPH_FLOW_RUN".to_string(), self.shared.run.id.clone()),
+            ("RALPH_FLOW_STAGE".to_string(), name.clone()),
+            (
+                "RALPH_FLOW_STAGE_DIR".to_string(),
+                dir.to_string_lossy().into_owned(),
+            ),
+        ];
+        for (k, _) in &cmd.env {
+            env.push((
+                k.value.clone(),
+                self.render(&format!("{name}/env/{}", k.value), ctx)?,
+            ));
+        }
+        let cwd = match &cmd.cwd {
+            Some(_) => {
+                let c = self.render(&format!("{name}/cwd"), ctx)?;
+                frame.cwd.join(c.trim())
+            }
+            None => frame.cwd.clone(),
+        };
+        let stdin = match &cmd.stdin {
+            Some(_) => Some(self.render(&format!("{name}/stdin"), ctx)?.into_bytes()),
+            None => None,
+        };
+        Ok(ProcSpec {
+            argv,
+            cwd,
+            env,
+            stdin,
+            timeout,
+            idle_timeout: idle,
+            stdout_path: Some(dir.join("stdout")),
+            stderr_path: Some(dir.join("stderr")),
+            pid_file: Some(dir.join("process")),
+            result_done: None,
+        })
+    }
+}
+
+fn feedback_streams(stdout: &[u8], stderr: &[u8]) -> String {
+    let mut s = String::new();
+    let out = String::from_utf8_lossy(stdout);
+    let err = String::from_utf8_lossy(stderr);
+    if !out.trim().is_empty() {
+        s.push_str(&format!(
+            "\n--- stdout (end) ---\n{}",
+            tail(out.trim_end(), 6000)
+        ));
+    }
+    if !err.trim().is_empty() {
+        s.push_str(&format!(
+            "\n--- stderr (end) ---\n{}",
+            tail(err.trim_end(), 6000)
+        ));
+    }
+    s
+}

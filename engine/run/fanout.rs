@@ -1,0 +1,444 @@
+//! Fan-out and fan-in: `for_each` (a body per item) and `group` (a body of parallel stages),
+//! with their aggregation.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashSet};
+use std::rc::Rc;
+
+use futures_util::FutureExt;
+use futures_util::future::LocalBoxFuture;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use minijinja::Value;
+use serde_json::{Value as Json, json};
+use tokio::sync::Semaphore;
+
+use super::context::*;
+use super::exec::*;
+use super::frame::*;
+use super::now_ms;
+use crate::backend::Usage;
+use crate::check::StageId as NodeId;
+use crate::compile::{Target, resolve_count};
+use crate::model::StageBody;
+use crate::store::{NodeRecord, NodeState, Write};
+
+impl Exec<'_> {
+    pub(super) async fn run_for_each(&self, frame: &Frame<'_>, n: NodeId) -> Outcome {
+        let started = now_ms();
+        let st = self.plan.stage(n);
+        let node = self.plan.node(n);
+        let StageBody::ForEach {
+            over,
+            as_name,
+            key,
+            max_concurrency,
+            aggregate,
+            result,
+            worktree,
+            ..
+        } = &st.body
+        else {
+            return Outcome::Stopped;
+        };
+        let scope = self.scope(frame);
+        let items_key = (scope.clone(), format!("@items:{}", node.name));
+        let recorded = self
+            .shared
+            .resumed
+            .borrow()
+            .get(&items_key)
+            .map(|rec| rec.output.as_array().cloned().unwrap_or_default());
+        let items = match recorded {
+            Some(items) => items,
+            None => {
+                let ctx = self.context(frame, &[]);
+                let src = over.as_ref().map(|o| o.value.as_str()).unwrap_or("[]");
+                let v = match self.eval(src, &ctx) {
+                    Ok(v) => v,
+                    Err(e) => return self.fail_now(started, format!("its `over` failed: {e}")),
+                };
+                let j: Json = serde_json::to_value(&v).unwrap_or(Json::Null);
+                let Some(list) = j.as_array().cloned() else {
+                    return self.fail_now(
+                        started,
+                        format!("its `over` must give a list, but gave {}", short_json(&j)),
+                    );
+                };
+                self.record_decision(&scope, &items_key.1, Json::Array(list.clone()));
+                list
+            }
+        };
+        let var = as_name
+            .as_ref()
+            .map(|a| a.value.clone())
+            .unwrap_or_else(|| "item".to_string());
+        let limit = match max_concurrency
+            .as_ref()
+            .map(|m| resolve_count(&m.value, &self.plan.params))
+        {
+            Some(Ok(m)) => usize::try_from(m).unwrap_or(usize::MAX).max(1),
+            Some(Err(e)) => return self.fail_now(started, format!("max_concurrency: {e}")),
+            None => items.len().max(1),
+        };
+        let sem = Rc::new(Semaphore::new(limit));
+        let result_stage = self.result_stage(st, result.as_ref());
+        let mut keys = Vec::new();
+        let mut seen = HashSet::new();
+        for (i, item) in items.iter().enumerate() {
+            let k = match key {
+                Some(k) => {
+                    let ctx = self.context(
+                        frame,
+                        &[(var.as_str(), jv(item)), ("index", Value::from(i))],
+                    );
+                    match self.eval(&k.value, &ctx) {
+                        Ok(v) => v
+                            .as_str()
+                            .map(str::to_string)
+                            .unwrap_or_else(|| v.to_string()),
+                        Err(e) => {
+                            return self.fail_now(started, format!("its `key` failed: {e}"));
+                        }
+                    }
+                }
+                None => i.to_string(),
+            };
+            let k = sanitize(&k);
+            if !seen.insert(k.clone()) {
+                return self.fail_now(
+                    started,
+                    format!("two items have the key `{k}`; keys must be unique"),
+                );
+            }
+            keys.push(k);
+        }
+        let mut running: FuturesUnordered<LocalBoxFuture<'_, (usize, BodyEnd, Option<Json>)>> =
+            FuturesUnordered::new();
+        let siblings: Rc<RefCell<Vec<Json>>> = Rc::default();
+        for (i, item) in items.iter().enumerate() {
+            let sem = sem.clone();
+            let siblings = siblings.clone();
+            let var = var.clone();
+            let k = keys[i].clone();
+            let fut = async move {
+                let _permit = sem.acquire().await.ok();
+                let scope = frame.child_scope(&format!("{}#{k}", node.name));
+                let cwd = match worktree {
+                    Some(_) => match self
+                        .enter_worktree_item(frame, n, &scope, &var, item, i)
+                        .await
+                    {
+                        Ok(p) => p,
+                        Err(e) => {
+                            // No stage of the item ran: say here why it failed.
+                            self.shared.event(&scope, &node.name, "failed", e.clone());
+                            self.shared.progress.note(&format!("✗ {scope}: {e}"));
+                            return (
+                                i,
+                                BodyEnd::Failed {
+                                    node: node.name.clone(),
+                                    message: e,
+                                    feedback: None,
+                                    infra: true,
+                                },
+                                None,
+                            );
+                        }
+                    },
+                    None => frame.cwd.clone(),
+                };
+                let iframe = Frame {
+                    parent: Some(frame),
+                    region: Some(n),
+                    scope,
+                    cwd: cwd.clone(),
+                    vars: vec![
+                        (var.clone(), jv(item)),
+                        ("index".to_string(), Value::from(i)),
+                    ],
+                    siblings: Some(siblings.clone()),
+                    ..Frame::default()
+                };
+                let end = self.run_body(&iframe).await;
+                let ok = matches!(
+                    end,
+                    BodyEnd::Completed | BodyEnd::Break | BodyEnd::Continue(_)
+                );
+                if worktree.is_some() {
+                    self.leave_worktree_at(n, &cwd, ok).await;
+                }
+                let result = result_stage.and_then(|r| {
+                    iframe
+                        .outputs
+                        .borrow()
+                        .get(&self.plan.node(r).name)
+                        .filter(|v| v.state == NodeState::Done)
+                        .map(|v| v.output.clone())
+                });
+                // The items that start from now on see this one.
+                if !matches!(end, BodyEnd::Waiting | BodyEnd::Stopped) {
+                    siblings.borrow_mut().push(json!({
+                        "key": k,
+                        "index": i,
+                        "item": item,
+                        "ok": ok,
+                        "result": result.clone().unwrap_or(Json::Null),
+                    }));
+                }
+                (i, end, result)
+            };
+            running.push(fut.boxed_local());
+        }
+        let mut results: Vec<Option<Json>> = vec![None; items.len()];
+        let mut failures = Vec::new();
+        let mut infra = false;
+        let mut waiting = false;
+        let mut stopped = false;
+        let mut exit = None;
+        while let Some((i, end, result)) = running.next().await {
+            results[i] = result;
+            match end {
+                BodyEnd::Completed | BodyEnd::Break | BodyEnd::Continue(_) => {}
+                BodyEnd::Failed {
+                    node: f,
+                    message,
+                    infra: item_infra,
+                    ..
+                } => {
+                    infra |= item_infra;
+                    failures.push(format!("item `{}`: `{f}` failed: {message}", keys[i]));
+                }
+                BodyEnd::Waiting => waiting = true,
+                BodyEnd::Stopped => stopped = true,
+                BodyEnd::Exit(x) => exit = Some(x),
+            }
+        }
+        if let Some(x) = exit {
+            let mut s = Settled::new(NodeState::Done, Json::Null, started);
+            s.action = Some(Target::Exit(x));
+            return Outcome::Settled(s);
+        }
+        if stopped {
+            return Outcome::Stopped;
+        }
+        if waiting {
+            return Outcome::Waiting;
+        }
+        let results: Vec<Json> = results
+            .into_iter()
+            .map(|r| r.unwrap_or(Json::Null))
+            .collect();
+        let value = self.aggregate(aggregate.as_ref(), result_stage, &results);
+        let output = json!({"results": results, "value": value});
+        if failures.is_empty() {
+            Outcome::Settled(Settled::new(NodeState::Done, output, started))
+        } else {
+            let msg = format!(
+                "{} of {} items failed: {}",
+                failures.len(),
+                items.len(),
+                failures.join("; ")
+            );
+            Outcome::Settled(self.region_failed(n, output, started, msg.clone(), Some(msg), infra))
+        }
+    }
+
+    pub(super) async fn run_group(&self, frame: &Frame<'_>, n: NodeId) -> Outcome {
+        let started = now_ms();
+        let st = self.plan.stage(n);
+        let node = self.plan.node(n);
+        let StageBody::Group {
+            max_concurrency,
+            aggregate,
+            result,
+            ..
+        } = &st.body
+        else {
+            return Outcome::Stopped;
+        };
+        let limit = match max_concurrency
+            .as_ref()
+            .map(|m| resolve_count(&m.value, &self.plan.params))
+        {
+            Some(Ok(m)) => Some(Rc::new(Semaphore::new(
+                usize::try_from(m).unwrap_or(1).max(1),
+            ))),
+            Some(Err(e)) => return self.fail_now(started, format!("max_concurrency: {e}")),
+            None => None,
+        };
+        let gframe = Frame {
+            parent: Some(frame),
+            region: Some(n),
+            scope: frame.child_scope(&node.name),
+            cwd: frame.cwd.clone(),
+            vars: Vec::new(),
+            loop_vars: None,
+            earlier: Rc::new(Vec::new()),
+            usage_key: None,
+            outputs: RefCell::new(BTreeMap::new()),
+            limit,
+            siblings: None,
+        };
+        let end = self.run_body(&gframe).await;
+        let outs = gframe.outputs.take();
+        let mut results = Vec::new();
+        for c in st.children() {
+            if let Some(v) = outs.get(&c.id.value) {
+                if v.state == NodeState::Done {
+                    results.push(v.output.clone());
+                }
+            }
+        }
+        for (k, v) in outs {
+            frame.outputs.borrow_mut().insert(k, v);
+        }
+        let result_stage = self.result_stage(st, result.as_ref());
+        let value = self.aggregate(aggregate.as_ref(), result_stage, &results);
+        let output = json!({"results": results, "value": value});
+        match end {
+            BodyEnd::Stopped => Outcome::Stopped,
+            BodyEnd::Waiting => Outcome::Waiting,
+            BodyEnd::Exit(i) => {
+                let mut s = Settled::new(NodeState::Done, output, started);
+                s.action = Some(Target::Exit(i));
+                Outcome::Settled(s)
+            }
+            BodyEnd::Continue(f) => {
+                let mut s = Settled::new(NodeState::Done, output, started);
+                s.action = Some(Target::Continue);
+                s.feedback = f;
+                Outcome::Settled(s)
+            }
+            BodyEnd::Break => {
+                let mut s = Settled::new(NodeState::Done, output, started);
+                s.action = Some(Target::Break);
+                Outcome::Settled(s)
+            }
+            BodyEnd::Completed => Outcome::Settled(Settled::new(NodeState::Done, output, started)),
+            BodyEnd::Failed {
+                node: f,
+                message,
+                feedback,
+                infra,
+            } => Outcome::Settled(self.region_failed(
+                n,
+                output,
+                started,
+                format!("`{f}` failed: {message}"),
+                feedback,
+                infra,
+            )),
+        }
+    }
+
+    /// Records a decision of the executor (a for_each's items, a worktree) under a node
+    /// name starting with `@`, so that a resume makes the same one; committed at once.
+    pub(super) fn record_decision(&self, scope: &str, node: &str, output: Json) {
+        let now = now_ms();
+        self.shared.write(Write::Node(NodeRecord {
+            run: self.shared.run.id.clone(),
+            scope: scope.to_string(),
+            node: node.to_string(),
+            state: NodeState::Done,
+            output,
+            action: None,
+            feedback: None,
+            attempts: 1,
+            usage: Usage::default(),
+            started_at: now,
+            finished_at: now,
+        }));
+        self.shared.flush();
+    }
+
+    /// The stage whose output is a fan-out's result: `result`, else the body's last stage.
+    pub(super) fn result_stage(
+        &self,
+        st: &crate::model::Stage,
+        result: Option<&crate::model::Text>,
+    ) -> Option<NodeId> {
+        let name = result.or_else(|| st.children().last().map(|c| &c.id))?;
+        self.plan.find(&name.value)
+    }
+
+    /// Combines fan-out results.
+    pub(super) fn aggregate(
+        &self,
+        agg: Option<&crate::model::Aggregate>,
+        result_stage: Option<NodeId>,
+        results: &[Json],
+    ) -> Json {
+        let Some(agg) = agg else {
+            return Json::Array(results.to_vec());
+        };
+        let field = agg.field.as_ref().map(|f| f.value.as_str()).unwrap_or("");
+        let get = |r: &Json| -> Json {
+            field
+                .split('.')
+                .filter(|p| !p.is_empty())
+                .fold(r.clone(), |cur, p| {
+                    cur.get(p).cloned().unwrap_or(Json::Null)
+                })
+        };
+        let present: Vec<&Json> = results.iter().filter(|r| !r.is_null()).collect();
+        match agg.mode.value.as_str() {
+            "all" => Json::Bool(
+                !present.is_empty() && present.iter().all(|r| get(r) == Json::Bool(true)),
+            ),
+            "any" => Json::Bool(present.iter().any(|r| get(r) == Json::Bool(true))),
+            "worst" | "best" => {
+                let order: Vec<String> = if agg.order.is_empty() {
+                    result_stage
+                        .and_then(|r| self.plan.schemas.get(&r))
+                        .and_then(|s| {
+                            let path: Vec<&str> = field.split('.').collect();
+                            crate::check::outputs::walk_schema(s, &path).ok().cloned()
+                        })
+                        .and_then(|f| f.get("enum").cloned())
+                        .and_then(|e| serde_json::from_value(e).ok())
+                        .unwrap_or_default()
+                } else {
+                    agg.order.iter().map(|o| o.value.clone()).collect()
+                };
+                let rank = |r: &Json| {
+                    let v = get(r);
+                    let s = v
+                        .as_str()
+                        .map(str::to_string)
+                        .unwrap_or_else(|| v.to_string());
+                    order.iter().position(|o| *o == s)
+                };
+                let ranked = present.iter().filter_map(|r| rank(r).map(|i| (i, get(r))));
+                let pick = if agg.mode.value == "worst" {
+                    ranked.max_by_key(|(i, _)| *i)
+                } else {
+                    ranked.min_by_key(|(i, _)| *i)
+                };
+                pick.map(|(_, v)| v).unwrap_or(Json::Null)
+            }
+            "highest" | "lowest" => {
+                let num = |r: &Json| get(r).as_f64();
+                let mut best: Option<(&Json, f64)> = None;
+                for r in &present {
+                    if let Some(x) = num(r) {
+                        let better = match best {
+                            None => true,
+                            Some((_, b)) => {
+                                if agg.mode.value == "highest" {
+                                    x > b
+                                } else {
+                                    x < b
+                                }
+                            }
+                        };
+                        if better {
+                            best = Some((r, x));
+                        }
+                    }
+                }
+                best.map(|(r, _)| r.clone()).unwrap_or(Json::Null)
+            }
+            _ => Json::Array(results.to_vec()),
+        }
+    }
+}

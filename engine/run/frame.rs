@@ -1,0 +1,146 @@
+//! The executor's state types: frames (one execution of a body), what templates see of a
+//! settled stage, how a node settles and how a body ends.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::rc::Rc;
+
+use minijinja::Value;
+use serde_json::Value as Json;
+use tokio::sync::Semaphore;
+
+use crate::backend::Usage;
+use crate::check::StageId as NodeId;
+use crate::compile::Target;
+use crate::store::NodeState;
+
+/// A frame: one execution of a body (the top level, a loop iteration, a for_each item, a
+/// group), with what its templates see.
+#[derive(Default)]
+pub(crate) struct Frame<'a> {
+    pub parent: Option<&'a Frame<'a>>,
+    pub region: Option<NodeId>,
+    /// Where in the run (`""`, `attempts#2`, `tickets#T-1/attempts#1`).
+    pub scope: String,
+    pub cwd: PathBuf,
+    /// Variables this frame adds (loop variables, the item).
+    pub vars: Vec<(String, Value)>,
+    /// For a loop iteration: the loop's name and its variables (for `loops.ID`).
+    pub loop_vars: Option<(String, Value)>,
+    /// For a loop iteration: the outputs of earlier iterations, oldest first.
+    pub earlier: Rc<Vec<BTreeMap<String, Json>>>,
+    /// For a loop iteration: the key under which the loop's usage is summed, and its budget.
+    pub usage_key: Option<(String, NodeId)>,
+    /// What ran in this frame (and the latest outputs of loops and groups inside it).
+    pub outputs: RefCell<BTreeMap<String, View>>,
+    /// A group's concurrency limit.
+    pub limit: Option<Rc<Semaphore>>,
+    /// For a for_each item: the items of the same fan-out that have settled so far
+    /// (`stages.FOR_EACH.settled`), shared by every item.
+    pub siblings: Option<Rc<RefCell<Vec<Json>>>>,
+}
+
+impl Frame<'_> {
+    pub(super) fn chain(&self) -> Vec<&Frame<'_>> {
+        let mut out = vec![self];
+        let mut cur = self.parent;
+        while let Some(f) = cur {
+            out.push(f);
+            cur = f.parent;
+        }
+        out.reverse();
+        out
+    }
+
+    pub fn child_scope(&self, part: &str) -> String {
+        if self.scope.is_empty() {
+            part.to_string()
+        } else {
+            format!("{}/{part}", self.scope)
+        }
+    }
+}
+
+/// What templates see of a settled stage.
+#[derive(Clone, Debug)]
+pub(crate) struct View {
+    pub output: Json,
+    pub state: NodeState,
+    pub feedback: Option<String>,
+    pub attempts: u32,
+    pub usage: Usage,
+}
+
+/// How a node settled, or why it did not.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    Settled(Settled),
+    /// A gate waits for an answer (and the run does not keep polling).
+    Waiting,
+    /// The run is stopping (Ctrl-C, an exit elsewhere).
+    Stopped,
+}
+
+#[derive(Debug)]
+pub(crate) struct Settled {
+    pub state: NodeState,
+    pub output: Json,
+    pub action: Option<Target>,
+    pub feedback: Option<String>,
+    /// Why it failed, for the run's message.
+    pub message: Option<String>,
+    pub attempts: u32,
+    pub usage: Usage,
+    pub started_at: i64,
+    /// It came from the store (a resume); it is not written again.
+    pub resumed: bool,
+    /// It failed for reasons outside the work (an agent that could not be reached, a
+    /// timeout, a program that could not start): its `on_error` is taken, and its message
+    /// is never handed to an agent as feedback.
+    pub infra: bool,
+}
+
+impl Settled {
+    pub fn new(state: NodeState, output: Json, started_at: i64) -> Self {
+        Settled {
+            state,
+            output,
+            action: None,
+            feedback: None,
+            message: None,
+            attempts: 0,
+            usage: Usage::default(),
+            started_at,
+            resumed: false,
+            infra: false,
+        }
+    }
+
+    /// A failure for reasons outside the work: no feedback, the given action.
+    pub fn error(state: NodeState, message: String, action: Target, started_at: i64) -> Self {
+        let mut s = Settled::new(state, Json::Null, started_at);
+        s.message = Some(message);
+        s.action = Some(action);
+        s.infra = true;
+        s
+    }
+}
+
+/// How a body ended.
+#[derive(Debug)]
+pub(crate) enum BodyEnd {
+    Completed,
+    Continue(Option<String>),
+    Break,
+    Exit(usize),
+    Failed {
+        node: String,
+        message: String,
+        feedback: Option<String>,
+        /// The failure's cause lies outside the work (see [`Settled::infra`]).
+        infra: bool,
+    },
+    Waiting,
+    Stopped,
+}

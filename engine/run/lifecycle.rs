@@ -1,0 +1,486 @@
+//! A run from its start to its end: checks before anything runs, the store, resume, the
+//! run's own worktree, Ctrl-C, and how the run ends.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value as Json;
+use tokio::sync::{Semaphore, watch};
+
+use super::exec::*;
+use super::frame::*;
+use super::progress::Progress;
+use super::{Prepared, RunEnd, RunOptions, RunResult, now_ms};
+use crate::backend::replay::{Recorder, ReplayBackend};
+use crate::check::StageId as NodeId;
+use crate::model::StageKind;
+use crate::store::{NodeState, RunRecord, RunStatus, Store, Write};
+
+/// Checks, before anything runs, that every agent a stage of the plan can call is usable
+/// here (its program installed, its key set), or has a fallback that is. Returns notes on
+/// agents that will hand over to a fallback; fails with what to install or set.
+fn preflight(prepared: &Prepared, opts: &RunOptions) -> Result<Vec<String>, String> {
+    let plan = &prepared.plan;
+    let agents = &plan.workflow.agents;
+    let mut used: Vec<usize> = Vec::new();
+    for (i, node) in plan.nodes.iter().enumerate() {
+        if node.kind != StageKind::Agent {
+            continue;
+        }
+        if let Some(a) = plan.agent_of(NodeId(i)).ok().filter(|a| !used.contains(a)) {
+            used.push(a);
+        }
+    }
+    let mut problems = Vec::new();
+    let mut notes = Vec::new();
+    for a in used {
+        let chain = plan.fallback_chain(a);
+        let mut reasons = Vec::new();
+        let mut usable = None;
+        for &j in &chain {
+            let config = agent_config(&agents[j], plan, &prepared.sources)?;
+            match crate::backend::preflight(&config, &opts.cwd) {
+                Ok(()) => {
+                    usable = Some(j);
+                    break;
+                }
+                Err(why) => reasons.push(format!("agent `{}`: {why}", config.name)),
+            }
+        }
+        let place = prepared.sources.locate(agents[a].name.span);
+        match usable {
+            Some(j) if j == a => {}
+            Some(j) => notes.push(format!(
+                "{}; its stages will use its fallback `{}`",
+                reasons.join("; "),
+                agents[j].name.value
+            )),
+            None => problems.push(format!("{place}: {}", reasons.join("; then its fallback "))),
+        }
+    }
+    if problems.is_empty() {
+        Ok(notes)
+    } else {
+        Err(format!(
+            "{} agent{} of this workflow cannot run here, so nothing was started:\n  {}\n\
+             Install or set what is named, give the agent a `fallbacks` entry that can run, \
+             or point it at another backend with `--set` or an override.",
+            problems.len(),
+            if problems.len() == 1 { "" } else { "s" },
+            problems.join("\n  ")
+        ))
+    }
+}
+
+/// Registers the values of the API key variables the workflow's agents use as secrets, so
+/// that nothing written or printed from now on holds them (see [`crate::secrets`]).
+fn register_secrets(prepared: &Prepared) {
+    use crate::model::AgentKind;
+    for a in &prepared.plan.workflow.agents {
+        let var = match a.kind.value {
+            AgentKind::OpenAi | AgentKind::Anthropic => {
+                agent_config(a, &prepared.plan, &prepared.sources)
+                    .ok()
+                    .and_then(|c| crate::backend::http::key_variable(&c))
+            }
+            _ => a.api_key_env.as_ref().map(|v| v.value.clone()),
+        };
+        if let Some(var) = var {
+            crate::secrets::register_env(&var);
+        }
+    }
+}
+
+/// Keeps the state directory (the store, artifacts, worktrees) out of the user's git tree
+/// without the user doing anything, as pytest does with its cache: a `.gitignore` holding
+/// `*` inside it, which ignores itself too.
+fn ignore_in_git(state_dir: &Path) -> Result<(), String> {
+    let path = state_dir.join(".gitignore");
+    if path.exists() {
+        return Ok(());
+    }
+    std::fs::write(
+        &path,
+        "# Written by ralph-flow: its state stays out of git.\n*\n",
+    )
+    .map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+/// Runs a prepared workflow (or resumes a run of it) to its end.
+pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunResult, String> {
+    // Before anything runs or is recorded, every agent must be usable (a replayed run calls
+    // none).
+    let check_agents = |opts: &RunOptions| {
+        if opts.replay.is_none() {
+            preflight(prepared, opts)
+        } else {
+            Ok(Vec::new())
+        }
+    };
+    let preflight_notes;
+    register_secrets(prepared);
+    std::fs::create_dir_all(&opts.state_dir)
+        .map_err(|e| format!("cannot create {}: {e}", opts.state_dir.display()))?;
+    ignore_in_git(&opts.state_dir)?;
+    let durability = if opts.full_sync {
+        crate::store::sqlite::Durability::Full
+    } else {
+        crate::store::sqlite::Durability::Normal
+    };
+    let db = crate::store::sqlite::default_path(&opts.state_dir);
+    let mut store =
+        crate::store::sqlite::SqliteStore::open_with(&db, durability).map_err(|e| e.to_string())?;
+    store.on_busy(|m| eprintln!("! store: {}", super::progress::printable(m)));
+    let mut store: Box<dyn Store> = Box::new(store);
+    let plan = &prepared.plan;
+    let (run, resumed) = match &opts.resume {
+        Some(id) => {
+            let run = store
+                .run(id)
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| format!("there is no run `{id}`; `ralph-flow runs` lists them"))?;
+            if run.status == RunStatus::Finished {
+                return Err(format!(
+                    "run `{id}` has finished (exit {}); start a new one with `ralph-flow run`",
+                    run.exit
+                        .as_ref()
+                        .map_or("?".to_string(), |(n, c)| format!("{n} = {c}"))
+                ));
+            }
+            // A run started with `--replay` or `--record` resumes with it.
+            let stored = |key: &str| {
+                run.options
+                    .get(key)
+                    .and_then(Json::as_str)
+                    .map(PathBuf::from)
+            };
+            if opts.replay.is_none() && opts.record.is_none() {
+                opts.replay = stored("replay");
+                opts.record = stored("record");
+            }
+            preflight_notes = check_agents(&opts)?;
+            let nodes = store.nodes(id).map_err(|e| e.to_string())?;
+            let map = nodes
+                .into_iter()
+                .map(|n| ((n.scope.clone(), n.node.clone()), n))
+                .collect();
+            (run, map)
+        }
+        None => {
+            preflight_notes = check_agents(&opts)?;
+            let started = now_ms();
+            let id = new_run_id(started);
+            let absolute = |p: &Option<PathBuf>| {
+                p.as_ref().map(|p| {
+                    std::path::absolute(p)
+                        .unwrap_or_else(|_| p.clone())
+                        .to_string_lossy()
+                        .into_owned()
+                })
+            };
+            let mut options = serde_json::Map::new();
+            if let Some(p) = absolute(&opts.replay) {
+                options.insert("replay".into(), Json::String(p));
+            }
+            if let Some(p) = absolute(&opts.record) {
+                options.insert("record".into(), Json::String(p));
+            }
+            let run = RunRecord {
+                id: id.clone(),
+                workflow: plan.workflow.name.value.clone(),
+                file: prepared.path.to_string_lossy().into_owned(),
+                workflow_hash: prepared.hash.clone(),
+                params: super::params_json(&plan.params),
+                status: RunStatus::Running,
+                exit: None,
+                started_at: started,
+                updated_at: started,
+                dir: opts
+                    .state_dir
+                    .join("runs")
+                    .join(&id)
+                    .to_string_lossy()
+                    .into_owned(),
+                options: Json::Object(options),
+            };
+            store.create_run(&run).map_err(|e| e.to_string())?;
+            (run, HashMap::new())
+        }
+    };
+    let owner = crate::store::current_owner();
+    store.lock(&run.id, &owner).map_err(|e| e.to_string())?;
+    // What a killed executor of this run left running is stopped before anything starts
+    // again, so that no stage ever runs beside an earlier copy of itself.
+    let mut leftovers = 0;
+    if opts.resume.is_some() {
+        let interrupted: Vec<crate::store::AttemptRecord> = store
+            .attempts(&run.id, None)
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .filter(|a| a.state == "running")
+            .collect();
+        let pid_files: Vec<PathBuf> = interrupted
+            .iter()
+            .map(|a| PathBuf::from(&a.dir).join("process"))
+            .collect();
+        leftovers = crate::backend::process::stop_leftovers(&run.id, &pid_files);
+        // Those attempts are over: say so, so that `status` and `logs` do not show them as
+        // running beside the new ones.
+        let writes: Vec<Write> = interrupted
+            .into_iter()
+            .map(|mut a| {
+                a.state = "interrupted".into();
+                a.finished_at = Some(now_ms());
+                a.error = Some(
+                    "the run stopped while this attempt ran; resume ran the stage again".into(),
+                );
+                Write::Attempt(a)
+            })
+            .collect();
+        if !writes.is_empty() {
+            store.commit(&writes).map_err(|e| e.to_string())?;
+        }
+    }
+    store
+        .set_status(&run.id, RunStatus::Running, None)
+        .map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(&run.dir).map_err(|e| format!("cannot create {}: {e}", run.dir))?;
+    let replay = match &opts.replay {
+        Some(p) => Some(Arc::new(ReplayBackend::open(p)?)),
+        None => None,
+    };
+    let recorder = match &opts.record {
+        Some(p) => Some(Arc::new(Recorder::create(p, opts.resume.is_some())?)),
+        None => None,
+    };
+    let (interrupt, _) = watch::channel(false);
+    let shared = Shared {
+        global: opts.max_concurrency.map(|n| Semaphore::new(n.max(1))),
+        progress: Progress::new(opts.progress),
+        opts,
+        run,
+        store: RefCell::new(store),
+        pending: RefCell::new(Vec::new()),
+        resumed: RefCell::new(resumed),
+        interrupt,
+        usage: RefCell::new(HashMap::new()),
+        replay,
+        recorder,
+        store_error: RefCell::new(None),
+        memory: Arc::new(std::sync::Mutex::new(
+            crate::store::sqlite::SqliteStore::open(&db).map_err(|e| e.to_string())?,
+        )),
+    };
+    if leftovers > 0 {
+        let text = format!(
+            "stopped {leftovers} process{} that the run's previous executor left running",
+            if leftovers == 1 { "" } else { "es" }
+        );
+        shared.progress.note(&format!("! {text}"));
+        shared.event("", "", "warning", text);
+    }
+    for note in preflight_notes {
+        shared.progress.note(&format!("! {note}"));
+        shared.event("", "", "warning", note);
+    }
+    if shared.opts.resume.is_some() {
+        shared.event("", "", "resumed", format!("resumed by pid {}", owner.pid));
+    } else {
+        shared.event(
+            "",
+            "",
+            "started",
+            format!("run of {}", prepared.path.display()),
+        );
+    }
+    shared.flush();
+    // Earlier usage counts against the budgets of a resumed run.
+    for rec in shared.resumed.borrow().values() {
+        shared
+            .usage
+            .borrow_mut()
+            .entry(String::new())
+            .or_default()
+            .add(&rec.usage);
+    }
+    let exec = Exec::new(&shared, plan, &prepared.sources, String::new())?;
+    exec.warn_unenforceable_budgets()?;
+    // A run with its own worktree works there, from its first stage to its last.
+    let run_worktree = match exec.enter_run_worktree().await {
+        Ok(w) => w,
+        Err(e) => {
+            shared.flush();
+            return Err(e);
+        }
+    };
+    let top = Frame {
+        cwd: run_worktree
+            .clone()
+            .unwrap_or_else(|| shared.opts.cwd.clone()),
+        ..Frame::default()
+    };
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            let _ = shared.interrupt.send(true);
+        }
+        std::future::pending::<()>().await;
+    };
+    let end = tokio::select! {
+        end = exec.run_body(&top) => end,
+        () = ctrl_c => BodyEnd::Stopped,
+    };
+    shared.flush();
+    shared.progress.finish();
+    let end = if let Some(e) = shared.store_error.borrow().clone() {
+        return Err(format!(
+            "the store failed, so the run stopped (resume it once the cause is fixed): {e}"
+        ));
+    } else if *shared.interrupt.borrow() {
+        RunEnd::Interrupted
+    } else {
+        exec.run_end(end)
+    };
+    if let Some(path) = &run_worktree {
+        exec.leave_run_worktree(path, &end).await;
+    }
+    let mut store = shared.store.into_inner();
+    let (status, exit) = match &end {
+        RunEnd::Exit { name, code, .. } => (RunStatus::Finished, Some((name.as_str(), *code))),
+        RunEnd::Waiting(_) => (RunStatus::Waiting, None),
+        RunEnd::Interrupted => (RunStatus::Interrupted, None),
+    };
+    let event = crate::store::Event {
+        run: shared.run.id.clone(),
+        at: now_ms(),
+        scope: String::new(),
+        node: String::new(),
+        kind: status.as_str().to_string(),
+        message: match &end {
+            RunEnd::Exit {
+                name,
+                code,
+                message,
+            } => format!(
+                "exit {name} ({code}){}",
+                message
+                    .as_ref()
+                    .map(|m| format!(": {m}"))
+                    .unwrap_or_default()
+            ),
+            RunEnd::Waiting(g) => format!("waiting on {}", g.join(", ")),
+            RunEnd::Interrupted => "interrupted".to_string(),
+        },
+    };
+    store
+        .commit(&[Write::Event(event)])
+        .and_then(|()| store.set_status(&shared.run.id, status, exit))
+        .and_then(|()| store.unlock(&shared.run.id, owner.pid))
+        .map_err(|e| e.to_string())?;
+    let outputs = top
+        .outputs
+        .borrow()
+        .iter()
+        .filter(|(_, v)| v.state != NodeState::Skipped)
+        .map(|(k, v)| (k.clone(), v.output.clone()))
+        .collect();
+    let usage = shared.usage.borrow().get("").cloned().unwrap_or_default();
+    Ok(RunResult {
+        run_id: shared.run.id.clone(),
+        end,
+        outputs,
+        usage,
+    })
+}
+
+fn new_run_id(ms: i64) -> String {
+    let secs = ms / 1000;
+    let t = std::time::UNIX_EPOCH + Duration::from_secs(u64::try_from(secs).unwrap_or(0));
+    let stamp = humantime::format_rfc3339_seconds(t).to_string();
+    let stamp: String = stamp
+        .chars()
+        .filter(|c| c.is_ascii_digit())
+        .take(14)
+        .collect();
+    let salt = (u64::from(std::process::id()) << 20) ^ (ms as u64 % 1000) ^ nanos();
+    format!("{}-{}-{:04x}", &stamp[..8], &stamp[8..], salt & 0xffff)
+}
+
+fn nanos() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::from(d.subsec_nanos()))
+        .unwrap_or(0)
+}
+
+impl Exec<'_> {
+    pub(crate) fn run_end(&self, end: BodyEnd) -> RunEnd {
+        if let Some(i) = self.exit.get() {
+            return self.exit_end(i, None);
+        }
+        let exit = |name: &str| self.plan.exit(name).unwrap_or(0);
+        match end {
+            BodyEnd::Completed | BodyEnd::Break | BodyEnd::Continue(_) => {
+                self.exit_end(exit(&self.success_exit()), None)
+            }
+            BodyEnd::Exit(i) => self.exit_end(i, None),
+            BodyEnd::Failed { node, message, .. } => {
+                let place = self
+                    .plan
+                    .find(&node)
+                    .map(|id| format!(" ({})", self.sources.locate(self.plan.stage(id).id.span)))
+                    .unwrap_or_default();
+                let message = format!("stage `{node}`{place} failed: {message}");
+                self.exit_end(exit("failed"), Some(message))
+            }
+            BodyEnd::Waiting => {
+                let gates = self
+                    .shared
+                    .store
+                    .borrow()
+                    .pending_gates(&self.shared.run.id)
+                    .map(|g| g.iter().map(crate::store::GateRequest::qualified).collect())
+                    .unwrap_or_default();
+                RunEnd::Waiting(gates)
+            }
+            BodyEnd::Stopped => RunEnd::Interrupted,
+        }
+    }
+
+    /// The exit a run takes when it completes: `success` when declared, else the only
+    /// declared exit with code 0 (a workflow may call its success `clean` or `done`).
+    pub(super) fn success_exit(&self) -> String {
+        let wf = &self.plan.workflow;
+        if wf.exits.iter().any(|e| e.name.value == "success") {
+            return "success".into();
+        }
+        let zero: Vec<&String> = wf
+            .exits
+            .iter()
+            .filter(|e| e.code.value == 0)
+            .map(|e| &e.name.value)
+            .collect();
+        match zero.as_slice() {
+            [one] => (*one).clone(),
+            _ => "success".into(),
+        }
+    }
+
+    /// The end of a run by an exit: with a message, or the exit's own rendered over the
+    /// params.
+    pub(super) fn exit_end(&self, i: usize, message: Option<String>) -> RunEnd {
+        let e = &self.plan.exits[i];
+        let own = || {
+            e.message.as_ref().map(|m| {
+                crate::compile::render_params(m, &self.plan.params).unwrap_or_else(|_| m.clone())
+            })
+        };
+        RunEnd::Exit {
+            name: e.name.clone(),
+            code: e.code,
+            message: message.or_else(own),
+        }
+    }
+}

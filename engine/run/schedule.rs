@@ -1,0 +1,432 @@
+//! The scheduler of a body: starts each node once what it needs has settled, decides
+//! whether it runs or is skipped, and records each settlement.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use futures_util::future::LocalBoxFuture;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use petgraph::Direction;
+use petgraph::visit::EdgeRef;
+use serde_json::Value as Json;
+
+use super::exec::*;
+use super::frame::*;
+use super::now_ms;
+use crate::check::StageId as NodeId;
+use crate::compile::{Edge, Target};
+use crate::model::StageKind;
+use crate::store::{NodeRecord, NodeState, Write};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ns {
+    Pending,
+    Running,
+    Ran,
+    Failed,
+    Skipped,
+    Waiting,
+}
+
+impl Exec<'_> {
+    /// Runs a body to its end.
+    pub fn run_body<'s>(&'s self, frame: &'s Frame<'s>) -> LocalBoxFuture<'s, BodyEnd> {
+        async move {
+            let body = self.plan.body(frame.region);
+            let g = &body.graph;
+            let mut state: HashMap<NodeId, Ns> =
+                body.order.iter().map(|n| (*n, Ns::Pending)).collect();
+            let mut chosen: HashSet<NodeId> = HashSet::new();
+            let mut ending: Option<BodyEnd> = None;
+            let mut waiting = false;
+            let mut running: FuturesUnordered<LocalBoxFuture<'s, (NodeId, Outcome)>> =
+                FuturesUnordered::new();
+            loop {
+                if ending.is_none() && !self.halted() {
+                    let mut progressed = true;
+                    while progressed {
+                        progressed = false;
+                        for &n in &body.order {
+                            if state[&n] != Ns::Pending {
+                                continue;
+                            }
+                            let Some(&idx) = body.index.get(&n) else {
+                                continue;
+                            };
+                            let mut ready = true;
+                            let mut needs_ran = Vec::new();
+                            let mut routed = false;
+                            for e in g.edges_directed(idx, Direction::Incoming) {
+                                let from = g[e.source()];
+                                match state[&from] {
+                                    Ns::Pending | Ns::Running | Ns::Waiting => ready = false,
+                                    s => match e.weight() {
+                                        Edge::Needs => needs_ran.push(s == Ns::Ran),
+                                        Edge::Route(_) => routed = true,
+                                    },
+                                }
+                            }
+                            if !ready {
+                                continue;
+                            }
+                            progressed = true;
+                            let run = match self.decide(frame, n, &needs_ran, routed, &chosen) {
+                                Ok(run) => run,
+                                Err(message) => {
+                                    let node = self.plan.node(n).name.clone();
+                                    let mut s =
+                                        Settled::new(NodeState::Failed, Json::Null, now_ms());
+                                    s.message = Some(message.clone());
+                                    s.feedback = Some(message);
+                                    s.action = Some(Target::Fail);
+                                    self.settle(frame, n, &s);
+                                    state.insert(n, Ns::Failed);
+                                    ending.get_or_insert(BodyEnd::Failed {
+                                        node,
+                                        message: s.message.unwrap_or_default(),
+                                        feedback: s.feedback,
+                                        infra: true,
+                                    });
+                                    break;
+                                }
+                            };
+                            if run {
+                                state.insert(n, Ns::Running);
+                                running.push(self.run_node(frame, n));
+                            } else {
+                                let s = Settled::new(NodeState::Skipped, Json::Null, now_ms());
+                                self.settle(frame, n, &s);
+                                state.insert(n, Ns::Skipped);
+                            }
+                        }
+                        if ending.is_some() {
+                            break;
+                        }
+                    }
+                }
+                self.shared.flush();
+                let Some((n, outcome)) = running.next().await else {
+                    break;
+                };
+                let mut done = vec![(n, outcome)];
+                while let Some(Some(more)) = running.next().now_or_never() {
+                    done.push(more);
+                }
+                for (n, outcome) in done {
+                    match outcome {
+                        Outcome::Settled(s) => {
+                            self.settle(frame, n, &s);
+                            state.insert(
+                                n,
+                                match s.state {
+                                    NodeState::Done => Ns::Ran,
+                                    NodeState::Skipped => Ns::Skipped,
+                                    NodeState::Failed | NodeState::TimedOut => Ns::Failed,
+                                },
+                            );
+                            let node = self.plan.node(n).name.clone();
+                            match s.action {
+                                None => {}
+                                Some(Target::Stage(t)) => {
+                                    chosen.insert(t);
+                                }
+                                Some(Target::Continue) => {
+                                    ending.get_or_insert(BodyEnd::Continue(s.feedback));
+                                }
+                                Some(Target::Break) => {
+                                    ending.get_or_insert(BodyEnd::Break);
+                                }
+                                Some(Target::Exit(i)) => {
+                                    self.take_exit(i);
+                                    ending.get_or_insert(BodyEnd::Exit(i));
+                                }
+                                Some(Target::Fail | Target::Reject) => {
+                                    if frame.parent.is_none() && self.prefix.is_empty() {
+                                        // A failure at the top level ends the run.
+                                        let _ = self.stop.send(true);
+                                    }
+                                    ending.get_or_insert(BodyEnd::Failed {
+                                        node,
+                                        message: s.message.unwrap_or_else(|| "failed".into()),
+                                        feedback: s.feedback,
+                                        infra: s.infra,
+                                    });
+                                }
+                                Some(Target::Approve) => {}
+                            }
+                        }
+                        Outcome::Waiting => {
+                            state.insert(n, Ns::Waiting);
+                            waiting = true;
+                        }
+                        Outcome::Stopped => {
+                            state.insert(n, Ns::Skipped);
+                            ending.get_or_insert(BodyEnd::Stopped);
+                        }
+                    }
+                }
+            }
+            self.shared.flush();
+            if self.halted() && ending.is_none() {
+                return match self.exit.get() {
+                    Some(i) => BodyEnd::Exit(i),
+                    None => BodyEnd::Stopped,
+                };
+            }
+            match ending {
+                Some(e) => e,
+                None if waiting => BodyEnd::Waiting,
+                None => BodyEnd::Completed,
+            }
+        }
+        .boxed_local()
+    }
+
+    /// Decides whether a ready node runs (`true`) or is skipped.
+    pub(super) fn decide(
+        &self,
+        frame: &Frame<'_>,
+        n: NodeId,
+        needs_ran: &[bool],
+        routed: bool,
+        chosen: &HashSet<NodeId>,
+    ) -> Result<bool, String> {
+        if let Some(rec) = self.shared.resumed.borrow().get(&self.key(frame, n)) {
+            return Ok(rec.state != NodeState::Skipped);
+        }
+        if routed {
+            if !chosen.contains(&n) {
+                return Ok(false);
+            }
+        } else if !needs_ran.is_empty() && !needs_ran.iter().any(|r| *r) {
+            return Ok(false);
+        }
+        // Escalation rules and `when` are expressions, evaluated like every other one; the
+        // context is built once, and only when there is something to evaluate.
+        let rules: Vec<&str> = match self.plan.node(n).parent {
+            Some(p) => self
+                .plan
+                .node(p)
+                .escalations
+                .iter()
+                .filter(|(_, targets)| targets.contains(&n))
+                .map(|(cond, _)| cond.as_str())
+                .collect(),
+            None => Vec::new(),
+        };
+        let when = self.plan.stage(n).when.as_ref();
+        if rules.is_empty() && when.is_none() {
+            return Ok(true);
+        }
+        let ctx = self.context(frame, &[]);
+        if !rules.is_empty() {
+            let mut any = false;
+            for r in rules {
+                let v = self
+                    .eval(r, &ctx)
+                    .map_err(|e| format!("an escalation rule could not be evaluated: {e}"))?;
+                if v.is_true() {
+                    any = true;
+                    break;
+                }
+            }
+            if !any {
+                return Ok(false);
+            }
+        }
+        if let Some(w) = when {
+            let v = self
+                .eval(&w.value, &ctx)
+                .map_err(|e| format!("its `when` could not be evaluated: {e}"))?;
+            if !v.is_true() {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Records a settled node: in the frame (for templates) and in the store.
+    pub(super) fn settle(&self, frame: &Frame<'_>, n: NodeId, s: &Settled) {
+        let name = self.plan.node(n).name.clone();
+        let scope = self.scope(frame);
+        frame.outputs.borrow_mut().insert(
+            name.clone(),
+            View {
+                output: s.output.clone(),
+                state: s.state,
+                feedback: s.feedback.clone(),
+                attempts: s.attempts,
+                usage: s.usage.clone(),
+            },
+        );
+        if s.resumed {
+            tracing::debug!(scope = %scope, stage = %name, state = s.state.as_str(), "settled earlier (resume)");
+            return;
+        }
+        tracing::debug!(scope = %scope, stage = %name, state = s.state.as_str(), action = ?s.action, "settled");
+        let finished = now_ms();
+        self.shared.progress.settled(
+            &scope,
+            &name,
+            s.state.as_str(),
+            Duration::from_millis(u64::try_from(finished - s.started_at).unwrap_or(0)),
+            &s.usage,
+            s.message.as_deref(),
+        );
+        let msg = match (&s.message, &s.action) {
+            (Some(m), _) => m.clone(),
+            (None, Some(a)) => format!("then {}", self.action_text(a)),
+            (None, None) => String::new(),
+        };
+        self.shared.event(&scope, &name, s.state.as_str(), msg);
+        self.shared.write(Write::Node(NodeRecord {
+            run: self.shared.run.id.clone(),
+            scope,
+            node: name,
+            state: s.state,
+            output: s.output.clone(),
+            action: s.action.as_ref().map(|a| self.action_text(a)),
+            feedback: s.feedback.clone(),
+            attempts: s.attempts,
+            usage: s.usage.clone(),
+            started_at: s.started_at,
+            finished_at: finished,
+        }));
+    }
+
+    /// The store key of a node in a frame: (scope, stage).
+    pub(super) fn key(&self, frame: &Frame<'_>, n: NodeId) -> (String, String) {
+        (self.scope(frame), self.plan.node(n).name.clone())
+    }
+
+    /// Returns a settled node from an earlier attempt at the run, if there is one.
+    pub fn resumed(&self, frame: &Frame<'_>, n: NodeId) -> Option<Settled> {
+        let rec = self
+            .shared
+            .resumed
+            .borrow()
+            .get(&self.key(frame, n))
+            .cloned()?;
+        self.settled_from(&rec)
+    }
+
+    /// Turns a stored record into a settlement.
+    pub fn settled_from(&self, rec: &NodeRecord) -> Option<Settled> {
+        let action = match &rec.action {
+            Some(a) => Some(self.parse_action(a)?),
+            None => None,
+        };
+        Some(Settled {
+            state: rec.state,
+            output: rec.output.clone(),
+            action,
+            feedback: rec.feedback.clone(),
+            message: None,
+            attempts: rec.attempts,
+            usage: rec.usage.clone(),
+            started_at: rec.started_at,
+            resumed: true,
+            infra: false,
+        })
+    }
+
+    /// Runs one node to its settlement.
+    pub(super) fn run_node<'s>(
+        &'s self,
+        frame: &'s Frame<'s>,
+        n: NodeId,
+    ) -> LocalBoxFuture<'s, (NodeId, Outcome)> {
+        async move {
+            let kind = self.plan.node(n).kind;
+            // A run that is stopping (a failed commit, Ctrl-C, an exit) starts nothing new.
+            if self.halted() {
+                return (n, Outcome::Stopped);
+            }
+            if !kind.is_region() {
+                if let Some(s) = self.resumed(frame, n) {
+                    return (n, Outcome::Settled(s));
+                }
+            }
+            let work = async {
+                match kind {
+                    StageKind::Loop => self.run_loop(frame, n).await,
+                    StageKind::ForEach => self.run_for_each(frame, n).await,
+                    StageKind::Group => self.run_group(frame, n).await,
+                    StageKind::Subflow => self.run_subflow(frame, n).await,
+                    StageKind::Gate => self.run_gate(frame, n).await,
+                    _ => self.run_leaf(frame, n).await,
+                }
+            };
+            let outcome = if kind.is_region() {
+                work.await
+            } else {
+                tokio::select! {
+                    biased;
+                    () = self.stopped() => Outcome::Stopped,
+                    o = work => o,
+                }
+            };
+            (n, outcome)
+        }
+        .boxed_local()
+    }
+
+    /// Takes the permits a leaf stage needs and runs it. The resource comes first, so a
+    /// stage queued for it (a merge queue) holds no concurrency slot while it waits.
+    pub(super) async fn run_leaf(&self, frame: &Frame<'_>, n: NodeId) -> Outcome {
+        let _resource = match self.plan.node(n).resource {
+            Some(r) => {
+                let prio = self.priority(frame, n, r);
+                Some(self.resources[r].acquire(prio).await)
+            }
+            None => None,
+        };
+        let mut _limits = Vec::new();
+        let mut cur = Some(frame);
+        while let Some(f) = cur {
+            if let Some(l) = &f.limit {
+                _limits.push(l.acquire().await.ok());
+            }
+            cur = f.parent;
+        }
+        let _global = match &self.shared.global {
+            Some(s) => s.acquire().await.ok(),
+            None => None,
+        };
+        if self.halted() {
+            return Outcome::Stopped;
+        }
+        match self.plan.node(n).kind {
+            StageKind::Agent => self.run_agent(frame, n).await,
+            StageKind::Command | StageKind::Check => self.run_command(frame, n).await,
+            _ => Outcome::Settled(Settled::new(NodeState::Done, Json::Null, now_ms())),
+        }
+    }
+
+    /// Ranks a stage waiting for a resource: by the resource's `order`, else higher first.
+    pub(super) fn priority(&self, frame: &Frame<'_>, n: NodeId, r: usize) -> i64 {
+        let Some(p) = &self.plan.stage(n).priority else {
+            return 0;
+        };
+        let ctx = self.context(frame, &[]);
+        let Ok(v) = self.eval(&p.value, &ctx) else {
+            return 0;
+        };
+        let order = &self.plan.workflow.resources[r].order;
+        if !order.is_empty() {
+            let s = v
+                .as_str()
+                .map(str::to_string)
+                .unwrap_or_else(|| v.to_string());
+            return order
+                .iter()
+                .position(|o| o.value == s)
+                .map_or(order.len() as i64, |i| i as i64);
+        }
+        match i64::try_from(v.clone()) {
+            Ok(x) => -x,
+            Err(_) => f64::try_from(v).map(|f| -(f as i64)).unwrap_or(0),
+        }
+    }
+}

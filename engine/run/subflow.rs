@@ -1,0 +1,98 @@
+//! Subflows: another workflow run as one stage, in the same run.
+
+use serde_json::{Value as Json, json};
+
+use super::exec::*;
+use super::frame::*;
+use super::now_ms;
+use crate::backend::Usage;
+use crate::check::StageId as NodeId;
+use crate::model::StageBody;
+use crate::store::NodeState;
+
+impl Exec<'_> {
+    pub(super) async fn run_subflow(&self, frame: &Frame<'_>, n: NodeId) -> Outcome {
+        let started = now_ms();
+        let st = self.plan.stage(n);
+        let node = self.plan.node(n);
+        let StageBody::Subflow {
+            workflow: Some(wf),
+            params,
+        } = &st.body
+        else {
+            return self.fail_now(started, "a subflow needs `workflow`".into());
+        };
+        let path = crate::check::base_dir(self.sources, wf.span).join(&wf.value);
+        let ctx = self.context(frame, &[]);
+        let mut sets = Vec::new();
+        for (k, _) in params {
+            match self.render(&format!("{}/params/{}", node.name, k.value), &ctx) {
+                Ok(v) => sets.push((k.value.clone(), v)),
+                Err(e) => return self.fail_now(started, format!("param `{}`: {e}", k.value)),
+            }
+        }
+        let prepared = match super::prepare(&path, &sets) {
+            Ok(p) => p,
+            Err(e) => {
+                return self.fail_now(
+                    started,
+                    format!(
+                        "its workflow {} is not valid:\n{}",
+                        path.display(),
+                        e.render()
+                    ),
+                );
+            }
+        };
+        let prefix = format!("{}>", frame.child_scope(&node.name));
+        let prefix = if self.prefix.is_empty() {
+            prefix
+        } else {
+            format!("{}/{prefix}", self.prefix)
+        };
+        let child = match Exec::new(self.shared, &prepared.plan, &prepared.sources, prefix) {
+            Ok(c) => c,
+            Err(e) => return self.fail_now(started, e),
+        };
+        let top = Frame {
+            cwd: frame.cwd.clone(),
+            ..Frame::default()
+        };
+        let end = child.run_body(&top).await;
+        let end = match end {
+            BodyEnd::Stopped if child.exit.get().is_none() => return Outcome::Stopped,
+            BodyEnd::Waiting => return Outcome::Waiting,
+            e => child.run_end(e),
+        };
+        let outputs: serde_json::Map<String, Json> = top
+            .outputs
+            .borrow()
+            .iter()
+            .filter(|(_, v)| v.state != NodeState::Skipped)
+            .map(|(k, v)| (k.clone(), v.output.clone()))
+            .collect();
+        let super::RunEnd::Exit {
+            name,
+            code,
+            message,
+        } = end
+        else {
+            return Outcome::Stopped;
+        };
+        let output = json!({"exit": name, "code": code, "outputs": outputs});
+        if code == 0 {
+            self.done(frame, n, started, output, Usage::default(), 1)
+        } else {
+            let mut s = Settled::new(NodeState::Failed, output, started);
+            let msg = format!(
+                "its workflow ended with `{name}` ({code}){}",
+                message.map(|m| format!(": {m}")).unwrap_or_default()
+            );
+            s.feedback = Some(msg.clone());
+            s.message = Some(msg);
+            s.action = Some(node.on_fail.clone());
+            s.attempts = 1;
+            Outcome::Settled(s)
+        }
+    }
+}
