@@ -108,7 +108,7 @@ impl Exec<'_> {
                 return self.budget_outcome(started, t, msg, usage, attempt - 1);
             }
             self.attempt_record(&at, "running", Some(&a.name.value), None, &Usage::default());
-            self.shared.flush();
+            self.shared.durable().await;
             if self.halted() {
                 // The attempt could not be recorded (or the run is stopping): nothing starts.
                 return Outcome::Stopped;

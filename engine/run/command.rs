@@ -75,7 +75,7 @@ impl Exec<'_> {
                     Err(e) => return self.fail_now(started, e),
                 };
                 self.attempt_record(&at, "running", None, None, &Usage::default());
-                self.shared.flush();
+                self.shared.durable().await;
                 if self.halted() {
                     return Outcome::Stopped;
                 }

@@ -1,60 +1,46 @@
 //! The template context: what prompts, commands and expressions see.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
 
 use minijinja::Value;
+use minijinja::value::{Enumerator, Object, ObjectRepr};
 
 use super::exec::*;
 use super::frame::*;
-use crate::store::{NodeState, rfc3339};
+use crate::store::rfc3339;
+use serde_json::Value as Json;
 
 impl Exec<'_> {
-    /// Builds the template context of a frame, with extra variables.
+    /// Builds the template context of a frame, with extra variables. Its cost does not grow
+    /// with the run: `stages` reads the frames' outputs when a template asks for a stage
+    /// ([`Stages`]), so only the variables of the frames in the chain are copied.
     pub fn context(&self, frame: &Frame<'_>, extra: &[(&str, Value)]) -> Value {
         let chain = frame.chain();
-        let mut stages: BTreeMap<String, BTreeMap<&'static str, Value>> = BTreeMap::new();
         let mut vars: BTreeMap<String, Value> = BTreeMap::new();
         let mut loops: BTreeMap<String, Value> = BTreeMap::new();
+        let mut parts = Vec::with_capacity(chain.len());
         for f in &chain {
-            if let Some(last) = f.earlier.last() {
-                let mut names: HashSet<&String> = HashSet::new();
-                for it in f.earlier.iter() {
-                    names.extend(it.keys());
-                }
-                for name in names {
-                    let e = stages.entry(name.clone()).or_default();
-                    e.insert("last", last.get(name).map(jv).unwrap_or(Value::from(())));
-                    let hist: Vec<Value> = f
-                        .earlier
-                        .iter()
-                        .filter_map(|m| m.get(name).map(jv))
-                        .collect();
-                    e.insert("history", Value::from(hist));
-                }
-            }
-            for (name, v) in f.outputs.borrow().iter() {
-                let e = stages.entry(name.clone()).or_default();
-                e.insert("output", jv(&v.output));
-                e.insert("status", Value::from(v.state.as_str()));
-                e.insert("ran", Value::from(v.state != NodeState::Skipped));
-                e.insert(
-                    "feedback",
-                    v.feedback.clone().map(Value::from).unwrap_or_default(),
-                );
-                e.insert("attempts", Value::from(v.attempts));
-                e.insert("usage", jv(&v.usage));
-            }
+            parts.push(Part {
+                outputs: f.outputs.clone(),
+                earlier: f.earlier.clone(),
+                settled: match (f.region, &f.siblings) {
+                    (Some(n), Some(s)) => Some((self.plan.node(n).name.clone(), s.clone())),
+                    _ => None,
+                },
+            });
             for (k, v) in &f.vars {
                 vars.insert(k.clone(), v.clone());
-            }
-            if let (Some(n), Some(settled)) = (f.region, &f.siblings) {
-                let e = stages.entry(self.plan.node(n).name.clone()).or_default();
-                e.insert("settled", jv(&*settled.borrow()));
             }
             if let Some((name, v)) = &f.loop_vars {
                 loops.insert(name.clone(), v.clone());
             }
         }
+        let work = &self.shared.work;
+        work.contexts.set(work.contexts.get() + 1);
+        work.context_items
+            .set(work.context_items.get() + (parts.len() + vars.len() + loops.len()) as u64);
+        let stages = Value::from_object(Stages { parts });
         let mut run: BTreeMap<&str, Value> = BTreeMap::new();
         run.insert("id", Value::from(self.shared.run.id.clone()));
         run.insert("dir", Value::from(self.shared.run.dir.clone()));
@@ -69,15 +55,7 @@ impl Exec<'_> {
         run.insert("cwd", Value::from(frame.cwd.to_string_lossy().into_owned()));
         let mut ctx: BTreeMap<String, Value> = vars;
         ctx.insert("params".into(), self.params.clone());
-        ctx.insert(
-            "stages".into(),
-            Value::from(
-                stages
-                    .into_iter()
-                    .map(|(k, v)| (k, Value::from(v)))
-                    .collect::<BTreeMap<_, _>>(),
-            ),
-        );
+        ctx.insert("stages".into(), stages);
         ctx.insert("loops".into(), Value::from(loops));
         for (k, v) in extra {
             if *k == "stage_dir" {
@@ -131,4 +109,106 @@ pub fn describe_error(e: &minijinja::Error) -> String {
         src = inner.source();
     }
     s
+}
+
+/// What one frame of the chain adds to `stages`.
+#[derive(Debug)]
+struct Part {
+    outputs: Arc<Outputs>,
+    earlier: Arc<HashMap<String, Value>>,
+    /// A for_each item's region and the items settled so far (`stages.FOR_EACH.settled`).
+    settled: Option<(String, Arc<Mutex<Vec<Value>>>)>,
+}
+
+/// `stages` in templates: a map from stage id to what templates see of it, read from the
+/// frames of the chain when a template asks (the innermost frame's keys win). Looking up a
+/// stage costs the depth of the chain, whatever the number of stages that have settled.
+#[derive(Debug)]
+struct Stages {
+    /// Outermost first.
+    parts: Vec<Part>,
+}
+
+impl Stages {
+    fn entry(&self, name: &str) -> Option<Value> {
+        let mut found: Vec<Value> = Vec::new();
+        for p in &self.parts {
+            if let Some(e) = p.earlier.get(name) {
+                found.push(e.clone());
+            }
+            if let Some(v) = p.outputs.borrow().get(name) {
+                found.push(v.value.clone());
+            }
+            if let Some((region, settled)) = &p.settled {
+                if region == name {
+                    let list = settled
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .clone();
+                    let mut e: BTreeMap<&str, Value> = BTreeMap::new();
+                    e.insert("settled", Value::from(list));
+                    found.push(Value::from(e));
+                }
+            }
+        }
+        if found.len() <= 1 {
+            return found.pop();
+        }
+        // Parts of the same stage from several frames (a loop's earlier iterations and the
+        // current one): one map, the inner frames' keys winning.
+        let mut merged: BTreeMap<String, Value> = BTreeMap::new();
+        for part in found {
+            if let Ok(keys) = part.try_iter() {
+                for k in keys {
+                    if let (Some(name), Ok(v)) = (k.as_str(), part.get_item(&k)) {
+                        merged.insert(name.to_string(), v);
+                    }
+                }
+            }
+        }
+        Some(Value::from(merged))
+    }
+}
+
+impl Object for Stages {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Map
+    }
+
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        self.entry(key.as_str()?)
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        let mut names: BTreeSet<String> = BTreeSet::new();
+        for p in &self.parts {
+            names.extend(p.earlier.keys().cloned());
+            names.extend(p.outputs.borrow().keys().cloned());
+            if let Some((region, _)) = &p.settled {
+                names.insert(region.clone());
+            }
+        }
+        Enumerator::Values(names.into_iter().map(Value::from).collect())
+    }
+}
+
+/// `stages.ID.last` and `stages.ID.history` of a loop iteration, from the outputs of the
+/// iterations before it (oldest first), by stage.
+pub(crate) fn earlier_view(
+    history: &BTreeMap<String, Vec<Value>>,
+    last: Option<&BTreeMap<String, Json>>,
+) -> HashMap<String, Value> {
+    let mut out = HashMap::with_capacity(history.len());
+    for (name, hist) in history {
+        let mut e: BTreeMap<&str, Value> = BTreeMap::new();
+        e.insert(
+            "last",
+            last.and_then(|l| l.get(name))
+                .map(jv)
+                .unwrap_or(Value::from(())),
+        );
+        e.insert("history", Value::from(hist.clone()));
+        out.insert(name.clone(), Value::from(e));
+    }
+    out
 }

@@ -10,7 +10,7 @@
 //! together are committed together.
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,8 +38,16 @@ pub(crate) struct Shared {
     pub run: RunRecord,
     pub store: RefCell<Box<dyn Store>>,
     pub pending: RefCell<Vec<Write>>,
+    /// How many writes were ever queued, and how many of them are committed.
+    pub queued: Cell<u64>,
+    pub committed: Cell<u64>,
     /// Settled nodes of an earlier attempt at this run, by (scope, node).
     pub resumed: RefCell<HashMap<(String, String), NodeRecord>>,
+    /// Every scope that holds a settled node of an earlier attempt, with its enclosing
+    /// scopes: a loop iteration replayed on resume is not announced again.
+    pub resumed_scopes: HashSet<String>,
+    /// What the executor did, counted (see [`Work`]).
+    pub work: Work,
     pub interrupt: watch::Sender<bool>,
     pub progress: Progress,
     pub global: Option<Semaphore>,
@@ -54,23 +62,87 @@ pub(crate) struct Shared {
     pub memory: Arc<std::sync::Mutex<crate::store::sqlite::SqliteStore>>,
 }
 
+/// Counts of the executor's own work, for tests that check that its cost per stage does not
+/// grow with the run (they count work instead of timing it).
+#[derive(Debug, Default)]
+pub(crate) struct Work {
+    /// Template contexts made.
+    pub contexts: Cell<u64>,
+    /// Values copied into those contexts (frames of the chain and their variables).
+    pub context_items: Cell<u64>,
+    /// Nodes the schedulers looked at to find what is ready.
+    pub scheduled: Cell<u64>,
+    /// Settlements.
+    pub settled: Cell<u64>,
+    /// Durable commits.
+    pub commits: Cell<u64>,
+}
+
+impl Work {
+    pub fn counts(&self) -> super::WorkCounts {
+        super::WorkCounts {
+            contexts: self.contexts.get(),
+            context_items: self.context_items.get(),
+            scheduled: self.scheduled.get(),
+            settled: self.settled.get(),
+            commits: self.commits.get(),
+        }
+    }
+}
+
+/// Every scope of the records, with the scopes that enclose them (`a#1/b#2` gives `a#1` too).
+pub(crate) fn scopes_of<'a>(scopes: impl Iterator<Item = &'a str>) -> HashSet<String> {
+    let mut out = HashSet::new();
+    for s in scopes {
+        let mut cur = s;
+        while !cur.is_empty() && out.insert(cur.to_string()) {
+            cur = cur.rsplit_once('/').map_or("", |(p, _)| p);
+        }
+    }
+    out
+}
+
 impl Shared {
     /// Queues a write for the next group commit.
     pub fn write(&self, mut w: Write) {
         w.redact();
         self.pending.borrow_mut().push(w);
+        self.queued.set(self.queued.get() + 1);
+    }
+
+    /// Tells whether writes wait for a commit.
+    pub fn has_pending(&self) -> bool {
+        !self.pending.borrow().is_empty()
     }
 
     /// Commits every queued write in one transaction.
     pub fn flush(&self) {
         let writes: Vec<Write> = std::mem::take(&mut *self.pending.borrow_mut());
+        self.committed.set(self.queued.get());
         if writes.is_empty() {
             return;
         }
+        self.work.commits.set(self.work.commits.get() + 1);
         if let Err(e) = self.store.borrow_mut().commit(&writes) {
             tracing::error!("store commit failed: {e}");
             self.store_error.borrow_mut().get_or_insert(e.0);
             let _ = self.interrupt.send(true);
+        }
+    }
+
+    /// Makes what was queued so far durable, in one commit with whatever else the executor
+    /// queues in the same turn: this yields once, so that the other stages and schedulers
+    /// that are ready queue their writes too, and the first of them to come back commits
+    /// them all (a group commit). Call it before anything that must not happen unless the
+    /// writes are durable (starting an agent or a program).
+    pub async fn durable(&self) {
+        if !self.has_pending() {
+            return;
+        }
+        let mine = self.queued.get();
+        tokio::task::yield_now().await;
+        if self.committed.get() < mine {
+            self.flush();
         }
     }
 

@@ -1,9 +1,9 @@
 //! Fan-out and fan-in: `for_each` (a body per item) and `group` (a body of parallel stages),
 //! with their aggregation.
 
-use std::cell::RefCell;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::rc::Rc;
+use std::sync::{Arc, Mutex};
 
 use futures_util::FutureExt;
 use futures_util::future::LocalBoxFuture;
@@ -114,7 +114,7 @@ impl Exec<'_> {
         }
         let mut running: FuturesUnordered<LocalBoxFuture<'_, (usize, BodyEnd, Option<Json>)>> =
             FuturesUnordered::new();
-        let siblings: Rc<RefCell<Vec<Json>>> = Rc::default();
+        let siblings: Arc<Mutex<Vec<Value>>> = Arc::default();
         for (i, item) in items.iter().enumerate() {
             let sem = sem.clone();
             let siblings = siblings.clone();
@@ -177,13 +177,16 @@ impl Exec<'_> {
                 });
                 // The items that start from now on see this one.
                 if !matches!(end, BodyEnd::Waiting | BodyEnd::Stopped) {
-                    siblings.borrow_mut().push(json!({
+                    let mut settled = siblings
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    settled.push(jv(&json!({
                         "key": k,
                         "index": i,
                         "item": item,
                         "ok": ok,
                         "result": result.clone().unwrap_or(Json::Null),
-                    }));
+                    })));
                 }
                 (i, end, result)
             };
@@ -273,9 +276,9 @@ impl Exec<'_> {
             cwd: frame.cwd.clone(),
             vars: Vec::new(),
             loop_vars: None,
-            earlier: Rc::new(Vec::new()),
+            earlier: Arc::default(),
             usage_key: None,
-            outputs: RefCell::new(BTreeMap::new()),
+            outputs: Arc::default(),
             limit,
             siblings: None,
         };

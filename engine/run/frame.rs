@@ -1,10 +1,10 @@
 //! The executor's state types: frames (one execution of a body), what templates see of a
 //! settled stage, how a node settles and how a body ends.
 
-use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::rc::Rc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use minijinja::Value;
 use serde_json::Value as Json;
@@ -28,17 +28,20 @@ pub(crate) struct Frame<'a> {
     pub vars: Vec<(String, Value)>,
     /// For a loop iteration: the loop's name and its variables (for `loops.ID`).
     pub loop_vars: Option<(String, Value)>,
-    /// For a loop iteration: the outputs of earlier iterations, oldest first.
-    pub earlier: Rc<Vec<BTreeMap<String, Json>>>,
+    /// For a loop iteration: what templates see of earlier iterations, by stage
+    /// (`stages.ID.last`, `stages.ID.history`), built once per iteration.
+    pub earlier: Arc<HashMap<String, Value>>,
     /// For a loop iteration: the key under which the loop's usage is summed, and its budget.
     pub usage_key: Option<(String, NodeId)>,
     /// What ran in this frame (and the latest outputs of loops and groups inside it).
-    pub outputs: RefCell<BTreeMap<String, View>>,
+    /// Shared with the template contexts made in this frame, which read it when a template
+    /// asks for a stage (see [`super::context`]).
+    pub outputs: Arc<Outputs>,
     /// A group's concurrency limit.
     pub limit: Option<Rc<Semaphore>>,
     /// For a for_each item: the items of the same fan-out that have settled so far
     /// (`stages.FOR_EACH.settled`), shared by every item.
-    pub siblings: Option<Rc<RefCell<Vec<Json>>>>,
+    pub siblings: Option<Arc<Mutex<Vec<Value>>>>,
 }
 
 impl Frame<'_> {
@@ -68,8 +71,64 @@ pub(crate) struct View {
     pub output: Json,
     pub state: NodeState,
     pub feedback: Option<String>,
-    pub attempts: u32,
-    pub usage: Usage,
+    /// `stages.ID` as templates see it (`output`, `status`, `ran`, `feedback`, `attempts`,
+    /// `usage`), made once when the stage settles.
+    pub value: Value,
+}
+
+impl View {
+    pub fn new(
+        output: Json,
+        state: NodeState,
+        feedback: Option<String>,
+        attempts: u32,
+        usage: Usage,
+    ) -> View {
+        let mut e: BTreeMap<&'static str, Value> = BTreeMap::new();
+        e.insert("output", super::context::jv(&output));
+        e.insert("status", Value::from(state.as_str()));
+        e.insert("ran", Value::from(state != NodeState::Skipped));
+        e.insert(
+            "feedback",
+            feedback.clone().map(Value::from).unwrap_or_default(),
+        );
+        e.insert("attempts", Value::from(attempts));
+        e.insert("usage", super::context::jv(&usage));
+        View {
+            output,
+            state,
+            feedback,
+            value: Value::from(e),
+        }
+    }
+}
+
+/// The outputs of a frame by stage id. The executor is single-threaded; the lock is there
+/// because template values must be `Send + Sync`, and it is never contended.
+#[derive(Debug, Default)]
+pub(crate) struct Outputs(Mutex<BTreeMap<String, View>>);
+
+impl Outputs {
+    pub fn new(map: BTreeMap<String, View>) -> Arc<Outputs> {
+        Arc::new(Outputs(Mutex::new(map)))
+    }
+
+    /// The map, to read or change.
+    pub fn borrow(&self) -> MutexGuard<'_, BTreeMap<String, View>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The map, to change.
+    pub fn borrow_mut(&self) -> MutexGuard<'_, BTreeMap<String, View>> {
+        self.borrow()
+    }
+
+    /// Takes the map, leaving it empty.
+    pub fn take(&self) -> BTreeMap<String, View> {
+        std::mem::take(&mut *self.borrow())
+    }
 }
 
 /// How a node settled, or why it did not.

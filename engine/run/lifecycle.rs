@@ -1,7 +1,7 @@
 //! A run from its start to its end: checks before anything runs, the store, resume, the
 //! run's own worktree, Ctrl-C, and how the run ends.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -264,7 +264,11 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         run,
         store: RefCell::new(store),
         pending: RefCell::new(Vec::new()),
+        queued: Cell::new(0),
+        committed: Cell::new(0),
+        resumed_scopes: scopes_of(resumed.keys().map(|(s, _)| s.as_str())),
         resumed: RefCell::new(resumed),
+        work: Work::default(),
         interrupt,
         usage: RefCell::new(HashMap::new()),
         replay,
@@ -392,6 +396,7 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         end,
         outputs,
         usage,
+        work: shared.work.counts(),
     })
 }
 

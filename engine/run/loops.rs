@@ -1,8 +1,7 @@
 //! Loops: bounded repetitions of a body, with `until`, `stuck` and give-up actions.
 
-use std::cell::RefCell;
-use std::collections::BTreeMap;
-use std::rc::Rc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use minijinja::Value;
 use serde_json::{Value as Json, json};
@@ -65,7 +64,9 @@ impl Exec<'_> {
             None => frame.cwd.clone(),
         };
         let usage_key = format!("{}#{}", self.scope(frame), node.name);
-        let mut earlier: Vec<BTreeMap<String, Json>> = Vec::new();
+        // What iterations see of the ones before them (`stages.ID.last`, `.history`).
+        let mut earlier_hist: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+        let mut earlier: Arc<HashMap<String, Value>> = Arc::default();
         let mut history: Vec<Value> = Vec::new();
         let mut feedback: Option<String> = None;
         let mut stuck_prev: Option<Json> = None;
@@ -97,21 +98,15 @@ impl Exec<'_> {
                     .map(|(k, v)| ((*k).to_string(), v.clone()))
                     .collect(),
                 loop_vars: Some((node.name.clone(), loop_value)),
-                earlier: Rc::new(earlier.clone()),
+                earlier: earlier.clone(),
                 usage_key: Some((usage_key.clone(), n)),
-                outputs: RefCell::new(BTreeMap::new()),
+                outputs: Arc::default(),
                 limit: None,
                 siblings: None,
             };
             // An iteration replayed from the store (a resume) is not announced again.
             let scope = self.scope(&iframe);
-            let inner = format!("{scope}/");
-            let replayed = self
-                .shared
-                .resumed
-                .borrow()
-                .keys()
-                .any(|(s, _)| *s == scope || s.starts_with(&inner));
+            let replayed = self.shared.resumed_scopes.contains(&scope);
             if !replayed {
                 self.shared
                     .progress
@@ -192,7 +187,7 @@ impl Exec<'_> {
                 loop_vars: iframe.loop_vars.clone(),
                 earlier: iframe.earlier.clone(),
                 usage_key: None,
-                outputs: RefCell::new(outs),
+                outputs: Outputs::new(outs),
                 limit: None,
                 siblings: None,
             };
@@ -262,7 +257,10 @@ impl Exec<'_> {
             );
             h.insert("outputs", jv(&snapshot));
             history.push(Value::from(h));
-            earlier.push(snapshot);
+            for (k, v) in &snapshot {
+                earlier_hist.entry(k.clone()).or_default().push(jv(v));
+            }
+            earlier = Arc::new(earlier_view(&earlier_hist, Some(&snapshot)));
         }
         self.leave_worktree(frame, n, &cwd, false).await;
         let then = on_exhausted

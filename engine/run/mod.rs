@@ -232,6 +232,25 @@ pub struct RunResult {
     pub outputs: serde_json::Map<String, serde_json::Value>,
     /// The usage of every agent call of the run (a resumed run's earlier calls included).
     pub usage: crate::backend::Usage,
+    /// What the executor did, counted.
+    pub work: WorkCounts,
+}
+
+/// Counts of the executor's own work in a run (tests check with them that the cost per stage
+/// stays flat as runs grow).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WorkCounts {
+    /// Template contexts made.
+    pub contexts: u64,
+    /// Values copied into them: the frames of the chain and their variables, never the
+    /// settled stages (templates read those when they ask).
+    pub context_items: u64,
+    /// Nodes the schedulers looked at to find what is ready.
+    pub scheduled: u64,
+    /// Settlements (replayed ones of a resume included).
+    pub settled: u64,
+    /// Durable commits.
+    pub commits: u64,
 }
 
 /// Ralph-flow's exit code when a run stops to wait on a gate (EX_TEMPFAIL).

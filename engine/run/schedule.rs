@@ -1,13 +1,15 @@
 //! The scheduler of a body: starts each node once what it needs has settled, decides
 //! whether it runs or is skipped, and records each settlement.
 
-use std::collections::{HashMap, HashSet};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashSet};
 use std::time::Duration;
 
 use futures_util::FutureExt;
 use futures_util::future::LocalBoxFuture;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use petgraph::Direction;
+use petgraph::graph::NodeIndex;
 use petgraph::visit::EdgeRef;
 use serde_json::Value as Json;
 
@@ -31,82 +33,92 @@ enum Ns {
 
 impl Exec<'_> {
     /// Runs a body to its end.
+    ///
+    /// Each node counts the nodes it waits on (its incoming edges); a settlement counts down
+    /// its successors, and those that reach zero become ready. Ready nodes start in the
+    /// body's topological order. So the work per settlement is its out-degree, whatever the
+    /// size of the body.
     pub fn run_body<'s>(&'s self, frame: &'s Frame<'s>) -> LocalBoxFuture<'s, BodyEnd> {
         async move {
             let body = self.plan.body(frame.region);
             let g = &body.graph;
-            let mut state: HashMap<NodeId, Ns> =
-                body.order.iter().map(|n| (*n, Ns::Pending)).collect();
+            let mut state = vec![Ns::Pending; g.node_count()];
+            let mut waits: Vec<usize> = g
+                .node_indices()
+                .map(|ix| g.edges_directed(ix, Direction::Incoming).count())
+                .collect();
+            let mut ready: BinaryHeap<Reverse<(usize, NodeIndex)>> = g
+                .node_indices()
+                .filter(|ix| waits[ix.index()] == 0)
+                .map(|ix| Reverse((body.rank[ix.index()], ix)))
+                .collect();
+            // Marks a node settled and makes ready the successors that waited only on it.
+            let settle_in_graph =
+                |ix: NodeIndex,
+                 ns: Ns,
+                 state: &mut Vec<Ns>,
+                 waits: &mut Vec<usize>,
+                 ready: &mut BinaryHeap<Reverse<(usize, NodeIndex)>>| {
+                    state[ix.index()] = ns;
+                    for e in g.edges_directed(ix, Direction::Outgoing) {
+                        let t = e.target();
+                        waits[t.index()] -= 1;
+                        if waits[t.index()] == 0 {
+                            ready.push(Reverse((body.rank[t.index()], t)));
+                        }
+                    }
+                };
             let mut chosen: HashSet<NodeId> = HashSet::new();
             let mut ending: Option<BodyEnd> = None;
             let mut waiting = false;
             let mut running: FuturesUnordered<LocalBoxFuture<'s, (NodeId, Outcome)>> =
                 FuturesUnordered::new();
             loop {
-                if ending.is_none() && !self.halted() {
-                    let mut progressed = true;
-                    while progressed {
-                        progressed = false;
-                        for &n in &body.order {
-                            if state[&n] != Ns::Pending {
-                                continue;
-                            }
-                            let Some(&idx) = body.index.get(&n) else {
-                                continue;
-                            };
-                            let mut ready = true;
-                            let mut needs_ran = Vec::new();
-                            let mut routed = false;
-                            for e in g.edges_directed(idx, Direction::Incoming) {
-                                let from = g[e.source()];
-                                match state[&from] {
-                                    Ns::Pending | Ns::Running | Ns::Waiting => ready = false,
-                                    s => match e.weight() {
-                                        Edge::Needs => needs_ran.push(s == Ns::Ran),
-                                        Edge::Route(_) => routed = true,
-                                    },
-                                }
-                            }
-                            if !ready {
-                                continue;
-                            }
-                            progressed = true;
-                            let run = match self.decide(frame, n, &needs_ran, routed, &chosen) {
-                                Ok(run) => run,
-                                Err(message) => {
-                                    let node = self.plan.node(n).name.clone();
-                                    let mut s =
-                                        Settled::new(NodeState::Failed, Json::Null, now_ms());
-                                    s.message = Some(message.clone());
-                                    s.feedback = Some(message);
-                                    s.action = Some(Target::Fail);
-                                    self.settle(frame, n, &s);
-                                    state.insert(n, Ns::Failed);
-                                    ending.get_or_insert(BodyEnd::Failed {
-                                        node,
-                                        message: s.message.unwrap_or_default(),
-                                        feedback: s.feedback,
-                                        infra: true,
-                                    });
-                                    break;
-                                }
-                            };
-                            if run {
-                                state.insert(n, Ns::Running);
-                                running.push(self.run_node(frame, n));
-                            } else {
-                                let s = Settled::new(NodeState::Skipped, Json::Null, now_ms());
-                                self.settle(frame, n, &s);
-                                state.insert(n, Ns::Skipped);
-                            }
+                while ending.is_none() && !self.halted() {
+                    let Some(Reverse((_, ix))) = ready.pop() else {
+                        break;
+                    };
+                    let n = g[ix];
+                    self.shared
+                        .work
+                        .scheduled
+                        .set(self.shared.work.scheduled.get() + 1);
+                    let mut needs_ran = Vec::new();
+                    let mut routed = false;
+                    for e in g.edges_directed(ix, Direction::Incoming) {
+                        match e.weight() {
+                            Edge::Needs => needs_ran.push(state[e.source().index()] == Ns::Ran),
+                            Edge::Route(_) => routed = true,
                         }
-                        if ending.is_some() {
-                            break;
+                    }
+                    match self.decide(frame, n, &needs_ran, routed, &chosen) {
+                        Ok(true) => {
+                            state[ix.index()] = Ns::Running;
+                            running.push(self.run_node(frame, n));
+                        }
+                        Ok(false) => {
+                            let s = Settled::new(NodeState::Skipped, Json::Null, now_ms());
+                            self.settle(frame, n, &s);
+                            settle_in_graph(ix, Ns::Skipped, &mut state, &mut waits, &mut ready);
+                        }
+                        Err(message) => {
+                            let node = self.plan.node(n).name.clone();
+                            let mut s = Settled::new(NodeState::Failed, Json::Null, now_ms());
+                            s.message = Some(message.clone());
+                            s.feedback = Some(message);
+                            s.action = Some(Target::Fail);
+                            self.settle(frame, n, &s);
+                            settle_in_graph(ix, Ns::Failed, &mut state, &mut waits, &mut ready);
+                            ending.get_or_insert(BodyEnd::Failed {
+                                node,
+                                message: s.message.unwrap_or_default(),
+                                feedback: s.feedback,
+                                infra: true,
+                            });
                         }
                     }
                 }
-                self.shared.flush();
-                let Some((n, outcome)) = running.next().await else {
+                let Some((n, outcome)) = self.next_settled(&mut running).await else {
                     break;
                 };
                 let mut done = vec![(n, outcome)];
@@ -114,17 +126,16 @@ impl Exec<'_> {
                     done.push(more);
                 }
                 for (n, outcome) in done {
+                    let ix = self.plan.node(n).local;
                     match outcome {
                         Outcome::Settled(s) => {
                             self.settle(frame, n, &s);
-                            state.insert(
-                                n,
-                                match s.state {
-                                    NodeState::Done => Ns::Ran,
-                                    NodeState::Skipped => Ns::Skipped,
-                                    NodeState::Failed | NodeState::TimedOut => Ns::Failed,
-                                },
-                            );
+                            let ns = match s.state {
+                                NodeState::Done => Ns::Ran,
+                                NodeState::Skipped => Ns::Skipped,
+                                NodeState::Failed | NodeState::TimedOut => Ns::Failed,
+                            };
+                            settle_in_graph(ix, ns, &mut state, &mut waits, &mut ready);
                             let node = self.plan.node(n).name.clone();
                             match s.action {
                                 None => {}
@@ -157,17 +168,19 @@ impl Exec<'_> {
                             }
                         }
                         Outcome::Waiting => {
-                            state.insert(n, Ns::Waiting);
+                            state[ix.index()] = Ns::Waiting;
                             waiting = true;
                         }
                         Outcome::Stopped => {
-                            state.insert(n, Ns::Skipped);
+                            state[ix.index()] = Ns::Skipped;
                             ending.get_or_insert(BodyEnd::Stopped);
                         }
                     }
                 }
             }
-            self.shared.flush();
+            // What the body settled last is durable before its end is reported (grouped
+            // with what the bodies running beside it settle).
+            self.shared.durable().await;
             if self.halted() && ending.is_none() {
                 return match self.exit.get() {
                     Some(i) => BodyEnd::Exit(i),
@@ -181,6 +194,24 @@ impl Exec<'_> {
             }
         }
         .boxed_local()
+    }
+
+    /// Waits for the next node of a body to settle. What the scheduler queued (settlements,
+    /// skips) is committed before anything new starts: the nodes just started run up to
+    /// their own commit (an attempt's start), and the first commit of the round takes every
+    /// queued write, so a chain costs one commit per stage.
+    async fn next_settled<'s>(
+        &self,
+        running: &mut FuturesUnordered<LocalBoxFuture<'s, (NodeId, Outcome)>>,
+    ) -> Option<(NodeId, Outcome)> {
+        if !self.shared.has_pending() {
+            return running.next().await;
+        }
+        tokio::select! {
+            biased;
+            next = running.next() => next,
+            () = self.shared.durable() => running.next().await,
+        }
     }
 
     /// Decides whether a ready node runs (`true`) or is skipped.
@@ -248,17 +279,21 @@ impl Exec<'_> {
 
     /// Records a settled node: in the frame (for templates) and in the store.
     pub(super) fn settle(&self, frame: &Frame<'_>, n: NodeId, s: &Settled) {
+        self.shared
+            .work
+            .settled
+            .set(self.shared.work.settled.get() + 1);
         let name = self.plan.node(n).name.clone();
         let scope = self.scope(frame);
         frame.outputs.borrow_mut().insert(
             name.clone(),
-            View {
-                output: s.output.clone(),
-                state: s.state,
-                feedback: s.feedback.clone(),
-                attempts: s.attempts,
-                usage: s.usage.clone(),
-            },
+            View::new(
+                s.output.clone(),
+                s.state,
+                s.feedback.clone(),
+                s.attempts,
+                s.usage.clone(),
+            ),
         );
         if s.resumed {
             tracing::debug!(scope = %scope, stage = %name, state = s.state.as_str(), "settled earlier (resume)");
