@@ -133,7 +133,7 @@ fn probe_env() -> &'static minijinja::Environment<'static> {
     static ENV: OnceLock<minijinja::Environment<'static>> = OnceLock::new();
     ENV.get_or_init(|| {
         let mut env = minijinja::Environment::new();
-        crate::run::helpers::register(&mut env, crate::run::helpers::Roots::default());
+        crate::run::helpers::register(&mut env, crate::run::helpers::Roots::default(), || {});
         env
     })
 }

@@ -100,12 +100,14 @@ pub struct Plan {
     pub exits: Vec<ExitDef>,
     pub params: crate::check::ParamValues,
     pub schemas: HashMap<NodeId, serde_json::Value>,
-    /// Every template of the workflow, compiled once, by name (`STAGE/prompt`,
-    /// `STAGE/argv/0`, `STAGE/env/KEY`, `STAGE/message`, `STAGE/feedback`, ...).
+    /// Every template of the workflow, by name (`STAGE/prompt`, `STAGE/argv/0`,
+    /// `STAGE/env/KEY`, `STAGE/message`, `STAGE/feedback`, ...). The checker has compiled
+    /// each; the executor compiles one where it renders it, so that a run of thousands of
+    /// stages does not hold thousands of compiled templates (about 12 KB each).
     /// Expressions (`when`, `until`, `expect`, `over`, escalation conditions, ...) are kept
     /// as source and compiled with `compile_expression` where they are evaluated, so that
     /// their values keep their types.
-    pub templates: minijinja::Environment<'static>,
+    pub templates: HashMap<String, String>,
     /// Every node by its stage id (ids are unique in a workflow).
     pub by_name: HashMap<String, NodeId>,
 }
@@ -250,12 +252,12 @@ pub fn compile(checked: &Checked<'_>) -> Plan {
         )
         .unwrap_or(Target::Fail)
     };
-    let mut templates = minijinja::Environment::new();
+    let mut templates: HashMap<String, String> = HashMap::new();
     // The run's own worktree (no stage id starts with `@`).
     if let Some(w) = &wf.worktree {
-        let _ = templates.add_template_owned(RUN_WORKTREE_BRANCH, w.branch.value.clone());
+        templates.insert(RUN_WORKTREE_BRANCH.to_string(), w.branch.value.clone());
         if let Some(b) = &w.base {
-            let _ = templates.add_template_owned(RUN_WORKTREE_BASE, b.value.clone());
+            templates.insert(RUN_WORKTREE_BASE.to_string(), b.value.clone());
         }
     }
     let mut nodes = Vec::with_capacity(checked.stages.len());
@@ -264,8 +266,7 @@ pub fn compile(checked: &Checked<'_>) -> Plan {
         let id = StageId(i);
         let in_loop = checked.enclosing_loop(id).is_some();
         let mut add = |field: &str, src: &str| {
-            let _ =
-                templates.add_template_owned(format!("{}/{field}", s.id.value), src.to_string());
+            templates.insert(format!("{}/{field}", s.id.value), src.to_string());
         };
         if let crate::model::StageBody::Agent {
             prompt: Some(p), ..

@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use serde_json::{Value as Json, json};
 
-use super::attempt::*;
 use super::exec::*;
 use super::frame::*;
 use super::now_ms;
@@ -86,7 +85,7 @@ impl Exec<'_> {
                 }
                 prompt.push_str("Answer again, in exactly the required format.\n");
             }
-            write_file(dir, "prompt.md", &prompt);
+            self.artifact(dir, "prompt.md", &prompt);
             if let Some(w) = window {
                 if let Some(msg) = too_big(&prompt, w) {
                     self.attempt_record(
@@ -112,6 +111,13 @@ impl Exec<'_> {
             if self.halted() {
                 // The attempt could not be recorded (or the run is stopping): nothing starts.
                 return Outcome::Stopped;
+            }
+            // An agent (a CLI, an HTTP backend) writes in the attempt's directory; a replayed
+            // one writes nothing.
+            if self.shared.replay.is_none() {
+                if let Err(o) = self.need_dir().await {
+                    return o;
+                }
             }
             self.shared.progress.started(
                 &scope,
@@ -161,7 +167,7 @@ impl Exec<'_> {
                         }
                         _ => msg.clone(),
                     };
-                    write_file(dir, "error.txt", &detail);
+                    self.artifact(dir, "error.txt", &detail);
                     // The agent gave no answer: not a verdict on the work, so nothing
                     // of it reaches an agent as feedback, and `on_error` decides.
                     self.attempt_record(
@@ -195,16 +201,16 @@ impl Exec<'_> {
                         .map_or("read-only", |c| c.permissions.as_str()),
                     reply.denied.join("; ")
                 );
-                write_file(dir, "denied.txt", &reply.denied.join("\n"));
+                self.artifact(dir, "denied.txt", &reply.denied.join("\n"));
                 self.shared
                     .event(&scope, &node.name, "denied", text.clone());
                 self.shared
                     .progress
                     .note(&format!("! {}: {text}", node.name));
             }
-            write_file(dir, "raw.txt", &reply.raw);
+            self.artifact(dir, "raw.txt", &reply.raw);
             if reply.text != reply.raw {
-                write_file(dir, "answer.md", &reply.text);
+                self.artifact(dir, "answer.md", &reply.text);
             }
             let extracted = match extractor {
                 Some(e) => e.extract(&reply.text, None),
@@ -212,7 +218,7 @@ impl Exec<'_> {
             };
             match extracted {
                 Ok(v) => {
-                    write_file(
+                    self.artifact(
                         dir,
                         "output.json",
                         &serde_json::to_string_pretty(&v).unwrap_or_default(),
@@ -235,7 +241,7 @@ impl Exec<'_> {
                 }
                 Err(problems) => {
                     let text = problems.join("\n");
-                    write_file(dir, "feedback.md", &text);
+                    self.artifact(dir, "feedback.md", &text);
                     self.attempt_record(
                         &at,
                         "invalid",

@@ -1,7 +1,7 @@
 //! What every leaf stage does: its attempts (artifact directory, record), and how it settles
 //! (routes, feedback).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use minijinja::Value;
 use serde_json::Value as Json;
@@ -56,12 +56,6 @@ pub(super) fn tail(s: &str, max: usize) -> String {
     text_of(s.as_bytes(), 0, max)
 }
 
-pub(super) fn write_file(dir: &std::path::Path, name: &str, text: &str) {
-    if let Err(e) = std::fs::write(dir.join(name), crate::secrets::redact(text).as_bytes()) {
-        tracing::warn!("cannot write {}: {e}", dir.join(name).display());
-    }
-}
-
 impl Exec<'_> {
     /// Returns (and creates) the artifact directory of an attempt.
     /// Starts an attempt: its artifact directory, and the template context with `attempt`
@@ -75,7 +69,10 @@ impl Exec<'_> {
         stage_started: i64,
     ) -> Result<(AttemptAt<'a>, Value), String> {
         let stage = self.plan.node(n).name.as_str();
-        let dir = self.attempt_dir(scope, stage, attempt)?;
+        if let Some(m) = self.shared.artifacts.failure() {
+            return Err(m);
+        }
+        let dir = self.attempt_dir(scope, stage, attempt);
         let ctx = self.context(
             frame,
             &[
@@ -95,21 +92,33 @@ impl Exec<'_> {
         Ok((at, ctx))
     }
 
-    pub(super) fn attempt_dir(
-        &self,
-        scope: &str,
-        stage: &str,
-        attempt: u32,
-    ) -> Result<PathBuf, String> {
+    /// The artifact directory of an attempt (`RUN_DIR/SCOPE.../STAGE/attempt-N`), queued for
+    /// creation: [`Self::need_dir`] waits until it exists.
+    pub(super) fn attempt_dir(&self, scope: &str, stage: &str, attempt: u32) -> PathBuf {
         let mut dir = PathBuf::from(&self.shared.run.dir);
         for part in scope.split('/').filter(|p| !p.is_empty()) {
             dir.push(sanitize(part));
         }
         dir.push(sanitize(stage));
         dir.push(format!("attempt-{attempt}"));
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        Ok(dir)
+        self.shared.artifacts.dir(&dir);
+        dir
+    }
+
+    /// Waits until the artifacts queued so far are on disk (the attempt's directory among
+    /// them): before a program or an agent starts, which may read or write them. Fails like
+    /// a store failure when they could not be written.
+    pub(super) async fn need_dir(&self) -> Result<(), Outcome> {
+        self.shared.artifacts.barrier().await;
+        match self.shared.artifacts.failure() {
+            Some(m) => Err(self.shared.io_failed(m)),
+            None => Ok(()),
+        }
+    }
+
+    /// Queues an artifact file of an attempt (its secrets are masked when it is written).
+    pub(super) fn artifact(&self, dir: &Path, name: &str, text: &str) {
+        self.shared.artifacts.file(dir.join(name), text);
     }
 
     pub(super) fn attempt_record(
@@ -219,7 +228,9 @@ impl Exec<'_> {
         output: &Json,
     ) -> Option<String> {
         let name = format!("{}/feedback", self.plan.node(n).name);
-        self.env.get_template(&name).ok()?;
+        if !self.has_template(&name) {
+            return None;
+        }
         let ctx = self.context(frame, &[("output", jv(output))]);
         match self.render(&name, &ctx) {
             Ok(f) if !f.trim().is_empty() => Some(tail(f.trim(), MAX_FEEDBACK)),

@@ -79,6 +79,10 @@ impl Exec<'_> {
                 if self.halted() {
                     return Outcome::Stopped;
                 }
+                // The program finds its directory, and the files of the stages before it.
+                if let Err(o) = self.need_dir().await {
+                    return o;
+                }
                 self.shared.progress.started(
                     &scope,
                     &node.name,
@@ -105,7 +109,7 @@ impl Exec<'_> {
                         return Outcome::Settled(s);
                     }
                 };
-                write_file(
+                self.artifact(
                     dir,
                     "command.json",
                     &serde_json::to_string_pretty(&json!({
@@ -219,7 +223,7 @@ impl Exec<'_> {
                 ok = passed;
             }
             if is_check || st.output.is_some() {
-                write_file(
+                self.artifact(
                     dir,
                     "output.json",
                     &serde_json::to_string_pretty(&value).unwrap_or_default(),
@@ -229,7 +233,7 @@ impl Exec<'_> {
                 self.attempt_record(&at, "ok", None, None, &Usage::default());
                 return self.done(frame, n, started, value, Usage::default(), attempt);
             }
-            write_file(dir, "feedback.md", &last_msg);
+            self.artifact(dir, "feedback.md", &last_msg);
             self.attempt_record(
                 &at,
                 "failed",

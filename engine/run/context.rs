@@ -68,13 +68,22 @@ impl Exec<'_> {
         Value::from(ctx)
     }
 
-    /// Renders a compiled template of the plan (`STAGE/prompt`, ...).
+    /// Tells whether the plan has a template (`STAGE/feedback`, ...).
+    pub fn has_template(&self, name: &str) -> bool {
+        self.plan.templates.contains_key(name)
+    }
+
+    /// Renders a template of the plan (`STAGE/prompt`, ...).
     pub fn render(&self, name: &str, ctx: &Value) -> Result<String, String> {
-        let t = self
+        let src = self
+            .plan
+            .templates
+            .get(name)
+            .ok_or_else(|| format!("template `{name}` does not exist"))?;
+        let text = self
             .env
-            .get_template(name)
-            .map_err(|e| format!("template `{name}`: {e}"))?;
-        let text = t.render(ctx).map_err(|e| describe_error(&e))?;
+            .render_named_str(name, src, ctx)
+            .map_err(|e| describe_error(&e))?;
         if !name.contains("/argv/") && super::helpers::spread_items(&text).is_some() {
             return Err(
                 "`spread` makes one argument per item and works only as a whole argv item of a command or check"

@@ -48,6 +48,8 @@ pub(crate) struct Shared {
     pub resumed_scopes: HashSet<String>,
     /// What the executor did, counted (see [`Work`]).
     pub work: Work,
+    /// The writer of the files people read (each attempt's prompt, answer, output).
+    pub artifacts: super::artifacts::Artifacts,
     pub interrupt: watch::Sender<bool>,
     pub progress: Progress,
     pub global: Option<Semaphore>,
@@ -214,7 +216,7 @@ impl<'p> Exec<'p> {
         sources: &'p Sources,
         prefix: String,
     ) -> Result<Self, String> {
-        let mut env = plan.templates.clone();
+        let mut env = minijinja::Environment::new();
         let roots = [shared.opts.cwd.clone(), shared.opts.state_dir.clone()]
             .into_iter()
             .chain(
@@ -223,7 +225,11 @@ impl<'p> Exec<'p> {
                     .iter()
                     .map(|r| crate::check::base_dir(sources, r.span).join(&r.value)),
             );
-        super::helpers::register(&mut env, super::helpers::Roots::new(roots));
+        super::helpers::register(
+            &mut env,
+            super::helpers::Roots::new(roots),
+            shared.artifacts.waiter(),
+        );
         super::helpers::register_memory(
             &mut env,
             shared.memory.clone(),

@@ -57,8 +57,9 @@ impl Exec<'_> {
             (None, Some(_)) => None,
             (None, None) => {
                 let ctx = self.context(frame, &[]);
-                let message = match self.env.get_template(&format!("{}/message", node.name)) {
-                    Ok(_) => match self.render(&format!("{}/message", node.name), &ctx) {
+                let name = format!("{}/message", node.name);
+                let message = if self.has_template(&name) {
+                    match self.render(&name, &ctx) {
                         Ok(m) => m,
                         Err(e) => {
                             return self.fail_now(
@@ -66,8 +67,9 @@ impl Exec<'_> {
                                 format!("its message could not be rendered: {e}"),
                             );
                         }
-                    },
-                    Err(_) => format!("Approve `{}`?", node.name),
+                    }
+                } else {
+                    format!("Approve `{}`?", node.name)
                 };
                 let mut files = Vec::new();
                 for i in 0..show.len() {

@@ -47,26 +47,38 @@ impl Roots {
     }
 }
 
-/// Adds the helpers to an environment; the file helpers read only under `roots`.
-pub fn register(env: &mut minijinja::Environment<'static>, roots: Roots) {
+/// Adds the helpers to an environment; the file helpers read only under `roots`, and call
+/// `settle` first (the run's artifact writer: files of earlier stages are on disk).
+pub fn register(
+    env: &mut minijinja::Environment<'static>,
+    roots: Roots,
+    settle: impl Fn() + Send + Sync + 'static,
+) {
     let roots = std::sync::Arc::new(roots);
-    let r = roots.clone();
+    let settle = std::sync::Arc::new(settle);
+    let (r, w) = (roots.clone(), settle.clone());
     env.add_function("read_file", move |state: &State, path: String| {
+        w();
         read_file(&r, state, &path)
     });
-    let r = roots.clone();
+    let (r, w) = (roots.clone(), settle.clone());
     env.add_function("file_exists", move |state: &State, path: String| {
+        w();
         r.confine(&resolve(state, &path), "file_exists", &path)
             .is_ok()
     });
-    let r = roots.clone();
+    let (r, w) = (roots.clone(), settle.clone());
     env.add_function("glob", move |state: &State, pattern: String| {
+        w();
         glob_fn(&r, state, &pattern)
     });
-    let r = roots;
+    let (r, w) = (roots, settle);
     env.add_function(
         "tail",
-        move |state: &State, path: String, n: Option<usize>| tail(&r, state, &path, n),
+        move |state: &State, path: String, n: Option<usize>| {
+            w();
+            tail(&r, state, &path, n)
+        },
     );
     env.add_function("git_diff", git_diff);
     env.add_function("git_status", git_status);

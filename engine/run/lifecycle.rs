@@ -269,6 +269,7 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         resumed_scopes: scopes_of(resumed.keys().map(|(s, _)| s.as_str())),
         resumed: RefCell::new(resumed),
         work: Work::default(),
+        artifacts: super::artifacts::Artifacts::start(),
         interrupt,
         usage: RefCell::new(HashMap::new()),
         replay,
@@ -337,6 +338,13 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         () = ctrl_c => BodyEnd::Stopped,
     };
     shared.flush();
+    // Every artifact is on disk before the run reports its end.
+    shared.artifacts.finish();
+    if let Some(m) = shared.artifacts.failure() {
+        shared
+            .progress
+            .note(&format!("! some artifacts were not written: {m}"));
+    }
     shared.progress.finish();
     let end = if let Some(e) = shared.store_error.borrow().clone() {
         return Err(format!(

@@ -44,9 +44,10 @@ impl Exec<'_> {
     ) -> Result<PathBuf, String> {
         let name = &self.plan.node(n).name;
         let branch = self.render(&format!("{name}/worktree/branch"), ctx)?;
-        let base = match self.env.get_template(&format!("{name}/worktree/base")) {
-            Ok(_) => self.render(&format!("{name}/worktree/base"), ctx)?,
-            Err(_) => "HEAD".to_string(),
+        let base = if self.has_template(&format!("{name}/worktree/base")) {
+            self.render(&format!("{name}/worktree/base"), ctx)?
+        } else {
+            "HEAD".to_string()
         };
         let full = if self.prefix.is_empty() {
             scope.to_string()
