@@ -1,13 +1,12 @@
 //! Agent stages: the prompt, the call (with the retry, rate-limit and fallback policy), schema
 //! repair, and the attempt's artifacts.
 
-use std::time::Duration;
-
 use serde_json::{Value as Json, json};
 
 use super::exec::*;
 use super::frame::*;
 use super::now_ms;
+use super::policy::{Next, Policy};
 use crate::backend::{AgentCall, AgentReply, CallError, Usage};
 use crate::check::StageId as NodeId;
 use crate::compile::{Target, resolve_count};
@@ -282,143 +281,86 @@ impl Exec<'_> {
     }
 
     /// Calls an agent: transient failures retry with backoff, rate limits wait (or hand
-    /// over to a fallback) without using up an attempt, a missing backend hands over.
+    /// over to a fallback) without using up an attempt, a missing backend hands over (see
+    /// [`super::policy`]). On failure, returns the error, the agent and what it spent.
     pub(super) async fn call_with_policy(
         &self,
         frame: &Frame<'_>,
         chain: &[usize],
-        mut call: AgentCall,
+        call: AgentCall,
     ) -> Result<(AgentReply, String), (CallError, String, Usage)> {
         let opts = &self.shared.opts;
-        let mut idx = 0;
-        let mut transient = 0u32;
-        let mut waited = Duration::ZERO;
-        let mut rate_backoff = opts.backoff;
-        loop {
-            let agent = chain[idx];
-            let cfg = &self.agents[agent];
-            let name = cfg.name.clone();
-            let backend = match self.backend(agent) {
-                Ok(b) => b,
-                Err(e) => {
-                    let err = CallError::Missing { message: e };
-                    if idx + 1 < chain.len() {
-                        self.hand_over(&call, &name, chain[idx + 1], &err);
-                        idx += 1;
-                        continue;
-                    }
-                    return Err((err, name, Usage::default()));
-                }
-            };
-            call.model = cfg.model.clone();
-            call.max_tokens = cfg.max_tokens;
-            let caps = backend.capabilities();
-            let schema = call.schema.take();
+        let policy = Policy {
+            backoff: opts.backoff,
+            transient_retries: opts.transient_retries,
+            rate_limit_wait: opts.rate_limit_wait,
+            chain: chain.len(),
+        };
+        let call = &call;
+        let attempt = |i: usize| async move {
+            let cfg = &self.agents[chain[i]];
+            let backend = self
+                .backend(chain[i])
+                .map_err(|message| CallError::Missing { message })?;
             let mut this = call.clone();
-            this.schema = if caps.json_schema {
-                schema.clone()
-            } else {
-                None
-            };
-            call.schema = schema;
-            tracing::debug!(stage = %call.stage, scope = %call.scope, attempt = call.attempt, agent = %name, "calling agent");
+            this.model = cfg.model.clone();
+            this.max_tokens = cfg.max_tokens;
+            if !backend.capabilities().json_schema {
+                this.schema = None;
+            }
+            tracing::debug!(stage = %call.stage, scope = %call.scope, attempt = call.attempt, agent = %cfg.name, "calling agent");
             let result = backend
                 .call(&this)
                 .await
                 .map(redact_reply)
                 .map_err(redact_error);
-            if let Err(e) = &result {
-                tracing::debug!(stage = %call.stage, agent = %name, error = %e, "agent call failed");
+            match &result {
+                Ok(reply) => self.add_usage(frame, &reply.usage),
+                Err(e) => {
+                    tracing::debug!(stage = %call.stage, agent = %cfg.name, error = %e, "agent call failed");
+                }
             }
-            match result {
-                Ok(reply) => {
-                    self.add_usage(frame, &reply.usage);
-                    return Ok((reply, name));
+            result
+        };
+        let tell = |i: usize, next: &Next| {
+            let name = &self.agents[chain[i]].name;
+            let (kind, text, mark) = match next {
+                Next::HandOver { to, why } => {
+                    self.hand_over(call, name, chain[*to], why);
+                    return;
                 }
-                Err(err @ CallError::Missing { .. }) => {
-                    if idx + 1 < chain.len() {
-                        self.hand_over(&call, &name, chain[idx + 1], &err);
-                        idx += 1;
-                        continue;
-                    }
-                    return Err((err, name, Usage::default()));
-                }
-                Err(CallError::RateLimited {
-                    message,
-                    retry_after,
-                }) => {
-                    if idx + 1 < chain.len() {
-                        let err = CallError::RateLimited {
-                            message,
-                            retry_after,
-                        };
-                        self.hand_over(&call, &name, chain[idx + 1], &err);
-                        idx += 1;
-                        continue;
-                    }
-                    let wait = retry_after.unwrap_or(rate_backoff);
-                    rate_backoff = (rate_backoff * 2).min(Duration::from_secs(900));
-                    waited += wait;
-                    if waited > opts.rate_limit_wait {
-                        return Err((
-                            CallError::RateLimited {
-                                message: format!(
-                                    "{message}; gave up after waiting {}s in all",
-                                    waited.as_secs()
-                                ),
-                                retry_after,
-                            },
-                            name,
-                            Usage::default(),
-                        ));
-                    }
-                    let text = format!(
-                        "agent `{name}` is rate-limited ({message}); waiting {} before trying again",
-                        super::progress::short_duration(wait)
-                    );
-                    self.shared
-                        .event(&call.scope, &call.stage, "rate_limited", text.clone());
-                    self.shared.flush();
-                    self.shared
-                        .progress
-                        .note(&format!("⏳ {}: {text}", call.stage));
-                    tokio::time::sleep(wait).await;
-                }
-                Err(CallError::Transient {
-                    message,
-                    retry_after,
-                }) => {
-                    transient += 1;
-                    if transient > opts.transient_retries {
-                        return Err((
-                            CallError::Transient {
-                                message: format!(
-                                    "{message} (after {} retries)",
-                                    opts.transient_retries
-                                ),
-                                retry_after,
-                            },
-                            name,
-                            Usage::default(),
-                        ));
-                    }
-                    let wait =
-                        retry_after.unwrap_or(opts.backoff * 2u32.saturating_pow(transient - 1));
-                    let text = format!(
-                        "agent `{name}` failed ({message}); retry {transient} of {} in {}",
-                        opts.transient_retries,
-                        super::progress::short_duration(wait)
-                    );
-                    self.shared
-                        .event(&call.scope, &call.stage, "retry", text.clone());
-                    self.shared.flush();
-                    self.shared
-                        .progress
-                        .note(&format!("↺ {}: {text}", call.stage));
-                    tokio::time::sleep(wait).await;
-                }
-                Err(e) => return Err((e, name, Usage::default())),
-            }
+                Next::GiveUp(_) => return,
+                Next::Retry { wait, why, n, of } => (
+                    "retry",
+                    format!(
+                        "agent `{name}` failed ({}); retry {n} of {of} in {}",
+                        message_of(why),
+                        super::progress::short_duration(*wait)
+                    ),
+                    "↺",
+                ),
+                Next::WaitRateLimit { wait, why } => (
+                    "rate_limited",
+                    format!(
+                        "agent `{name}` is rate-limited ({}); waiting {} before trying again",
+                        message_of(why),
+                        super::progress::short_duration(*wait)
+                    ),
+                    "⏳",
+                ),
+            };
+            self.shared
+                .event(&call.scope, &call.stage, kind, text.clone());
+            self.shared.flush();
+            self.shared
+                .progress
+                .note(&format!("{mark} {}: {text}", call.stage));
+        };
+        let (result, i) = super::policy::call(&policy, attempt, tell).await;
+        let name = self.agents[chain[i]].name.clone();
+        match result {
+            Ok(reply) => Ok((reply, name)),
+            Err(e) => Err((e, name, Usage::default())),
         }
     }
 
@@ -490,5 +432,16 @@ mod tests {
         );
         assert!(msg.contains("lines 4-5"), "{msg}");
         assert!(too_big("short", 100).is_none());
+    }
+}
+
+/// The message of a failure that carries one.
+fn message_of(e: &CallError) -> &str {
+    match e {
+        CallError::RateLimited { message, .. }
+        | CallError::Transient { message, .. }
+        | CallError::Missing { message }
+        | CallError::Failed { message } => message,
+        CallError::Timeout { .. } => "timeout",
     }
 }

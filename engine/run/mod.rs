@@ -19,6 +19,7 @@ mod gate;
 pub mod helpers;
 mod lifecycle;
 mod loops;
+mod policy;
 pub mod progress;
 mod resource;
 mod schedule;
