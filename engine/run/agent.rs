@@ -94,12 +94,10 @@ impl Exec<'_> {
                         Some(msg.clone()),
                         &Usage::default(),
                     );
-                    let mut s = Settled::new(NodeState::Failed, Json::Null, started);
-                    s.message = Some(msg.clone());
-                    s.feedback = Some(msg);
-                    s.action = Some(Target::Fail);
-                    s.attempts = attempt;
-                    return Outcome::Settled(s);
+                    return Outcome::Settled(
+                        Settled::failed(Json::Null, msg, Target::Fail, started)
+                            .spent(attempt, Usage::default()),
+                    );
                 }
             }
             if let Some((t, msg)) = self.over_budget(frame, n, &usage) {
@@ -176,10 +174,10 @@ impl Exec<'_> {
                         Some(detail.clone()),
                         &usage,
                     );
-                    let mut s = Settled::error(state, detail, node.on_error.clone(), started);
-                    s.usage = usage;
-                    s.attempts = attempt;
-                    return Outcome::Settled(s);
+                    return Outcome::Settled(
+                        Settled::error(state, detail, node.on_error.clone(), started)
+                            .spent(attempt, usage),
+                    );
                 }
             };
             usage.add(&reply.usage);
@@ -225,16 +223,13 @@ impl Exec<'_> {
                     self.attempt_record(&at, "ok", Some(&agent_name), None, &reply.usage);
                     if let Some((t, msg)) = self.over_budget(frame, n, &usage) {
                         // The output is kept; the budget's action decides what follows.
-                        let mut s = Settled::new(NodeState::Done, v, started);
-                        s.usage = usage;
-                        s.attempts = attempt;
-                        s.message = Some(msg.clone());
-                        s.feedback = Some(msg);
-                        s.action = Some(t);
-                        if s.action == Some(Target::Fail) {
+                        let mut s = Settled::done(v, started)
+                            .spent(attempt, usage)
+                            .with_verdict(msg);
+                        if t == Target::Fail {
                             s.state = NodeState::Failed;
                         }
-                        return Outcome::Settled(s);
+                        return Outcome::Settled(s.with_action(t));
                     }
                     return self.done(frame, n, started, v, usage, attempt);
                 }

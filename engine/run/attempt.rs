@@ -168,12 +168,16 @@ impl Exec<'_> {
         usage: Usage,
         attempts: u32,
     ) -> Outcome {
-        let mut s = Settled::new(state, Json::Null, started);
-        s.feedback = Some(tail(&message, MAX_FEEDBACK));
-        s.message = Some(message);
-        s.action = Some(self.plan.node(n).on_fail.clone());
-        s.usage = usage;
-        s.attempts = attempts;
+        let feedback = tail(&message, MAX_FEEDBACK);
+        let mut s = Settled::failed(
+            Json::Null,
+            message,
+            self.plan.node(n).on_fail.clone(),
+            started,
+        )
+        .with_feedback(Some(feedback))
+        .spent(attempts, usage);
+        s.state = state;
         Outcome::Settled(s)
     }
 
@@ -187,9 +191,7 @@ impl Exec<'_> {
         usage: Usage,
         attempts: u32,
     ) -> Outcome {
-        let mut s = Settled::new(NodeState::Done, output, started);
-        s.usage = usage;
-        s.attempts = attempts;
+        let mut s = Settled::done(output, started).spent(attempts, usage);
         match self.route(n, &s.output) {
             Ok(Some((Target::Fail, why))) => {
                 s.state = NodeState::Failed;

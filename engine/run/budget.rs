@@ -23,13 +23,12 @@ impl Exec<'_> {
         } else {
             NodeState::Done
         };
-        let mut s = Settled::new(state, Json::Null, started);
-        s.usage = usage;
-        s.attempts = attempts;
-        s.message = Some(msg.clone());
-        s.feedback = Some(msg);
-        s.action = Some(t);
-        Outcome::Settled(s)
+        Outcome::Settled(
+            Settled::new(state, Json::Null, started)
+                .spent(attempts, usage)
+                .with_verdict(msg)
+                .with_action(t),
+        )
     }
 
     /// Adds a call's usage to the run's and the enclosing loops' sums.

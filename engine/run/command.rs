@@ -103,10 +103,10 @@ impl Exec<'_> {
                             Some(msg.clone()),
                             &Usage::default(),
                         );
-                        let mut s =
-                            Settled::error(NodeState::Failed, msg, node.on_error.clone(), started);
-                        s.attempts = attempt;
-                        return Outcome::Settled(s);
+                        return Outcome::Settled(
+                            Settled::error(NodeState::Failed, msg, node.on_error.clone(), started)
+                                .spent(attempt, Usage::default()),
+                        );
                     }
                 };
                 self.artifact(
@@ -255,12 +255,11 @@ impl Exec<'_> {
         let feedback = self
             .feedback_template(frame, n, &last_output)
             .unwrap_or_else(|| tail(&last_msg, MAX_FEEDBACK));
-        let mut s = Settled::new(NodeState::Failed, last_output, started);
-        s.feedback = Some(feedback);
-        s.message = Some(last_msg);
-        s.action = Some(node.on_fail.clone());
-        s.attempts = max_attempts;
-        Outcome::Settled(s)
+        Outcome::Settled(
+            Settled::failed(last_output, last_msg, node.on_fail.clone(), started)
+                .with_feedback(Some(feedback))
+                .spent(max_attempts, Usage::default()),
+        )
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -11,6 +11,8 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -50,6 +52,9 @@ pub(crate) struct Shared {
     pub work: Work,
     /// The writer of the files people read (each attempt's prompt, answer, output).
     pub artifacts: super::artifacts::Artifacts,
+    /// Subflow workflows prepared so far, by file and params: each is loaded, checked and
+    /// compiled once per run.
+    pub subflows: RefCell<HashMap<(PathBuf, Vec<(String, String)>), Rc<super::Prepared>>>,
     pub interrupt: watch::Sender<bool>,
     pub progress: Progress,
     pub global: Option<Semaphore>,
@@ -157,6 +162,67 @@ impl Shared {
             .get_or_insert(format!("the state directory cannot be written: {message}"));
         let _ = self.interrupt.send(true);
         Outcome::Stopped
+    }
+
+    /// The prepared subflow of a file with params: from the cache, else prepared now (its
+    /// agents' keys registered as secrets and, unless the run replays, its agents checked).
+    pub fn subflow(
+        &self,
+        path: &Path,
+        sets: &[(String, String)],
+    ) -> Result<Rc<super::Prepared>, String> {
+        let key = (path.to_path_buf(), sets.to_vec());
+        if let Some(p) = self.subflows.borrow().get(&key) {
+            return Ok(p.clone());
+        }
+        let prepared = super::prepare(path, sets).map_err(|e| {
+            format!(
+                "its workflow {} is not valid:\n{}",
+                path.display(),
+                e.render()
+            )
+        })?;
+        super::lifecycle::register_secrets(&prepared);
+        if self.opts.replay.is_none() {
+            for note in super::lifecycle::preflight(&prepared, &self.opts)? {
+                self.progress.note(&format!("! {note}"));
+                self.event("", "", "warning", note);
+            }
+        }
+        let prepared = Rc::new(prepared);
+        self.subflows.borrow_mut().insert(key, prepared.clone());
+        Ok(prepared)
+    }
+
+    /// Prepares, before the run, the subflows of a plan (and theirs) whose params are
+    /// written out (no template): see [`Shared::subflow`].
+    pub fn preload_subflows(&self, plan: &Plan, sources: &Sources) -> Result<(), String> {
+        for (i, node) in plan.nodes.iter().enumerate() {
+            if node.kind != StageKind::Subflow {
+                continue;
+            }
+            let crate::model::StageBody::Subflow {
+                workflow: Some(wf),
+                params,
+            } = &plan.stage(NodeId(i)).body
+            else {
+                continue;
+            };
+            let literal = |t: &str| !t.contains("{{") && !t.contains("{%");
+            if !params.iter().all(|(_, v)| literal(&v.value)) {
+                continue;
+            }
+            let sets: Vec<(String, String)> = params
+                .iter()
+                .map(|(k, v)| (k.value.clone(), v.value.clone()))
+                .collect();
+            let path = crate::check::base_dir(sources, wf.span).join(&wf.value);
+            let child = self
+                .subflow(&path, &sets)
+                .map_err(|e| format!("subflow `{}`: {e}", node.name))?;
+            self.preload_subflows(&child.plan, &child.sources)?;
+        }
+        Ok(())
     }
 
     /// Queues an event.

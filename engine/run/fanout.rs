@@ -217,9 +217,9 @@ impl Exec<'_> {
             }
         }
         if let Some(x) = exit {
-            let mut s = Settled::new(NodeState::Done, Json::Null, started);
-            s.action = Some(Target::Exit(x));
-            return Outcome::Settled(s);
+            return Outcome::Settled(
+                Settled::done(Json::Null, started).with_action(Target::Exit(x)),
+            );
         }
         if stopped {
             return Outcome::Stopped;
@@ -234,7 +234,7 @@ impl Exec<'_> {
         let value = self.aggregate(aggregate.as_ref(), result_stage, &results);
         let output = json!({"results": results, "value": value});
         if failures.is_empty() {
-            Outcome::Settled(Settled::new(NodeState::Done, output, started))
+            Outcome::Settled(Settled::done(output, started))
         } else {
             let msg = format!(
                 "{} of {} items failed: {}",
@@ -302,22 +302,17 @@ impl Exec<'_> {
             BodyEnd::Stopped => Outcome::Stopped,
             BodyEnd::Waiting => Outcome::Waiting,
             BodyEnd::Exit(i) => {
-                let mut s = Settled::new(NodeState::Done, output, started);
-                s.action = Some(Target::Exit(i));
-                Outcome::Settled(s)
+                Outcome::Settled(Settled::done(output, started).with_action(Target::Exit(i)))
             }
-            BodyEnd::Continue(f) => {
-                let mut s = Settled::new(NodeState::Done, output, started);
-                s.action = Some(Target::Continue);
-                s.feedback = f;
-                Outcome::Settled(s)
-            }
+            BodyEnd::Continue(f) => Outcome::Settled(
+                Settled::done(output, started)
+                    .with_action(Target::Continue)
+                    .with_feedback(f),
+            ),
             BodyEnd::Break => {
-                let mut s = Settled::new(NodeState::Done, output, started);
-                s.action = Some(Target::Break);
-                Outcome::Settled(s)
+                Outcome::Settled(Settled::done(output, started).with_action(Target::Break))
             }
-            BodyEnd::Completed => Outcome::Settled(Settled::new(NodeState::Done, output, started)),
+            BodyEnd::Completed => Outcome::Settled(Settled::done(output, started)),
             BodyEnd::Failed {
                 node: f,
                 message,

@@ -184,6 +184,45 @@ impl Settled {
         s.infra = true;
         s
     }
+
+    /// A stage that produced its output.
+    pub fn done(output: Json, started_at: i64) -> Self {
+        Settled::new(NodeState::Done, output, started_at)
+    }
+
+    /// A failure that is a verdict on the work: its message is also the feedback the next
+    /// iteration gets, and `action` follows.
+    pub fn failed(output: Json, message: String, action: Target, started_at: i64) -> Self {
+        Settled::new(NodeState::Failed, output, started_at)
+            .with_verdict(message)
+            .with_action(action)
+    }
+
+    /// Takes an action.
+    pub fn with_action(mut self, action: Target) -> Self {
+        self.action = Some(action);
+        self
+    }
+
+    /// Says why, as the message and as the feedback.
+    pub fn with_verdict(mut self, message: String) -> Self {
+        self.feedback = Some(message.clone());
+        self.message = Some(message);
+        self
+    }
+
+    /// Gives the next iteration this feedback.
+    pub fn with_feedback(mut self, feedback: Option<String>) -> Self {
+        self.feedback = feedback;
+        self
+    }
+
+    /// Counts the attempts and the usage.
+    pub fn spent(mut self, attempts: u32, usage: Usage) -> Self {
+        self.attempts = attempts;
+        self.usage = usage;
+        self
+    }
 }
 
 /// How a body ended.

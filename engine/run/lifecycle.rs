@@ -22,7 +22,7 @@ use crate::store::{NodeState, RunRecord, RunStatus, Store, Write};
 /// Checks, before anything runs, that every agent a stage of the plan can call is usable
 /// here (its program installed, its key set), or has a fallback that is. Returns notes on
 /// agents that will hand over to a fallback; fails with what to install or set.
-fn preflight(prepared: &Prepared, opts: &RunOptions) -> Result<Vec<String>, String> {
+pub(super) fn preflight(prepared: &Prepared, opts: &RunOptions) -> Result<Vec<String>, String> {
     let plan = &prepared.plan;
     let agents = &plan.workflow.agents;
     let mut used: Vec<usize> = Vec::new();
@@ -77,7 +77,7 @@ fn preflight(prepared: &Prepared, opts: &RunOptions) -> Result<Vec<String>, Stri
 
 /// Registers the values of the API key variables the workflow's agents use as secrets, so
 /// that nothing written or printed from now on holds them (see [`crate::secrets`]).
-fn register_secrets(prepared: &Prepared) {
+pub(super) fn register_secrets(prepared: &Prepared) {
     use crate::model::AgentKind;
     for a in &prepared.plan.workflow.agents {
         let var = match a.kind.value {
@@ -270,6 +270,7 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         resumed: RefCell::new(resumed),
         work: Work::default(),
         artifacts: super::artifacts::Artifacts::start(),
+        subflows: RefCell::default(),
         interrupt,
         usage: RefCell::new(HashMap::new()),
         replay,
@@ -313,6 +314,12 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
     }
     let exec = Exec::new(&shared, plan, &prepared.sources, String::new())?;
     exec.warn_unenforceable_budgets()?;
+    // Subflows whose params are written out are prepared now, once: an invalid one or an
+    // agent of theirs that cannot run stops the run before anything starts.
+    if let Err(e) = shared.preload_subflows(plan, &prepared.sources) {
+        shared.flush();
+        return Err(e);
+    }
     // A run with its own worktree works there, from its first stage to its last.
     let run_worktree = match exec.enter_run_worktree().await {
         Ok(w) => w,

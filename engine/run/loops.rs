@@ -147,17 +147,13 @@ impl Exec<'_> {
                 BodyEnd::Stopped => return Outcome::Stopped,
                 BodyEnd::Waiting => return Outcome::Waiting,
                 BodyEnd::Exit(i) => {
-                    let mut s = Settled::new(NodeState::Done, outcome_of("exit", it), started);
-                    s.action = Some(Target::Exit(i));
-                    return Outcome::Settled(s);
+                    return Outcome::Settled(
+                        Settled::done(outcome_of("exit", it), started).with_action(Target::Exit(i)),
+                    );
                 }
                 BodyEnd::Break => {
                     self.leave_worktree(frame, n, &cwd, true).await;
-                    return Outcome::Settled(Settled::new(
-                        NodeState::Done,
-                        outcome_of("break", it),
-                        started,
-                    ));
+                    return Outcome::Settled(Settled::done(outcome_of("break", it), started));
                 }
                 BodyEnd::Failed {
                     node: failed,
@@ -196,11 +192,7 @@ impl Exec<'_> {
                 match self.eval(&u.value, &ctx) {
                     Ok(v) if v.is_true() => {
                         self.leave_worktree(frame, n, &cwd, true).await;
-                        return Outcome::Settled(Settled::new(
-                            NodeState::Done,
-                            outcome_of("until", it),
-                            started,
-                        ));
+                        return Outcome::Settled(Settled::done(outcome_of("until", it), started));
                     }
                     Ok(_) => {}
                     Err(e) => return self.fail_now(started, format!("its `until` failed: {e}")),
@@ -324,14 +316,10 @@ impl Exec<'_> {
         }
         match then {
             Target::Fail => {
-                let mut s = Settled::new(NodeState::Failed, output, started);
-                s.message = Some(message.clone());
-                s.feedback = Some(message);
-                s.action = Some(self.plan.node(n).on_fail.clone());
-                s
+                Settled::failed(output, message, self.plan.node(n).on_fail.clone(), started)
             }
             other => {
-                let mut s = Settled::new(NodeState::Done, output, started);
+                let mut s = Settled::done(output, started);
                 s.message = Some(message);
                 if other != Target::Break {
                     s.action = Some(other);

@@ -103,10 +103,7 @@ impl Exec<'_> {
                         }
                         Err(message) => {
                             let node = self.plan.node(n).name.clone();
-                            let mut s = Settled::new(NodeState::Failed, Json::Null, now_ms());
-                            s.message = Some(message.clone());
-                            s.feedback = Some(message);
-                            s.action = Some(Target::Fail);
+                            let s = Settled::failed(Json::Null, message, Target::Fail, now_ms());
                             self.settle(frame, n, &s);
                             settle_in_graph(ix, Ns::Failed, &mut state, &mut waits, &mut ready);
                             ending.get_or_insert(BodyEnd::Failed {

@@ -31,18 +31,9 @@ impl Exec<'_> {
                 Err(e) => return self.fail_now(started, format!("param `{}`: {e}", k.value)),
             }
         }
-        let prepared = match super::prepare(&path, &sets) {
+        let prepared = match self.shared.subflow(&path, &sets) {
             Ok(p) => p,
-            Err(e) => {
-                return self.fail_now(
-                    started,
-                    format!(
-                        "its workflow {} is not valid:\n{}",
-                        path.display(),
-                        e.render()
-                    ),
-                );
-            }
+            Err(e) => return self.fail_now(started, e),
         };
         let prefix = format!("{}>", frame.child_scope(&node.name));
         let prefix = if self.prefix.is_empty() {
@@ -83,16 +74,14 @@ impl Exec<'_> {
         if code == 0 {
             self.done(frame, n, started, output, Usage::default(), 1)
         } else {
-            let mut s = Settled::new(NodeState::Failed, output, started);
             let msg = format!(
                 "its workflow ended with `{name}` ({code}){}",
                 message.map(|m| format!(": {m}")).unwrap_or_default()
             );
-            s.feedback = Some(msg.clone());
-            s.message = Some(msg);
-            s.action = Some(node.on_fail.clone());
-            s.attempts = 1;
-            Outcome::Settled(s)
+            Outcome::Settled(
+                Settled::failed(output, msg, node.on_fail.clone(), started)
+                    .spent(1, Usage::default()),
+            )
         }
     }
 }
