@@ -460,9 +460,19 @@ fn cairo_exit_0_after_an_invalid_review_and_a_failed_verify_with_both_feedbacks_
     assert!(scarb.lines().all(|l| l.ends_with("/work)")), "{scarb}");
     // The reviewer judged the code the driver wrote.
     assert!(p.prompt("reviewer", 1).contains("// attempt 1"));
-    // Per-attempt artifacts: each attempt's prompts, answers and verify result.
+    // Per-attempt artifacts: each attempt's prompts, answers and verify result, written out
+    // by `export` from the run's records.
     let run = out.json["run"].as_str().unwrap().to_string();
     let dir = p.dir().join(".ralph-flow/runs").join(&run);
+    assert!(
+        !dir.join("attempts#1/driver/attempt-1/prompt.md").exists(),
+        "records are not files until exported"
+    );
+    let export = p.run(&["export", &run]);
+    assert_eq!(export.code, 0, "{}", export.stderr);
+    assert!(export.stdout.contains("files of run"), "{}", export.stdout);
+    assert!(dir.join("attempts#1/driver/attempt-1/prompt.md").is_file());
+    assert!(dir.join("attempts#1/reviewer/attempt-1/raw.txt").is_file());
     for (scope, stage) in [
         ("attempts#1", "driver"),
         ("attempts#1", "reviewer"),

@@ -58,6 +58,8 @@ enum Command {
     Status(runs::StatusArgs),
     /// Show a run's events in order.
     Logs(runs::LogsArgs),
+    /// Write a run's attempt records (prompts, answers, outputs, feedback) out as files.
+    Export(runs::ExportArgs),
     /// List the built-in and installed presets; fetch or update git presets.
     Presets(presets::Args),
     /// Write a project-local workflow that extends a preset.
@@ -93,6 +95,7 @@ pub fn main() -> i32 {
         Command::Runs(args) => runs::runs(&args),
         Command::Status(args) => runs::status(&args),
         Command::Logs(args) => runs::logs(&args),
+        Command::Export(args) => runs::export(&args),
         Command::Presets(args) => presets::run(&args),
         Command::Init(args) => presets::init(&args),
     }

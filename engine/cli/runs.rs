@@ -61,6 +61,39 @@ pub struct LogsArgs {
     json: bool,
 }
 
+#[derive(clap::Args)]
+pub struct ExportArgs {
+    /// The run.
+    run: String,
+    /// Where to write the files (default: the run's directory, beside what its programs and
+    /// agents wrote there).
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// The state directory.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
+    state_dir: PathBuf,
+}
+
+/// `ralph-flow export`: a run's attempt records (prompts, answers, outputs, feedback) as
+/// files, `SCOPE/STAGE/attempt-N/prompt.md` and so on.
+pub fn export(args: &ExportArgs) -> i32 {
+    exit_code(write_export(args))
+}
+
+fn write_export(args: &ExportArgs) -> Result<(), Failure> {
+    let (_, run) = open_run(&args.state_dir, Some(&args.run))?;
+    let dir = PathBuf::from(&run.dir);
+    let out = args.out.clone().unwrap_or_else(|| dir.clone());
+    let n = ralph_flow::run::artifacts::export(&dir, &out).map_err(|e| Failure(e, EXIT_STORE))?;
+    println!(
+        "wrote {n} file{} of run {} under {}",
+        if n == 1 { "" } else { "s" },
+        run.id,
+        out.display()
+    );
+    Ok(())
+}
+
 /// `ralph-flow runs`: a table of runs, newest first.
 pub fn runs(args: &RunsArgs) -> i32 {
     exit_code(list(args))

@@ -112,7 +112,7 @@ impl Exec<'_> {
             // An agent (a CLI, an HTTP backend) writes in the attempt's directory; a replayed
             // one writes nothing.
             if self.shared.replay.is_none() {
-                if let Err(o) = self.need_dir().await {
+                if let Err(o) = self.need_dir(dir).await {
                     return o;
                 }
             }

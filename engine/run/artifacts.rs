@@ -1,14 +1,21 @@
-//! The files people read beside the store (each attempt's `prompt.md`, `raw.txt`,
-//! `output.json`, ...), written by a thread of their own so that creating them (60-80 µs a
-//! file on an ext4 disk) is not on the path from one stage to the next.
+//! What people read of each attempt beside the store: its prompt, raw answer, output,
+//! feedback, error (`prompt.md`, `raw.txt`, `output.json`, ...), written by a thread of its
+//! own, off the path from one stage to the next.
 //!
-//! The store holds what a run needs; these files are for people and tools. Writes are
-//! queued in order; [`Artifacts::barrier`] waits until everything queued is on disk, and the
-//! executor calls it before anything that may read the files (a program, an agent CLI), so a
-//! program always finds the files of the stages before it. [`Artifacts::finish`] drains the
-//! queue at the end of the run. A write that fails is reported once, and stops the run like
-//! a failed commit ([`Artifacts::failure`]).
+//! They are records in one append-only file per run, `RUN_DIR/artifacts.jsonl` (a line
+//! `{"path": "SCOPE/STAGE/attempt-N/prompt.md", "text": ...}` each), not a file each:
+//! creating a file costs 60-80 µs on an ext4 disk (more once many were deleted), an append a
+//! few. [`export`] (`ralph-flow export`) writes them out as files. An attempt's directory is
+//! made only when a program or an agent runs in it (for what they write: stdout, stderr, an
+//! HTTP exchange).
+//!
+//! Writes are queued in order; [`Artifacts::barrier`] waits until everything queued is on
+//! disk, and the executor calls it before anything that may read it (a program, an agent,
+//! a template helper reading files). [`Artifacts::finish`] drains the queue at the end of
+//! the run. A write that fails is reported once, and stops the run like a failed commit
+//! ([`Artifacts::failure`]).
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -17,8 +24,9 @@ use std::thread::JoinHandle;
 enum Job {
     /// Creates a directory (and its parents).
     Dir(PathBuf),
-    /// Writes a file (its secrets masked first), creating its directory if needed.
-    File(PathBuf, String),
+    /// Appends a record (its secrets masked first): its path under the run's directory and
+    /// its text.
+    Record(String, String),
     /// Answers once everything queued before it is done.
     Barrier(tokio::sync::oneshot::Sender<()>),
     /// The same, for a caller that blocks (a template helper reading a file).
@@ -27,22 +35,25 @@ enum Job {
 
 /// The artifact writer of a run.
 pub(crate) struct Artifacts {
+    run_dir: PathBuf,
     tx: Arc<Mutex<Option<mpsc::Sender<Job>>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     failed: Arc<Mutex<Option<String>>>,
 }
 
 impl Artifacts {
-    /// Starts the writer thread.
-    pub fn start() -> Artifacts {
+    /// Starts the writer thread of a run's directory.
+    pub fn start(run_dir: &Path) -> Artifacts {
         let (tx, rx) = mpsc::channel::<Job>();
         let failed: Arc<Mutex<Option<String>>> = Arc::default();
         let report = failed.clone();
+        let log = run_dir.join(RECORDS);
         let thread = std::thread::Builder::new()
             .name("ralph-flow-artifacts".into())
-            .spawn(move || write_all(&rx, &report))
+            .spawn(move || write_all(&rx, &log, &report))
             .ok();
         Artifacts {
+            run_dir: run_dir.to_path_buf(),
             tx: Arc::new(Mutex::new(thread.is_some().then_some(tx))),
             thread: Mutex::new(thread),
             failed,
@@ -54,9 +65,13 @@ impl Artifacts {
         self.send(Job::Dir(dir.to_path_buf()));
     }
 
-    /// Queues a file (its directory is created if it does not exist).
-    pub fn file(&self, path: PathBuf, text: &str) {
-        self.send(Job::File(path, text.to_string()));
+    /// Queues a record of a file under the run's directory (`path`, which lies under it).
+    pub fn file(&self, path: &Path, text: &str) {
+        let rel = path.strip_prefix(&self.run_dir).unwrap_or(path);
+        self.send(Job::Record(
+            rel.to_string_lossy().into_owned(),
+            text.to_string(),
+        ));
     }
 
     fn send(&self, job: Job) {
@@ -69,7 +84,8 @@ impl Artifacts {
             None => job,
         };
         // No writer thread (it could not start): write here.
-        do_job(job, &mut None, &self.failed);
+        let mut w = Writer::new(self.run_dir.join(RECORDS));
+        w.job(job, &self.failed);
     }
 
     /// Completes once everything queued so far is on disk.
@@ -118,59 +134,109 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-fn write_all(rx: &mpsc::Receiver<Job>, failed: &Mutex<Option<String>>) {
-    // The last directory made: an attempt's files come one after the other.
-    let mut made: Option<PathBuf> = None;
+/// The file of a run's records.
+pub const RECORDS: &str = "artifacts.jsonl";
+
+fn write_all(rx: &mpsc::Receiver<Job>, log: &Path, failed: &Mutex<Option<String>>) {
+    let mut w = Writer::new(log.to_path_buf());
     while let Ok(job) = rx.recv() {
-        do_job(job, &mut made, failed);
+        w.job(job, failed);
     }
 }
 
-fn do_job(job: Job, made: &mut Option<PathBuf>, failed: &Mutex<Option<String>>) {
-    let fail = |message: String| {
-        tracing::error!("state directory: {message}");
-        failed
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get_or_insert(message);
-    };
-    let ensure = |dir: &Path, made: &mut Option<PathBuf>| -> bool {
-        if made.as_deref() == Some(dir) {
-            return true;
-        }
-        match std::fs::create_dir_all(dir) {
-            Ok(()) => {
-                *made = Some(dir.to_path_buf());
-                true
-            }
-            Err(e) => {
-                fail(format!("cannot create {}: {e}", dir.display()));
-                false
-            }
-        }
-    };
-    match job {
-        Job::Dir(dir) => {
-            ensure(&dir, made);
-        }
-        Job::File(path, text) => {
-            if let Some(dir) = path.parent() {
-                if !ensure(dir, made) {
-                    return;
+/// The writer's state: the records file, open once.
+struct Writer {
+    path: PathBuf,
+    file: Option<std::fs::File>,
+}
+
+impl Writer {
+    fn new(path: PathBuf) -> Writer {
+        Writer { path, file: None }
+    }
+
+    fn job(&mut self, job: Job, failed: &Mutex<Option<String>>) {
+        let fail = |message: String| {
+            tracing::error!("state directory: {message}");
+            lock(failed).get_or_insert(message);
+        };
+        match job {
+            Job::Dir(dir) => {
+                if let Err(e) = std::fs::create_dir_all(&dir) {
+                    fail(format!("cannot create {}: {e}", dir.display()));
                 }
             }
-            let text = crate::secrets::redact(&text);
-            if let Err(e) = std::fs::write(&path, text.as_bytes()) {
-                fail(format!("cannot write {}: {e}", path.display()));
+            Job::Record(path, text) => {
+                let text = crate::secrets::redact(&text);
+                let mut line = serde_json::json!({"path": path, "text": text}).to_string();
+                line.push('\n');
+                if self.file.is_none() {
+                    match std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(&self.path)
+                    {
+                        Ok(f) => self.file = Some(f),
+                        Err(e) => {
+                            fail(format!("cannot write {}: {e}", self.path.display()));
+                            return;
+                        }
+                    }
+                }
+                if let Some(f) = &mut self.file {
+                    if let Err(e) = f.write_all(line.as_bytes()) {
+                        fail(format!("cannot write {}: {e}", self.path.display()));
+                    }
+                }
+            }
+            Job::Barrier(done) => {
+                let _ = done.send(());
+            }
+            Job::BarrierSync(done) => {
+                let _ = done.send(());
             }
         }
-        Job::Barrier(done) => {
-            let _ = done.send(());
-        }
-        Job::BarrierSync(done) => {
-            let _ = done.send(());
+    }
+}
+
+/// Writes a run's records out as files under `out` (`out/SCOPE/STAGE/attempt-N/prompt.md`,
+/// ...), later records of a path replacing earlier ones. A line that cannot be read (the end
+/// of a file cut by a crash) or a path that would leave `out` is skipped. Returns how many
+/// files were written.
+pub fn export(run_dir: &Path, out: &Path) -> Result<usize, String> {
+    let log = run_dir.join(RECORDS);
+    let text = match std::fs::read_to_string(&log) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(format!("cannot read {}: {e}", log.display())),
+    };
+    let mut files: std::collections::BTreeMap<PathBuf, String> = Default::default();
+    for line in text.lines() {
+        let Ok(rec) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let (Some(path), Some(body)) = (
+            rec.get("path").and_then(serde_json::Value::as_str),
+            rec.get("text").and_then(serde_json::Value::as_str),
+        ) else {
+            continue;
+        };
+        let rel = Path::new(path);
+        let safe = rel
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)));
+        if safe && !path.is_empty() {
+            files.insert(out.join(rel), body.to_string());
         }
     }
+    for (path, body) in &files {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        }
+        std::fs::write(path, body).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
+    Ok(files.len())
 }
 
 #[cfg(test)]
@@ -178,34 +244,54 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn files_are_on_disk_after_a_barrier_in_the_order_queued() {
+    async fn records_are_on_disk_after_a_barrier_and_export_as_files() {
         let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let a = Artifacts::start();
-        let dir = tmp.path().join("s/attempt-1");
+        let run = tmp.path().join("run");
+        let a = Artifacts::start(&run);
+        let dir = run.join("loop#1/s/attempt-1");
         a.dir(&dir);
-        a.file(dir.join("prompt.md"), "first");
-        a.file(dir.join("prompt.md"), "second");
-        a.file(tmp.path().join("t/attempt-1/raw.txt"), "raw");
+        a.file(&dir.join("prompt.md"), "first");
+        a.file(&dir.join("prompt.md"), "second");
+        a.file(&run.join("t/attempt-1/raw.txt"), "raw");
         a.barrier().await;
+        assert!(dir.is_dir(), "a directory asked for is made");
+        assert!(!dir.join("prompt.md").exists(), "records are not files");
+        let out = tmp.path().join("out");
+        assert_eq!(export(&run, &out).ok(), Some(2));
         let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
-        assert_eq!(read(&dir.join("prompt.md")), "second");
-        assert_eq!(read(&tmp.path().join("t/attempt-1/raw.txt")), "raw");
-        assert!(a.failure().is_none());
-        a.file(dir.join("late.md"), "late");
+        assert_eq!(read(&out.join("loop#1/s/attempt-1/prompt.md")), "second");
+        assert_eq!(read(&out.join("t/attempt-1/raw.txt")), "raw");
+        a.file(&dir.join("late.md"), "late");
         a.waiter()();
-        assert_eq!(read(&dir.join("late.md")), "late");
+        assert!(read(&run.join(RECORDS)).contains("late"));
         a.finish();
+        assert!(a.failure().is_none());
         // Once finished, the waiter does not block.
         a.waiter()();
     }
 
-    #[tokio::test]
-    async fn a_write_that_fails_is_reported() {
+    #[test]
+    fn export_skips_cut_lines_and_paths_that_leave_the_directory() {
+        let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let run = tmp.path().join("run");
+        std::fs::create_dir_all(&run).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(
+            run.join(RECORDS),
+            "{\"path\":\"../evil\",\"text\":\"x\"}\n{\"path\":\"/etc/x\",\"text\":\"x\"}\n{\"path\":\"s/attempt-1/raw.txt\",\"text\":\"ok\"}\n{\"path\":\"s/att",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let out = tmp.path().join("out");
+        assert_eq!(export(&run, &out).ok(), Some(1));
+        assert!(!tmp.path().join("evil").exists());
+    }
+
+    #[test]
+    fn a_write_that_fails_is_reported() {
         let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let blocker = tmp.path().join("file");
         std::fs::write(&blocker, "").unwrap_or_else(|e| panic!("{e}"));
-        let a = Artifacts::start();
-        a.file(blocker.join("sub/prompt.md"), "x");
+        let a = Artifacts::start(&blocker);
+        a.dir(&blocker.join("sub"));
         a.finish();
         let why = a.failure().unwrap_or_default();
         assert!(why.contains("cannot create"), "{why}");

@@ -92,8 +92,8 @@ impl Exec<'_> {
         Ok((at, ctx))
     }
 
-    /// The artifact directory of an attempt (`RUN_DIR/SCOPE.../STAGE/attempt-N`), queued for
-    /// creation: [`Self::need_dir`] waits until it exists.
+    /// The artifact directory of an attempt (`RUN_DIR/SCOPE.../STAGE/attempt-N`); it is made
+    /// by [`Self::need_dir`], when a program or an agent runs in it.
     pub(super) fn attempt_dir(&self, scope: &str, stage: &str, attempt: u32) -> PathBuf {
         let mut dir = PathBuf::from(&self.shared.run.dir);
         for part in scope.split('/').filter(|p| !p.is_empty()) {
@@ -101,14 +101,14 @@ impl Exec<'_> {
         }
         dir.push(sanitize(stage));
         dir.push(format!("attempt-{attempt}"));
-        self.shared.artifacts.dir(&dir);
         dir
     }
 
-    /// Waits until the artifacts queued so far are on disk (the attempt's directory among
-    /// them): before a program or an agent starts, which may read or write them. Fails like
-    /// a store failure when they could not be written.
-    pub(super) async fn need_dir(&self) -> Result<(), Outcome> {
+    /// Makes an attempt's directory and waits until the artifacts queued so far are on disk:
+    /// before a program or an agent starts, which may read or write them. Fails like a store
+    /// failure when they could not be written.
+    pub(super) async fn need_dir(&self, dir: &Path) -> Result<(), Outcome> {
+        self.shared.artifacts.dir(dir);
         self.shared.artifacts.barrier().await;
         match self.shared.artifacts.failure() {
             Some(m) => Err(self.shared.io_failed(m)),
@@ -116,9 +116,10 @@ impl Exec<'_> {
         }
     }
 
-    /// Queues an artifact file of an attempt (its secrets are masked when it is written).
+    /// Queues an artifact of an attempt, a record of the run's `artifacts.jsonl` (its secrets
+    /// are masked when it is written; `ralph-flow export` writes it as `DIR/NAME`).
     pub(super) fn artifact(&self, dir: &Path, name: &str, text: &str) {
-        self.shared.artifacts.file(dir.join(name), text);
+        self.shared.artifacts.file(&dir.join(name), text);
     }
 
     pub(super) fn attempt_record(

@@ -80,7 +80,7 @@ impl Exec<'_> {
                     return Outcome::Stopped;
                 }
                 // The program finds its directory, and the files of the stages before it.
-                if let Err(o) = self.need_dir().await {
+                if let Err(o) = self.need_dir(dir).await {
                     return o;
                 }
                 self.shared.progress.started(

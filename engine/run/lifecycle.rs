@@ -257,6 +257,7 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         None => None,
     };
     let (interrupt, _) = watch::channel(false);
+    let artifacts = super::artifacts::Artifacts::start(Path::new(&run.dir));
     let shared = Shared {
         global: opts.max_concurrency.map(|n| Semaphore::new(n.max(1))),
         progress: Progress::new(opts.progress),
@@ -269,7 +270,7 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         resumed_scopes: scopes_of(resumed.keys().map(|(s, _)| s.as_str())),
         resumed: RefCell::new(resumed),
         work: Work::default(),
-        artifacts: super::artifacts::Artifacts::start(),
+        artifacts,
         subflows: RefCell::default(),
         interrupt,
         usage: RefCell::new(HashMap::new()),

@@ -6,7 +6,7 @@
 //! - [`execute`] runs (or resumes) it and returns how the run ended.
 
 mod agent;
-mod artifacts;
+pub mod artifacts;
 mod attempt;
 mod budget;
 mod command;
