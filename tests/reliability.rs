@@ -383,7 +383,10 @@ prompt = "Check {{{{ stages.b.output.stdout }}}} {{{{ stages.b.output.stderr }}}
     for (what, text) in &streams {
         assert!(!text.contains(KEY), "{what} holds the key:\n{text}");
     }
-    // Every file the run wrote: the store (and its log), artifacts, the recording.
+    // Every file the run wrote: the store (and its log), artifacts (the records, and the
+    // files `export` writes from them), the recording.
+    let exported = p.run_env(&["export", run.as_str()], &env);
+    assert_eq!(exported.code, 0, "{}", exported.stderr);
     fn walk(dir: &std::path::Path, files: &mut Vec<std::path::PathBuf>) {
         for e in std::fs::read_dir(dir).unwrap().flatten() {
             let path = e.path();
