@@ -225,6 +225,24 @@ pub const RUN_WORKTREE_BRANCH: &str = "@run/worktree/branch";
 pub const RUN_WORKTREE_BASE: &str = "@run/worktree/base";
 
 pub fn compile(checked: &Checked<'_>) -> Plan {
+    compile_parts(checked).with_workflow(checked.workflow.clone())
+}
+
+/// A plan without its workflow model: see [`compile_parts`].
+pub struct PlanParts(Plan);
+
+impl PlanParts {
+    /// The plan, with the model it was compiled from (moved in, not copied: a workflow of
+    /// thousands of stages is megabytes).
+    pub fn with_workflow(mut self, workflow: Workflow) -> Plan {
+        self.0.workflow = workflow;
+        self.0
+    }
+}
+
+/// Compiles a checked workflow into a plan whose model is given afterwards
+/// ([`PlanParts::with_workflow`]), once the checked workflow is no longer borrowed.
+pub fn compile_parts(checked: &Checked<'_>) -> PlanParts {
     let wf = checked.workflow;
     let mut exits: Vec<ExitDef> = wf
         .exits
@@ -412,8 +430,8 @@ pub fn compile(checked: &Checked<'_>) -> Plan {
     for (i, ix) in locals {
         nodes[i].local = ix;
     }
-    Plan {
-        workflow: wf.clone(),
+    PlanParts(Plan {
+        workflow: Workflow::placeholder(),
         nodes,
         top,
         exits,
@@ -421,7 +439,7 @@ pub fn compile(checked: &Checked<'_>) -> Plan {
         schemas: checked.schemas.clone(),
         templates,
         by_name,
-    }
+    })
 }
 
 /// Records where each node's stage is in the stage tree.

@@ -44,6 +44,35 @@ pub struct Workflow {
 }
 
 impl Workflow {
+    /// An empty workflow, held while the real one is still borrowed (see
+    /// `compile::compile_parts`).
+    pub fn placeholder() -> Workflow {
+        Workflow {
+            file: crate::source::FileId::default(),
+            name: Spanned {
+                value: String::new(),
+                span: crate::source::Span::default(),
+            },
+            version: None,
+            description: None,
+            extends: None,
+            include: Vec::new(),
+            prompt_path: Vec::new(),
+            file_roots: Vec::new(),
+            worktree: None,
+            sources: Vec::new(),
+            max_concurrency: None,
+            budget: None,
+            params: Vec::new(),
+            agents: Vec::new(),
+            resources: Vec::new(),
+            exits: Vec::new(),
+            stages: Vec::new(),
+            overrides: Vec::new(),
+            broken: Vec::new(),
+        }
+    }
+
     /// Tells whether a name was defined with an error already reported.
     pub fn is_broken(&self, name: &str) -> bool {
         self.broken.iter().any(|b| b == name)

@@ -425,8 +425,12 @@ fn new_run_id(ms: i64) -> String {
         .filter(|c| c.is_ascii_digit())
         .take(14)
         .collect();
-    let salt = (u64::from(std::process::id()) << 20) ^ (ms as u64 % 1000) ^ nanos();
-    format!("{}-{}-{:04x}", &stamp[..8], &stamp[8..], salt & 0xffff)
+    // The pid, the milliseconds and the nanoseconds, mixed (a multiplicative hash) so that
+    // each of them changes the 16 bits kept: two runs started in the same second by two
+    // processes differ.
+    let mixed = (u64::from(std::process::id()) << 32 ^ (ms as u64 % 1000) << 20 ^ nanos())
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    format!("{}-{}-{:04x}", &stamp[..8], &stamp[8..], mixed >> 48)
 }
 
 fn nanos() -> u64 {

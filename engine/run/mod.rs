@@ -33,7 +33,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 
 use crate::check::ParamValues;
-use crate::compile::{Plan, compile};
+use crate::compile::{Plan, compile_parts};
 use crate::diag::{Diagnostic, Diagnostics};
 use crate::load::{Loader, RealFs};
 use crate::source::Sources;
@@ -91,12 +91,12 @@ pub fn prepare(path: &Path, sets: &[(String, String)]) -> Result<Prepared, Box<P
         let mut loader = Loader::new(&fs, &mut sources, &mut diags);
         let mut check_diags = Diagnostics::default();
         let checked = crate::check::check(&wf, &mut loader, sets, true, &mut check_diags);
-        let plan = checked.as_ref().map(compile);
+        let parts = checked.as_ref().map(compile_parts);
         missing.append(&mut loader.missing);
         drop(checked);
         drop(loader);
         diags.extend(check_diags);
-        plan
+        parts.map(|p| p.with_workflow(wf))
     };
     let has_errors = diags.has_errors();
     let all = diags.into_sorted();
