@@ -158,6 +158,7 @@ impl CliBackend {
             stdout_path: Some(call.dir.join("stdout")),
             stderr_path: Some(call.dir.join("stderr")),
             pid_file: Some(call.dir.join("process")),
+            process_log: None,
             result_done: match self.flavor {
                 Flavor::Claude => Some(claude_done),
                 Flavor::Codex => Some(codex_done),

@@ -41,6 +41,10 @@ pub struct ProcSpec {
     /// (`PGID START_TICKS`), so that a later `resume` can stop what a killed run left
     /// behind; removed when the program has ended.
     pub pid_file: Option<PathBuf>,
+    /// The same, as lines appended to a log shared by many programs (`start PGID TICKS`
+    /// when it runs, `end PGID TICKS` when it has ended): no file made or removed per
+    /// program. [`stop_leftovers`] reads it.
+    pub process_log: Option<PathBuf>,
 }
 
 /// The environment variable every program gets, unique to its run of [`run`]: what a
@@ -180,6 +184,10 @@ pub async fn run(spec: &ProcSpec) -> Result<ProcOutput, SpawnError> {
         .pid_file
         .as_deref()
         .map(|path| PidFile::write(path, pid));
+    let _logged = spec
+        .process_log
+        .as_deref()
+        .map(|path| ProcessLogEntry::start(path, pid));
 
     let mut stdout = child.stdout.take();
     let mut stderr = child.stderr.take();
@@ -518,13 +526,80 @@ impl Drop for PidFile {
     }
 }
 
+/// A program's lines in a process log: `start` now, `end` when dropped.
+struct ProcessLogEntry {
+    path: PathBuf,
+    line: String,
+}
+
+impl ProcessLogEntry {
+    fn start(path: &Path, pid: i32) -> ProcessLogEntry {
+        let entry = ProcessLogEntry {
+            path: path.to_path_buf(),
+            line: format!("{pid} {}", start_ticks(pid).unwrap_or(0)),
+        };
+        entry.append("start");
+        entry
+    }
+
+    fn append(&self, what: &str) {
+        let written = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.path)
+            .and_then(|mut f| f.write_all(format!("{what} {}\n", self.line).as_bytes()));
+        if let Err(e) = written {
+            tracing::warn!("cannot write {}: {e}", self.path.display());
+        }
+    }
+}
+
+impl Drop for ProcessLogEntry {
+    fn drop(&mut self) {
+        self.append("end");
+    }
+}
+
+/// The groups a process log says were started and have not ended (`PGID TICKS` each).
+fn unended(log: &Path) -> Vec<(i32, u64)> {
+    let Ok(text) = std::fs::read_to_string(log) else {
+        return Vec::new();
+    };
+    let mut open: Vec<(i32, u64)> = Vec::new();
+    for line in text.lines() {
+        let mut parts = line.split_whitespace();
+        let (Some(what), Some(pid), Some(ticks)) = (
+            parts.next(),
+            parts.next().and_then(|p| p.parse::<i32>().ok()),
+            parts.next().and_then(|t| t.parse::<u64>().ok()),
+        ) else {
+            continue;
+        };
+        match what {
+            "start" => open.push((pid, ticks)),
+            "end" => open.retain(|g| *g != (pid, ticks)),
+            _ => {}
+        }
+    }
+    open
+}
+
 /// Stops what an earlier executor of a run left running, before the run goes on: the
-/// process groups recorded in `pid_files` (when the recorded start time still matches) and
+/// process groups recorded in `pid_files` and in the process logs `logs` (when the
+/// recorded start time still matches; the logs are emptied), and
 /// every process whose environment names the run (`RALPH_FLOW_RUN=RUN`, which catches
 /// descendants that left their group). SIGTERM, then SIGKILL after [`KILL_GRACE`]; it
 /// returns once they are gone (or after a few seconds more), with how many there were.
-pub fn stop_leftovers(run: &str, pid_files: &[PathBuf]) -> usize {
+pub fn stop_leftovers(run: &str, pid_files: &[PathBuf], logs: &[PathBuf]) -> usize {
     let mut groups = Vec::new();
+    for log in logs {
+        for (pid, ticks) in unended(log) {
+            if start_ticks(pid) == Some(ticks) {
+                groups.push(pid);
+            }
+        }
+        let _ = std::fs::remove_file(log);
+    }
     for file in pid_files {
         let Ok(text) = std::fs::read_to_string(file) else {
             continue;
@@ -581,4 +656,50 @@ pub fn stop_leftovers(run: &str, pid_files: &[PathBuf]) -> usize {
         wait(Duration::from_secs(5));
     }
     all.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_log_gives_the_groups_that_started_and_did_not_end() {
+        let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let log = tmp.path().join("processes");
+        std::fs::write(
+            &log,
+            "start 10 100\nstart 11 110\nend 10 100\nstart 10 200\ngarbage\nstart 12",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        // Group 10 ended once and started again (a reused pid, another start time).
+        assert_eq!(unended(&log), vec![(11, 110), (10, 200)]);
+        assert!(unended(&tmp.path().join("none")).is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_program_is_logged_while_it_runs_and_not_after() {
+        let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let log = tmp.path().join("processes");
+        let spec = ProcSpec {
+            argv: vec![
+                "sh".into(),
+                "-c".into(),
+                "cat \"$0\"".into(),
+                log.to_string_lossy().into_owned(),
+            ],
+            process_log: Some(log.clone()),
+            ..ProcSpec::default()
+        };
+        let out = run(&spec).await.unwrap_or_else(|e| panic!("{e}"));
+        let seen = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            seen.starts_with("start "),
+            "the program saw its own line: {seen}"
+        );
+        assert!(
+            unended(&log).is_empty(),
+            "{:?}",
+            std::fs::read_to_string(&log)
+        );
+    }
 }

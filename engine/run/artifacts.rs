@@ -17,13 +17,12 @@
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 enum Job {
-    /// Creates a directory (and its parents).
-    Dir(PathBuf),
     /// Appends a record (its secrets masked first): its path under the run's directory and
     /// its text.
     Record(String, String),
@@ -36,6 +35,9 @@ enum Job {
 /// The artifact writer of a run.
 pub(crate) struct Artifacts {
     run_dir: PathBuf,
+    /// Jobs sent, and jobs the writer has done: a barrier with nothing queued returns at once.
+    sent: AtomicU64,
+    done: Arc<AtomicU64>,
     tx: Arc<Mutex<Option<mpsc::Sender<Job>>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     failed: Arc<Mutex<Option<String>>>,
@@ -48,21 +50,20 @@ impl Artifacts {
         let failed: Arc<Mutex<Option<String>>> = Arc::default();
         let report = failed.clone();
         let log = run_dir.join(RECORDS);
+        let done = Arc::new(AtomicU64::new(0));
+        let count = done.clone();
         let thread = std::thread::Builder::new()
             .name("ralph-flow-artifacts".into())
-            .spawn(move || write_all(&rx, &log, &report))
+            .spawn(move || write_all(&rx, &log, &report, &count))
             .ok();
         Artifacts {
             run_dir: run_dir.to_path_buf(),
+            sent: AtomicU64::new(0),
+            done,
             tx: Arc::new(Mutex::new(thread.is_some().then_some(tx))),
             thread: Mutex::new(thread),
             failed,
         }
-    }
-
-    /// Queues the creation of a directory.
-    pub fn dir(&self, dir: &Path) {
-        self.send(Job::Dir(dir.to_path_buf()));
     }
 
     /// Queues a record of a file under the run's directory (`path`, which lies under it).
@@ -78,7 +79,10 @@ impl Artifacts {
         let tx = lock(&self.tx).clone();
         let job = match tx {
             Some(tx) => match tx.send(job) {
-                Ok(()) => return,
+                Ok(()) => {
+                    self.sent.fetch_add(1, Ordering::Release);
+                    return;
+                }
                 Err(mpsc::SendError(job)) => job,
             },
             None => job,
@@ -90,6 +94,9 @@ impl Artifacts {
 
     /// Completes once everything queued so far is on disk.
     pub async fn barrier(&self) {
+        if self.done.load(Ordering::Acquire) >= self.sent.load(Ordering::Acquire) {
+            return;
+        }
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.send(Job::Barrier(tx));
         let _ = rx.await;
@@ -137,10 +144,16 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// The file of a run's records.
 pub const RECORDS: &str = "artifacts.jsonl";
 
-fn write_all(rx: &mpsc::Receiver<Job>, log: &Path, failed: &Mutex<Option<String>>) {
+fn write_all(
+    rx: &mpsc::Receiver<Job>,
+    log: &Path,
+    failed: &Mutex<Option<String>>,
+    done: &AtomicU64,
+) {
     let mut w = Writer::new(log.to_path_buf());
     while let Ok(job) = rx.recv() {
         w.job(job, failed);
+        done.fetch_add(1, Ordering::Release);
     }
 }
 
@@ -161,11 +174,6 @@ impl Writer {
             lock(failed).get_or_insert(message);
         };
         match job {
-            Job::Dir(dir) => {
-                if let Err(e) = std::fs::create_dir_all(&dir) {
-                    fail(format!("cannot create {}: {e}", dir.display()));
-                }
-            }
             Job::Record(path, text) => {
                 let text = crate::secrets::redact(&text);
                 let mut line = serde_json::json!({"path": path, "text": text}).to_string();
@@ -249,12 +257,11 @@ mod tests {
         let run = tmp.path().join("run");
         let a = Artifacts::start(&run);
         let dir = run.join("loop#1/s/attempt-1");
-        a.dir(&dir);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
         a.file(&dir.join("prompt.md"), "first");
         a.file(&dir.join("prompt.md"), "second");
         a.file(&run.join("t/attempt-1/raw.txt"), "raw");
         a.barrier().await;
-        assert!(dir.is_dir(), "a directory asked for is made");
         assert!(!dir.join("prompt.md").exists(), "records are not files");
         let out = tmp.path().join("out");
         assert_eq!(export(&run, &out).ok(), Some(2));
@@ -291,9 +298,9 @@ mod tests {
         let blocker = tmp.path().join("file");
         std::fs::write(&blocker, "").unwrap_or_else(|e| panic!("{e}"));
         let a = Artifacts::start(&blocker);
-        a.dir(&blocker.join("sub"));
+        a.file(&blocker.join("s/attempt-1/prompt.md"), "x");
         a.finish();
         let why = a.failure().unwrap_or_default();
-        assert!(why.contains("cannot create"), "{why}");
+        assert!(why.contains("cannot write"), "{why}");
     }
 }

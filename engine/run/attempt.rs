@@ -108,7 +108,11 @@ impl Exec<'_> {
     /// before a program or an agent starts, which may read or write them. Fails like a store
     /// failure when they could not be written.
     pub(super) async fn need_dir(&self, dir: &Path) -> Result<(), Outcome> {
-        self.shared.artifacts.dir(dir);
+        if let Err(e) = std::fs::create_dir_all(dir) {
+            return Err(self
+                .shared
+                .io_failed(format!("cannot create {}: {e}", dir.display())));
+        }
         self.shared.artifacts.barrier().await;
         match self.shared.artifacts.failure() {
             Some(m) => Err(self.shared.io_failed(m)),

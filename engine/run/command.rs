@@ -1,5 +1,6 @@
 //! Command and check stages: argv (never a shell), streams, exit codes, `expect`.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use minijinja::Value;
@@ -16,6 +17,10 @@ use crate::check::StageId as NodeId;
 use crate::compile::{resolve_count, resolve_duration};
 use crate::model::{StageBody, StageKind};
 use crate::store::NodeState;
+
+/// The run's log of the programs its commands started and ended (see
+/// [`process::stop_leftovers`]), in the run's directory.
+pub(super) const PROCESS_LOG: &str = "processes";
 
 impl Exec<'_> {
     pub(super) async fn run_command(&self, frame: &Frame<'_>, n: NodeId) -> Outcome {
@@ -318,7 +323,8 @@ impl Exec<'_> {
             idle_timeout: idle,
             stdout_path: Some(dir.join("stdout")),
             stderr_path: Some(dir.join("stderr")),
-            pid_file: Some(dir.join("process")),
+            pid_file: None,
+            process_log: Some(PathBuf::from(&self.shared.run.dir).join(PROCESS_LOG)),
             result_done: None,
         })
     }

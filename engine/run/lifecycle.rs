@@ -226,7 +226,8 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
             .iter()
             .map(|a| PathBuf::from(&a.dir).join("process"))
             .collect();
-        leftovers = crate::backend::process::stop_leftovers(&run.id, &pid_files);
+        let logs = [Path::new(&run.dir).join(super::command::PROCESS_LOG)];
+        leftovers = crate::backend::process::stop_leftovers(&run.id, &pid_files, &logs);
         // Those attempts are over: say so, so that `status` and `logs` do not show them as
         // running beside the new ones.
         let writes: Vec<Write> = interrupted
