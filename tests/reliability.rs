@@ -453,12 +453,15 @@ fn a_state_directory_that_cannot_be_written_leaves_the_run_resumable() {
         p.store_text()
             .contains("\"node\":\"a\",\"attempt\":1,\"state\":\"running\"")
     });
-    // `b`'s artifact directory cannot be made: a file stands where it goes.
-    p.write(&format!(".ralph-flow/runs/{run}/b"), "in the way");
+    // The run's records of `a` cannot be written: a directory stands where they go.
+    let records = p
+        .dir()
+        .join(format!(".ralph-flow/runs/{run}/artifacts.jsonl"));
+    std::fs::create_dir_all(&records).unwrap();
     let out = child.finish();
     assert_eq!(out.code, 3, "{}", out.stderr);
     assert!(out.stderr.contains("cannot be written"), "{}", out.stderr);
-    std::fs::remove_file(p.dir().join(format!(".ralph-flow/runs/{run}/b"))).unwrap();
+    std::fs::remove_dir(&records).unwrap();
     let out = p.run(&["resume", &run, "--no-wait", "--json"]);
     assert_eq!(out.code, 75, "resumed up to the gate: {}", out.stderr);
 }

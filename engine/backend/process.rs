@@ -336,14 +336,6 @@ struct Sink {
 
 impl Sink {
     fn open(path: Option<&Path>) -> Result<Self, SpawnError> {
-        if let Some(dir) = path.and_then(Path::parent) {
-            if !dir.as_os_str().is_empty() && !dir.is_dir() {
-                return Err(SpawnError::Other(format!(
-                    "cannot write output to {}: the directory does not exist",
-                    dir.display()
-                )));
-            }
-        }
         Ok(Sink {
             file: None,
             path: path.map(Path::to_path_buf),
@@ -359,6 +351,10 @@ impl Sink {
     fn push(&mut self, chunk: &[u8]) {
         if self.file.is_none() {
             if let Some(p) = self.path.take() {
+                // Its directory is made with its first byte (a silent program makes none).
+                if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    let _ = std::fs::create_dir_all(dir);
+                }
                 match std::fs::OpenOptions::new()
                     .create(true)
                     .append(true)

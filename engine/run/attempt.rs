@@ -120,6 +120,22 @@ impl Exec<'_> {
         }
     }
 
+    /// Waits until the records queued so far are on disk. Fails like a store failure when
+    /// they could not be written.
+    pub(super) async fn records_on_disk(&self) -> Result<(), Outcome> {
+        self.shared.artifacts.barrier().await;
+        match self.shared.artifacts.failure() {
+            Some(m) => Err(self.shared.io_failed(m)),
+            None => Ok(()),
+        }
+    }
+
+    /// Tells whether a stage's templates name `run.stage_dir` (its program may write in
+    /// its attempt's directory, which is then made before it starts).
+    pub(super) fn uses_stage_dir(&self, n: NodeId) -> bool {
+        self.stage_dir_users.contains(&n)
+    }
+
     /// Queues an artifact of an attempt, a record of the run's `artifacts.jsonl` (its secrets
     /// are masked when it is written; `ralph-flow export` writes it as `DIR/NAME`).
     pub(super) fn artifact(&self, dir: &Path, name: &str, text: &str) {

@@ -84,8 +84,15 @@ impl Exec<'_> {
                 if self.halted() {
                     return Outcome::Stopped;
                 }
-                // The program finds its directory, and the files of the stages before it.
-                if let Err(o) = self.need_dir(dir).await {
+                // The program finds the records of the stages before it on disk, and its
+                // attempt's directory when its stage names `run.stage_dir` (otherwise the
+                // directory is made with the first byte of output, if any).
+                let settled = if self.uses_stage_dir(n) {
+                    self.need_dir(dir).await
+                } else {
+                    self.records_on_disk().await
+                };
+                if let Err(o) = settled {
                     return o;
                 }
                 self.shared.progress.started(
@@ -292,11 +299,13 @@ impl Exec<'_> {
         let mut env = vec![
             ("RALPH_FLOW_RUN".to_string(), self.shared.run.id.clone()),
             ("RALPH_FLOW_STAGE".to_string(), name.clone()),
-            (
+        ];
+        if self.uses_stage_dir(n) {
+            env.push((
                 "RALPH_FLOW_STAGE_DIR".to_string(),
                 dir.to_string_lossy().into_owned(),
-            ),
-        ];
+            ));
+        }
         for (k, _) in &cmd.env {
             env.push((
                 k.value.clone(),

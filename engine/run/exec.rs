@@ -253,6 +253,8 @@ pub(crate) struct Exec<'p> {
     pub stop: watch::Sender<bool>,
     pub exit: Cell<Option<usize>>,
     pub params: Value,
+    /// The stages whose templates name `stage_dir`.
+    pub stage_dir_users: HashSet<NodeId>,
 }
 
 /// Makes a scope or a key safe as one path component.
@@ -344,6 +346,12 @@ impl<'p> Exec<'p> {
             stop,
             exit: Cell::new(None),
             params: jv(&plan.params),
+            stage_dir_users: plan
+                .templates
+                .iter()
+                .filter(|(_, src)| src.contains("stage_dir"))
+                .filter_map(|(name, _)| plan.find(name.split('/').next().unwrap_or("")))
+                .collect(),
         })
     }
 
