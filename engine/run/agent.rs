@@ -413,6 +413,17 @@ fn too_big(prompt: &str, window: u64) -> Option<String> {
     ))
 }
 
+/// The message of a failure that carries one.
+fn message_of(e: &CallError) -> &str {
+    match e {
+        CallError::RateLimited { message, .. }
+        | CallError::Transient { message, .. }
+        | CallError::Missing { message }
+        | CallError::Failed { message } => message,
+        CallError::Timeout { .. } => "timeout",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -427,16 +438,5 @@ mod tests {
         );
         assert!(msg.contains("lines 4-5"), "{msg}");
         assert!(too_big("short", 100).is_none());
-    }
-}
-
-/// The message of a failure that carries one.
-fn message_of(e: &CallError) -> &str {
-    match e {
-        CallError::RateLimited { message, .. }
-        | CallError::Transient { message, .. }
-        | CallError::Missing { message }
-        | CallError::Failed { message } => message,
-        CallError::Timeout { .. } => "timeout",
     }
 }

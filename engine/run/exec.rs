@@ -54,7 +54,7 @@ pub(crate) struct Shared {
     pub artifacts: super::artifacts::Artifacts,
     /// Subflow workflows prepared so far, by file and params: each is loaded, checked and
     /// compiled once per run.
-    pub subflows: RefCell<HashMap<(PathBuf, Vec<(String, String)>), Rc<super::Prepared>>>,
+    pub subflows: RefCell<HashMap<SubflowKey, Rc<super::Prepared>>>,
     pub interrupt: watch::Sender<bool>,
     pub progress: Progress,
     pub global: Option<Semaphore>,
@@ -68,6 +68,9 @@ pub(crate) struct Shared {
     /// functions must be `Send + Sync`; the executor's own connection is not shared).
     pub memory: Arc<std::sync::Mutex<crate::store::sqlite::SqliteStore>>,
 }
+
+/// A subflow's workflow file and its params.
+pub(crate) type SubflowKey = (PathBuf, Vec<(String, String)>);
 
 /// Counts of the executor's own work, for tests that check that its cost per stage does not
 /// grow with the run (they count work instead of timing it).
