@@ -23,9 +23,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 enum Job {
-    /// Appends a record (its secrets masked first): its path under the run's directory and
-    /// its text.
-    Record(String, String),
+    /// Appends records (their secrets masked first): each a path under the run's directory
+    /// and a text.
+    Records(Vec<(String, String)>),
     /// Answers once everything queued before it is done.
     Barrier(tokio::sync::oneshot::Sender<()>),
     /// The same, for a caller that blocks (a template helper reading a file).
@@ -39,6 +39,9 @@ pub(crate) struct Artifacts {
     sent: AtomicU64,
     done: Arc<AtomicU64>,
     tx: Arc<Mutex<Option<mpsc::Sender<Job>>>>,
+    /// Records not yet handed to the writer: they go in batches (one wake-up of the writer
+    /// per commit of the store, not one per record).
+    pending: Arc<Mutex<Vec<(String, String)>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     failed: Arc<Mutex<Option<String>>>,
 }
@@ -61,6 +64,7 @@ impl Artifacts {
             sent: AtomicU64::new(0),
             done,
             tx: Arc::new(Mutex::new(thread.is_some().then_some(tx))),
+            pending: Arc::default(),
             thread: Mutex::new(thread),
             failed,
         }
@@ -69,10 +73,22 @@ impl Artifacts {
     /// Queues a record of a file under the run's directory (`path`, which lies under it).
     pub fn file(&self, path: &Path, text: &str) {
         let rel = path.strip_prefix(&self.run_dir).unwrap_or(path);
-        self.send(Job::Record(
-            rel.to_string_lossy().into_owned(),
-            text.to_string(),
-        ));
+        let full = {
+            let mut pending = lock(&self.pending);
+            pending.push((rel.to_string_lossy().into_owned(), text.to_string()));
+            pending.len() >= MAX_PENDING
+        };
+        if full {
+            self.hand_over();
+        }
+    }
+
+    /// Hands the pending records to the writer.
+    pub fn hand_over(&self) {
+        let records = std::mem::take(&mut *lock(&self.pending));
+        if !records.is_empty() {
+            self.send(Job::Records(records));
+        }
     }
 
     fn send(&self, job: Job) {
@@ -94,6 +110,7 @@ impl Artifacts {
 
     /// Completes once everything queued so far is on disk.
     pub async fn barrier(&self) {
+        self.hand_over();
         if self.done.load(Ordering::Acquire) >= self.sent.load(Ordering::Acquire) {
             return;
         }
@@ -106,10 +123,15 @@ impl Artifacts {
     /// helpers that read files); it returns at once after [`Artifacts::finish`].
     pub fn waiter(&self) -> impl Fn() + Send + Sync + 'static {
         let tx = self.tx.clone();
+        let pending = self.pending.clone();
         move || {
             let Some(tx) = lock(&tx).clone() else {
                 return;
             };
+            let records = std::mem::take(&mut *lock(&pending));
+            if !records.is_empty() {
+                let _ = tx.send(Job::Records(records));
+            }
             let (done, wait) = mpsc::channel();
             if tx.send(Job::BarrierSync(done)).is_ok() {
                 let _ = wait.recv();
@@ -124,6 +146,7 @@ impl Artifacts {
 
     /// Writes everything queued and stops the thread.
     pub fn finish(&self) {
+        self.hand_over();
         lock(&self.tx).take();
         if let Some(t) = lock(&self.thread).take() {
             let _ = t.join();
@@ -143,6 +166,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// The file of a run's records.
 pub const RECORDS: &str = "artifacts.jsonl";
+
+/// The most records held before they are handed to the writer.
+const MAX_PENDING: usize = 256;
 
 fn write_all(
     rx: &mpsc::Receiver<Job>,
@@ -174,10 +200,14 @@ impl Writer {
             lock(failed).get_or_insert(message);
         };
         match job {
-            Job::Record(path, text) => {
-                let text = crate::secrets::redact(&text);
-                let mut line = serde_json::json!({"path": path, "text": text}).to_string();
-                line.push('\n');
+            Job::Records(records) => {
+                let mut lines = String::new();
+                for (path, text) in records {
+                    let text = crate::secrets::redact(&text);
+                    lines.push_str(&serde_json::json!({"path": path, "text": text}).to_string());
+                    lines.push('\n');
+                }
+                let line = lines;
                 if self.file.is_none() {
                     match std::fs::OpenOptions::new()
                         .create(true)

@@ -133,6 +133,8 @@ impl Shared {
             return;
         }
         self.work.commits.set(self.work.commits.get() + 1);
+        // The records of what was committed go to the writer too (one wake-up per commit).
+        self.artifacts.hand_over();
         if let Err(e) = self.store.borrow_mut().commit(&writes) {
             tracing::error!("store commit failed: {e}");
             self.store_error.borrow_mut().get_or_insert(e.0);
