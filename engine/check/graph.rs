@@ -162,10 +162,13 @@ pub fn check(c: &Checked<'_>, diags: &mut Diagnostics) {
             continue;
         }
         let Some((need, span, how)) = info.needs.iter().enumerate().find_map(|(k, n)| {
+            // The walk of `needs_reach` costs the size of the graph: only for the rare stage
+            // whose every route leaves (a chain of thousands would otherwise check in
+            // quadratic time).
+            let how = always_leaves(c.info(*n).stage)?;
             if needs_reach(c, *n, StageId(i)) {
                 return None; // a cycle, reported as such
             }
-            let how = always_leaves(c.info(*n).stage)?;
             Some((*n, info.stage.needs.get(k)?.span, how))
         }) else {
             continue;
