@@ -539,6 +539,10 @@ fn show_logs(args: &LogsArgs) -> Result<(), Failure> {
                     &rows
                 ))
             );
+            println!(
+                "\n(each attempt's prompt, answer and output: `ralph-flow export {}` writes them into these directories)",
+                run.id
+            );
         }
     }
     Ok(())
