@@ -641,3 +641,43 @@ fn an_endless_prompt_file_is_refused_without_reading_it_all() {
     assert_eq!(out.code, 3, "{}", out.stderr);
     assert!(out.stderr.contains("larger than 16 MiB"), "{}", out.stderr);
 }
+
+#[test]
+fn a_subflows_agent_keys_are_masked_too() {
+    const KEY: &str = "sk-subflow-key-9a8b7c6d5e4f";
+    let p = Project::new();
+    // The subflow declares an HTTP agent with its own key variable; one of its commands
+    // prints the key.
+    p.write(
+        "sub.toml",
+        r#"name = "sub"
+[agents.api]
+kind = "openai"
+base_url = "http://127.0.0.1:9/v1"
+model = "m"
+api_key_env = "SUB_KEY"
+
+[stages.leak]
+kind = "command"
+argv = ["sh", "-c", "echo key=$SUB_KEY"]
+"#,
+    );
+    p.workflow(
+        "w.toml",
+        "name = \"main\"\n[stages.sub]\nkind = \"subflow\"\nworkflow = \"sub.toml\"\n",
+    );
+    let out = p.run_env(&["run", "w.toml", "--json"], &[("SUB_KEY", KEY)]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let status = p.run_env(&["status", "--json"], &[("SUB_KEY", KEY)]);
+    for (what, text) in [
+        ("the run's output", format!("{}{}", out.stdout, out.stderr)),
+        ("status", status.stdout.clone()),
+        ("the store", p.store_text()),
+    ] {
+        assert!(!text.contains(KEY), "{what} holds the subflow's key:\n{text}");
+    }
+    assert!(
+        p.store_text().contains("key=[REDACTED]"),
+        "the command ran and its output was masked"
+    );
+}
