@@ -204,7 +204,8 @@ pub async fn run(spec: &ProcSpec) -> Result<ProcOutput, SpawnError> {
     let wait = child.wait();
     tokio::pin!(wait);
 
-    let deadline = spec.timeout.map(|t| start + t);
+    // A limit too far to add to an instant (years) is no limit.
+    let deadline = spec.timeout.and_then(|t| start.checked_add(t));
     let mut fed = spec.stdin.is_none();
     let mut status = None;
     let mut exited_at = None;
@@ -225,7 +226,7 @@ pub async fn run(spec: &ProcSpec) -> Result<ProcOutput, SpawnError> {
         let idle_at = spec
             .idle_timeout
             .filter(|_| !result_done && running)
-            .map(|d| last_output + d);
+            .and_then(|d| last_output.checked_add(d));
         let timeout_at = deadline.filter(|_| running);
         let kill_at = term_sent_at.filter(|_| !kill_sent).map(|t| t + KILL_GRACE);
         let eof_at = exited_at.map(|t: Instant| t + EOF_GRACE);
@@ -670,6 +671,19 @@ mod tests {
         // Group 10 ended once and started again (a reused pid, another start time).
         assert_eq!(unended(&log), vec![(11, 110), (10, 200)]);
         assert!(unended(&tmp.path().join("none")).is_empty());
+    }
+
+    #[tokio::test]
+    async fn limits_too_far_to_reach_are_no_limits() {
+        let spec = ProcSpec {
+            argv: vec!["true".into()],
+            timeout: Some(Duration::MAX),
+            idle_timeout: Some(Duration::MAX),
+            ..ProcSpec::default()
+        };
+        let out = run(&spec).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(out.code, Some(0));
+        assert_eq!(out.ended, Ended::Exited);
     }
 
     #[tokio::test]

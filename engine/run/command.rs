@@ -255,7 +255,12 @@ impl Exec<'_> {
             );
             last_output = value;
             if attempt < max_attempts {
-                let wait = self.shared.opts.backoff * 2u32.saturating_pow(attempt - 1);
+                let wait = self
+                    .shared
+                    .opts
+                    .backoff
+                    .saturating_mul(2u32.saturating_pow(attempt - 1))
+                    .min(super::policy::MAX_BACKOFF);
                 self.shared.progress.note(&format!(
                     "↺ {} failed; retry {attempt} of {retries} in {}",
                     node.name,

@@ -85,8 +85,9 @@ impl Exec<'_> {
                     message,
                     show: files,
                     requested_at: now,
-                    deadline: timeout
-                        .map(|t| now + i64::try_from(t.as_millis()).unwrap_or(i64::MAX / 2)),
+                    deadline: timeout.map(|t| {
+                        now.saturating_add(i64::try_from(t.as_millis()).unwrap_or(i64::MAX))
+                    }),
                 };
                 self.shared.write(Write::Gate(req.clone()));
                 self.shared

@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use crate::backend::CallError;
 
-/// The longest single wait between two tries after rate limits.
-pub const MAX_RATE_BACKOFF: Duration = Duration::from_secs(900);
+/// The longest single wait between two tries that the backoff makes (a `Retry-After` the
+/// server sends is honoured as it is).
+pub const MAX_BACKOFF: Duration = Duration::from_secs(900);
 
 /// The settings of the policy.
 #[derive(Clone, Debug)]
@@ -81,7 +82,7 @@ pub fn decide(policy: &Policy, tries: &mut Tries, err: CallError) -> Next {
         } => {
             let backoff = tries.rate_backoff.unwrap_or(policy.backoff);
             let wait = retry_after.unwrap_or(backoff);
-            tries.rate_backoff = Some(backoff.saturating_mul(2).min(MAX_RATE_BACKOFF));
+            tries.rate_backoff = Some(backoff.saturating_mul(2).min(MAX_BACKOFF));
             tries.waited = tries.waited.saturating_add(wait);
             if tries.waited > policy.rate_limit_wait {
                 return Next::GiveUp(CallError::RateLimited {
@@ -112,7 +113,8 @@ pub fn decide(policy: &Policy, tries: &mut Tries, err: CallError) -> Next {
                 });
             }
             let doubling = 2u32.saturating_pow(tries.transient - 1);
-            let wait = retry_after.unwrap_or_else(|| policy.backoff.saturating_mul(doubling));
+            let wait = retry_after
+                .unwrap_or_else(|| policy.backoff.saturating_mul(doubling).min(MAX_BACKOFF));
             Next::Retry {
                 wait,
                 why: CallError::Transient {
@@ -292,6 +294,22 @@ mod tests {
             drive(&policy(2), vec![Err(limited(None)), Err(limited(Some(7)))]).await;
         assert_eq!(called, vec![0, 1, 1]);
         assert_eq!(took, Duration::from_secs(7));
+    }
+
+    #[test]
+    fn the_backoff_is_capped_however_many_retries() {
+        let p = Policy {
+            transient_retries: 100,
+            ..policy(1)
+        };
+        let mut t = Tries::default();
+        let mut longest = Duration::ZERO;
+        for _ in 0..100 {
+            if let Next::Retry { wait, .. } = decide(&p, &mut t, transient(None)) {
+                longest = longest.max(wait);
+            }
+        }
+        assert_eq!(longest, MAX_BACKOFF);
     }
 
     #[test]
