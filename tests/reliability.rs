@@ -674,7 +674,10 @@ argv = ["sh", "-c", "echo key=$SUB_KEY"]
         ("status", status.stdout.clone()),
         ("the store", p.store_text()),
     ] {
-        assert!(!text.contains(KEY), "{what} holds the subflow's key:\n{text}");
+        assert!(
+            !text.contains(KEY),
+            "{what} holds the subflow's key:\n{text}"
+        );
     }
     assert!(
         p.store_text().contains("key=[REDACTED]"),
