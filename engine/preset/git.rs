@@ -64,6 +64,21 @@ pub fn is_url(git: &str) -> bool {
 /// Fetches `rev` of repository `url` into the cache and extracts its commit. With `locked`,
 /// that exact commit is used (the lockfile's pin), whatever `rev` points to now.
 pub fn fetch(url: &str, rev: &str, locked: Option<&str>) -> Result<Fetched, String> {
+    // A source may come from a preset someone else wrote: a URL that git would read as an
+    // option (`--upload-pack=...` runs a program) is refused, and every URL and commit goes
+    // after `--end-of-options` as well.
+    if url.is_empty() || url.starts_with('-') {
+        return Err(format!(
+            "`{url}` is not a repository URL or path (it must not start with `-`)"
+        ));
+    }
+    if let Some(c) = locked {
+        if c.len() != 40 || !c.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(format!(
+                "the lockfile's commit for {url} is `{c}`, not a commit id; run `ralph-flow presets update`"
+            ));
+        }
+    }
     let cache = cache_dir();
     let repos = cache.join("git").join("repos");
     std::fs::create_dir_all(&repos)
@@ -87,6 +102,7 @@ pub fn fetch(url: &str, rev: &str, locked: Option<&str>) -> Result<Fetched, Stri
                     "--quiet",
                     "--force",
                     "--no-tags",
+                    "--end-of-options",
                     url,
                     "+refs/heads/*:refs/remotes/src/*",
                     "+refs/tags/*:refs/tags/*",
@@ -97,9 +113,11 @@ pub fn fetch(url: &str, rev: &str, locked: Option<&str>) -> Result<Fetched, Stri
                 Some(c) => {
                     if !have(c) {
                         // A commit no branch or tag reaches any more: ask for it by id.
-                        git(Some(&bare), &["fetch", "--quiet", url, c]).map_err(|e| {
-                            format!("{url} no longer has the locked commit {c}: {e}")
-                        })?;
+                        git(
+                            Some(&bare),
+                            &["fetch", "--quiet", "--end-of-options", url, c],
+                        )
+                        .map_err(|e| format!("{url} no longer has the locked commit {c}: {e}"))?;
                     }
                     c.to_string()
                 }
@@ -230,6 +248,18 @@ fn git(git_dir: Option<&Path>, args: &[&str]) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_url_or_a_locked_commit_that_reads_as_an_option_is_refused_before_git_runs() {
+        let err = fetch("--upload-pack=touch /tmp/x", "main", None)
+            .err()
+            .unwrap_or_default();
+        assert!(err.contains("must not start with `-`"), "{err}");
+        let err = fetch("https://example.invalid/r.git", "main", Some("--output=x"))
+            .err()
+            .unwrap_or_default();
+        assert!(err.contains("not a commit id"), "{err}");
+    }
 
     #[test]
     fn urls_stay_and_paths_resolve_against_the_declaring_file() {

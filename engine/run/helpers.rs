@@ -228,10 +228,16 @@ fn git(state: &State, args: &[&str]) -> Result<String, Error> {
 }
 
 fn git_diff(state: &State, base: Option<String>) -> Result<String, Error> {
-    match base {
-        Some(b) => git(state, &["diff", "--no-color", &b]),
-        None => git(state, &["diff", "--no-color", "HEAD"]),
+    let base = base.unwrap_or_else(|| "HEAD".to_string());
+    // The base may come from an agent's output: it never reads as an option of git
+    // (`--output=FILE` would write a file).
+    if base.starts_with('-') {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("git_diff(\"{base}\"): a base must be a commit, branch or tag, not an option"),
+        ));
     }
+    git(state, &["diff", "--no-color", "--end-of-options", &base])
 }
 
 fn git_status(state: &State) -> Result<String, Error> {
@@ -271,4 +277,21 @@ pub fn register_memory(
             Ok(Value::from(minijinja::value::Serde(out)))
         },
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn git_diff_refuses_a_base_that_reads_as_an_option() {
+        let mut env = minijinja::Environment::new();
+        register(&mut env, Roots::default(), || {});
+        let err = env
+            .render_str("{{ git_diff('--output=/tmp/x') }}", ())
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("not an option"), "{err}");
+    }
 }

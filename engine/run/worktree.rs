@@ -14,14 +14,26 @@ use tokio::process::Command;
 /// Held while a worktree is added or removed.
 static WORKTREES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// The longest a git command of a worktree may take (a hook, a lock held elsewhere).
+const GIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+
 async fn git(repo: &Path, args: &[&str]) -> Result<String, String> {
-    let out = Command::new("git")
+    let run = Command::new("git")
         .arg("-C")
         .arg(repo)
         .args(args)
         .stdin(std::process::Stdio::null())
-        .output()
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(GIT_TIMEOUT, run)
         .await
+        .map_err(|_| {
+            format!(
+                "git {} took more than {}s and was stopped",
+                args.join(" "),
+                GIT_TIMEOUT.as_secs()
+            )
+        })?
         .map_err(|e| format!("cannot run git: {e}"))?;
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
@@ -67,6 +79,15 @@ pub async fn ensure(repo: &Path, path: &Path, branch: &str, base: &str) -> Resul
     if path.join(".git").exists() {
         return Ok(());
     }
+    // Both come from templates (an item, an agent's output): never let one read as an
+    // option of git. Git refuses such ref names anyway; say so plainly.
+    for (what, value) in [("branch", branch), ("base", base)] {
+        if value.is_empty() || value.starts_with('-') {
+            return Err(format!(
+                "the worktree's {what} `{value}` is not a valid git name (empty, or starting with `-`)"
+            ));
+        }
+    }
     let _held = WORKTREES.lock().await;
     let _locked = repo_lock(repo).await?;
     if let Some(parent) = path.parent() {
@@ -82,15 +103,28 @@ pub async fn ensure(repo: &Path, path: &Path, branch: &str, base: &str) -> Resul
             "rev-parse",
             "--verify",
             "--quiet",
+            "--end-of-options",
             &format!("refs/heads/{branch}"),
         ],
     )
     .await
     .is_ok();
     if exists {
-        git(repo, &["worktree", "add", &p, branch]).await?;
+        git(repo, &["worktree", "add", "--end-of-options", &p, branch]).await?;
     } else {
-        git(repo, &["worktree", "add", "-b", branch, &p, base]).await?;
+        git(
+            repo,
+            &[
+                "worktree",
+                "add",
+                "-b",
+                branch,
+                "--end-of-options",
+                &p,
+                base,
+            ],
+        )
+        .await?;
     }
     Ok(())
 }
@@ -104,8 +138,33 @@ pub async fn remove(repo: &Path, path: &Path) -> Result<(), String> {
     let _locked = repo_lock(repo).await?;
     git(
         repo,
-        &["worktree", "remove", "--force", &path.to_string_lossy()],
+        &[
+            "worktree",
+            "remove",
+            "--force",
+            "--end-of-options",
+            &path.to_string_lossy(),
+        ],
     )
     .await
     .map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_branch_or_base_that_reads_as_an_option_is_refused() {
+        let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let path = tmp.path().join("wt");
+        for (branch, base) in [("--orphan", "HEAD"), ("b", "--detach"), ("", "HEAD")] {
+            let err = ensure(tmp.path(), &path, branch, base)
+                .await
+                .err()
+                .unwrap_or_default();
+            assert!(err.contains("is not a valid git name"), "{err}");
+        }
+        assert!(!path.exists(), "nothing was made");
+    }
 }
