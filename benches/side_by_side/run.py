@@ -47,6 +47,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -85,7 +86,13 @@ def run_timed(argv: list, cwd: Path, tag: str) -> Proc:
     with open(out, "wb") as fo, open(err, "wb") as fe:
         t = time.perf_counter()
         p = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=fo, stderr=fe)
-        _, status, usage = os.wait4(p.pid, 0)
+        try:
+            _, status, usage = os.wait4(p.pid, 0)
+        except BaseException:
+            # Stopped by a signal (see main): stop the child too.
+            p.kill()
+            p.wait()
+            raise
         seconds = time.perf_counter() - t
     p.returncode = os.waitstatus_to_exitcode(status)
     return Proc(seconds, p.returncode, usage.ru_maxrss, out.read_text(), err.read_text())
@@ -515,6 +522,9 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=REPO / "target" / "side-by-side-runs",
                     help="where run directories go (on the real disk)")
     ap.add_argument("--keep", action="store_true", help="keep the run directories")
+    ap.add_argument("--settle", type=float, default=30,
+                    help="seconds to wait before measuring (default 30): file creation on ext4 "
+                         "is slow for a while after many files were deleted, e.g. by a previous run")
     ap.add_argument("--out", type=Path, help="also write the Markdown here")
     args = ap.parse_args()
 
@@ -542,6 +552,10 @@ def main() -> None:
         resumes = [int(x) for x in args.resume_sizes.split(",")]
 
     lg_versions = "not run" if args.no_langgraph else ensure_venv(args.venv)
+    if args.settle > 0:
+        log(f"waiting {args.settle:g} s for the disk to settle")
+        os.sync()
+        time.sleep(args.settle)
     started = datetime.datetime.now(datetime.timezone.utc)
     load_start = load()
     root = args.work / started.strftime("%Y%m%d-%H%M%S")
@@ -559,6 +573,15 @@ def main() -> None:
 
     rows = []
     failure = None
+
+    def stop(signum, _frame):
+        raise SystemExit(f"stopped by signal {signal.Signals(signum).name}")
+
+    # SIGTERM and Ctrl-C end the benchmark like a wrong result: with a report of what was
+    # measured so far.
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGHUP, stop)
     try:
         if "chain" in only:
             for n in chains:
@@ -593,7 +616,7 @@ def main() -> None:
                 log(f"resume after {n} settled stages, {reps} repetitions")
                 rows.append(resume_group(bench, n, rf + b, reps))
     except SystemExit as e:
-        # A wrong result: report what was measured so far, keep the run directories for a
+        # A wrong result or a signal: report what was measured so far, keep the run directories for a
         # look, and exit non-zero.
         failure = str(e.code)
         log(failure)
@@ -609,7 +632,7 @@ def main() -> None:
     rss_cols = ["rf", "lg"] + (["B"] if b else [])
     rss_titles = {"rf": "ralph-flow RSS", "lg": "LangGraph RSS", "B": f"{args.label_b} RSS"}
     versions = {x: sh([x, "--version"]) for x in binaries}
-    lines = [f"**INCOMPLETE**: the benchmark stopped on a wrong result: {failure.splitlines()[0]}", ""] if failure else []
+    lines = [f"**INCOMPLETE**: the benchmark stopped: {failure.splitlines()[0]}", ""] if failure else []
     lines += [
         f"Side-by-side run of {started.strftime('%Y-%m-%d %H:%M UTC')}: ralph-flow commit "
         f"`{sh(['git', 'rev-parse', 'HEAD'], cwd=REPO)}` (the checkout of this script; last change "
