@@ -34,9 +34,11 @@ fn chain_workflow(n: usize, kind: &str) -> String {
 fn recording(n: usize) -> String {
     let mut s = String::new();
     for i in 0..n {
+        // The length of the prompt the stage renders (`step {i}`): the replay warns of none.
+        let bytes = format!("step {i}").len();
         let _ = writeln!(
             s,
-            "{{\"scope\":\"\",\"stage\":\"s{i}\",\"attempt\":1,\"agent\":\"bot\",\"prompt_bytes\":6,\"reply\":{{\"text\":\"ok {i}\",\"raw\":\"ok\",\"usage\":{{\"input_tokens\":10,\"output_tokens\":2,\"cached_tokens\":0,\"cost_usd\":null}},\"session_id\":null,\"model\":null}}}}"
+            "{{\"scope\":\"\",\"stage\":\"s{i}\",\"attempt\":1,\"agent\":\"bot\",\"prompt_bytes\":{bytes},\"reply\":{{\"text\":\"ok {i}\",\"raw\":\"ok\",\"usage\":{{\"input_tokens\":10,\"output_tokens\":2,\"cached_tokens\":0,\"cost_usd\":null}},\"session_id\":null,\"model\":null}}}}"
         );
     }
     s

@@ -8,11 +8,19 @@ use std::path::Path;
 
 use ralph_flow::run::progress::Mode;
 use ralph_flow::run::{RunOptions, RunResult, WorkCounts, execute, prepare};
+use ralph_flow::store::Store;
+use ralph_flow::store::sqlite::{SqliteStore, default_path};
 
-fn reply(scope: &str, stage: &str, text: &str) -> String {
-    format!(
-        "{{\"scope\":\"{scope}\",\"stage\":\"{stage}\",\"attempt\":1,\"agent\":\"bot\",\"prompt_bytes\":1,\"reply\":{{\"text\":\"{text}\",\"raw\":\"{text}\",\"usage\":{{\"input_tokens\":1,\"output_tokens\":1,\"cached_tokens\":0,\"cost_usd\":null}},\"session_id\":null,\"model\":null}}}}\n"
-    )
+/// A recorded answer, as `--record` writes it: with the length of the prompt it answered
+/// (the exact prompt each stage renders, so the replay warns of no changed prompt).
+fn reply(scope: &str, stage: &str, prompt: &str, text: &str) -> String {
+    let usage = serde_json::json!({"input_tokens": 1, "output_tokens": 1, "cached_tokens": 0, "cost_usd": null});
+    let line = serde_json::json!({
+        "scope": scope, "stage": stage, "attempt": 1, "agent": "bot",
+        "prompt_bytes": prompt.len(),
+        "reply": {"text": text, "raw": text, "usage": usage, "session_id": null, "model": null},
+    });
+    format!("{line}\n")
 }
 
 /// A chain of `n` agent stages, each reading the output of the one before.
@@ -31,7 +39,12 @@ fn chain(n: usize) -> (String, String) {
                 i - 1
             );
         }
-        rec.push_str(&reply("", &format!("s{i}"), &format!("ok {i}")));
+        let prompt = if i == 0 {
+            "start".to_string()
+        } else {
+            format!("after ok {}", i - 1)
+        };
+        rec.push_str(&reply("", &format!("s{i}"), &prompt, &format!("ok {i}")));
     }
     (wf, rec)
 }
@@ -59,8 +72,14 @@ prompt = "b {{{{ stages.a.output.text }}}}"
     );
     let mut rec = String::new();
     for it in 1..=n {
-        rec.push_str(&reply(&format!("work#{it}"), "a", "x"));
-        rec.push_str(&reply(&format!("work#{it}"), "b", "y"));
+        let last = if it == 1 { "" } else { "y" };
+        rec.push_str(&reply(
+            &format!("work#{it}"),
+            "a",
+            &format!("a {it} {last}"),
+            "x",
+        ));
+        rec.push_str(&reply(&format!("work#{it}"), "b", "b x", "y"));
     }
     (wf, rec)
 }
@@ -88,7 +107,12 @@ prompt = "item {{{{ item }}}}"
     );
     let mut rec = String::new();
     for i in 0..n {
-        rec.push_str(&reply(&format!("each#{i}"), "one", "done"));
+        rec.push_str(&reply(
+            &format!("each#{i}"),
+            "one",
+            &format!("item {i}"),
+            "done",
+        ));
     }
     (wf, rec)
 }
@@ -108,12 +132,23 @@ fn run_with(dir: &Path, wf: &str, rec: &str, resume: Option<String>, wait: bool)
     opts.replay = Some(rec_path);
     opts.resume = resume;
     opts.wait = wait;
-    tokio::runtime::Builder::new_current_thread()
+    let result = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap()
         .block_on(execute(&prepared, opts))
+        .unwrap();
+    // The recordings answer the prompts the stages render: no warning, no work for one.
+    let store = SqliteStore::open(&default_path(&dir.join(".ralph-flow"))).unwrap();
+    let warnings: Vec<String> = store
+        .events(&result.run_id, None)
         .unwrap()
+        .into_iter()
+        .filter(|e| e.kind == "warning")
+        .map(|e| e.message)
+        .collect();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    result
 }
 
 fn counts(wf: &(String, String)) -> WorkCounts {

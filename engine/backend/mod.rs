@@ -133,6 +133,30 @@ pub enum CallError {
     Failed { message: String },
 }
 
+impl CallError {
+    /// The text the failure carries: its message, or a timeout's last output.
+    pub fn text(&self) -> &str {
+        match self {
+            CallError::RateLimited { message, .. }
+            | CallError::Transient { message, .. }
+            | CallError::Missing { message }
+            | CallError::Failed { message } => message,
+            CallError::Timeout { tail, .. } => tail,
+        }
+    }
+
+    /// The same, to change (to mask secrets in it).
+    pub fn text_mut(&mut self) -> &mut String {
+        match self {
+            CallError::RateLimited { message, .. }
+            | CallError::Transient { message, .. }
+            | CallError::Missing { message }
+            | CallError::Failed { message } => message,
+            CallError::Timeout { tail, .. } => tail,
+        }
+    }
+}
+
 impl std::fmt::Display for CallError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

@@ -77,6 +77,9 @@ pub struct Node {
     pub conditional: bool,
     /// Escalation rules of a loop: the condition (an expression) and the nodes it runs.
     pub escalations: Vec<(String, Vec<NodeId>)>,
+    /// Whether one of the stage's templates names `stage_dir`: its program may write in its
+    /// attempt's directory, which is then made before it starts.
+    pub uses_stage_dir: bool,
     /// Where the stage's model is in the workflow's stage tree: the index at each level.
     pub path: Vec<usize>,
     /// The node's index in the graph of the body it belongs to.
@@ -283,7 +286,9 @@ pub fn compile_parts(checked: &Checked<'_>) -> PlanParts {
         let s = info.stage;
         let id = StageId(i);
         let in_loop = checked.enclosing_loop(id).is_some();
+        let mut uses_stage_dir = false;
         let mut add = |field: &str, src: &str| {
+            uses_stage_dir |= src.contains("stage_dir");
             templates.insert(format!("{}/{field}", s.id.value), src.to_string());
         };
         if let crate::model::StageBody::Agent {
@@ -407,6 +412,7 @@ pub fn compile_parts(checked: &Checked<'_>) -> PlanParts {
                 .collect(),
             conditional: conditional(checked, id),
             escalations,
+            uses_stage_dir,
             path: Vec::new(),
             local: NodeIndex::end(),
         });

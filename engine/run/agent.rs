@@ -24,14 +24,7 @@ fn redact_reply(mut r: AgentReply) -> AgentReply {
 
 /// An error with the registered secrets masked.
 fn redact_error(mut e: CallError) -> CallError {
-    use crate::secrets::redact_in_place;
-    match &mut e {
-        CallError::RateLimited { message, .. }
-        | CallError::Transient { message, .. }
-        | CallError::Missing { message }
-        | CallError::Failed { message } => redact_in_place(message),
-        CallError::Timeout { tail, .. } => redact_in_place(tail),
-    }
+    crate::secrets::redact_in_place(e.text_mut());
     e
 }
 
@@ -111,10 +104,8 @@ impl Exec<'_> {
             }
             // An agent (a CLI, an HTTP backend) writes in the attempt's directory; a replayed
             // one writes nothing.
-            if self.shared.replay.is_none() {
-                if let Err(o) = self.need_dir(dir).await {
-                    return o;
-                }
+            if !self.ready_to_start(self.shared.replay.is_none().then_some(dir)) {
+                return Outcome::Stopped;
             }
             self.shared.progress.started(
                 &scope,
@@ -329,7 +320,7 @@ impl Exec<'_> {
                     "retry",
                     format!(
                         "agent `{name}` failed ({}); retry {n} of {of} in {}",
-                        message_of(why),
+                        why.text(),
                         super::progress::short_duration(*wait)
                     ),
                     "↺",
@@ -338,7 +329,7 @@ impl Exec<'_> {
                     "rate_limited",
                     format!(
                         "agent `{name}` is rate-limited ({}); waiting {} before trying again",
-                        message_of(why),
+                        why.text(),
                         super::progress::short_duration(*wait)
                     ),
                     "⏳",
@@ -411,17 +402,6 @@ fn too_big(prompt: &str, window: u64) -> Option<String> {
         prompt.len(),
         largest.join("; ")
     ))
-}
-
-/// The message of a failure that carries one.
-fn message_of(e: &CallError) -> &str {
-    match e {
-        CallError::RateLimited { message, .. }
-        | CallError::Transient { message, .. }
-        | CallError::Missing { message }
-        | CallError::Failed { message } => message,
-        CallError::Timeout { .. } => "timeout",
-    }
 }
 
 #[cfg(test)]

@@ -9,8 +9,8 @@
 //!
 //! Records are held and appended in one `write` per commit of the store
 //! ([`Artifacts::hand_over`], which the executor calls when it commits), and before anything
-//! that may read them (a program, an agent, a template helper reading files: the
-//! "barrier"). No thread: an append is cheaper than waking one. A write that fails is
+//! that may read them (a program, an agent, a template helper reading files). No thread: an
+//! append is cheaper than waking one. A write that fails is
 //! reported once, and stops the run like a failed commit ([`Artifacts::failure`]).
 
 use std::io::Write as _;
@@ -110,12 +110,7 @@ impl Artifacts {
         lock(&self.inner).write();
     }
 
-    /// Makes everything recorded so far durable on disk (for other processes to read).
-    pub async fn barrier(&self) {
-        self.hand_over();
-    }
-
-    /// The same, as a function for the template helpers that read files.
+    /// [`Artifacts::hand_over`] as a function, for the template helpers that read files.
     pub fn waiter(&self) -> impl Fn() + Send + Sync + 'static {
         let inner = self.inner.clone();
         move || lock(&inner).write()
@@ -125,16 +120,11 @@ impl Artifacts {
     pub fn failure(&self) -> Option<String> {
         lock(&self.inner).failed.clone()
     }
-
-    /// Writes what is held (at the end of the run).
-    pub fn finish(&self) {
-        self.hand_over();
-    }
 }
 
 impl Drop for Artifacts {
     fn drop(&mut self) {
-        self.finish();
+        self.hand_over();
     }
 }
 
@@ -186,8 +176,8 @@ pub fn export(run_dir: &Path, out: &Path) -> Result<usize, String> {
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn records_are_on_disk_after_a_barrier_and_export_as_files() {
+    #[test]
+    fn records_are_on_disk_once_handed_over_and_export_as_files() {
         let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let run = tmp.path().join("run");
         let a = Artifacts::start(&run);
@@ -196,12 +186,12 @@ mod tests {
         a.file(&dir.join("prompt.md"), "first");
         a.file(&dir.join("prompt.md"), "second");
         a.file(&run.join("t/attempt-1/raw.txt"), "raw");
-        a.barrier().await;
+        a.hand_over();
         let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
         assert!(!dir.join("prompt.md").exists(), "records are not files");
         assert!(
             read(&run.join(RECORDS)).contains("second"),
-            "on disk after a barrier"
+            "on disk once handed over"
         );
         let out = tmp.path().join("out");
         assert_eq!(export(&run, &out).ok(), Some(2));
@@ -210,7 +200,7 @@ mod tests {
         a.file(&dir.join("late.md"), "late");
         a.waiter()();
         assert!(read(&run.join(RECORDS)).contains("late"));
-        a.finish();
+        a.hand_over();
         assert!(a.failure().is_none());
     }
 
@@ -236,7 +226,7 @@ mod tests {
         std::fs::write(&blocker, "").unwrap_or_else(|e| panic!("{e}"));
         let a = Artifacts::start(&blocker);
         a.file(&blocker.join("s/attempt-1/prompt.md"), "x");
-        a.finish();
+        a.hand_over();
         let why = a.failure().unwrap_or_default();
         assert!(why.contains("cannot write"), "{why}");
     }

@@ -93,7 +93,7 @@ impl Exec<'_> {
     }
 
     /// The artifact directory of an attempt (`RUN_DIR/SCOPE.../STAGE/attempt-N`); it is made
-    /// by [`Self::need_dir`], when a program or an agent runs in it.
+    /// by [`Self::ready_to_start`] when a program or an agent writes in it.
     pub(super) fn attempt_dir(&self, scope: &str, stage: &str, attempt: u32) -> PathBuf {
         let mut dir = PathBuf::from(&self.shared.run.dir);
         for part in scope.split('/').filter(|p| !p.is_empty()) {
@@ -104,36 +104,25 @@ impl Exec<'_> {
         dir
     }
 
-    /// Makes an attempt's directory and waits until the artifacts queued so far are on disk:
-    /// before a program or an agent starts, which may read or write them. Fails like a store
-    /// failure when they could not be written.
-    pub(super) async fn need_dir(&self, dir: &Path) -> Result<(), Outcome> {
-        if let Err(e) = std::fs::create_dir_all(dir) {
-            return Err(self
-                .shared
-                .io_failed(format!("cannot create {}: {e}", dir.display())));
+    /// Before a program or an agent starts: the attempt's directory made when it will write
+    /// there (`dir`), and every record so far on disk (a program may read them). When either
+    /// cannot be written the run stops as on a store failure, and this returns `false`.
+    pub(super) fn ready_to_start(&self, dir: Option<&Path>) -> bool {
+        if let Some(dir) = dir {
+            if let Err(e) = std::fs::create_dir_all(dir) {
+                self.shared
+                    .io_failed(format!("cannot create {}: {e}", dir.display()));
+                return false;
+            }
         }
-        self.shared.artifacts.barrier().await;
+        self.shared.artifacts.hand_over();
         match self.shared.artifacts.failure() {
-            Some(m) => Err(self.shared.io_failed(m)),
-            None => Ok(()),
+            Some(m) => {
+                self.shared.io_failed(m);
+                false
+            }
+            None => true,
         }
-    }
-
-    /// Waits until the records queued so far are on disk. Fails like a store failure when
-    /// they could not be written.
-    pub(super) async fn records_on_disk(&self) -> Result<(), Outcome> {
-        self.shared.artifacts.barrier().await;
-        match self.shared.artifacts.failure() {
-            Some(m) => Err(self.shared.io_failed(m)),
-            None => Ok(()),
-        }
-    }
-
-    /// Tells whether a stage's templates name `run.stage_dir` (its program may write in
-    /// its attempt's directory, which is then made before it starts).
-    pub(super) fn uses_stage_dir(&self, n: NodeId) -> bool {
-        self.stage_dir_users.contains(&n)
     }
 
     /// Queues an artifact of an attempt, a record of the run's `artifacts.jsonl` (its secrets

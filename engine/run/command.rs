@@ -87,13 +87,9 @@ impl Exec<'_> {
                 // The program finds the records of the stages before it on disk, and its
                 // attempt's directory when its stage names `run.stage_dir` (otherwise the
                 // directory is made with the first byte of output, if any).
-                let settled = if self.uses_stage_dir(n) {
-                    self.need_dir(dir).await
-                } else {
-                    self.records_on_disk().await
-                };
-                if let Err(o) = settled {
-                    return o;
+                let writes_there = self.plan.node(n).uses_stage_dir;
+                if !self.ready_to_start(writes_there.then_some(dir.as_path())) {
+                    return Outcome::Stopped;
                 }
                 self.shared.progress.started(
                     &scope,
@@ -305,7 +301,7 @@ impl Exec<'_> {
             ("RALPH_FLOW_RUN".to_string(), self.shared.run.id.clone()),
             ("RALPH_FLOW_STAGE".to_string(), name.clone()),
         ];
-        if self.uses_stage_dir(n) {
+        if self.plan.node(n).uses_stage_dir {
             env.push((
                 "RALPH_FLOW_STAGE_DIR".to_string(),
                 dir.to_string_lossy().into_owned(),

@@ -36,10 +36,11 @@ impl Exec<'_> {
                 loops.insert(name.clone(), v.clone());
             }
         }
-        let work = &self.shared.work;
-        work.contexts.set(work.contexts.get() + 1);
-        work.context_items
-            .set(work.context_items.get() + (parts.len() + vars.len() + loops.len()) as u64);
+        let copied = (parts.len() + vars.len() + loops.len()) as u64;
+        self.shared.count(|w| {
+            w.contexts += 1;
+            w.context_items += copied;
+        });
         let stages = Value::from_object(Stages { parts });
         let mut run: BTreeMap<&str, Value> = BTreeMap::new();
         run.insert("id", Value::from(self.shared.run.id.clone()));

@@ -48,8 +48,8 @@ pub(crate) struct Shared {
     /// Every scope that holds a settled node of an earlier attempt, with its enclosing
     /// scopes: a loop iteration replayed on resume is not announced again.
     pub resumed_scopes: HashSet<String>,
-    /// What the executor did, counted (see [`Work`]).
-    pub work: Work,
+    /// What the executor did, counted (see [`super::WorkCounts`]).
+    pub work: Cell<super::WorkCounts>,
     /// The writer of the files people read (each attempt's prompt, answer, output).
     pub artifacts: super::artifacts::Artifacts,
     /// Subflow workflows prepared so far, by file and params: each is loaded, checked and
@@ -72,34 +72,6 @@ pub(crate) struct Shared {
 /// A subflow's workflow file and its params.
 pub(crate) type SubflowKey = (PathBuf, Vec<(String, String)>);
 
-/// Counts of the executor's own work, for tests that check that its cost per stage does not
-/// grow with the run (they count work instead of timing it).
-#[derive(Debug, Default)]
-pub(crate) struct Work {
-    /// Template contexts made.
-    pub contexts: Cell<u64>,
-    /// Values copied into those contexts (frames of the chain and their variables).
-    pub context_items: Cell<u64>,
-    /// Nodes the schedulers looked at to find what is ready.
-    pub scheduled: Cell<u64>,
-    /// Settlements.
-    pub settled: Cell<u64>,
-    /// Durable commits.
-    pub commits: Cell<u64>,
-}
-
-impl Work {
-    pub fn counts(&self) -> super::WorkCounts {
-        super::WorkCounts {
-            contexts: self.contexts.get(),
-            context_items: self.context_items.get(),
-            scheduled: self.scheduled.get(),
-            settled: self.settled.get(),
-            commits: self.commits.get(),
-        }
-    }
-}
-
 /// Every scope of the records, with the scopes that enclose them (`a#1/b#2` gives `a#1` too).
 pub(crate) fn scopes_of<'a>(scopes: impl Iterator<Item = &'a str>) -> HashSet<String> {
     let mut out = HashSet::new();
@@ -120,6 +92,13 @@ impl Shared {
         self.queued.set(self.queued.get() + 1);
     }
 
+    /// Counts some of the executor's work.
+    pub fn count(&self, f: impl FnOnce(&mut super::WorkCounts)) {
+        let mut w = self.work.get();
+        f(&mut w);
+        self.work.set(w);
+    }
+
     /// Tells whether writes wait for a commit.
     pub fn has_pending(&self) -> bool {
         !self.pending.borrow().is_empty()
@@ -132,7 +111,7 @@ impl Shared {
         if writes.is_empty() {
             return;
         }
-        self.work.commits.set(self.work.commits.get() + 1);
+        self.count(|w| w.commits += 1);
         // The records of what was committed go to the writer too (one wake-up per commit).
         self.artifacts.hand_over();
         if let Err(e) = self.store.borrow_mut().commit(&writes) {
@@ -221,7 +200,7 @@ impl Shared {
                 .iter()
                 .map(|(k, v)| (k.value.clone(), v.value.clone()))
                 .collect();
-            let path = crate::check::base_dir(sources, wf.span).join(&wf.value);
+            let path = super::subflow::subflow_path(sources, wf);
             let child = self
                 .subflow(&path, &sets)
                 .map_err(|e| format!("subflow `{}`: {e}", node.name))?;
@@ -258,8 +237,6 @@ pub(crate) struct Exec<'p> {
     pub stop: watch::Sender<bool>,
     pub exit: Cell<Option<usize>>,
     pub params: Value,
-    /// The stages whose templates name `stage_dir`.
-    pub stage_dir_users: HashSet<NodeId>,
 }
 
 /// Makes a scope or a key safe as one path component.
@@ -351,12 +328,6 @@ impl<'p> Exec<'p> {
             stop,
             exit: Cell::new(None),
             params: jv(&plan.params),
-            stage_dir_users: plan
-                .templates
-                .iter()
-                .filter(|(_, src)| src.contains("stage_dir"))
-                .filter_map(|(name, _)| plan.find(name.split('/').next().unwrap_or("")))
-                .collect(),
         })
     }
 

@@ -293,7 +293,7 @@ impl Exec<'_> {
             }
         }
         for (k, v) in outs {
-            frame.outputs.borrow_mut().insert(k, v);
+            frame.outputs.borrow().insert(k, v);
         }
         let result_stage = self.result_stage(st, result.as_ref());
         let value = self.aggregate(aggregate.as_ref(), result_stage, &results);

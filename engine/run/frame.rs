@@ -113,16 +113,21 @@ impl Outputs {
         Arc::new(Outputs(Mutex::new(map)))
     }
 
-    /// The map, to read or change.
+    /// The map, to read or change (the lock is never contended: one thread).
     pub fn borrow(&self) -> MutexGuard<'_, BTreeMap<String, View>> {
         self.0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The map, to change.
-    pub fn borrow_mut(&self) -> MutexGuard<'_, BTreeMap<String, View>> {
+    /// The outputs of the stages that ran (not skipped), by id: what a run or a subflow
+    /// gives back.
+    pub fn ran(&self) -> serde_json::Map<String, Json> {
         self.borrow()
+            .iter()
+            .filter(|(_, v)| v.state != NodeState::Skipped)
+            .map(|(k, v)| (k.clone(), v.output.clone()))
+            .collect()
     }
 
     /// Takes the map, leaving it empty.

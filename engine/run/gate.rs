@@ -45,13 +45,7 @@ impl Exec<'_> {
         let request = pending
             .into_iter()
             .find(|g| g.scope == scope && g.gate == node.name);
-        let answered = self
-            .shared
-            .store
-            .borrow()
-            .approval(&run, &scope, &node.name)
-            .ok()
-            .flatten();
+        let answered = self.answer_to(&scope, &node.name);
         let request = match (request, &answered) {
             (Some(r), _) => Some(r),
             (None, Some(_)) => None,
@@ -206,13 +200,18 @@ impl Exec<'_> {
                 sleep = sleep.min(left.max(Duration::from_millis(10)));
             }
             tokio::time::sleep(sleep).await;
-            answer = self
-                .shared
-                .store
-                .borrow()
-                .approval(&run, &scope, &node.name)
-                .ok()
-                .flatten();
+            answer = self.answer_to(&scope, &node.name);
         }
+    }
+
+    /// The answer to a gate, if it has one (a store that cannot be read counts as none yet:
+    /// the gate asks again).
+    fn answer_to(&self, scope: &str, gate: &str) -> Option<crate::store::Approval> {
+        self.shared
+            .store
+            .borrow()
+            .approval(&self.shared.run.id, scope, gate)
+            .ok()
+            .flatten()
     }
 }

@@ -17,7 +17,7 @@ use super::{Prepared, RunEnd, RunOptions, RunResult, now_ms};
 use crate::backend::replay::{Recorder, ReplayBackend};
 use crate::check::StageId as NodeId;
 use crate::model::StageKind;
-use crate::store::{NodeState, RunRecord, RunStatus, Store, Write};
+use crate::store::{RunRecord, RunStatus, Store, Write};
 
 /// Checks, before anything runs, that every agent a stage of the plan can call is usable
 /// here (its program installed, its key set), or has a fallback that is. Returns notes on
@@ -270,7 +270,7 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         committed: Cell::new(0),
         resumed_scopes: scopes_of(resumed.keys().map(|(s, _)| s.as_str())),
         resumed: RefCell::new(resumed),
-        work: Work::default(),
+        work: Cell::default(),
         artifacts,
         subflows: RefCell::default(),
         interrupt,
@@ -348,7 +348,7 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
     };
     shared.flush();
     // Every artifact is on disk before the run reports its end.
-    shared.artifacts.finish();
+    shared.artifacts.hand_over();
     if let Some(m) = shared.artifacts.failure() {
         shared
             .progress
@@ -400,20 +400,14 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         .and_then(|()| store.set_status(&shared.run.id, status, exit))
         .and_then(|()| store.unlock(&shared.run.id, owner.pid))
         .map_err(|e| e.to_string())?;
-    let outputs = top
-        .outputs
-        .borrow()
-        .iter()
-        .filter(|(_, v)| v.state != NodeState::Skipped)
-        .map(|(k, v)| (k.clone(), v.output.clone()))
-        .collect();
+    let outputs = top.outputs.ran();
     let usage = shared.usage.borrow().get("").cloned().unwrap_or_default();
     Ok(RunResult {
         run_id: shared.run.id.clone(),
         end,
         outputs,
         usage,
-        work: shared.work.counts(),
+        work: shared.work.get(),
     })
 }
 

@@ -21,7 +21,7 @@ impl Exec<'_> {
     pub(super) async fn run_loop(&self, frame: &Frame<'_>, n: NodeId) -> Outcome {
         let mut latest: BTreeMap<String, View> = BTreeMap::new();
         let outcome = self.run_loop_inner(frame, n, &mut latest).await;
-        frame.outputs.borrow_mut().extend(latest);
+        frame.outputs.borrow().extend(latest);
         outcome
     }
 

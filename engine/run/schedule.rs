@@ -17,7 +17,7 @@ use super::exec::*;
 use super::frame::*;
 use super::now_ms;
 use crate::check::StageId as NodeId;
-use crate::compile::{Edge, Target};
+use crate::compile::{Body, Edge, Target};
 use crate::model::StageKind;
 use crate::store::{NodeRecord, NodeState, Write};
 
@@ -31,6 +31,62 @@ enum Ns {
     Waiting,
 }
 
+/// The countdown of a body's graph: each node's state, how many nodes it still waits on
+/// (its incoming edges not settled yet), and the nodes ready to start, by topological rank.
+struct Countdown<'b> {
+    body: &'b Body,
+    state: Vec<Ns>,
+    waits: Vec<usize>,
+    ready: BinaryHeap<Reverse<(usize, NodeIndex)>>,
+}
+
+impl<'b> Countdown<'b> {
+    fn new(body: &'b Body) -> Self {
+        let g = &body.graph;
+        let waits: Vec<usize> = g
+            .node_indices()
+            .map(|ix| g.edges_directed(ix, Direction::Incoming).count())
+            .collect();
+        let ready = g
+            .node_indices()
+            .filter(|ix| waits[ix.index()] == 0)
+            .map(|ix| Reverse((body.rank[ix.index()], ix)))
+            .collect();
+        Countdown {
+            body,
+            state: vec![Ns::Pending; g.node_count()],
+            waits,
+            ready,
+        }
+    }
+
+    /// The ready node of lowest rank.
+    fn next_ready(&mut self) -> Option<NodeIndex> {
+        self.ready.pop().map(|Reverse((_, ix))| ix)
+    }
+
+    fn state(&self, ix: NodeIndex) -> Ns {
+        self.state[ix.index()]
+    }
+
+    /// Sets a state that settles nothing (running, waiting, stopped).
+    fn set(&mut self, ix: NodeIndex, ns: Ns) {
+        self.state[ix.index()] = ns;
+    }
+
+    /// Marks a node settled and makes ready the successors that waited only on it.
+    fn settle(&mut self, ix: NodeIndex, ns: Ns) {
+        self.state[ix.index()] = ns;
+        for e in self.body.graph.edges_directed(ix, Direction::Outgoing) {
+            let t = e.target();
+            self.waits[t.index()] -= 1;
+            if self.waits[t.index()] == 0 {
+                self.ready.push(Reverse((self.body.rank[t.index()], t)));
+            }
+        }
+    }
+}
+
 impl Exec<'_> {
     /// Runs a body to its end.
     ///
@@ -42,32 +98,7 @@ impl Exec<'_> {
         async move {
             let body = self.plan.body(frame.region);
             let g = &body.graph;
-            let mut state = vec![Ns::Pending; g.node_count()];
-            let mut waits: Vec<usize> = g
-                .node_indices()
-                .map(|ix| g.edges_directed(ix, Direction::Incoming).count())
-                .collect();
-            let mut ready: BinaryHeap<Reverse<(usize, NodeIndex)>> = g
-                .node_indices()
-                .filter(|ix| waits[ix.index()] == 0)
-                .map(|ix| Reverse((body.rank[ix.index()], ix)))
-                .collect();
-            // Marks a node settled and makes ready the successors that waited only on it.
-            let settle_in_graph =
-                |ix: NodeIndex,
-                 ns: Ns,
-                 state: &mut Vec<Ns>,
-                 waits: &mut Vec<usize>,
-                 ready: &mut BinaryHeap<Reverse<(usize, NodeIndex)>>| {
-                    state[ix.index()] = ns;
-                    for e in g.edges_directed(ix, Direction::Outgoing) {
-                        let t = e.target();
-                        waits[t.index()] -= 1;
-                        if waits[t.index()] == 0 {
-                            ready.push(Reverse((body.rank[t.index()], t)));
-                        }
-                    }
-                };
+            let mut graph = Countdown::new(body);
             let mut chosen: HashSet<NodeId> = HashSet::new();
             let mut ending: Option<BodyEnd> = None;
             let mut waiting = false;
@@ -75,37 +106,34 @@ impl Exec<'_> {
                 FuturesUnordered::new();
             loop {
                 while ending.is_none() && !self.halted() {
-                    let Some(Reverse((_, ix))) = ready.pop() else {
+                    let Some(ix) = graph.next_ready() else {
                         break;
                     };
                     let n = g[ix];
-                    self.shared
-                        .work
-                        .scheduled
-                        .set(self.shared.work.scheduled.get() + 1);
+                    self.shared.count(|w| w.scheduled += 1);
                     let mut needs_ran = Vec::new();
                     let mut routed = false;
                     for e in g.edges_directed(ix, Direction::Incoming) {
                         match e.weight() {
-                            Edge::Needs => needs_ran.push(state[e.source().index()] == Ns::Ran),
+                            Edge::Needs => needs_ran.push(graph.state(e.source()) == Ns::Ran),
                             Edge::Route(_) => routed = true,
                         }
                     }
                     match self.decide(frame, n, &needs_ran, routed, &chosen) {
                         Ok(true) => {
-                            state[ix.index()] = Ns::Running;
+                            graph.set(ix, Ns::Running);
                             running.push(self.run_node(frame, n));
                         }
                         Ok(false) => {
                             let s = Settled::new(NodeState::Skipped, Json::Null, now_ms());
                             self.settle(frame, n, &s);
-                            settle_in_graph(ix, Ns::Skipped, &mut state, &mut waits, &mut ready);
+                            graph.settle(ix, Ns::Skipped);
                         }
                         Err(message) => {
                             let node = self.plan.node(n).name.clone();
                             let s = Settled::failed(Json::Null, message, Target::Fail, now_ms());
                             self.settle(frame, n, &s);
-                            settle_in_graph(ix, Ns::Failed, &mut state, &mut waits, &mut ready);
+                            graph.settle(ix, Ns::Failed);
                             ending.get_or_insert(BodyEnd::Failed {
                                 node,
                                 message: s.message.unwrap_or_default(),
@@ -132,7 +160,7 @@ impl Exec<'_> {
                                 NodeState::Skipped => Ns::Skipped,
                                 NodeState::Failed | NodeState::TimedOut => Ns::Failed,
                             };
-                            settle_in_graph(ix, ns, &mut state, &mut waits, &mut ready);
+                            graph.settle(ix, ns);
                             let node = self.plan.node(n).name.clone();
                             match s.action {
                                 None => {}
@@ -165,11 +193,11 @@ impl Exec<'_> {
                             }
                         }
                         Outcome::Waiting => {
-                            state[ix.index()] = Ns::Waiting;
+                            graph.set(ix, Ns::Waiting);
                             waiting = true;
                         }
                         Outcome::Stopped => {
-                            state[ix.index()] = Ns::Skipped;
+                            graph.set(ix, Ns::Skipped);
                             ending.get_or_insert(BodyEnd::Stopped);
                         }
                     }
@@ -276,13 +304,10 @@ impl Exec<'_> {
 
     /// Records a settled node: in the frame (for templates) and in the store.
     pub(super) fn settle(&self, frame: &Frame<'_>, n: NodeId, s: &Settled) {
-        self.shared
-            .work
-            .settled
-            .set(self.shared.work.settled.get() + 1);
+        self.shared.count(|w| w.settled += 1);
         let name = self.plan.node(n).name.clone();
         let scope = self.scope(frame);
-        frame.outputs.borrow_mut().insert(
+        frame.outputs.borrow().insert(
             name.clone(),
             View::new(
                 s.output.clone(),

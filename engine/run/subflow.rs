@@ -1,6 +1,6 @@
 //! Subflows: another workflow run as one stage, in the same run.
 
-use serde_json::{Value as Json, json};
+use serde_json::json;
 
 use super::exec::*;
 use super::frame::*;
@@ -8,7 +8,6 @@ use super::now_ms;
 use crate::backend::Usage;
 use crate::check::StageId as NodeId;
 use crate::model::StageBody;
-use crate::store::NodeState;
 
 impl Exec<'_> {
     pub(super) async fn run_subflow(&self, frame: &Frame<'_>, n: NodeId) -> Outcome {
@@ -22,7 +21,7 @@ impl Exec<'_> {
         else {
             return self.fail_now(started, "a subflow needs `workflow`".into());
         };
-        let path = crate::check::base_dir(self.sources, wf.span).join(&wf.value);
+        let path = subflow_path(self.sources, wf);
         let ctx = self.context(frame, &[]);
         let mut sets = Vec::new();
         for (k, _) in params {
@@ -55,13 +54,7 @@ impl Exec<'_> {
             BodyEnd::Waiting => return Outcome::Waiting,
             e => child.run_end(e),
         };
-        let outputs: serde_json::Map<String, Json> = top
-            .outputs
-            .borrow()
-            .iter()
-            .filter(|(_, v)| v.state != NodeState::Skipped)
-            .map(|(k, v)| (k.clone(), v.output.clone()))
-            .collect();
+        let outputs = top.outputs.ran();
         let super::RunEnd::Exit {
             name,
             code,
@@ -84,4 +77,12 @@ impl Exec<'_> {
             )
         }
     }
+}
+
+/// The file of a subflow's `workflow`, resolved against the file that names it.
+pub(super) fn subflow_path(
+    sources: &crate::source::Sources,
+    wf: &crate::model::Text,
+) -> std::path::PathBuf {
+    crate::check::base_dir(sources, wf.span).join(&wf.value)
 }
