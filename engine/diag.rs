@@ -334,3 +334,9 @@ pub fn render_short(sources: &Sources, diagnostics: &[Diagnostic]) -> String {
     }
     out
 }
+
+/// Puts "a" or "an" before a word.
+pub fn article(word: &str) -> String {
+    let an = word.starts_with(['a', 'e', 'i', 'o', 'u']);
+    format!("{} {word}", if an { "an" } else { "a" })
+}

@@ -7,117 +7,11 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use crate::diag::{Code, Diagnostic, Diagnostics};
-use crate::model::{Count, Named, Override, Source, Stage, StageBody, Workflow, lower::lower};
-use crate::preset::{self, Reference, lock};
+use crate::fs::{FileSystem, MAX_FILE_BYTES, normalize, relative};
+use crate::model::{Count, Named, Override, Stage, StageBody, Workflow, lower::lower};
+use crate::preset::{self, DeclaredSource, MissingSource, Reference, lock};
 use crate::source::{FileId, Sources, Span, Spanned};
 use crate::syntax::{self, Format};
-
-/// Reads files for the loader; tests and fuzzers use an in-memory one.
-pub trait FileSystem {
-    /// Reads a whole file as UTF-8 text.
-    fn read(&self, path: &Path) -> std::io::Result<String>;
-
-    /// Tells whether a file exists (prompt and preset search).
-    fn exists(&self, path: &Path) -> bool {
-        self.read(path).is_ok()
-    }
-
-    /// The files directly in a directory (for listing presets); none when it cannot be read.
-    fn list(&self, _dir: &Path) -> Vec<PathBuf> {
-        Vec::new()
-    }
-}
-
-/// The real file system, with the built-in presets under [`preset::BUILTIN_ROOT`].
-pub struct RealFs;
-
-impl FileSystem for RealFs {
-    fn read(&self, path: &Path) -> std::io::Result<String> {
-        if preset::is_builtin(path) {
-            return preset::builtin_file(path)
-                .map(str::to_string)
-                .ok_or_else(|| {
-                    std::io::Error::new(std::io::ErrorKind::NotFound, "no such built-in file")
-                });
-        }
-        // One byte more than the limit is enough to tell a file that is too large (and
-        // `/dev/zero` cannot exhaust memory).
-        use std::io::Read;
-        let mut bytes = Vec::new();
-        std::fs::File::open(path)?
-            .take(MAX_FILE_BYTES as u64 + 1)
-            .read_to_end(&mut bytes)?;
-        if bytes.len() > MAX_FILE_BYTES {
-            return Ok(String::from_utf8_lossy(&bytes).into_owned());
-        }
-        String::from_utf8(bytes)
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.utf8_error()))
-    }
-
-    fn exists(&self, path: &Path) -> bool {
-        if preset::is_builtin(path) {
-            return preset::builtin_file(path).is_some();
-        }
-        path.is_file()
-    }
-
-    fn list(&self, dir: &Path) -> Vec<PathBuf> {
-        if preset::is_builtin(dir) {
-            return preset::builtin_files()
-                .iter()
-                .map(|(p, _)| Path::new(preset::BUILTIN_ROOT).join(p))
-                .filter(|p| p.parent() == Some(dir))
-                .collect();
-        }
-        let Ok(entries) = std::fs::read_dir(dir) else {
-            return Vec::new();
-        };
-        let mut out: Vec<PathBuf> = entries
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| p.is_file())
-            .collect();
-        out.sort();
-        out
-    }
-}
-
-/// A git source declared by a loaded file.
-#[derive(Clone, Debug)]
-pub struct DeclaredSource {
-    /// The directory of the file that declares it: where its lockfile is, and what a `git`
-    /// path is relative to.
-    pub decl_dir: PathBuf,
-    pub source: Source,
-}
-
-impl DeclaredSource {
-    /// The repository to fetch: `git` as written, resolved against the declaring directory.
-    pub fn url(&self) -> String {
-        preset::git::resolve_url(&self.source.git.value, &self.decl_dir)
-    }
-
-    /// What tells sources apart: one lockfile, one repository, one revision.
-    pub fn key(&self) -> (PathBuf, String, String) {
-        (
-            self.decl_dir.clone(),
-            self.source.git.value.clone(),
-            self.source.rev.value.clone(),
-        )
-    }
-}
-
-/// A git source that a loaded file names but that is not in the cache (or not locked yet):
-/// what `presets fetch` and `run` fetch before loading again.
-#[derive(Clone, Debug)]
-pub struct MissingSource {
-    pub declared: DeclaredSource,
-    /// The lockfile's entry, when the source is pinned but not in the cache.
-    pub locked: Option<lock::Locked>,
-}
-
-/// The largest workflow, prompt or schema file read (16 MiB); larger files are refused.
-pub const MAX_FILE_BYTES: usize = 16 << 20;
 
 /// Everything the loader needs while it works.
 pub struct Loader<'a> {
@@ -176,7 +70,7 @@ impl<'a> Loader<'a> {
     /// Resolves a workflow reference written in a file that declares `sources`: a path
     /// relative to that file, or a preset. Reports what cannot be resolved.
     pub fn resolve(&mut self, r: &Spanned<String>, sources: &[DeclaredSource]) -> Option<PathBuf> {
-        let dir = crate::check::base_dir(self.sources, r.span);
+        let dir = crate::fs::base_dir(self.sources, r.span);
         match preset::parse_reference(&r.value) {
             Reference::Path(p) => Some(dir.join(p)),
             Reference::Invalid => {
@@ -413,7 +307,7 @@ impl<'a> Loader<'a> {
             .iter()
             .cloned()
             .chain(prompt_path.iter().filter_map(|d| {
-                let dir = normalize(&crate::check::base_dir(self.sources, d.span).join(&d.value));
+                let dir = normalize(&crate::fs::base_dir(self.sources, d.span).join(&d.value));
                 match self.checkout_of(d.span) {
                     // A fetched preset's search directory must be its own.
                     Some(root) => dir.starts_with(&root).then_some(dir),
@@ -430,7 +324,7 @@ impl<'a> Loader<'a> {
                 return candidate;
             }
         }
-        crate::check::base_dir(self.sources, pf.span).join(name)
+        crate::fs::base_dir(self.sources, pf.span).join(name)
     }
 
     /// Reads a file into the source map, reporting a read failure at `from` with `code`.
@@ -495,7 +389,7 @@ impl<'a> Loader<'a> {
     /// built-in preset file nor in a prompt directory that a workflow of the user names.
     fn escapes_checkout(&self, from: Span, path: &Path) -> Option<String> {
         let root = self.checkout_of(from)?;
-        if preset::is_builtin(path) {
+        if crate::fs::is_builtin(path) {
             return None;
         }
         let absolute = normalize(&std::path::absolute(path).ok()?);
@@ -650,33 +544,6 @@ impl<'a> Loader<'a> {
             }
         }
     }
-}
-
-/// Shows a path relative to the current directory when it lies below it.
-pub fn relative(path: &Path) -> PathBuf {
-    let cwd = std::env::current_dir().unwrap_or_default();
-    path.strip_prefix(&cwd)
-        .map_or_else(|_| path.to_path_buf(), Path::to_path_buf)
-}
-
-/// Makes a path absolute and removes `.` and `..` parts, without touching the file system.
-pub fn normalize(path: &Path) -> PathBuf {
-    let abs = if path.is_absolute() {
-        path.to_path_buf()
-    } else {
-        std::env::current_dir().unwrap_or_default().join(path)
-    };
-    let mut out = PathBuf::new();
-    for part in abs.components() {
-        match part {
-            std::path::Component::CurDir => {}
-            std::path::Component::ParentDir => {
-                out.pop();
-            }
-            other => out.push(other),
-        }
-    }
-    out
 }
 
 fn duplicate(kind: &str, name: &Spanned<String>, first: Span, diags: &mut Diagnostics, help: &str) {

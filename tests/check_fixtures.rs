@@ -19,9 +19,10 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use ralph_flow::check::parse_set;
 use ralph_flow::diag::{Code, Diagnostic, Diagnostics, Severity, render};
-use ralph_flow::load::{Loader, RealFs};
+use ralph_flow::fs::RealFs;
+use ralph_flow::load::Loader;
+use ralph_flow::params::parse_set;
 use ralph_flow::source::Sources;
 
 const FIXTURES: &str = "tests/fixtures/check";

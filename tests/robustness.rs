@@ -1,7 +1,8 @@
 //! Random, truncated, mutated and huge inputs never make parse or check panic.
 
 use ralph_flow::diag::Diagnostics;
-use ralph_flow::load::{FileSystem, Loader};
+use ralph_flow::fs::FileSystem;
+use ralph_flow::load::Loader;
 use ralph_flow::source::Sources;
 use std::path::{Path, PathBuf};
 
@@ -25,7 +26,7 @@ struct One(PathBuf, String);
 
 impl FileSystem for One {
     fn read(&self, path: &Path) -> std::io::Result<String> {
-        if ralph_flow::load::normalize(path) == ralph_flow::load::normalize(&self.0) {
+        if ralph_flow::fs::normalize(path) == ralph_flow::fs::normalize(&self.0) {
             Ok(self.1.clone())
         } else {
             Err(std::io::Error::new(

@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use ralph_flow::compile::render::{GraphFormat, render};
 use ralph_flow::compile::{compile, explain::explain};
 use ralph_flow::diag::Diagnostics;
-use ralph_flow::load::{FileSystem, Loader, RealFs};
+use ralph_flow::fs::{FileSystem, RealFs};
+use ralph_flow::load::Loader;
 use ralph_flow::source::{FileId, Sources};
 use ralph_flow::syntax::{self, Format, emit};
 
@@ -15,7 +16,7 @@ struct Overlay(HashMap<PathBuf, String>);
 
 impl FileSystem for Overlay {
     fn read(&self, path: &Path) -> std::io::Result<String> {
-        let abs = ralph_flow::load::normalize(path);
+        let abs = ralph_flow::fs::normalize(path);
         match self.0.get(&abs) {
             Some(text) => Ok(text.clone()),
             None => RealFs.read(path),
@@ -110,7 +111,7 @@ fn every_workflow_survives_conversion_both_ways() {
 
         // The converted file, standing where the original stands, compiles to the same plan.
         let ext = if other == Format::Kdl { "kdl" } else { "toml" };
-        let twin = ralph_flow::load::normalize(&path.with_extension(format!("roundtrip.{ext}")));
+        let twin = ralph_flow::fs::normalize(&path.with_extension(format!("roundtrip.{ext}")));
         let overlay = Overlay(HashMap::from([(twin.clone(), converted)]));
         let expected = plan_signature(&RealFs, &path);
         let actual = plan_signature(&overlay, &twin);

@@ -18,35 +18,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-/// Tokens and cost of one call, or summed over many.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Usage {
-    pub input_tokens: u64,
-    pub output_tokens: u64,
-    /// Input tokens served from a prompt cache (part of, not added to, `input_tokens`
-    /// where the backend reports them that way; as reported otherwise).
-    pub cached_tokens: u64,
-    /// The cost in US dollars, when the backend reports it.
-    pub cost_usd: Option<f64>,
-}
-
-impl Usage {
-    /// Adds another usage to this one.
-    pub fn add(&mut self, other: &Usage) {
-        self.input_tokens += other.input_tokens;
-        self.output_tokens += other.output_tokens;
-        self.cached_tokens += other.cached_tokens;
-        self.cost_usd = match (self.cost_usd, other.cost_usd) {
-            (None, None) => None,
-            (a, b) => Some(a.unwrap_or(0.0) + b.unwrap_or(0.0)),
-        };
-    }
-
-    /// Returns input plus output tokens.
-    pub fn tokens(&self) -> u64 {
-        self.input_tokens + self.output_tokens
-    }
-}
+pub use crate::store::Usage;
 
 /// What a backend can do natively.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

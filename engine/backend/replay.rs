@@ -43,7 +43,7 @@ type Key = (String, String, u32);
 /// The SHA-256 of a prompt, in hex.
 fn prompt_hash(prompt: &str) -> String {
     use sha2::{Digest, Sha256};
-    crate::store::hex(&Sha256::digest(prompt.as_bytes()))
+    format!("{:x}", Sha256::digest(prompt.as_bytes()))
 }
 
 /// Answers calls from a recording.

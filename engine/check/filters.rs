@@ -131,11 +131,7 @@ pub const TESTS: &[&str] = &[
 /// functions, not filters, and are left out).
 fn probe_env() -> &'static minijinja::Environment<'static> {
     static ENV: OnceLock<minijinja::Environment<'static>> = OnceLock::new();
-    ENV.get_or_init(|| {
-        let mut env = minijinja::Environment::new();
-        crate::run::helpers::register(&mut env, crate::run::helpers::Roots::default(), || {});
-        env
-    })
+    ENV.get_or_init(|| crate::template::environment(crate::template::Roots::default(), || {}))
 }
 
 /// Tells whether the run's environment has a filter or test of that name. When the probe

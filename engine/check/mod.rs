@@ -13,15 +13,14 @@ mod subflows;
 mod templates;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use crate::diag::{Diagnostic, Diagnostics};
 use crate::load::Loader;
 use crate::model::{Stage, StageKind, Workflow};
-use crate::source::{Sources, Span};
 
-pub use params::{ParamValues, parse_set};
-pub use refs::{ENGINE_CODES, IMPLICIT_EXITS, article};
+pub use crate::params::ParamValues;
+pub use refs::{ENGINE_CODES, IMPLICIT_EXITS};
 
 /// Identifies a stage of a checked workflow: its index in [`Checked::stages`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -94,16 +93,6 @@ impl<'w> Checked<'w> {
     }
 }
 
-/// Directory against which a path written at `span` is resolved: the directory of its file.
-pub fn base_dir(sources: &Sources, span: Span) -> PathBuf {
-    sources
-        .get(span.file)
-        .path
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default()
-}
-
 /// Runs every check. Returns the checked workflow when there are no errors; the diagnostics
 /// (errors and warnings) are always added to `diags`.
 pub fn check<'w>(
@@ -136,8 +125,8 @@ pub fn check<'w>(
 /// otherwise only show as the preset's own prompts being used.
 fn prompt_dirs(workflow: &Workflow, loader: &Loader<'_>, diags: &mut Diagnostics) {
     for d in &workflow.prompt_path {
-        let dir = crate::load::normalize(&base_dir(loader.sources, d.span).join(&d.value));
-        if crate::preset::is_builtin(&dir) || !loader.fs.list(&dir).is_empty() {
+        let dir = crate::fs::normalize(&crate::fs::base_dir(loader.sources, d.span).join(&d.value));
+        if crate::fs::is_builtin(&dir) || !loader.fs.list(&dir).is_empty() {
             continue;
         }
         diags.push(

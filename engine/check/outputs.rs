@@ -3,8 +3,9 @@
 
 use serde_json::{Value as Json, json};
 
-use super::{Checked, StageId, base_dir};
+use super::{Checked, StageId};
 use crate::diag::{Code, Diagnostic, Diagnostics};
+use crate::fs::base_dir;
 use crate::load::Loader;
 use crate::model::{OutputSpec, SchemaRef, StageBody, StageKind};
 

@@ -1,58 +1,10 @@
 //! Param checks: defaults and choices of the right type, and `--set` values.
 
-use std::collections::BTreeMap;
-
 use crate::diag::{Code, Diagnostic, Diagnostics};
 use crate::model::lower::param_value_error;
 use crate::model::{ParamType, Workflow};
+use crate::params::{ParamValues, convert};
 use crate::syntax::tree::{Value, ValueKind};
-
-/// The value of every param, as JSON, by name.
-pub type ParamValues = BTreeMap<String, serde_json::Value>;
-
-/// Splits a `--set key=value` argument.
-pub fn parse_set(arg: &str) -> Result<(String, String), String> {
-    match arg.split_once('=') {
-        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.to_string())),
-        _ => Err(format!("`{arg}` is not of the form key=value")),
-    }
-}
-
-/// Converts a `--set` string into a value of the param's type.
-fn convert(raw: &str, ty: ParamType, items: ParamType) -> Option<serde_json::Value> {
-    Some(match ty {
-        ParamType::String => serde_json::Value::String(raw.to_string()),
-        ParamType::Int => serde_json::Value::from(raw.trim().parse::<i64>().ok()?),
-        ParamType::Float => {
-            serde_json::Value::from(raw.trim().parse::<f64>().ok().filter(|f| f.is_finite())?)
-        }
-        ParamType::Bool => serde_json::Value::Bool(match raw.trim() {
-            "true" | "yes" | "1" | "on" => true,
-            "false" | "no" | "0" | "off" => false,
-            _ => return None,
-        }),
-        ParamType::List => {
-            let fits = |v: &serde_json::Value| match items {
-                ParamType::Int => v.is_i64(),
-                ParamType::Float => v.is_number(),
-                ParamType::Bool => v.is_boolean(),
-                _ => v.is_string(),
-            };
-            if raw.trim().starts_with('[') {
-                let v: serde_json::Value = serde_json::from_str(raw).ok()?;
-                v.as_array()?.iter().all(fits).then_some(v)?
-            } else {
-                serde_json::Value::Array(
-                    raw.split(',')
-                        .map(str::trim)
-                        .filter(|s| !s.is_empty())
-                        .map(|s| convert(s, items, ParamType::String))
-                        .collect::<Option<Vec<_>>>()?,
-                )
-            }
-        }
-    })
-}
 
 /// Checks params and computes their values.
 pub fn check(
@@ -177,44 +129,5 @@ fn names(wf: &Workflow) -> String {
         "none".into()
     } else {
         names.join(", ")
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn set_values_convert_by_type() {
-        assert_eq!(
-            convert("5", ParamType::Int, ParamType::String),
-            Some(serde_json::json!(5))
-        );
-        assert_eq!(convert("five", ParamType::Int, ParamType::String), None);
-        assert_eq!(
-            convert("yes", ParamType::Bool, ParamType::String),
-            Some(serde_json::json!(true))
-        );
-        assert_eq!(
-            convert("a, b", ParamType::List, ParamType::String),
-            Some(serde_json::json!(["a", "b"]))
-        );
-        assert_eq!(
-            convert("[\"a\"]", ParamType::List, ParamType::String),
-            Some(serde_json::json!(["a"]))
-        );
-        assert_eq!(convert("[1]", ParamType::List, ParamType::String), None);
-        // Typed items: `items = "int"`.
-        assert_eq!(
-            convert("1, 2,3", ParamType::List, ParamType::Int),
-            Some(serde_json::json!([1, 2, 3]))
-        );
-        assert_eq!(
-            convert("[1, 2]", ParamType::List, ParamType::Int),
-            Some(serde_json::json!([1, 2]))
-        );
-        assert_eq!(convert("1, two", ParamType::List, ParamType::Int), None);
-        assert!(parse_set("novalue").is_err());
-        assert_eq!(parse_set("a=b=c"), Ok(("a".into(), "b=c".into())));
     }
 }

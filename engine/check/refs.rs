@@ -345,7 +345,10 @@ fn require(c: &Checked<'_>, stage: &Stage, key: &str, present: bool, diags: &mut
         let mut d = Diagnostic::new(
             code,
             stage.kind.span,
-            format!("{} stage needs `{key}`", article(stage.kind.value.as_str())),
+            format!(
+                "{} stage needs `{key}`",
+                crate::diag::article(stage.kind.value.as_str())
+            ),
         )
         .label(format!("stage `{}` has no `{key}`", stage.id.value));
         d = match key {
@@ -539,7 +542,7 @@ fn stage(c: &mut Checked<'_>, id: StageId, diags: &mut Diagnostics) {
             require(c, s, "max_iterations", max_iterations.is_some(), diags);
             if let Some(m) = max_iterations {
                 // A template counts too, when the params in force resolve it to 0.
-                if crate::compile::resolve_count(&m.value, &c.params) == Ok(0) {
+                if crate::params::resolve_count(&m.value, &c.params).is_ok_and(|n| n == 0) {
                     diags.push(
                         Diagnostic::new(
                             Code::UnboundedLoop,
@@ -736,10 +739,4 @@ fn body_leaves(stages: &[Stage]) -> bool {
                 _ => false,
             }
     })
-}
-
-/// Puts "a" or "an" before a word.
-pub fn article(word: &str) -> String {
-    let an = word.starts_with(['a', 'e', 'i', 'o', 'u']);
-    format!("{} {word}", if an { "an" } else { "a" })
 }

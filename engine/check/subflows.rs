@@ -8,9 +8,11 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
-use super::{Checked, base_dir};
+use super::Checked;
 use crate::diag::{Code, Diagnostic, Diagnostics};
-use crate::load::{Loader, normalize, relative};
+use crate::fs::base_dir;
+use crate::fs::{normalize, relative};
+use crate::load::Loader;
 use crate::model::{Stage, StageBody, Workflow};
 use crate::source::Spanned;
 

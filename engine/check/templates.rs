@@ -4,8 +4,9 @@ use std::collections::HashSet;
 
 use super::filters::{self, Use, UseKind};
 use super::scope::{Site, maybe_skipped_at, runs_only_after, share_loop, upstream};
-use super::{Checked, ParamValues, StageId, base_dir};
+use super::{Checked, ParamValues, StageId};
 use crate::diag::{Code, Diagnostic, Diagnostics};
+use crate::fs::base_dir;
 use crate::load::Loader;
 use crate::model::{Count, Dur, StageBody, StageKind};
 use crate::source::{Sources, Span, Spanned};
@@ -378,7 +379,7 @@ fn count_like(
         span,
     }) = v
     {
-        let resolve = |p: &ParamValues| crate::compile::resolve_count(value, p).map(drop);
+        let resolve = |p: &ParamValues| crate::params::resolve_count(value, p).map(drop);
         limit(c, src, env, t, *span, resolve, "a whole number", diags);
     }
 }
@@ -395,7 +396,7 @@ fn dur_like(
         span,
     }) = v
     {
-        let resolve = |p: &ParamValues| crate::compile::resolve_duration(value, p).map(drop);
+        let resolve = |p: &ParamValues| crate::params::resolve_duration(value, p).map(drop);
         limit(
             c,
             src,
@@ -418,7 +419,7 @@ fn limit(
     env: &minijinja::Environment<'_>,
     template: &str,
     span: Span,
-    resolve: impl Fn(&ParamValues) -> Result<(), String>,
+    resolve: impl Fn(&ParamValues) -> Result<(), crate::params::ParamError>,
     makes: &str,
     diags: &mut Diagnostics,
 ) {

@@ -3,7 +3,8 @@
 use std::path::PathBuf;
 
 use ralph_flow::diag::{Diagnostics, Severity};
-use ralph_flow::load::{Loader, RealFs};
+use ralph_flow::fs::RealFs;
+use ralph_flow::load::Loader;
 use ralph_flow::source::Sources;
 
 #[derive(clap::Args)]

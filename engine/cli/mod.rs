@@ -7,15 +7,18 @@ mod presets;
 mod run;
 mod runs;
 mod schema;
+mod sync;
 
 use std::io::IsTerminal;
 use std::path::Path;
 
 use clap::{Parser, Subcommand};
-use ralph_flow::check::{Checked, parse_set};
+use ralph_flow::check::Checked;
 use ralph_flow::diag::{Diagnostic, Diagnostics, render, render_short};
-use ralph_flow::load::{Loader, RealFs};
+use ralph_flow::fs::RealFs;
+use ralph_flow::load::Loader;
 use ralph_flow::model::Workflow;
+use ralph_flow::params::parse_set;
 use ralph_flow::source::Sources;
 
 /// ralph-flow's own exit code for a configuration error (an invalid workflow or arguments).
@@ -160,7 +163,7 @@ pub fn report_fetch(s: &ralph_flow::preset::Synced) {
         s.git,
         s.rev,
         &s.commit[..s.commit.len().min(12)],
-        ralph_flow::load::relative(&s.lock).display()
+        ralph_flow::fs::relative(&s.lock).display()
     );
 }
 

@@ -3,7 +3,8 @@
 use std::path::{Path, PathBuf};
 
 use ralph_flow::diag::Diagnostics;
-use ralph_flow::load::{FileSystem, Loader, RealFs};
+use ralph_flow::fs::{FileSystem, RealFs};
+use ralph_flow::load::Loader;
 use ralph_flow::model::{StageBody, Workflow};
 use ralph_flow::preset::{self, Origin, Reference, Root, git};
 use ralph_flow::source::Sources;
@@ -57,7 +58,7 @@ pub fn run(args: &Args) -> i32 {
 }
 
 fn sync(workflow: &Path, sets: &[(String, String)], update: Option<&[String]>) -> i32 {
-    match preset::sync(workflow, sets, update) {
+    match super::sync::sync(workflow, sets, update) {
         Ok(done) => {
             for s in &done {
                 super::report_fetch(s);
@@ -194,7 +195,7 @@ fn list(args: &Args) -> i32 {
             entries.push(Entry {
                 name: shown,
                 origin: origin_text(&root.origin),
-                file: ralph_flow::load::relative(&path).display().to_string(),
+                file: ralph_flow::fs::relative(&path).display().to_string(),
                 description,
                 shadowed,
                 params,
@@ -324,7 +325,7 @@ pub fn init(args: &InitArgs) -> i32 {
             out.display()
         ));
     }
-    let out_dir = ralph_flow::load::normalize(out.parent().unwrap_or(Path::new("")));
+    let out_dir = ralph_flow::fs::normalize(out.parent().unwrap_or(Path::new("")));
     let mut git_written = String::new();
     let path = match (source_name, &args.git, &args.rev) {
         (None, None, None) => match preset::find(&fs, &preset::search_roots(), preset_name) {
@@ -346,7 +347,7 @@ pub fn init(args: &InitArgs) -> i32 {
             git_written = if git::is_url(g) {
                 g.clone()
             } else {
-                let abs = ralph_flow::load::normalize(Path::new(g));
+                let abs = ralph_flow::fs::normalize(Path::new(g));
                 relative_to(&abs, &out_dir)
             };
             let url = git::resolve_url(&git_written, &out_dir);
@@ -385,8 +386,8 @@ pub fn init(args: &InitArgs) -> i32 {
     };
     let mut prompts: Vec<String> = Vec::new();
     for d in &wf.prompt_path {
-        let dir = ralph_flow::check::base_dir(&sources, d.span).join(&d.value);
-        for f in fs.list(&ralph_flow::load::normalize(&dir)) {
+        let dir = ralph_flow::fs::base_dir(&sources, d.span).join(&d.value);
+        for f in fs.list(&ralph_flow::fs::normalize(&dir)) {
             if let Some(n) = f.file_name().and_then(|n| n.to_str()) {
                 prompts.push(n.to_string());
             }
@@ -423,7 +424,7 @@ pub fn init(args: &InitArgs) -> i32 {
     );
     println!(
         "to replace one of the preset's prompts, put a file of the same name in {}",
-        ralph_flow::load::relative(&cwd.join("prompts").join(preset_name)).display()
+        ralph_flow::fs::relative(&cwd.join("prompts").join(preset_name)).display()
     );
     0
 }

@@ -1,7 +1,7 @@
 //! `ralph-flow run`, `resume`, `approve` and `reject`.
 
-use ralph_flow::run::progress::printable;
 use ralph_flow::secrets::redact;
+use ralph_flow::term::printable;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Duration;

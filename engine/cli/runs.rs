@@ -3,13 +3,13 @@
 use std::path::{Path, PathBuf};
 
 use ralph_flow::backend::Usage;
-use ralph_flow::run::progress::printable;
 use ralph_flow::store::sqlite::SqliteStore;
 use ralph_flow::store::{
     AttemptRecord, Event, GateRequest, LockOwner, NodeRecord, NodeState, RunRecord, RunStatus,
     Store, default_path,
 };
 use ralph_flow::store::{now_ms, rfc3339};
+use ralph_flow::term::printable;
 use serde::Serialize;
 
 /// The state directory when `--state-dir` is not given.

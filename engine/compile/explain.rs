@@ -9,7 +9,7 @@ use crate::model::{Action, Dur, StageBody};
 /// Shows a duration as the file writes it ("72h"); seconds written as a number, and
 /// templates resolved with the params in force, as seconds.
 fn dur(plan: &Plan, d: &Dur) -> String {
-    match (d, super::resolve_duration(d, &plan.params)) {
+    match (d, crate::params::resolve_duration(d, &plan.params)) {
         (Dur::Written(_, text), _) => text.clone(),
         (_, Ok(d)) => format!("{}s", d.as_secs()),
         (Dur::Template(t), Err(_)) => t.clone(),
@@ -356,7 +356,8 @@ mod tests {
     use std::path::Path;
 
     use crate::diag::Diagnostics;
-    use crate::load::{FileSystem, Loader};
+    use crate::fs::FileSystem;
+    use crate::load::Loader;
     use crate::source::Sources;
 
     struct One(&'static str);

@@ -101,7 +101,7 @@ pub struct Plan {
     pub nodes: Vec<Node>,
     pub top: Body,
     pub exits: Vec<ExitDef>,
-    pub params: crate::check::ParamValues,
+    pub params: crate::params::ParamValues,
     pub schemas: HashMap<NodeId, serde_json::Value>,
     /// Every template of the workflow, by name (`STAGE/prompt`, `STAGE/argv/0`,
     /// `STAGE/env/KEY`, `STAGE/message`, `STAGE/feedback`, ...). The checker has compiled
@@ -127,7 +127,7 @@ impl Plan {
             crate::model::StageBody::Agent { agent: Some(a), .. } => a.value.clone(),
             _ => String::new(),
         };
-        let name = render_params(&written, &self.params).unwrap_or(written);
+        let name = crate::params::render_params(&written, &self.params).unwrap_or(written);
         self.workflow
             .agents
             .iter()
@@ -181,7 +181,7 @@ impl Plan {
 
     /// Shows a count as a number when the params in force resolve it, else as written.
     pub fn count_text(&self, c: &crate::model::Count) -> String {
-        match (c, resolve_count(c, &self.params)) {
+        match (c, crate::params::resolve_count(c, &self.params)) {
             (_, Ok(n)) => n.to_string(),
             (crate::model::Count::Template(t), Err(_)) => t.clone(),
             (crate::model::Count::Literal(n), Err(_)) => n.to_string(),
@@ -518,45 +518,5 @@ fn body(c: &Checked<'_>, region: Option<StageId>, nodes: &[Node]) -> Body {
         index,
         order,
         rank,
-    }
-}
-
-/// Renders a template over params only (limits, agent names) with the given param values.
-pub fn render_params(template: &str, params: &crate::check::ParamValues) -> Result<String, String> {
-    let env = minijinja::Environment::new();
-    let ctx =
-        minijinja::context! { params => minijinja::Value::from(minijinja::value::Serde(params)) };
-    env.render_str(template, ctx)
-        .map(|s| s.trim().to_string())
-        .map_err(|e| e.to_string())
-}
-
-/// Resolves a count to a number with the given param values.
-pub fn resolve_count(
-    c: &crate::model::Count,
-    params: &crate::check::ParamValues,
-) -> Result<u64, String> {
-    match c {
-        crate::model::Count::Literal(n) => Ok(*n),
-        crate::model::Count::Template(t) => {
-            let s = render_params(t, params)?;
-            s.parse()
-                .map_err(|_| format!("`{t}` renders to `{s}`, which is not a whole number"))
-        }
-    }
-}
-
-/// Resolves a duration with the given param values.
-pub fn resolve_duration(
-    d: &crate::model::Dur,
-    params: &crate::check::ParamValues,
-) -> Result<std::time::Duration, String> {
-    match d {
-        crate::model::Dur::Literal(d) | crate::model::Dur::Written(d, _) => Ok(*d),
-        crate::model::Dur::Template(t) => {
-            let s = render_params(t, params)?;
-            crate::model::parse_duration(&s)
-                .ok_or_else(|| format!("`{t}` renders to `{s}`, which is not a duration"))
-        }
     }
 }

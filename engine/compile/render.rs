@@ -64,7 +64,8 @@ fn node_label(plan: &Plan, id: NodeId) -> String {
     let detail = match &s.body {
         StageBody::Agent { agent, .. } => agent.as_ref().map_or("agent".into(), |a| {
             let name = if a.value.contains("{{") {
-                super::render_params(&a.value, &plan.params).unwrap_or_else(|_| a.value.clone())
+                crate::params::render_params(&a.value, &plan.params)
+                    .unwrap_or_else(|_| a.value.clone())
             } else {
                 a.value.clone()
             };

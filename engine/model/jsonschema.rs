@@ -1,13 +1,13 @@
 //! Generates the JSON Schema and the Markdown key reference of the workflow format from its spec.
 //!
 //! Nothing here describes a key by hand: every table, key, type and kind restriction comes
-//! from [`crate::model::spec`], so the schema, the reference and the shape check cannot drift
+//! from [`crate::spec`], so the schema, the reference and the shape check cannot drift
 //! apart.
 
 use serde_json::{Map, Value, json};
 
 use crate::model::RESERVED;
-use crate::model::spec::{Field, STAGE, TableSpec, Ty, WORKFLOW};
+use crate::spec::{Field, STAGE, TableSpec, Ty, WORKFLOW};
 
 /// The `$id` of the generated schema.
 pub const SCHEMA_ID: &str = "https://ralph-flow.dev/schemas/workflow.schema.json";

@@ -5,6 +5,7 @@
 use crate::diag::{Code, Diagnostic, Diagnostics};
 use crate::model::*;
 use crate::source::{FileId, Span, Spanned};
+use crate::spec;
 use crate::syntax::tree::{Table, Value, ValueKind};
 
 /// Checks the shape of a parsed file and builds its model.

@@ -3,7 +3,6 @@
 pub mod jsonschema;
 pub mod lower;
 pub mod shape;
-pub mod spec;
 
 use std::time::Duration;
 

@@ -1,8 +1,8 @@
 //! Checks a syntax tree against the format's spec: unknown keys, wrong types, missing keys.
 
 use crate::diag::{Code, Diagnostic, Diagnostics};
-use crate::model::spec::{Field, TableSpec, Ty};
 use crate::model::{Action, RESERVED, is_ident, parse_duration};
+use crate::spec::{Field, TableSpec, Ty};
 use crate::syntax::tree::{Table, Value, ValueKind};
 
 /// Reports every place where `table` does not fit `spec`, recursively.
@@ -46,7 +46,7 @@ pub fn check_table(table: &Table, spec: &'static TableSpec, diags: &mut Diagnost
                         format!(
                             "`{}` does not apply to {} of kind `{kind}`",
                             entry.key,
-                            crate::check::article(spec.name)
+                            crate::diag::article(spec.name)
                         ),
                     )
                     .help(format!(

@@ -15,7 +15,6 @@ use std::process::{Command, Stdio};
 use sha2::{Digest, Sha256};
 
 use super::{cache_dir, tree_hash};
-use crate::store::hex;
 
 /// A source fetched into the cache.
 #[derive(Clone, Debug)]
@@ -44,7 +43,7 @@ pub fn resolve_url(git: &str, decl_dir: &Path) -> String {
     if is_url(git) {
         git.to_string()
     } else {
-        crate::load::normalize(&decl_dir.join(git))
+        crate::fs::normalize(&decl_dir.join(git))
             .to_string_lossy()
             .into_owned()
     }
@@ -83,7 +82,7 @@ pub fn fetch(url: &str, rev: &str, locked: Option<&str>) -> Result<Fetched, Stri
     let repos = cache.join("git").join("repos");
     std::fs::create_dir_all(&repos)
         .map_err(|e| format!("cannot create the cache {}: {e}", repos.display()))?;
-    let key = hex(&Sha256::digest(url.as_bytes()))[..16].to_string();
+    let key = format!("{:x}", Sha256::digest(url.as_bytes()))[..16].to_string();
     let bare = repos.join(format!("{key}.git"));
     if !bare.join("HEAD").exists() {
         git(

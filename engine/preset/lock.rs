@@ -96,7 +96,7 @@ pub fn read(dir: &Path) -> Result<LockFile, String> {
     let path = path_in(dir);
     match std::fs::read_to_string(&path) {
         Ok(text) => LockFile::parse(&text)
-            .map_err(|e| format!("{}: {e}", crate::load::relative(&path).display())),
+            .map_err(|e| format!("{}: {e}", crate::fs::relative(&path).display())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(LockFile {
             version: VERSION,
             sources: Vec::new(),

@@ -19,35 +19,41 @@ pub mod lock;
 use std::path::{Path, PathBuf};
 
 use crate::diag::{Code, Diagnostic};
-use crate::load::{DeclaredSource, FileSystem, MissingSource};
-use crate::source::Sources;
+use crate::fs::{BUILTIN_ROOT, FileSystem};
+use crate::model::Source;
 
-mod builtin {
-    include!(concat!(env!("OUT_DIR"), "/builtin.rs"));
+/// A git source declared by a loaded file.
+#[derive(Clone, Debug)]
+pub struct DeclaredSource {
+    /// The directory of the file that declares it: where its lockfile is, and what a `git`
+    /// path is relative to.
+    pub decl_dir: PathBuf,
+    pub source: Source,
 }
 
-/// Where the built-in presets appear to live: a directory no real file system has. Paths
-/// below it are served from the binary.
-pub const BUILTIN_ROOT: &str = "/<built-in>";
+impl DeclaredSource {
+    /// The repository to fetch: `git` as written, resolved against the declaring directory.
+    pub fn url(&self) -> String {
+        git::resolve_url(&self.source.git.value, &self.decl_dir)
+    }
 
-/// The text of a built-in file, given its full path below [`BUILTIN_ROOT`].
-pub fn builtin_file(path: &Path) -> Option<&'static str> {
-    let rel = path.strip_prefix(BUILTIN_ROOT).ok()?;
-    let rel = rel.to_str()?;
-    builtin::FILES
-        .iter()
-        .find(|(p, _)| *p == rel)
-        .map(|(_, text)| *text)
+    /// What tells sources apart: one lockfile, one repository, one revision.
+    pub fn key(&self) -> (PathBuf, String, String) {
+        (
+            self.decl_dir.clone(),
+            self.source.git.value.clone(),
+            self.source.rev.value.clone(),
+        )
+    }
 }
 
-/// Tells whether a path lies below [`BUILTIN_ROOT`].
-pub fn is_builtin(path: &Path) -> bool {
-    path.starts_with(BUILTIN_ROOT)
-}
-
-/// Every built-in file: its path below the preset root and its text.
-pub fn builtin_files() -> &'static [(&'static str, &'static str)] {
-    builtin::FILES
+/// A git source that a loaded file names but that is not in the cache (or not locked yet):
+/// what `presets fetch` and `run` fetch before loading again.
+#[derive(Clone, Debug)]
+pub struct MissingSource {
+    pub declared: DeclaredSource,
+    /// The lockfile's entry, when the source is pinned but not in the cache.
+    pub locked: Option<lock::Locked>,
 }
 
 /// How a workflow reference is written.
@@ -120,7 +126,7 @@ pub fn search_roots() -> Vec<Root> {
         for dir in std::env::split_paths(&path) {
             if !dir.as_os_str().is_empty() {
                 roots.push(Root {
-                    dir: crate::load::normalize(&dir),
+                    dir: crate::fs::normalize(&dir),
                     origin: Origin::Installed,
                 });
             }
@@ -165,11 +171,11 @@ pub fn user_presets_dir() -> Option<PathBuf> {
 /// `$XDG_CACHE_HOME/ralph-flow`, else `~/.cache/ralph-flow`, else `.ralph-flow/cache`.
 pub fn cache_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("RALPH_FLOW_CACHE_DIR").filter(|v| !v.is_empty()) {
-        return crate::load::normalize(Path::new(&dir));
+        return crate::fs::normalize(Path::new(&dir));
     }
     xdg_dir("XDG_CACHE_HOME", ".cache")
         .map(|d| d.join("ralph-flow"))
-        .unwrap_or_else(|| crate::load::normalize(Path::new(".ralph-flow/cache")))
+        .unwrap_or_else(|| crate::fs::normalize(Path::new(".ralph-flow/cache")))
 }
 
 /// The candidate files of preset `name` in a preset directory, in the order they are tried.
@@ -267,7 +273,7 @@ pub fn tree_hash(dir: &Path) -> std::io::Result<String> {
         }
         h.update([0]);
     }
-    Ok(format!("sha256:{}", crate::store::hex(&h.finalize())))
+    Ok(format!("sha256:{:x}", h.finalize()))
 }
 
 fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) -> std::io::Result<()> {
@@ -284,7 +290,7 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) -> std::io::Result<()> {
     Ok(())
 }
 
-/// What [`sync`] did for one source.
+/// What fetching did for one source.
 #[derive(Clone, Debug)]
 pub struct Synced {
     pub name: String,
@@ -296,39 +302,6 @@ pub struct Synced {
     /// `pinned` (newly locked), `fetched` (the locked commit, fetched again) or `updated`
     /// (pinned anew by `update`).
     pub action: &'static str,
-}
-
-/// Why [`sync`] stopped: diagnostics (at the source's declaration where there is one), with
-/// the files to render them.
-pub struct SyncError {
-    pub sources: Sources,
-    pub diagnostics: Vec<Diagnostic>,
-}
-
-/// What loading and checking a workflow found about its git sources.
-struct Discovered {
-    sources: Sources,
-    missing: Vec<MissingSource>,
-    declared: Vec<DeclaredSource>,
-}
-
-fn discover(path: &Path, sets: &[(String, String)]) -> Discovered {
-    let fs = crate::load::RealFs;
-    let mut sources = Sources::new();
-    let mut diags = crate::diag::Diagnostics::default();
-    let mut loader = crate::load::Loader::new(&fs, &mut sources, &mut diags);
-    if let Some(wf) = loader.load(path, None) {
-        // Subflows are followed by the checker; their sources count too.
-        let mut check_diags = crate::diag::Diagnostics::default();
-        let _ = crate::check::check(&wf, &mut loader, sets, false, &mut check_diags);
-    }
-    let missing = std::mem::take(&mut loader.missing);
-    let declared = std::mem::take(&mut loader.declared);
-    Discovered {
-        sources,
-        missing,
-        declared,
-    }
 }
 
 /// Pins a commit in the lockfile of `dir`, keeping the other entries.
@@ -347,7 +320,7 @@ pub fn pin(dir: &Path, name: &str, git: &str, rev: &str, f: &git::Fetched) -> Re
 /// Fetches one source into the cache. With `locked`, its pinned commit, whose content must
 /// still hash to what the lockfile says; without, what its `rev` names now, pinned in the
 /// lockfile of the file that declares it. Errors point at the source's declaration.
-fn fetch_one(
+pub fn fetch_one(
     d: &DeclaredSource,
     locked: Option<&lock::Locked>,
     new_action: &'static str,
@@ -411,89 +384,6 @@ pub fn fetch_missing(missing: &[MissingSource]) -> Result<Vec<Synced>, Box<Diagn
     Ok(done)
 }
 
-/// Fetches every git source that a workflow (with everything it extends, includes and calls)
-/// names and the cache lacks, and pins new ones in the lockfile beside the file that declares
-/// them ([`fetch_missing`], then a load again, until nothing is missing). With `update`, the
-/// named sources (every declared one when the list is empty) are first resolved anew from
-/// their `rev` and pinned again.
-pub fn sync(
-    path: &Path,
-    sets: &[(String, String)],
-    update: Option<&[String]>,
-) -> Result<Vec<Synced>, SyncError> {
-    let fail = |sources: Sources, d: Diagnostic| SyncError {
-        sources,
-        diagnostics: vec![d],
-    };
-    let mut done: Vec<Synced> = Vec::new();
-    if let Some(names) = update {
-        let found = discover(path, sets);
-        let declared = |n: &str| found.declared.iter().any(|d| d.source.name.value == n);
-        if let Some(n) = names.iter().find(|n| !declared(n)) {
-            let known: Vec<&str> = found
-                .declared
-                .iter()
-                .map(|d| d.source.name.value.as_str())
-                .collect();
-            let message = format!(
-                "no file of {} declares a source `{n}` (declared: {})",
-                path.display(),
-                if known.is_empty() {
-                    "none".to_string()
-                } else {
-                    known.join(", ")
-                }
-            );
-            return Err(fail(
-                found.sources,
-                Diagnostic::new(Code::UnknownPreset, None, message),
-            ));
-        }
-        let mut seen = Vec::new();
-        for d in &found.declared {
-            // The sources of a fetched preset are pinned by that preset's own lockfile.
-            let own = !d.decl_dir.starts_with(git::checkouts_dir());
-            let named = names.is_empty() || names.contains(&d.source.name.value);
-            if own && named && !seen.contains(&d.key()) {
-                seen.push(d.key());
-                match fetch_one(d, None, "updated") {
-                    Ok(s) => done.push(s),
-                    Err(e) => return Err(fail(found.sources, *e)),
-                }
-            }
-        }
-    }
-    // Every round fetches sources not fetched before (or stops), and a workflow names
-    // finitely many, so this ends.
-    let mut fetched = Vec::new();
-    loop {
-        let found = discover(path, sets);
-        if found.missing.is_empty() {
-            return Ok(done);
-        }
-        if let Some(m) = found
-            .missing
-            .iter()
-            .find(|m| fetched.contains(&m.declared.key()))
-        {
-            let message = format!(
-                "source `{}` is still missing after it was fetched (is RALPH_FLOW_CACHE_DIR changing?)",
-                m.declared.source.name.value
-            );
-            let span = m.declared.source.span;
-            return Err(fail(
-                found.sources,
-                Diagnostic::new(Code::PresetSource, span, message),
-            ));
-        }
-        match fetch_missing(&found.missing) {
-            Ok(round) => done.extend(round),
-            Err(e) => return Err(fail(found.sources, *e)),
-        }
-        fetched.extend(found.missing.iter().map(|m| m.declared.key()));
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -519,14 +409,5 @@ mod tests {
         assert_eq!(parse_reference("a/b"), Reference::Invalid);
         assert_eq!(parse_reference("team:"), Reference::Invalid);
         assert_eq!(parse_reference(""), Reference::Invalid);
-    }
-
-    #[test]
-    fn builtin_presets_are_embedded() {
-        let spider = builtin_file(Path::new("/<built-in>/workflows/spider.toml"));
-        assert!(spider.is_some_and(|t| t.contains("name = \"spider\"")));
-        assert!(builtin_file(Path::new("/<built-in>/prompts/spider/specify.md.j2")).is_some());
-        assert!(builtin_file(Path::new("/<built-in>/workflows/nope.toml")).is_none());
-        assert!(builtin_file(Path::new("workflows/spider.toml")).is_none());
     }
 }

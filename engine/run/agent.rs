@@ -9,7 +9,8 @@ use super::now_ms;
 use super::policy::{Next, Policy};
 use crate::backend::{AgentCall, AgentReply, CallError, Usage};
 use crate::check::StageId as NodeId;
-use crate::compile::{Target, resolve_count};
+use crate::compile::Target;
+use crate::params::resolve_count;
 use crate::store::NodeState;
 
 /// A reply with the registered secrets masked, before anything reads it.

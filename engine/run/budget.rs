@@ -6,7 +6,8 @@ use super::exec::*;
 use super::frame::*;
 use crate::backend::Usage;
 use crate::check::StageId as NodeId;
-use crate::compile::{Target, resolve_count};
+use crate::compile::Target;
+use crate::params::resolve_count;
 use crate::store::NodeState;
 
 impl Exec<'_> {

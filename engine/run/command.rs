@@ -14,8 +14,8 @@ use super::now_ms;
 use crate::backend::Usage;
 use crate::backend::process::{self, Ended, ProcSpec};
 use crate::check::StageId as NodeId;
-use crate::compile::{resolve_count, resolve_duration};
 use crate::model::{StageBody, StageKind};
+use crate::params::{resolve_count, resolve_duration};
 use crate::store::NodeState;
 
 /// The run's log of the programs its commands started and ended (see
@@ -292,7 +292,7 @@ impl Exec<'_> {
             let item = self
                 .render(&format!("{name}/argv/{i}"), ctx)
                 .map_err(|e| format!("argv item {i}: {e}"))?;
-            match super::helpers::spread_items(&item) {
+            match crate::template::spread_items(&item) {
                 Some(items) => argv.extend(items.map_err(|e| format!("argv item {i}: {e}"))?),
                 None => argv.push(item),
             }

@@ -85,7 +85,7 @@ impl Exec<'_> {
             .env
             .render_named_str(name, src, ctx)
             .map_err(|e| describe_error(&e))?;
-        if !name.contains("/argv/") && super::helpers::spread_items(&text).is_some() {
+        if !name.contains("/argv/") && crate::template::spread_items(&text).is_some() {
             return Err(
                 "`spread` makes one argument per item and works only as a whole argv item of a command or check"
                     .into(),

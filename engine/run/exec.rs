@@ -29,10 +29,12 @@ use super::{RunOptions, now_ms};
 use crate::backend::replay::{Recorder, ReplayBackend};
 use crate::backend::{AgentConfig, Backend, Usage};
 use crate::check::StageId as NodeId;
-use crate::compile::{Plan, Target, resolve_count, resolve_duration};
+use crate::compile::{Plan, Target};
 use crate::model::{Action, StageKind};
+use crate::params::{resolve_count, resolve_duration};
 use crate::source::Sources;
 use crate::store::{NodeRecord, NodeState, RunRecord, Store, Write};
+use crate::template::{self, Roots};
 
 /// What is shared by a run and its subflows.
 pub(crate) struct Shared {
@@ -266,29 +268,21 @@ impl<'p> Exec<'p> {
         sources: &'p Sources,
         prefix: String,
     ) -> Result<Self, String> {
-        let mut env = minijinja::Environment::new();
         let roots = [shared.opts.cwd.clone(), shared.opts.state_dir.clone()]
             .into_iter()
             .chain(
                 plan.workflow
                     .file_roots
                     .iter()
-                    .map(|r| crate::check::base_dir(sources, r.span).join(&r.value)),
+                    .map(|r| crate::fs::base_dir(sources, r.span).join(&r.value)),
             );
-        super::helpers::register(
-            &mut env,
-            super::helpers::Roots::new(roots),
-            shared.artifacts.waiter(),
-        );
-        super::helpers::register_memory(
+        let mut env = template::environment(Roots::new(roots), shared.artifacts.waiter());
+        super::memory::register(
             &mut env,
             shared.memory.clone(),
             plan.workflow.name.value.clone(),
             shared.run.id.clone(),
         );
-        // A stage that has not run (yet) is undefined, and so are its attributes
-        // (`stages.review.last` in the first iteration): templates guard with `is defined`.
-        env.set_undefined_behavior(minijinja::UndefinedBehavior::Chainable);
         let mut agents = Vec::new();
         for a in &plan.workflow.agents {
             agents.push(agent_config(a, plan, sources)?);
@@ -427,7 +421,7 @@ pub(super) fn agent_config(
     sources: &Sources,
 ) -> Result<AgentConfig, String> {
     let r = |t: &crate::model::Text| {
-        crate::compile::render_params(&t.value, &plan.params)
+        crate::params::render_params(&t.value, &plan.params)
             .map_err(|e| format!("agent `{}`: {e}", a.name.value))
     };
     let opt = |t: &Option<crate::model::Text>| t.as_ref().map(r).transpose();
@@ -455,7 +449,7 @@ pub(super) fn agent_config(
         file: a
             .file
             .as_ref()
-            .map(|f| crate::check::base_dir(sources, f.span).join(&f.value)),
+            .map(|f| crate::fs::base_dir(sources, f.span).join(&f.value)),
         program: None,
         permissions: a.permissions.as_ref().map(|p| p.value).unwrap_or_default(),
         structured_output: a

@@ -18,8 +18,9 @@ use super::frame::*;
 use super::now_ms;
 use crate::backend::Usage;
 use crate::check::StageId as NodeId;
-use crate::compile::{Target, resolve_count};
+use crate::compile::Target;
 use crate::model::StageBody;
+use crate::params::resolve_count;
 use crate::store::{NodeRecord, NodeState, Write};
 
 impl Exec<'_> {

@@ -8,8 +8,9 @@ use super::exec::*;
 use super::frame::*;
 use super::now_ms;
 use crate::check::StageId as NodeId;
-use crate::compile::{Target, resolve_duration};
+use crate::compile::Target;
 use crate::model::StageBody;
+use crate::params::resolve_duration;
 use crate::store::{GateRequest, NodeState, Write, rfc3339};
 
 impl Exec<'_> {

@@ -133,7 +133,7 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
     let db = crate::store::sqlite::default_path(&opts.state_dir);
     let mut store =
         crate::store::sqlite::SqliteStore::open_with(&db, durability).map_err(|e| e.to_string())?;
-    store.on_busy(|m| eprintln!("! store: {}", super::progress::printable(m)));
+    store.on_busy(|m| eprintln!("! store: {}", crate::term::printable(m)));
     let mut store: Box<dyn Store> = Box::new(store);
     let plan = &prepared.plan;
     let (run, resumed) = match &opts.resume {
@@ -494,7 +494,7 @@ impl Exec<'_> {
         let e = &self.plan.exits[i];
         let own = || {
             e.message.as_ref().map(|m| {
-                crate::compile::render_params(m, &self.plan.params).unwrap_or_else(|_| m.clone())
+                crate::params::render_params(m, &self.plan.params).unwrap_or_else(|_| m.clone())
             })
         };
         RunEnd::Exit {

@@ -11,8 +11,9 @@ use super::exec::*;
 use super::frame::*;
 use super::now_ms;
 use crate::check::StageId as NodeId;
-use crate::compile::{Target, resolve_count};
+use crate::compile::Target;
 use crate::model::StageBody;
+use crate::params::resolve_count;
 use crate::store::NodeState;
 
 impl Exec<'_> {

@@ -16,9 +16,9 @@ pub mod extract;
 mod fanout;
 mod frame;
 mod gate;
-pub mod helpers;
 mod lifecycle;
 mod loops;
+pub mod memory;
 mod policy;
 pub mod progress;
 mod resource;
@@ -32,10 +32,11 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use crate::check::ParamValues;
 use crate::compile::{Plan, compile_parts};
 use crate::diag::{Diagnostic, Diagnostics};
-use crate::load::{Loader, RealFs};
+use crate::fs::RealFs;
+use crate::load::Loader;
+use crate::params::ParamValues;
 use crate::source::Sources;
 
 pub use crate::store::now_ms;
@@ -60,7 +61,7 @@ pub struct PrepareError {
     pub sources: Sources,
     pub diagnostics: Vec<Diagnostic>,
     /// Git preset sources that are named but not in the cache (see [`prepare_fetching`]).
-    pub missing: Vec<crate::load::MissingSource>,
+    pub missing: Vec<crate::preset::MissingSource>,
 }
 
 impl PrepareError {
@@ -109,7 +110,7 @@ pub fn prepare(path: &Path, sets: &[(String, String)]) -> Result<Prepared, Box<P
                 hasher.update(f.text.as_bytes());
                 hasher.update([0]);
             }
-            let hash = crate::store::hex(&hasher.finalize());
+            let hash = format!("{:x}", hasher.finalize());
             Ok(Prepared {
                 plan,
                 hash,

@@ -44,26 +44,6 @@ fn depth(scope: &str) -> usize {
     }
 }
 
-/// A text safe to print on a terminal or in a log: control characters (ESC, BEL, a
-/// carriage return that would overwrite the line, C1 controls...) are shown escaped
-/// (`\u{1b}`), so that nothing an agent or a program wrote can move the cursor, set the
-/// title or hide text. Newlines and tabs stay.
-pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
-    let unsafe_char = |c: char| c.is_control() && c != '\n' && c != '\t';
-    if !text.chars().any(unsafe_char) {
-        return std::borrow::Cow::Borrowed(text);
-    }
-    let mut out = String::with_capacity(text.len() + 8);
-    for c in text.chars() {
-        if unsafe_char(c) {
-            out.push_str(&c.escape_unicode().to_string());
-        } else {
-            out.push(c);
-        }
-    }
-    std::borrow::Cow::Owned(out)
-}
-
 /// The first line of a message, cut to `max` characters.
 pub fn one_line(text: &str, max: usize) -> String {
     let line = text.trim().lines().next().unwrap_or("");
@@ -113,7 +93,7 @@ impl Progress {
 
     fn line(&self, text: &str) {
         let text = crate::secrets::redact(text);
-        let text = printable(&text);
+        let text = crate::term::printable(&text);
         let text = text.as_ref();
         match (&self.multi, self.mode) {
             (Some(m), _) => {

@@ -84,5 +84,5 @@ pub(super) fn subflow_path(
     sources: &crate::source::Sources,
     wf: &crate::model::Text,
 ) -> std::path::PathBuf {
-    crate::check::base_dir(sources, wf.span).join(&wf.value)
+    crate::fs::base_dir(sources, wf.span).join(&wf.value)
 }

@@ -13,8 +13,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::Usage;
-
 /// A store error, with what to do about it.
 #[derive(Debug)]
 pub struct StoreError(pub String);
@@ -28,6 +26,36 @@ impl std::fmt::Display for StoreError {
 impl std::error::Error for StoreError {}
 
 pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// Tokens and cost of one call, or summed over many.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Usage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// Input tokens served from a prompt cache (part of, not added to, `input_tokens`
+    /// where the backend reports them that way; as reported otherwise).
+    pub cached_tokens: u64,
+    /// The cost in US dollars, when the backend reports it.
+    pub cost_usd: Option<f64>,
+}
+
+impl Usage {
+    /// Adds another usage to this one.
+    pub fn add(&mut self, other: &Usage) {
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+        self.cached_tokens += other.cached_tokens;
+        self.cost_usd = match (self.cost_usd, other.cost_usd) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or(0.0) + b.unwrap_or(0.0)),
+        };
+    }
+
+    /// Returns input plus output tokens.
+    pub fn tokens(&self) -> u64 {
+        self.input_tokens + self.output_tokens
+    }
+}
 
 /// The state of a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -335,17 +363,6 @@ pub fn current_owner() -> LockOwner {
         host,
         since: now_ms(),
     }
-}
-
-/// Lowercase hex of some bytes (content hashes).
-pub fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
 }
 
 /// Returns the milliseconds since the Unix epoch.

@@ -17,11 +17,11 @@ use std::time::Duration;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 use sha2::{Digest, Sha256};
 
+use super::Usage;
 use super::{
     Approval, AttemptRecord, Event, GateRequest, LockOwner, NodeRecord, NodeState, Result,
-    RunRecord, RunStatus, Store, StoreError, Write, hex, now_ms, rfc3339,
+    RunRecord, RunStatus, Store, StoreError, Write, now_ms, rfc3339,
 };
-use crate::backend::Usage;
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = 2;
@@ -657,7 +657,7 @@ impl SqliteStore {
                 false,
             ));
         }
-        let hash = hex(&Sha256::digest(text.as_bytes()));
+        let hash = format!("{:x}", Sha256::digest(text.as_bytes()));
         let path = self.blob_path(&hash);
         let spilled = Output {
             inline: None,

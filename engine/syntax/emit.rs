@@ -39,7 +39,7 @@ use std::fmt::Write as _;
 
 use kdl::{KdlDocument, KdlEntry, KdlEntryFormat, KdlIdentifier, KdlNode, KdlValue};
 
-use crate::model::spec::{TableSpec, Ty, WORKFLOW};
+use crate::spec::{TableSpec, Ty, WORKFLOW};
 use crate::syntax::tree::{Entry, Table, Value, ValueKind};
 
 /// Longest line the TOML writer aims for when it puts a value on one line.

@@ -11,8 +11,8 @@
 use kdl::{KdlDocument, KdlEntry, KdlNode, KdlValue};
 
 use crate::diag::{Code, Diagnostic, Diagnostics};
-use crate::model::spec::{TableSpec, Ty, WORKFLOW};
 use crate::source::{FileId, Span};
+use crate::spec::{TableSpec, Ty, WORKFLOW};
 use crate::syntax::tree::{Entry, Table, Value, ValueKind};
 
 /// Parses KDL text into a table, reporting every syntax error the parser finds.

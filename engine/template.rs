@@ -1,5 +1,7 @@
-//! The template helper functions, evaluated at run time in the frame's working directory
-//! (`run.cwd`: the run's directory, or the loop's or item's worktree).
+//! The minijinja environment prompts and commands are rendered with, and its helper
+//! functions. The helpers are evaluated at run time, in the frame's working directory
+//! (`run.cwd`: the run's directory, or the loop's or item's worktree); the checker builds the
+//! same environment to tell which filters and tests exist, and never renders with it.
 
 use std::path::{Path, PathBuf};
 
@@ -45,6 +47,19 @@ impl Roots {
             ),
         ))
     }
+}
+
+/// The environment templates render with: minijinja's defaults and the helpers (see
+/// [`register`]). A stage that has not run (yet) is undefined, and so are its attributes
+/// (`stages.review.last` in the first iteration): templates guard with `is defined`.
+pub fn environment(
+    roots: Roots,
+    settle: impl Fn() + Send + Sync + 'static,
+) -> minijinja::Environment<'static> {
+    let mut env = minijinja::Environment::new();
+    register(&mut env, roots, settle);
+    env.set_undefined_behavior(minijinja::UndefinedBehavior::Chainable);
+    env
 }
 
 /// Adds the helpers to an environment; the file helpers read only under `roots`, and call
@@ -242,41 +257,6 @@ fn git_diff(state: &State, base: Option<String>) -> Result<String, Error> {
 
 fn git_status(state: &State) -> Result<String, Error> {
     git(state, &["status", "--porcelain"])
-}
-
-/// Adds `earlier_runs(stage, n=5)`: the stage's outputs in earlier runs of the same
-/// workflow, newest first, each `{run, started_at, status, output}` (cross-run memory).
-/// It reads the store through its own connection.
-pub fn register_memory(
-    env: &mut minijinja::Environment<'static>,
-    store: std::sync::Arc<std::sync::Mutex<crate::store::sqlite::SqliteStore>>,
-    workflow: String,
-    current_run: String,
-) {
-    env.add_function(
-        "earlier_runs",
-        move |stage: String, n: Option<usize>| -> Result<Value, Error> {
-            use crate::store::Store;
-            let store = store
-                .lock()
-                .map_err(|_| Error::new(ErrorKind::InvalidOperation, "the store is unusable"))?;
-            let rows = store
-                .history(&workflow, &stage, &current_run, n.unwrap_or(5))
-                .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
-            let out: Vec<serde_json::Value> = rows
-                .into_iter()
-                .map(|(run, rec)| {
-                    serde_json::json!({
-                        "run": run,
-                        "started_at": crate::store::rfc3339(rec.started_at),
-                        "status": rec.state.as_str(),
-                        "output": rec.output,
-                    })
-                })
-                .collect();
-            Ok(Value::from(minijinja::value::Serde(out)))
-        },
-    );
 }
 
 #[cfg(test)]
