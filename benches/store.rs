@@ -193,7 +193,7 @@ fn group(i: usize, j: usize, text: &str) -> [Write; 3] {
             scope: scope.clone(),
             node: node.clone(),
             attempt: 1,
-            state: "ok".to_string(),
+            state: ralph_flow::store::AttemptState::Ok,
             agent: Some("claude".to_string()),
             dir: format!(".ralph-flow/runs/bench/{scope}/{node}/1"),
             error: None,

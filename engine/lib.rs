@@ -3,10 +3,14 @@
 //! The pipeline is parse ([`syntax`]) → shape and lower ([`model`]) → check ([`check`]) →
 //! compile ([`compile`]); the CLI in `main.rs` drives it. See ARCHITECTURE.md.
 
+#[macro_use]
+mod keywords;
+
 pub mod backend;
 pub mod check;
 pub mod compile;
 pub mod diag;
+pub mod exit;
 pub mod fs;
 pub mod load;
 pub mod model;

@@ -122,6 +122,12 @@ pub const AGENT_KINDS: &[&str] = &[
 pub const PARAM_TYPES: &[&str] = &["string", "int", "float", "bool", "list"];
 /// The output extraction modes.
 pub const EXTRACT_MODES: &[&str] = &["text", "json", "fenced_json", "markers", "regex"];
+/// How a `command` agent may get its prompt.
+pub const PROMPT_VIA: &[&str] = &["stdin", "file", "arg"];
+/// The OpenAI APIs an `openai` agent may call.
+pub const OPENAI_APIS: &[&str] = &["chat", "responses"];
+/// When a worktree may be removed.
+pub const CLEANUPS: &[&str] = &["on_success", "always", "never"];
 /// The fan-in aggregation modes.
 pub const AGGREGATE_MODES: &[&str] = &[
     "collect", "all", "any", "worst", "best", "highest", "lowest",
@@ -368,7 +374,7 @@ pub static AGENT: TableSpec = TableSpec {
         k(
             "prompt_via",
             &["command"],
-            Ty::Enum(&["stdin", "file", "arg"]),
+            Ty::Enum(PROMPT_VIA),
             "How a `command` agent gets the prompt (default `stdin`).",
         ),
         k(
@@ -386,7 +392,7 @@ pub static AGENT: TableSpec = TableSpec {
         k(
             "api",
             &["openai"],
-            Ty::Enum(&["chat", "responses"]),
+            Ty::Enum(OPENAI_APIS),
             "Which OpenAI API to call (default `chat`).",
         ),
         k(
@@ -866,7 +872,7 @@ pub static WORKTREE: TableSpec = TableSpec {
         ),
         f(
             "cleanup",
-            Ty::Enum(&["on_success", "always", "never"]),
+            Ty::Enum(CLEANUPS),
             "When to remove the worktree (default `on_success`).",
         ),
     ],

@@ -54,7 +54,7 @@ fn attempt(scope: &str, name: &str, n: u32, state: &str) -> Write {
         scope: scope.to_string(),
         node: name.to_string(),
         attempt: n,
-        state: state.to_string(),
+        state: ralph_flow::store::AttemptState::parse(state).expect("an attempt state"),
         agent: Some("claude".to_string()),
         dir: format!(".ralph-flow/runs/r2/{name}/{n}"),
         error: None,

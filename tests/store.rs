@@ -61,7 +61,7 @@ fn attempt(run: &str, scope: &str, name: &str, n: u32) -> AttemptRecord {
         scope: scope.to_string(),
         node: name.to_string(),
         attempt: n,
-        state: "running".to_string(),
+        state: ralph_flow::store::AttemptState::Running,
         agent: Some("claude".to_string()),
         dir: format!("runs/r/{name}/{n}"),
         error: None,
@@ -182,7 +182,7 @@ fn records_round_trip() {
     // An attempt is updated in place when it ends and keeps its place.
     let a2 = attempt("r", "", "review", 1);
     let mut a1_end = a1;
-    a1_end.state = "ok".to_string();
+    a1_end.state = ralph_flow::store::AttemptState::Ok;
     a1_end.usage = usage(500);
     a1_end.finished_at = Some(3_000);
     a1_end.error = Some("none".to_string());

@@ -20,7 +20,6 @@ use crate::load::Loader;
 use crate::model::{Stage, StageKind, Workflow};
 
 pub use crate::params::ParamValues;
-pub use refs::{ENGINE_CODES, IMPLICIT_EXITS};
 
 /// Identifies a stage of a checked workflow: its index in [`Checked::stages`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

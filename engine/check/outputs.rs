@@ -7,7 +7,7 @@ use super::{Checked, StageId};
 use crate::diag::{Code, Diagnostic, Diagnostics};
 use crate::fs::base_dir;
 use crate::load::Loader;
-use crate::model::{OutputSpec, SchemaRef, StageBody, StageKind};
+use crate::model::{AggregateMode, ExtractMode, OutputSpec, SchemaRef, StageBody, StageKind};
 
 /// The schema of what a command stage produces.
 pub fn command_schema() -> Json {
@@ -93,7 +93,7 @@ fn output_schema(
     loader: &mut Loader<'_>,
     diags: &mut Diagnostics,
 ) -> Option<Json> {
-    let extract = o.extract.as_ref().map(|e| e.value.as_str());
+    let extract = o.extract.as_ref().map(|e| e.value);
     let mut schema = match &o.schema {
         Some(SchemaRef::File(path)) => {
             let full = base_dir(loader.sources, path.span).join(&path.value);
@@ -135,7 +135,7 @@ fn output_schema(
         }
         None => None,
     };
-    if schema.is_some() && matches!(extract, Some("text" | "markers")) {
+    if schema.is_some() && matches!(extract, Some(ExtractMode::Text | ExtractMode::Markers)) {
         if let Some(e) = &o.extract {
             diags.push(
                 Diagnostic::new(
@@ -150,7 +150,7 @@ fn output_schema(
             );
         }
     }
-    if extract == Some("regex") {
+    if extract == Some(ExtractMode::Regex) {
         match &o.pattern {
             None => diags.push(
                 Diagnostic::new(
@@ -261,7 +261,7 @@ fn output_schema(
         marker_props.insert(m.name.value.clone(), item);
     }
     let base = schema.or_else(|| match extract {
-        Some("json" | "fenced_json") => Some(json!({})),
+        Some(ExtractMode::Json | ExtractMode::FencedJson) => Some(json!({})),
         _ => builtin_schema(kind),
     })?;
     if marker_props.is_empty() {
@@ -563,7 +563,7 @@ fn aggregate(c: &Checked<'_>, id: StageId, diags: &mut Diagnostics) {
         for_each_over(c, over, diags);
     }
     let Some(agg) = agg else { return };
-    let needs_field = !matches!(agg.mode.value.as_str(), "collect");
+    let needs_field = agg.mode.value != AggregateMode::Collect;
     let Some(field) = &agg.field else {
         if needs_field {
             diags.push(
@@ -603,7 +603,7 @@ fn aggregate(c: &Checked<'_>, id: StageId, diags: &mut Diagnostics) {
             .help_or(format!("its fields are: {}", known.join(", "))),
         ),
         Ok(f) => {
-            if matches!(agg.mode.value.as_str(), "worst" | "best")
+            if matches!(agg.mode.value, AggregateMode::Worst | AggregateMode::Best)
                 && agg.order.is_empty()
                 && f.get("enum").is_none()
             {

@@ -6,16 +6,6 @@ use crate::diag::{Code, Diagnostic, Diagnostics};
 use crate::model::{Action, Count, Stage, StageBody, is_ident};
 use crate::source::Spanned;
 
-/// The exits every workflow has, with their codes, unless it declares them itself.
-pub const IMPLICIT_EXITS: &[(&str, i64)] = &[("success", 0), ("failed", 1)];
-
-/// Exit codes the engine itself uses: configuration error, waiting on a gate, interrupted.
-pub const ENGINE_CODES: &[(i64, &str)] = &[
-    (3, "configuration error"),
-    (75, "waiting on a gate"),
-    (130, "interrupted"),
-];
-
 pub fn check(c: &mut Checked<'_>, diags: &mut Diagnostics) {
     let wf = c.workflow;
     if !wf.name.value.is_empty()
@@ -40,7 +30,10 @@ pub fn check(c: &mut Checked<'_>, diags: &mut Diagnostics) {
         );
     }
     for e in &wf.exits {
-        if let Some((_, what)) = ENGINE_CODES.iter().find(|(code, _)| *code == e.code.value) {
+        if let Some((_, what)) = crate::exit::ENGINE
+            .iter()
+            .find(|(code, _)| i64::from(*code) == e.code.value)
+        {
             diags.push(
                 Diagnostic::new(
                     Code::ReservedExitCode,
@@ -156,7 +149,7 @@ fn exit_names(c: &Checked<'_>) -> Vec<String> {
         .iter()
         .map(|e| e.name.value.clone())
         .collect();
-    for (n, _) in IMPLICIT_EXITS {
+    for (n, _) in crate::exit::IMPLICIT {
         if !names.iter().any(|x| x == n) {
             names.push((*n).to_string());
         }

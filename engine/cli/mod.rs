@@ -21,8 +21,7 @@ use ralph_flow::model::Workflow;
 use ralph_flow::params::parse_set;
 use ralph_flow::source::Sources;
 
-/// ralph-flow's own exit code for a configuration error (an invalid workflow or arguments).
-pub const EXIT_CONFIG: i32 = 3;
+pub use ralph_flow::exit::CONFIG as EXIT_CONFIG;
 
 #[derive(Parser)]
 #[command(

@@ -524,7 +524,7 @@ fn show_logs(args: &LogsArgs) -> Result<(), Failure> {
                 vec![
                     scope.to_string(),
                     format!("#{}", a.attempt),
-                    a.state.clone(),
+                    a.state.to_string(),
                     a.agent.clone().unwrap_or_else(|| String::from("-")),
                     tokens(&a.usage),
                     a.dir.clone(),

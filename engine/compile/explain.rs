@@ -88,10 +88,10 @@ pub fn explain(plan: &Plan) -> String {
             "\nThe whole run works in its own git worktree, on branch `{}` (from `{}`); it is removed {}.",
             w.branch.value,
             w.base.as_ref().map_or("HEAD", |b| b.value.as_str()),
-            match w.cleanup.as_ref().map(|c| c.value.as_str()) {
-                Some("always") => "when the run ends",
-                Some("never") => "never",
-                _ => "when the run succeeds",
+            match w.cleanup.as_ref().map(|c| c.value).unwrap_or_default() {
+                crate::model::Cleanup::Always => "when the run ends",
+                crate::model::Cleanup::Never => "never",
+                crate::model::Cleanup::OnSuccess => "when the run succeeds",
             }
         );
     }
@@ -140,7 +140,8 @@ pub fn explain(plan: &Plan) -> String {
     }
     let _ = writeln!(
         out,
-        "  (ralph-flow itself: 3 configuration error, 75 waiting on a gate, 130 interrupted)"
+        "  (ralph-flow itself: {})",
+        crate::exit::engine_codes_text()
     );
     out
 }

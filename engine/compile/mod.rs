@@ -256,7 +256,7 @@ pub fn compile_parts(checked: &Checked<'_>) -> PlanParts {
             message: e.message.as_ref().map(|m| m.value.clone()),
         })
         .collect();
-    for (name, code) in crate::check::IMPLICIT_EXITS {
+    for (name, code) in crate::exit::IMPLICIT {
         if !exits.iter().any(|e| e.name == *name) {
             exits.push(ExitDef {
                 name: (*name).to_string(),

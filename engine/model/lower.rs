@@ -329,10 +329,11 @@ fn agent(name: Text, t: &Table, span: Span) -> Option<Agent> {
         context_window: count(t, "context_window"),
         fallbacks: texts(t, "fallbacks"),
         command: texts(t, "command"),
-        prompt_via: text(t, "prompt_via"),
+        prompt_via: text(t, "prompt_via")
+            .and_then(|v| Some(Spanned::new(PromptVia::parse(&v.value)?, v.span))),
         base_url: text(t, "base_url"),
         api_key_env: text(t, "api_key_env"),
-        api: text(t, "api"),
+        api: text(t, "api").and_then(|v| Some(Spanned::new(OpenAiApi::parse(&v.value)?, v.span))),
         max_tokens: count(t, "max_tokens"),
         file: text(t, "file"),
         permissions: text(t, "permissions")
@@ -497,7 +498,8 @@ fn output(o: &Table, span: Span) -> OutputSpec {
         None => SchemaRef::Inline(Spanned::new(v.to_json(), v.span)),
     });
     OutputSpec {
-        extract: text(o, "extract"),
+        extract: text(o, "extract")
+            .and_then(|v| Some(Spanned::new(ExtractMode::parse(&v.value)?, v.span))),
         schema,
         pattern: text(o, "pattern"),
         markers: named(o, "markers", |name, m, span| {
@@ -538,7 +540,8 @@ fn escalations(t: &Table) -> Vec<Escalation> {
 fn aggregate(t: &Table) -> Option<Aggregate> {
     let (a, span) = table(t, "aggregate")?;
     Some(Aggregate {
-        mode: text(a, "mode")?,
+        mode: text(a, "mode")
+            .and_then(|v| Some(Spanned::new(AggregateMode::parse(&v.value)?, v.span)))?,
         field: text(a, "field"),
         order: texts(a, "order"),
         span,
@@ -550,7 +553,8 @@ fn worktree(t: &Table) -> Option<Worktree> {
     Some(Worktree {
         branch: text(w, "branch")?,
         base: text(w, "base"),
-        cleanup: text(w, "cleanup"),
+        cleanup: text(w, "cleanup")
+            .and_then(|v| Some(Spanned::new(Cleanup::parse(&v.value)?, v.span))),
         span,
     })
 }

@@ -230,10 +230,10 @@ pub struct Agent {
     pub context_window: Option<Spanned<Count>>,
     pub fallbacks: Vec<Text>,
     pub command: Vec<Text>,
-    pub prompt_via: Option<Text>,
+    pub prompt_via: Option<Spanned<PromptVia>>,
     pub base_url: Option<Text>,
     pub api_key_env: Option<Text>,
-    pub api: Option<Text>,
+    pub api: Option<Spanned<OpenAiApi>>,
     pub max_tokens: Option<Spanned<Count>>,
     pub file: Option<Text>,
     pub permissions: Option<Spanned<Permissions>>,
@@ -643,10 +643,66 @@ pub struct Route {
     pub span: Span,
 }
 
+keywords! {
+    /// How an answer becomes an output (`output.extract`).
+    pub enum ExtractMode {
+        Text = "text",
+        Json = "json",
+        FencedJson = "fenced_json",
+        Markers = "markers",
+        Regex = "regex",
+    }
+}
+
+keywords! {
+    /// How a fan-out's results are combined (`aggregate.mode`).
+    pub enum AggregateMode {
+        Collect = "collect",
+        All = "all",
+        Any = "any",
+        Worst = "worst",
+        Best = "best",
+        Highest = "highest",
+        Lowest = "lowest",
+    }
+}
+
+keywords! {
+    /// When a worktree is removed (`worktree.cleanup`).
+    #[derive(Default)]
+    pub enum Cleanup {
+        #[default]
+        OnSuccess = "on_success",
+        Always = "always",
+        Never = "never",
+    }
+}
+
+keywords! {
+    /// How a `command` agent gets the prompt (`prompt_via`).
+    #[derive(Default)]
+    pub enum PromptVia {
+        #[default]
+        Stdin = "stdin",
+        File = "file",
+        Arg = "arg",
+    }
+}
+
+keywords! {
+    /// Which OpenAI API an `openai` agent calls (`api`).
+    #[derive(Default)]
+    pub enum OpenAiApi {
+        #[default]
+        Chat = "chat",
+        Responses = "responses",
+    }
+}
+
 /// How output is extracted and validated.
 #[derive(Clone, Debug)]
 pub struct OutputSpec {
-    pub extract: Option<Text>,
+    pub extract: Option<Spanned<ExtractMode>>,
     pub schema: Option<SchemaRef>,
     pub pattern: Option<Text>,
     pub markers: Vec<Marker>,
@@ -693,7 +749,7 @@ pub struct Escalation {
 /// How fan-out results are combined.
 #[derive(Clone, Debug)]
 pub struct Aggregate {
-    pub mode: Text,
+    pub mode: Spanned<AggregateMode>,
     pub field: Option<Text>,
     pub order: Vec<Text>,
     pub span: Span,
@@ -704,7 +760,7 @@ pub struct Aggregate {
 pub struct Worktree {
     pub branch: Text,
     pub base: Option<Text>,
-    pub cleanup: Option<Text>,
+    pub cleanup: Option<Spanned<Cleanup>>,
     pub span: Span,
 }
 
@@ -771,6 +827,16 @@ fn finish_ms(total_secs: u64, ms: u64, at_end: bool) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keyword_enums_name_what_the_spec_accepts() {
+        use crate::spec;
+        assert_eq!(ExtractMode::NAMES, spec::EXTRACT_MODES);
+        assert_eq!(AggregateMode::NAMES, spec::AGGREGATE_MODES);
+        assert_eq!(Cleanup::NAMES, spec::CLEANUPS);
+        assert_eq!(PromptVia::NAMES, spec::PROMPT_VIA);
+        assert_eq!(OpenAiApi::NAMES, spec::OPENAI_APIS);
+    }
 
     #[test]
     fn durations_parse() {

@@ -11,7 +11,7 @@ use crate::backend::{AgentCall, AgentReply, CallError, Usage};
 use crate::check::StageId as NodeId;
 use crate::compile::Target;
 use crate::params::resolve_count;
-use crate::store::NodeState;
+use crate::store::{AttemptState, NodeState};
 
 /// A reply with the registered secrets masked, before anything reads it.
 fn redact_reply(mut r: AgentReply) -> AgentReply {
@@ -83,7 +83,7 @@ impl Exec<'_> {
                 if let Some(msg) = too_big(&prompt, w) {
                     self.attempt_record(
                         &at,
-                        "failed",
+                        AttemptState::Failed,
                         Some(&a.name.value),
                         Some(msg.clone()),
                         &Usage::default(),
@@ -97,7 +97,13 @@ impl Exec<'_> {
             if let Some((t, msg)) = self.over_budget(frame, n, &usage) {
                 return self.budget_outcome(started, t, msg, usage, attempt - 1);
             }
-            self.attempt_record(&at, "running", Some(&a.name.value), None, &Usage::default());
+            self.attempt_record(
+                &at,
+                AttemptState::Running,
+                Some(&a.name.value),
+                None,
+                &Usage::default(),
+            );
             self.shared.durable().await;
             if self.halted() {
                 // The attempt could not be recorded (or the run is stopping): nothing starts.
@@ -161,7 +167,7 @@ impl Exec<'_> {
                     // of it reaches an agent as feedback, and `on_error` decides.
                     self.attempt_record(
                         &at,
-                        state.as_str(),
+                        AttemptState::ended(state),
                         Some(&agent_name),
                         Some(detail.clone()),
                         &usage,
@@ -212,7 +218,13 @@ impl Exec<'_> {
                         "output.json",
                         &serde_json::to_string_pretty(&v).unwrap_or_default(),
                     );
-                    self.attempt_record(&at, "ok", Some(&agent_name), None, &reply.usage);
+                    self.attempt_record(
+                        &at,
+                        AttemptState::Ok,
+                        Some(&agent_name),
+                        None,
+                        &reply.usage,
+                    );
                     if let Some((t, msg)) = self.over_budget(frame, n, &usage) {
                         // The output is kept; the budget's action decides what follows.
                         let mut s = Settled::done(v, started)
@@ -230,7 +242,7 @@ impl Exec<'_> {
                     self.artifact(dir, "feedback.md", &text);
                     self.attempt_record(
                         &at,
-                        "invalid",
+                        AttemptState::Invalid,
                         Some(&agent_name),
                         Some(text.clone()),
                         &reply.usage,

@@ -13,7 +13,7 @@ use super::now_ms;
 use crate::backend::Usage;
 use crate::check::StageId as NodeId;
 use crate::compile::Target;
-use crate::store::{AttemptRecord, NodeState, Write};
+use crate::store::{AttemptRecord, AttemptState, NodeState, Write};
 
 /// Which attempt a record is about: stage, scope, number, artifact directory, start.
 pub(super) struct AttemptAt<'a> {
@@ -134,7 +134,7 @@ impl Exec<'_> {
     pub(super) fn attempt_record(
         &self,
         at: &AttemptAt<'_>,
-        state: &str,
+        state: AttemptState,
         agent: Option<&str>,
         error: Option<String>,
         usage: &Usage,
@@ -144,13 +144,13 @@ impl Exec<'_> {
             scope: at.scope.to_string(),
             node: at.stage.to_string(),
             attempt: at.attempt,
-            state: state.to_string(),
+            state,
             agent: agent.map(str::to_string),
             dir: at.dir.to_string_lossy().into_owned(),
             error,
             usage: usage.clone(),
             started_at: at.started,
-            finished_at: (state != "running").then(now_ms),
+            finished_at: (state != AttemptState::Running).then(now_ms),
         }));
     }
 
@@ -164,7 +164,13 @@ impl Exec<'_> {
         message: String,
         usage: Usage,
     ) -> Outcome {
-        self.attempt_record(at, state.as_str(), agent, Some(message.clone()), &usage);
+        self.attempt_record(
+            at,
+            AttemptState::ended(state),
+            agent,
+            Some(message.clone()),
+            &usage,
+        );
         self.failed(at.node, at.stage_started, state, message, usage, at.attempt)
     }
 

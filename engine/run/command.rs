@@ -16,7 +16,7 @@ use crate::backend::process::{self, Ended, ProcSpec};
 use crate::check::StageId as NodeId;
 use crate::model::{StageBody, StageKind};
 use crate::params::{resolve_count, resolve_duration};
-use crate::store::NodeState;
+use crate::store::{AttemptState, NodeState};
 
 /// The run's log of the programs its commands started and ended (see
 /// [`process::stop_leftovers`]), in the run's directory.
@@ -79,7 +79,7 @@ impl Exec<'_> {
                     Ok(s) => s,
                     Err(e) => return self.fail_now(started, e),
                 };
-                self.attempt_record(&at, "running", None, None, &Usage::default());
+                self.attempt_record(&at, AttemptState::Running, None, None, &Usage::default());
                 self.shared.durable().await;
                 if self.halted() {
                     return Outcome::Stopped;
@@ -106,7 +106,7 @@ impl Exec<'_> {
                         );
                         self.attempt_record(
                             &at,
-                            NodeState::Failed.as_str(),
+                            AttemptState::Failed,
                             None,
                             Some(msg.clone()),
                             &Usage::default(),
@@ -238,13 +238,13 @@ impl Exec<'_> {
                 );
             }
             if ok {
-                self.attempt_record(&at, "ok", None, None, &Usage::default());
+                self.attempt_record(&at, AttemptState::Ok, None, None, &Usage::default());
                 return self.done(frame, n, started, value, Usage::default(), attempt);
             }
             self.artifact(dir, "feedback.md", &last_msg);
             self.attempt_record(
                 &at,
-                "failed",
+                AttemptState::Failed,
                 None,
                 Some(tail(&last_msg, 4000)),
                 &Usage::default(),

@@ -436,10 +436,10 @@ pub(super) fn agent_config(
             .map(|(k, v)| Ok((k.value.clone(), r(v)?)))
             .collect::<Result<_, String>>()?,
         command: a.command.iter().map(r).collect::<Result<_, _>>()?,
-        prompt_via: opt(&a.prompt_via)?,
+        prompt_via: a.prompt_via.as_ref().map(|p| p.value.to_string()),
         base_url: opt(&a.base_url)?,
         api_key_env: opt(&a.api_key_env)?,
-        api: opt(&a.api)?,
+        api: a.api.as_ref().map(|p| p.value.to_string()),
         max_tokens: a
             .max_tokens
             .as_ref()

@@ -3,7 +3,7 @@
 
 use serde_json::{Map, Value as Json, json};
 
-use crate::model::{Marker, OutputSpec};
+use crate::model::{ExtractMode, Marker, OutputSpec};
 
 /// A compiled output specification of one stage.
 #[derive(Debug)]
@@ -29,21 +29,18 @@ impl Extractor {
     /// unwrapped.
     pub fn new(spec: Option<&OutputSpec>, schema: Option<&Json>) -> Result<Self, String> {
         let declared = spec.and_then(|s| s.schema.as_ref()).is_some();
-        let mode = match spec
-            .and_then(|s| s.extract.as_ref())
-            .map(|e| e.value.as_str())
-        {
-            Some("json") => Mode::Json,
-            Some("fenced_json") => Mode::FencedJson,
-            Some("markers") => Mode::Markers,
-            Some("regex") => {
+        let mode = match spec.and_then(|s| s.extract.as_ref()).map(|e| e.value) {
+            Some(ExtractMode::Json) => Mode::Json,
+            Some(ExtractMode::FencedJson) => Mode::FencedJson,
+            Some(ExtractMode::Markers) => Mode::Markers,
+            Some(ExtractMode::Regex) => {
                 let p = spec
                     .and_then(|s| s.pattern.as_ref())
                     .map(|p| p.value.as_str())
                     .unwrap_or("");
                 Mode::Regex(regex::Regex::new(p).map_err(|e| e.to_string())?)
             }
-            Some(_) => Mode::Text,
+            Some(ExtractMode::Text) => Mode::Text,
             None if declared => Mode::Json,
             None => Mode::Text,
         };
@@ -237,7 +234,8 @@ mod tests {
 
     fn spec(extract: &str) -> OutputSpec {
         OutputSpec {
-            extract: Some(text(extract)),
+            extract: ExtractMode::parse(extract)
+                .map(|e| Spanned::new(e, Span::new(FileId(0), 0..0))),
             schema: None,
             pattern: None,
             markers: Vec::new(),

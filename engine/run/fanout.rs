@@ -19,7 +19,7 @@ use super::now_ms;
 use crate::backend::Usage;
 use crate::check::StageId as NodeId;
 use crate::compile::Target;
-use crate::model::StageBody;
+use crate::model::{AggregateMode, StageBody};
 use crate::params::resolve_count;
 use crate::store::{NodeRecord, NodeState, Write};
 
@@ -380,12 +380,12 @@ impl Exec<'_> {
                 })
         };
         let present: Vec<&Json> = results.iter().filter(|r| !r.is_null()).collect();
-        match agg.mode.value.as_str() {
-            "all" => Json::Bool(
+        match agg.mode.value {
+            AggregateMode::All => Json::Bool(
                 !present.is_empty() && present.iter().all(|r| get(r) == Json::Bool(true)),
             ),
-            "any" => Json::Bool(present.iter().any(|r| get(r) == Json::Bool(true))),
-            "worst" | "best" => {
+            AggregateMode::Any => Json::Bool(present.iter().any(|r| get(r) == Json::Bool(true))),
+            AggregateMode::Worst | AggregateMode::Best => {
                 let order: Vec<String> = if agg.order.is_empty() {
                     result_stage
                         .and_then(|r| self.plan.schemas.get(&r))
@@ -408,14 +408,14 @@ impl Exec<'_> {
                     order.iter().position(|o| *o == s)
                 };
                 let ranked = present.iter().filter_map(|r| rank(r).map(|i| (i, get(r))));
-                let pick = if agg.mode.value == "worst" {
+                let pick = if agg.mode.value == AggregateMode::Worst {
                     ranked.max_by_key(|(i, _)| *i)
                 } else {
                     ranked.min_by_key(|(i, _)| *i)
                 };
                 pick.map(|(_, v)| v).unwrap_or(Json::Null)
             }
-            "highest" | "lowest" => {
+            AggregateMode::Highest | AggregateMode::Lowest => {
                 let num = |r: &Json| get(r).as_f64();
                 let mut best: Option<(&Json, f64)> = None;
                 for r in &present {
@@ -423,7 +423,7 @@ impl Exec<'_> {
                         let better = match best {
                             None => true,
                             Some((_, b)) => {
-                                if agg.mode.value == "highest" {
+                                if agg.mode.value == AggregateMode::Highest {
                                     x > b
                                 } else {
                                     x < b
@@ -437,7 +437,7 @@ impl Exec<'_> {
                 }
                 best.map(|(r, _)| r.clone()).unwrap_or(Json::Null)
             }
-            _ => Json::Array(results.to_vec()),
+            AggregateMode::Collect => Json::Array(results.to_vec()),
         }
     }
 }

@@ -17,7 +17,7 @@ use super::{Prepared, RunEnd, RunOptions, RunResult, now_ms};
 use crate::backend::replay::{Recorder, ReplayBackend};
 use crate::check::StageId as NodeId;
 use crate::model::StageKind;
-use crate::store::{RunRecord, RunStatus, Store, Write};
+use crate::store::{AttemptState, RunRecord, RunStatus, Store, Write};
 
 /// Checks, before anything runs, that every agent a stage of the plan can call is usable
 /// here (its program installed, its key set), or has a fallback that is. Returns notes on
@@ -220,7 +220,7 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
             .attempts(&run.id, None)
             .map_err(|e| e.to_string())?
             .into_iter()
-            .filter(|a| a.state == "running")
+            .filter(|a| a.state == AttemptState::Running)
             .collect();
         let pid_files: Vec<PathBuf> = interrupted
             .iter()
@@ -233,7 +233,7 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         let writes: Vec<Write> = interrupted
             .into_iter()
             .map(|mut a| {
-                a.state = "interrupted".into();
+                a.state = AttemptState::Interrupted;
                 a.finished_at = Some(now_ms());
                 a.error = Some(
                     "the run stopped while this attempt ran; resume ran the stage again".into(),

@@ -256,18 +256,13 @@ pub struct WorkCounts {
     pub commits: u64,
 }
 
-/// Ralph-flow's exit code when a run stops to wait on a gate (EX_TEMPFAIL).
-pub const EXIT_WAITING: i32 = 75;
-/// Ralph-flow's exit code when a run is interrupted (128 + SIGINT).
-pub const EXIT_INTERRUPTED: i32 = 130;
-
 impl RunEnd {
     /// Returns the process exit code.
     pub fn code(&self) -> i32 {
         match self {
             RunEnd::Exit { code, .. } => i32::try_from(*code).unwrap_or(1),
-            RunEnd::Waiting(_) => EXIT_WAITING,
-            RunEnd::Interrupted => EXIT_INTERRUPTED,
+            RunEnd::Waiting(_) => crate::exit::WAITING,
+            RunEnd::Interrupted => crate::exit::INTERRUPTED,
         }
     }
 }

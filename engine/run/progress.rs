@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::backend::Usage;
+use crate::store::NodeState;
 
 /// How progress is shown.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -144,7 +145,7 @@ impl Progress {
         &self,
         scope: &str,
         stage: &str,
-        state: &str,
+        state: NodeState,
         elapsed: Duration,
         usage: &Usage,
         why: Option<&str>,
@@ -154,13 +155,12 @@ impl Progress {
             bar.finish_and_clear();
         }
         let mark = match state {
-            "done" => "✓",
-            "skipped" => "·",
-            "waiting" => "⏸",
-            _ => "✗",
+            NodeState::Done => "✓",
+            NodeState::Skipped => "·",
+            NodeState::Failed | NodeState::TimedOut => "✗",
         };
-        let mut text = format!("{mark} {k} {state}");
-        if state != "skipped" {
+        let mut text = format!("{mark} {k} {}", state.as_str());
+        if state != NodeState::Skipped {
             text.push_str(&format!(" in {}", short_duration(elapsed)));
         }
         if usage.tokens() > 0 {

@@ -326,7 +326,7 @@ impl Exec<'_> {
         self.shared.progress.settled(
             &scope,
             &name,
-            s.state.as_str(),
+            s.state,
             Duration::from_millis(u64::try_from(finished - s.started_at).unwrap_or(0)),
             &s.usage,
             s.message.as_deref(),

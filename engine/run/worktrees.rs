@@ -10,7 +10,7 @@ use super::context::*;
 use super::exec::*;
 use super::frame::*;
 use crate::check::StageId as NodeId;
-use crate::model::StageBody;
+use crate::model::{Cleanup, StageBody};
 
 impl Exec<'_> {
     pub(super) async fn enter_worktree(
@@ -124,11 +124,12 @@ impl Exec<'_> {
             .worktree
             .as_ref()
             .and_then(|w| w.cleanup.as_ref())
-            .map(|c| c.value.as_str());
+            .map(|c| c.value)
+            .unwrap_or_default();
         let remove = match cleanup {
-            Some("always") => true,
-            Some("never") => false,
-            _ => *code == 0,
+            Cleanup::Always => true,
+            Cleanup::Never => false,
+            Cleanup::OnSuccess => *code == 0,
         };
         if remove {
             if let Err(e) = super::worktree::remove(&self.shared.opts.cwd, path).await {
@@ -152,13 +153,13 @@ impl Exec<'_> {
             }
             | StageBody::ForEach {
                 worktree: Some(w), ..
-            } => w.cleanup.as_ref().map(|c| c.value.clone()),
+            } => w.cleanup.as_ref().map(|c| c.value).unwrap_or_default(),
             _ => return,
         };
-        let remove = match cleanup.as_deref() {
-            Some("always") => true,
-            Some("never") => false,
-            _ => ok,
+        let remove = match cleanup {
+            Cleanup::Always => true,
+            Cleanup::Never => false,
+            Cleanup::OnSuccess => ok,
         };
         if remove {
             if let Err(e) = super::worktree::remove(&self.shared.opts.cwd, path).await {

@@ -156,6 +156,35 @@ impl NodeState {
     }
 }
 
+keywords! {
+    /// Where an attempt is.
+    pub enum AttemptState {
+        /// Started, not ended (or ended by a crash: resume marks it interrupted).
+        Running = "running",
+        /// It gave an answer or an exit that the stage accepts.
+        Ok = "ok",
+        /// Its output failed validation.
+        Invalid = "invalid",
+        /// It failed.
+        Failed = "failed",
+        /// Its timeout ended it.
+        TimedOut = "timed_out",
+        /// The executor stopped while it ran.
+        Interrupted = "interrupted",
+    }
+}
+
+impl AttemptState {
+    /// The attempt state of a stage that ended with `state`.
+    pub fn ended(state: NodeState) -> Self {
+        match state {
+            NodeState::Done => AttemptState::Ok,
+            NodeState::TimedOut => AttemptState::TimedOut,
+            NodeState::Failed | NodeState::Skipped => AttemptState::Failed,
+        }
+    }
+}
+
 /// A settled node: the unit of resume. Keyed by (run, scope, node).
 ///
 /// `scope` says where in the run: `""` at the top level, `attempts#3` for the third
@@ -188,9 +217,7 @@ pub struct AttemptRecord {
     pub scope: String,
     pub node: String,
     pub attempt: u32,
-    /// `running`, `ok`, `invalid` (output failed validation), `failed`, `timed_out`,
-    /// `rate_limited`, `interrupted`.
-    pub state: String,
+    pub state: AttemptState,
     /// The agent that answered, for agent stages.
     pub agent: Option<String>,
     /// The attempt's artifact directory.

@@ -19,8 +19,8 @@ use sha2::{Digest, Sha256};
 
 use super::Usage;
 use super::{
-    Approval, AttemptRecord, Event, GateRequest, LockOwner, NodeRecord, NodeState, Result,
-    RunRecord, RunStatus, Store, StoreError, Write, now_ms, rfc3339,
+    Approval, AttemptRecord, AttemptState, Event, GateRequest, LockOwner, NodeRecord, NodeState,
+    Result, RunRecord, RunStatus, Store, StoreError, Write, now_ms, rfc3339,
 };
 
 /// The schema version this build writes.
@@ -1095,7 +1095,7 @@ fn write_all(
                         a.scope,
                         a.node,
                         a.attempt,
-                        a.state,
+                        a.state.as_str(),
                         a.agent,
                         a.dir,
                         a.error,
@@ -1268,7 +1268,7 @@ fn attempt_from_row(row: &Row<'_>) -> rusqlite::Result<AttemptRecord> {
         scope: row.get(1)?,
         node: row.get(2)?,
         attempt: row.get(3)?,
-        state: row.get(4)?,
+        state: parse_col(row, 4, AttemptState::parse)?,
         agent: row.get(5)?,
         dir: row.get(6)?,
         error: row.get(7)?,

@@ -1,0 +1,29 @@
+//! The exit codes ralph-flow itself uses, defined once. A workflow's own exits take any other
+//! code; the checker refuses these three (RF021).
+
+/// A configuration error: the workflow, its params or the command line (and a run that
+/// could not start).
+pub const CONFIG: i32 = 3;
+/// A run stopped to wait on a gate (EX_TEMPFAIL); `resume` goes on once it is answered.
+pub const WAITING: i32 = 75;
+/// A run was interrupted (128 + SIGINT); it can be resumed.
+pub const INTERRUPTED: i32 = 130;
+
+/// Each code of ralph-flow's own, with what it means.
+pub const ENGINE: &[(i32, &str)] = &[
+    (CONFIG, "configuration error"),
+    (WAITING, "waiting on a gate"),
+    (INTERRUPTED, "interrupted"),
+];
+
+/// The exits every workflow has, with their codes, unless it declares them itself.
+pub const IMPLICIT: &[(&str, i64)] = &[("success", 0), ("failed", 1)];
+
+/// What ralph-flow's own codes mean, in one line: "3 configuration error, 75 ...".
+pub fn engine_codes_text() -> String {
+    ENGINE
+        .iter()
+        .map(|(code, what)| format!("{code} {what}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
