@@ -335,8 +335,48 @@ pub fn render_short(sources: &Sources, diagnostics: &[Diagnostic]) -> String {
     out
 }
 
+/// An error with its causes, outermost first: `cannot fetch x: connection refused`. Errors
+/// keep what caused them as their `source` and say only their own part; the whole message
+/// is built here, once, where it is shown or stored.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        let part = e.to_string();
+        // A cause already said by the error above it is not said twice.
+        if !message.ends_with(&part) {
+            message.push_str(": ");
+            message.push_str(&part);
+        }
+        source = e.source();
+    }
+    message
+}
+
 /// Puts "a" or "an" before a word.
 pub fn article(word: &str) -> String {
     let an = word.starts_with(['a', 'e', 'i', 'o', 'u']);
     format!("{} {word}", if an { "an" } else { "a" })
+}
+
+#[cfg(test)]
+mod chain_tests {
+    use super::error_chain;
+
+    #[derive(Debug, thiserror::Error)]
+    enum Outer {
+        #[error("cannot fetch {0}")]
+        Fetch(String, #[source] std::io::Error),
+        #[error("stage `a`: {0}")]
+        Said(#[source] std::io::Error),
+    }
+
+    #[test]
+    fn causes_are_joined_once() {
+        let io = || std::io::Error::other("connection refused");
+        let e = Outer::Fetch("x".into(), io());
+        assert_eq!(error_chain(&e), "cannot fetch x: connection refused");
+        let e = Outer::Said(io());
+        assert_eq!(error_chain(&e), "stage `a`: connection refused");
+    }
 }

@@ -29,7 +29,8 @@ pub struct Loader<'a> {
     /// Every git source declared by a loaded file.
     pub declared: Vec<DeclaredSource>,
     /// Cached copies of git sources already checked against their lockfile.
-    verified: Vec<(PathBuf, Result<(), String>)>,
+    /// Cached copies hashed so far, each with what is wrong with it (`None`: nothing).
+    verified: Vec<(PathBuf, Option<String>)>,
     /// The git sources each loaded file sees (its own, then its bases'), by its path.
     visible: HashMap<PathBuf, Vec<DeclaredSource>>,
     /// Prompt search directories named by files that are not fetched presets: a fetched
@@ -261,13 +262,13 @@ impl<'a> Loader<'a> {
             Some((_, v)) => v.clone(),
             None => {
                 let v = match preset::tree_hash(&checkout) {
-                    Ok(h) if h == entry.hash => Ok(()),
-                    Ok(h) => Err(format!(
+                    Ok(h) if h == entry.hash => None,
+                    Ok(h) => Some(format!(
                         "the cached copy of source `{name}` ({}) does not match ralph-flow.lock: its content hash is {h}, the lockfile says {}",
                         checkout.display(),
                         entry.hash
                     )),
-                    Err(e) => Err(format!(
+                    Err(e) => Some(format!(
                         "cannot read the cached copy of source `{name}` ({}): {e}",
                         checkout.display()
                     )),
@@ -276,7 +277,7 @@ impl<'a> Loader<'a> {
                 v
             }
         };
-        if let Err(message) = verdict {
+        if let Some(message) = verdict {
             self.diags.push(
                 Diagnostic::new(Code::PresetSource, src.span, message)
                     .label("verification failed")

@@ -61,9 +61,9 @@ pub struct SetError(pub String);
 /// Why a template over params gave no usable value.
 #[derive(Debug, thiserror::Error)]
 pub enum ParamError {
-    /// The template does not render.
-    #[error(transparent)]
-    Render(#[from] minijinja::Error),
+    /// The template does not render (minijinja's message, with its causes).
+    #[error("{}", crate::diag::error_chain(.0))]
+    Render(minijinja::Error),
     /// It renders to something that is not a whole number.
     #[error("`{template}` renders to `{rendered}`, which is not a whole number")]
     NotACount { template: String, rendered: String },
@@ -77,7 +77,9 @@ pub fn render_params(template: &str, params: &ParamValues) -> Result<String, Par
     let env = minijinja::Environment::new();
     let ctx =
         minijinja::context! { params => minijinja::Value::from(minijinja::value::Serde(params)) };
-    Ok(env.render_str(template, ctx)?.trim().to_string())
+    env.render_str(template, ctx)
+        .map(|s| s.trim().to_string())
+        .map_err(ParamError::Render)
 }
 
 /// Resolves a count to a number with the given param values.

@@ -127,16 +127,18 @@ fn spread(value: Value) -> Result<String, Error> {
 
 /// The arguments of a rendered argv item that is a `spread`: `None` for an ordinary item,
 /// an error for a `spread` that is not the whole item.
-pub fn spread_items(rendered: &str) -> Option<Result<Vec<String>, String>> {
+pub fn spread_items(rendered: &str) -> Option<Result<Vec<String>, SpreadError>> {
     let at = rendered.find(SPREAD_MARK)?;
-    let whole = || {
-        "`spread` must be the whole argv item, as in \"{{ params.paths | spread }}\"".to_string()
-    };
     if at != 0 {
-        return Some(Err(whole()));
+        return Some(Err(SpreadError));
     }
-    Some(serde_json::from_str(&rendered[SPREAD_MARK.len()..]).map_err(|_| whole()))
+    Some(serde_json::from_str(&rendered[SPREAD_MARK.len()..]).map_err(|_| SpreadError))
 }
+
+/// A `spread` that is not a whole argv item.
+#[derive(Debug, thiserror::Error)]
+#[error("`spread` must be the whole argv item, as in \"{{{{ params.paths | spread }}}}\"")]
+pub struct SpreadError;
 
 fn cwd(state: &State) -> PathBuf {
     state

@@ -1,5 +1,6 @@
 //! `ralph-flow presets` (list, fetch, update) and `ralph-flow init`.
 
+use ralph_flow::diag::error_chain;
 use std::path::{Path, PathBuf};
 
 use ralph_flow::diag::Diagnostics;
@@ -118,17 +119,30 @@ fn origin_text(o: &Origin) -> String {
 
 /// Loads a preset's file (for its description, params and prompt directories), with the
 /// files it was built from.
-fn info(path: &Path) -> Result<(Workflow, Sources), String> {
+fn info(path: &Path) -> Result<(Workflow, Sources), DoesNotLoad> {
     let fs = RealFs;
     let mut sources = Sources::new();
     let mut diags = Diagnostics::default();
     let wf = Loader::new(&fs, &mut sources, &mut diags).load(path, None);
     match wf {
         Some(wf) if !diags.has_errors() => Ok((wf, sources)),
-        _ => Err(ralph_flow::diag::render_short(
-            &sources,
-            &diags.into_sorted(),
-        )),
+        _ => Err(DoesNotLoad {
+            diagnostics: diags.into_sorted(),
+            sources,
+        }),
+    }
+}
+
+/// A preset whose file does not load: its diagnostics, with the files to show them.
+struct DoesNotLoad {
+    sources: Sources,
+    diagnostics: Vec<ralph_flow::diag::Diagnostic>,
+}
+
+impl DoesNotLoad {
+    /// The diagnostics, a line each.
+    fn lines(&self) -> String {
+        ralph_flow::diag::render_short(&self.sources, &self.diagnostics)
     }
 }
 
@@ -182,7 +196,10 @@ fn list(args: &Args) -> i32 {
                     wf.description.as_ref().map(|d| d.value.clone()),
                     params(&wf),
                 ),
-                Err(e) => (Some(format!("(does not load: {})", e.trim())), Vec::new()),
+                Err(e) => (
+                    Some(format!("(does not load: {})", e.lines().trim())),
+                    Vec::new(),
+                ),
             };
             // Bare names resolve through the search roots only; a git source's presets are
             // named SOURCE:NAME and shadow nothing.
@@ -353,11 +370,11 @@ pub fn init(args: &InitArgs) -> i32 {
             let url = git::resolve_url(&git_written, &out_dir);
             let fetched = match git::fetch(&url, rev, None) {
                 Ok(f) => f,
-                Err(e) => return fail(e),
+                Err(e) => return fail(error_chain(&e)),
             };
             let source = source_name.unwrap_or_default();
             if let Err(e) = preset::pin(&out_dir, source, &git_written, rev, &fetched) {
-                return fail(e);
+                return fail(error_chain(&e));
             }
             match preset::find_in(&fs, &fetched.dir, preset_name) {
                 Some(p) => p,
@@ -382,7 +399,7 @@ pub fn init(args: &InitArgs) -> i32 {
     };
     let (wf, sources) = match info(&path) {
         Ok(x) => x,
-        Err(e) => return fail(format!("the preset does not load:\n{e}")),
+        Err(e) => return fail(format!("the preset does not load:\n{}", e.lines())),
     };
     let mut prompts: Vec<String> = Vec::new();
     for d in &wf.prompt_path {

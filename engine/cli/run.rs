@@ -1,5 +1,6 @@
 //! `ralph-flow run`, `resume`, `approve` and `reject`.
 
+use ralph_flow::diag::error_chain;
 use ralph_flow::secrets::redact;
 use ralph_flow::term::printable;
 use std::io::IsTerminal;
@@ -57,9 +58,31 @@ enum ProgressArg {
     Quiet,
 }
 
-fn duration(s: &str) -> Result<Duration, String> {
-    ralph_flow::model::parse_duration(s)
-        .ok_or_else(|| format!("`{s}` is not a duration (such as 500ms, 2s, 1m)"))
+fn duration(s: &str) -> Result<Duration, NotADuration> {
+    ralph_flow::model::parse_duration(s).ok_or_else(|| NotADuration(s.to_string()))
+}
+
+/// A command-line duration that does not parse.
+#[derive(Debug, thiserror::Error)]
+#[error("`{0}` is not a duration (such as 500ms, 2s, 1m)")]
+struct NotADuration(String);
+
+/// Why `run` or `resume` could not go on.
+#[derive(Debug, thiserror::Error)]
+enum Failed {
+    #[error("no current directory")]
+    NoCurrentDir(#[source] std::io::Error),
+    #[error("cannot start the runtime")]
+    Runtime(#[source] std::io::Error),
+    #[error(
+        "there is no run state in {} (no run has started here); pass --state-dir to look elsewhere",
+        .0.display()
+    )]
+    NoState(PathBuf),
+    #[error(transparent)]
+    Store(#[from] ralph_flow::store::StoreError),
+    #[error(transparent)]
+    Run(#[from] ralph_flow::run::error::RunError),
 }
 
 #[derive(clap::Args)]
@@ -102,8 +125,8 @@ pub struct AnswerArgs {
     state_dir: PathBuf,
 }
 
-fn options(a: &ExecArgs) -> Result<RunOptions, String> {
-    let cwd = std::env::current_dir().map_err(|e| format!("no current directory: {e}"))?;
+fn options(a: &ExecArgs) -> Result<RunOptions, Failed> {
+    let cwd = std::env::current_dir().map_err(Failed::NoCurrentDir)?;
     let mut o = RunOptions::new(cwd.clone());
     o.state_dir = if a.state_dir.is_absolute() {
         a.state_dir.clone()
@@ -126,11 +149,11 @@ fn options(a: &ExecArgs) -> Result<RunOptions, String> {
     Ok(o)
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, String> {
+fn runtime() -> Result<tokio::runtime::Runtime, Failed> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| format!("cannot start the runtime: {e}"))
+        .map_err(Failed::Runtime)
 }
 
 /// `ralph-flow run`.
@@ -149,7 +172,7 @@ pub fn run(args: &RunArgs) -> i32 {
     super::print_diagnostics(&prepared.sources, &prepared.warnings);
     let opts = match options(&args.exec) {
         Ok(o) => o,
-        Err(e) => return fail(&e),
+        Err(e) => return fail(&error_chain(&e)),
     };
     finish(&args.exec, go(&prepared, opts))
 }
@@ -157,8 +180,8 @@ pub fn run(args: &RunArgs) -> i32 {
 fn go(
     prepared: &ralph_flow::run::Prepared,
     opts: RunOptions,
-) -> Result<ralph_flow::run::RunResult, String> {
-    runtime()?.block_on(execute(prepared, opts))
+) -> Result<ralph_flow::run::RunResult, Failed> {
+    Ok(runtime()?.block_on(execute(prepared, opts))?)
 }
 
 fn fail(msg: &str) -> i32 {
@@ -166,10 +189,10 @@ fn fail(msg: &str) -> i32 {
     EXIT_CONFIG
 }
 
-fn finish(args: &ExecArgs, result: Result<ralph_flow::run::RunResult, String>) -> i32 {
+fn finish(args: &ExecArgs, result: Result<ralph_flow::run::RunResult, Failed>) -> i32 {
     let r = match result {
         Ok(r) => r,
-        Err(e) => return fail(&e),
+        Err(e) => return fail(&error_chain(&e)),
     };
     let code = r.end.code();
     if args.json {
@@ -252,26 +275,23 @@ fn usage_text(u: &ralph_flow::backend::Usage) -> String {
     s
 }
 
-fn open_store(state_dir: &Path) -> Result<SqliteStore, String> {
+fn open_store(state_dir: &Path) -> Result<SqliteStore, Failed> {
     let path = default_path(state_dir);
     if !path.exists() {
-        return Err(format!(
-            "there is no run state in {} (no run has started here); pass --state-dir to look elsewhere",
-            state_dir.display()
-        ));
+        return Err(Failed::NoState(state_dir.to_path_buf()));
     }
-    SqliteStore::open(&path).map_err(|e| e.to_string())
+    Ok(SqliteStore::open(&path)?)
 }
 
 /// `ralph-flow resume`.
 pub fn resume(args: &ResumeArgs) -> i32 {
     let opts = match options(&args.exec) {
         Ok(o) => o,
-        Err(e) => return fail(&e),
+        Err(e) => return fail(&error_chain(&e)),
     };
     let store = match open_store(&opts.state_dir) {
         Ok(s) => s,
-        Err(e) => return fail(&e),
+        Err(e) => return fail(&error_chain(&e)),
     };
     let record = match store.run(&args.run) {
         Ok(Some(r)) => r,
@@ -292,7 +312,7 @@ pub fn resume(args: &ResumeArgs) -> i32 {
                 }
             ));
         }
-        Err(e) => return fail(&e.to_string()),
+        Err(e) => return fail(&error_chain(&e)),
     };
     if record.status == RunStatus::Finished {
         return fail(&format!(
@@ -369,12 +389,12 @@ pub fn answer(args: &AnswerArgs, approved: bool) -> i32 {
     }
     let mut store = match open_store(&args.state_dir) {
         Ok(s) => s,
-        Err(e) => return fail(&e),
+        Err(e) => return fail(&error_chain(&e)),
     };
     let run = match store.run(&args.run) {
         Ok(Some(r)) => r,
         Ok(None) => return fail(&format!("there is no run `{}`", args.run)),
-        Err(e) => return fail(&e.to_string()),
+        Err(e) => return fail(&error_chain(&e)),
     };
     let pending = store.pending_gates(&run.id).unwrap_or_default();
     // `SCOPE/GATE` names one waiting gate; a bare id names the gate wherever it waits, if it
@@ -427,7 +447,7 @@ pub fn answer(args: &AnswerArgs, approved: bool) -> i32 {
         at: now_ms(),
     };
     if let Err(e) = store.answer(&approval) {
-        return fail(&e.to_string());
+        return fail(&error_chain(&e));
     }
     let verb = if approved { "approved" } else { "rejected" };
     let event = ralph_flow::store::Event {

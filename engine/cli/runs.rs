@@ -84,7 +84,8 @@ fn write_export(args: &ExportArgs) -> Result<(), Failure> {
     let (_, run) = open_run(&args.state_dir, Some(&args.run))?;
     let dir = PathBuf::from(&run.dir);
     let out = args.out.clone().unwrap_or_else(|| dir.clone());
-    let n = ralph_flow::run::artifacts::export(&dir, &out).map_err(|e| Failure(e, EXIT_STORE))?;
+    let n = ralph_flow::run::artifacts::export(&dir, &out)
+        .map_err(|e| Failure(e.message(), EXIT_STORE))?;
     println!(
         "wrote {n} file{} of run {} under {}",
         if n == 1 { "" } else { "s" },
@@ -114,7 +115,7 @@ struct Failure(String, i32);
 
 impl From<ralph_flow::store::StoreError> for Failure {
     fn from(e: ralph_flow::store::StoreError) -> Self {
-        Failure(e.0, EXIT_STORE)
+        Failure(ralph_flow::diag::error_chain(&e), EXIT_STORE)
     }
 }
 

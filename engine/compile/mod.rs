@@ -115,11 +115,16 @@ pub struct Plan {
     pub by_name: HashMap<String, NodeId>,
 }
 
+/// An agent stage whose agent, rendered over the params, names no agent.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("there is no agent `{0}`")]
+pub struct UnknownAgent(pub String);
+
 impl Plan {
     /// The agent an agent stage calls: the one resolved at compile time, else the one its
     /// `agent` template names with the params in force. `Err` holds the name that matched no
     /// agent.
-    pub fn agent_of(&self, n: NodeId) -> Result<usize, String> {
+    pub fn agent_of(&self, n: NodeId) -> Result<usize, UnknownAgent> {
         if let Some(a) = self.node(n).agent {
             return Ok(a);
         }
@@ -132,7 +137,7 @@ impl Plan {
             .agents
             .iter()
             .position(|a| a.name.value == name)
-            .ok_or(name)
+            .ok_or(UnknownAgent(name))
     }
 
     /// An agent and its fallbacks (and theirs), each once, in the order they take over.

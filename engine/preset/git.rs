@@ -9,11 +9,14 @@
 //! Only this module and the CLI commands that call it touch the network; `check` and the
 //! loader only read what is already here.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
+use super::error::PresetError;
 use super::{cache_dir, tree_hash};
 
 /// A source fetched into the cache.
@@ -60,28 +63,34 @@ pub fn is_url(git: &str) -> bool {
         }
 }
 
+/// The longest a git command of a fetch may take before it is stopped (a fetch of a large
+/// repository over a slow link included).
+pub const GIT_TIMEOUT: Duration = Duration::from_secs(600);
+
 /// Fetches `rev` of repository `url` into the cache and extracts its commit. With `locked`,
 /// that exact commit is used (the lockfile's pin), whatever `rev` points to now.
-pub fn fetch(url: &str, rev: &str, locked: Option<&str>) -> Result<Fetched, String> {
+pub fn fetch(url: &str, rev: &str, locked: Option<&str>) -> Result<Fetched, PresetError> {
     // A source may come from a preset someone else wrote: a URL that git would read as an
     // option (`--upload-pack=...` runs a program) is refused, and every URL and commit goes
     // after `--end-of-options` as well.
     if url.is_empty() || url.starts_with('-') {
-        return Err(format!(
-            "`{url}` is not a repository URL or path (it must not start with `-`)"
-        ));
+        return Err(PresetError::NotAUrl(url.to_string()));
     }
     if let Some(c) = locked {
         if c.len() != 40 || !c.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(format!(
-                "the lockfile's commit for {url} is `{c}`, not a commit id; run `ralph-flow presets update`"
-            ));
+            return Err(PresetError::NotACommit {
+                url: url.to_string(),
+                commit: c.to_string(),
+            });
         }
     }
     let cache = cache_dir();
     let repos = cache.join("git").join("repos");
-    std::fs::create_dir_all(&repos)
-        .map_err(|e| format!("cannot create the cache {}: {e}", repos.display()))?;
+    std::fs::create_dir_all(&repos).map_err(|source| PresetError::Io {
+        what: "create the cache",
+        path: repos.clone(),
+        source,
+    })?;
     let key = format!("{:x}", Sha256::digest(url.as_bytes()))[..16].to_string();
     let bare = repos.join(format!("{key}.git"));
     if !bare.join("HEAD").exists() {
@@ -107,7 +116,10 @@ pub fn fetch(url: &str, rev: &str, locked: Option<&str>) -> Result<Fetched, Stri
                     "+refs/tags/*:refs/tags/*",
                 ],
             )
-            .map_err(|e| format!("cannot fetch {url}: {e}"))?;
+            .map_err(|e| PresetError::Fetch {
+                url: url.to_string(),
+                source: Box::new(e),
+            })?;
             match locked {
                 Some(c) => {
                     if !have(c) {
@@ -116,12 +128,18 @@ pub fn fetch(url: &str, rev: &str, locked: Option<&str>) -> Result<Fetched, Stri
                             Some(&bare),
                             &["fetch", "--quiet", "--end-of-options", url, c],
                         )
-                        .map_err(|e| format!("{url} no longer has the locked commit {c}: {e}"))?;
+                        .map_err(|e| PresetError::LockedCommitGone {
+                            url: url.to_string(),
+                            commit: c.to_string(),
+                            source: Box::new(e),
+                        })?;
                     }
                     c.to_string()
                 }
-                None => resolve_rev(&bare, rev)
-                    .ok_or_else(|| format!("{url} has no branch, tag or commit `{rev}`"))?,
+                None => resolve_rev(&bare, rev).ok_or_else(|| PresetError::NoSuchRev {
+                    url: url.to_string(),
+                    rev: rev.to_string(),
+                })?,
             }
         }
     };
@@ -129,7 +147,11 @@ pub fn fetch(url: &str, rev: &str, locked: Option<&str>) -> Result<Fetched, Stri
     if !dir.exists() {
         extract(&bare, &commit, &dir)?;
     }
-    let hash = tree_hash(&dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+    let hash = tree_hash(&dir).map_err(|source| PresetError::Io {
+        what: "read",
+        path: dir.clone(),
+        source,
+    })?;
     Ok(Fetched { commit, hash, dir })
 }
 
@@ -163,48 +185,51 @@ fn resolve_rev(bare: &Path, rev: &str) -> Option<String> {
 
 /// Extracts a commit's files into `dir` (through a temporary directory renamed into place, so
 /// that a half-written checkout is never used).
-fn extract(bare: &Path, commit: &str, dir: &Path) -> Result<(), String> {
+fn extract(bare: &Path, commit: &str, dir: &Path) -> Result<(), PresetError> {
+    let io = |what: &'static str, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| PresetError::Io { what, path, source }
+    };
     let parent = dir.parent().unwrap_or(dir);
-    std::fs::create_dir_all(parent)
-        .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+    std::fs::create_dir_all(parent).map_err(io("create", parent))?;
     let tmp = parent.join(format!(".{commit}.{}.tmp", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).map_err(|e| format!("cannot create {}: {e}", tmp.display()))?;
+    std::fs::create_dir_all(&tmp).map_err(io("create", &tmp))?;
     let result = (|| {
-        let mut archive = Command::new("git")
+        let mut archive = Command::new("git");
+        archive
             .arg("--git-dir")
             .arg(bare)
             .args(["archive", "--format=tar", commit])
+            .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("cannot run git: {e}"))?;
-        let stdout = archive
-            .stdout
-            .take()
-            .ok_or_else(|| "git archive gave no output".to_string())?;
-        let tar = Command::new("tar")
-            .arg("-x")
-            .arg("-C")
-            .arg(&tmp)
-            .stdin(stdout)
-            .stderr(Stdio::piped())
-            .output()
-            .map_err(|e| format!("cannot run tar: {e}"))?;
-        let git_out = archive
-            .wait_with_output()
-            .map_err(|e| format!("git archive: {e}"))?;
-        if !git_out.status.success() {
-            return Err(format!(
-                "git archive {commit} failed: {}",
-                String::from_utf8_lossy(&git_out.stderr).trim()
+            .stderr(Stdio::piped());
+        let mut archive = archive.spawn().map_err(|e| PresetError::Spawn("git", e))?;
+        let Some(stdout) = archive.stdout.take() else {
+            let _ = archive.kill();
+            let _ = archive.wait();
+            return Err(PresetError::Spawn(
+                "git",
+                std::io::Error::other("no output pipe"),
             ));
+        };
+        let mut tar = Command::new("tar");
+        tar.arg("-x").arg("-C").arg(&tmp).stdin(stdout);
+        let tar = bounded(tar, "tar", "tar -x")?;
+        let git_out = bounded_child(archive, "git archive", GIT_TIMEOUT)?;
+        if !git_out.status.success() {
+            return Err(PresetError::Extract {
+                program: "git archive",
+                commit: commit.to_string(),
+                stderr: String::from_utf8_lossy(&git_out.stderr).trim().to_string(),
+            });
         }
         if !tar.status.success() {
-            return Err(format!(
-                "tar failed: {}",
-                String::from_utf8_lossy(&tar.stderr).trim()
-            ));
+            return Err(PresetError::Extract {
+                program: "tar",
+                commit: commit.to_string(),
+                stderr: String::from_utf8_lossy(&tar.stderr).trim().to_string(),
+            });
         }
         std::fs::rename(&tmp, dir).or_else(|e| {
             // Another process extracted the same commit meanwhile: theirs is as good.
@@ -212,10 +237,7 @@ fn extract(bare: &Path, commit: &str, dir: &Path) -> Result<(), String> {
                 let _ = std::fs::remove_dir_all(&tmp);
                 Ok(())
             } else {
-                Err(format!(
-                    "cannot move the checkout into {}: {e}",
-                    dir.display()
-                ))
+                Err(io("move the checkout into", dir)(e))
             }
         })
     })();
@@ -225,23 +247,75 @@ fn extract(bare: &Path, commit: &str, dir: &Path) -> Result<(), String> {
     result
 }
 
-/// Runs git (in `git_dir` when given), never prompting for credentials; returns its stdout.
-fn git(git_dir: Option<&Path>, args: &[&str]) -> Result<String, String> {
+/// Runs git (in `git_dir` when given), never prompting for credentials and never for longer
+/// than [`GIT_TIMEOUT`]; returns its stdout.
+fn git(git_dir: Option<&Path>, args: &[&str]) -> Result<String, PresetError> {
     let mut cmd = Command::new("git");
     if let Some(d) = git_dir {
         cmd.arg("--git-dir").arg(d);
     }
-    let out = cmd
-        .args(args)
+    cmd.args(args)
         .env("GIT_TERMINAL_PROMPT", "0")
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("cannot run git: {e}"))?;
+        .stdin(Stdio::null());
+    let out = bounded(cmd, "git", &args.join(" "))?;
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
-        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+        Err(PresetError::Git(
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        ))
     }
+}
+
+/// Runs a program (its input as the caller set it), its output captured, for at most
+/// [`GIT_TIMEOUT`].
+fn bounded(mut cmd: Command, program: &'static str, shown: &str) -> Result<Output, PresetError> {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let child = cmd.spawn().map_err(|e| PresetError::Spawn(program, e))?;
+    bounded_child(child, shown, GIT_TIMEOUT)
+}
+
+/// Waits for a started program for at most `timeout`, reading its piped output on threads
+/// (so that a full pipe never blocks it); kills it when the time is up.
+fn bounded_child(mut child: Child, shown: &str, timeout: Duration) -> Result<Output, PresetError> {
+    fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut buf);
+            }
+            buf
+        })
+    }
+    let stdout = drain(child.stdout.take());
+    let stderr = drain(child.stderr.take());
+    let deadline = Instant::now()
+        .checked_add(timeout)
+        .unwrap_or_else(|| Instant::now() + GIT_TIMEOUT);
+    let mut pause = Duration::from_millis(2);
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if Instant::now() >= deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(PresetError::TimedOut {
+                    command: shown.to_string(),
+                    secs: timeout.as_secs(),
+                });
+            }
+            Ok(None) => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(100));
+            }
+            Err(e) => return Err(PresetError::Spawn("git", e)),
+        }
+    };
+    Ok(Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    })
 }
 
 #[cfg(test)]
@@ -252,12 +326,34 @@ mod tests {
     fn a_url_or_a_locked_commit_that_reads_as_an_option_is_refused_before_git_runs() {
         let err = fetch("--upload-pack=touch /tmp/x", "main", None)
             .err()
+            .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(err.contains("must not start with `-`"), "{err}");
         let err = fetch("https://example.invalid/r.git", "main", Some("--output=x"))
             .err()
+            .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(err.contains("not a commit id"), "{err}");
+    }
+
+    #[test]
+    fn a_program_past_its_time_is_stopped() {
+        let child = Command::new("sleep")
+            .arg("30")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("sleep runs");
+        let pid = child.id();
+        let err = bounded_child(child, "fetch x", Duration::from_millis(100))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("`git fetch x` did not finish"), "{err}");
+        // It was killed and reaped, not left behind.
+        assert!(!Path::new(&format!("/proc/{pid}")).exists());
+        let out = bounded(Command::new("true"), "true", "true").expect("true runs");
+        assert!(out.status.success());
     }
 
     #[test]

@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use super::error::{LockError, PresetError};
+
 /// The lockfile's name; it sits beside the workflow files that declare the sources.
 pub const LOCK_NAME: &str = "ralph-flow.lock";
 
@@ -35,20 +37,17 @@ pub struct Locked {
 
 impl LockFile {
     /// Parses a lockfile's text.
-    pub fn parse(text: &str) -> Result<LockFile, String> {
-        let lock: LockFile = toml::from_str(text).map_err(|e| e.message().to_string())?;
+    pub fn parse(text: &str) -> Result<LockFile, LockError> {
+        let lock: LockFile = toml::from_str(text).map_err(LockError::Syntax)?;
         if lock.version != VERSION {
-            return Err(format!(
-                "lockfile version {} is not supported (this ralph-flow writes version {VERSION})",
-                lock.version
-            ));
+            return Err(LockError::Version(lock.version));
         }
         for s in &lock.sources {
             if s.commit.len() != 40 || !s.commit.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return Err(format!(
-                    "source `{}`: commit `{}` is not a 40-digit commit id",
-                    s.name, s.commit
-                ));
+                return Err(LockError::NotACommit {
+                    name: s.name.clone(),
+                    commit: s.commit.clone(),
+                });
             }
         }
         Ok(lock)
@@ -76,8 +75,8 @@ impl LockFile {
     }
 
     /// The file's text.
-    pub fn render(&self) -> Result<String, String> {
-        let body = toml::to_string(self).map_err(|e| format!("cannot write the lockfile: {e}"))?;
+    pub fn render(&self) -> Result<String, LockError> {
+        let body = toml::to_string(self).map_err(LockError::Render)?;
         Ok(format!(
             "# ralph-flow.lock: the git presets of the workflows in this directory, pinned to a\n\
              # commit and a content hash. Written by ralph-flow; commit it with your workflows.\n\
@@ -92,29 +91,42 @@ pub fn path_in(dir: &Path) -> PathBuf {
 }
 
 /// Reads the lockfile of a directory; a missing one is empty.
-pub fn read(dir: &Path) -> Result<LockFile, String> {
+pub fn read(dir: &Path) -> Result<LockFile, PresetError> {
     let path = path_in(dir);
     match std::fs::read_to_string(&path) {
-        Ok(text) => LockFile::parse(&text)
-            .map_err(|e| format!("{}: {e}", crate::fs::relative(&path).display())),
+        Ok(text) => LockFile::parse(&text).map_err(|source| PresetError::Lockfile {
+            path: crate::fs::relative(&path),
+            source,
+        }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(LockFile {
             version: VERSION,
             sources: Vec::new(),
         }),
-        Err(e) => Err(format!("cannot read {}: {e}", path.display())),
+        Err(source) => Err(PresetError::Io {
+            what: "read",
+            path,
+            source,
+        }),
     }
 }
 
 /// Writes the lockfile of a directory atomically (a temporary file renamed over it).
-pub fn write(dir: &Path, lock: &LockFile) -> Result<(), String> {
+pub fn write(dir: &Path, lock: &LockFile) -> Result<(), PresetError> {
     let path = path_in(dir);
-    let text = lock.render()?;
+    let text = lock.render().map_err(|source| PresetError::Lockfile {
+        path: crate::fs::relative(&path),
+        source,
+    })?;
     let tmp = dir.join(format!(".{LOCK_NAME}.{}.tmp", std::process::id()));
     std::fs::write(&tmp, text)
         .and_then(|()| std::fs::rename(&tmp, &path))
-        .map_err(|e| {
+        .map_err(|source| {
             let _ = std::fs::remove_file(&tmp);
-            format!("cannot write {}: {e}", path.display())
+            PresetError::Io {
+                what: "write",
+                path,
+                source,
+            }
         })
 }
 
@@ -154,7 +166,7 @@ mod tests {
     fn refuses_bad_versions_and_commits() {
         assert!(LockFile::parse("version = 2").is_err());
         let bad = "version = 1\n[[source]]\nname='a'\ngit='x'\nrev='v'\ncommit='abc'\nhash='h'\n";
-        assert!(LockFile::parse(bad).is_err_and(|e| e.contains("40-digit")));
+        assert!(LockFile::parse(bad).is_err_and(|e| e.to_string().contains("40-digit")));
         assert!(LockFile::parse("version = 1\nsurprise = 1").is_err());
     }
 }

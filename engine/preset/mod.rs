@@ -13,8 +13,11 @@
 //! its prompts and schemas wherever its files say (the built-in ones: `prompts/NAME/` and
 //! `schemas/`).
 
+mod error;
 pub mod git;
 pub mod lock;
+
+pub use error::{LockError, PresetError};
 
 use std::path::{Path, PathBuf};
 
@@ -305,7 +308,13 @@ pub struct Synced {
 }
 
 /// Pins a commit in the lockfile of `dir`, keeping the other entries.
-pub fn pin(dir: &Path, name: &str, git: &str, rev: &str, f: &git::Fetched) -> Result<(), String> {
+pub fn pin(
+    dir: &Path,
+    name: &str,
+    git: &str,
+    rev: &str,
+    f: &git::Fetched,
+) -> Result<(), PresetError> {
     let mut l = lock::read(dir)?;
     l.upsert(lock::Locked {
         name: name.to_string(),
@@ -333,7 +342,8 @@ pub fn fetch_one(
                 .help("check the source's `git` and `rev`, and that git can reach it"),
         )
     };
-    let f = git::fetch(&url, &s.rev.value, locked.map(|l| l.commit.as_str())).map_err(error)?;
+    let f = git::fetch(&url, &s.rev.value, locked.map(|l| l.commit.as_str()))
+        .map_err(|e| error(crate::diag::error_chain(&e)))?;
     let action = match locked {
         Some(l) if f.hash != l.hash => {
             return Err(error(format!(
@@ -354,7 +364,8 @@ pub fn fetch_one(
             )));
         }
         None => {
-            pin(&d.decl_dir, &s.name.value, &s.git.value, &s.rev.value, &f).map_err(error)?;
+            pin(&d.decl_dir, &s.name.value, &s.git.value, &s.rev.value, &f)
+                .map_err(|e| error(crate::diag::error_chain(&e)))?;
             new_action
         }
     };

@@ -37,7 +37,7 @@ impl Exec<'_> {
         let scope = self.scope(frame);
         let agent = match self.plan.agent_of(n) {
             Ok(a) => a,
-            Err(name) => return self.fail_now(started, format!("there is no agent `{name}`")),
+            Err(e) => return self.fail_now(started, e.to_string()),
         };
         let chain = self.plan.fallback_chain(agent);
         let retries = st
@@ -47,8 +47,8 @@ impl Exec<'_> {
             .unwrap_or(2);
         let max_attempts = u32::try_from(retries).unwrap_or(u32::MAX).saturating_add(1);
         let a = &self.plan.workflow.agents[agent];
-        let timeout = limit(st.timeout.as_ref(), a.timeout.as_ref(), self.plan);
-        let idle = limit(st.idle_timeout.as_ref(), a.idle_timeout.as_ref(), self.plan);
+        let timeout = timeout_of(st.timeout.as_ref(), a.timeout.as_ref(), self.plan);
+        let idle = timeout_of(st.idle_timeout.as_ref(), a.idle_timeout.as_ref(), self.plan);
         let window = a
             .context_window
             .as_ref()
@@ -298,9 +298,9 @@ impl Exec<'_> {
         let call = &call;
         let attempt = |i: usize| async move {
             let cfg = &self.agents[chain[i]];
-            let backend = self
-                .backend(chain[i])
-                .map_err(|message| CallError::Missing { message })?;
+            let backend = self.backend(chain[i]).map_err(|e| CallError::Missing {
+                message: e.message(),
+            })?;
             let mut this = call.clone();
             this.model = cfg.model.clone();
             this.max_tokens = cfg.max_tokens;

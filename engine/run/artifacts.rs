@@ -13,6 +13,7 @@
 //! append is cheaper than waking one. A write that fails is
 //! reported once, and stops the run like a failed commit ([`Artifacts::failure`]).
 
+use super::error::{IoFailure, RunError};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -34,7 +35,7 @@ struct Inner {
     file: Option<std::fs::File>,
     /// Records not yet written: each a path under the run's directory and a text.
     pending: Vec<(String, String)>,
-    failed: Option<String>,
+    failed: Option<Arc<IoFailure>>,
 }
 
 impl Inner {
@@ -60,22 +61,21 @@ impl Inner {
             {
                 Ok(f) => self.file = Some(f),
                 Err(e) => {
-                    self.fail(format!("cannot write {}: {e}", self.path.display()));
+                    self.fail(IoFailure::new("write", &self.path, e));
                     return;
                 }
             }
         }
         if let Some(f) = &mut self.file {
             if let Err(e) = f.write_all(lines.as_bytes()) {
-                let message = format!("cannot write {}: {e}", self.path.display());
-                self.fail(message);
+                self.fail(IoFailure::new("write", &self.path, e));
             }
         }
     }
 
-    fn fail(&mut self, message: String) {
-        tracing::error!("state directory: {message}");
-        self.failed.get_or_insert(message);
+    fn fail(&mut self, failure: Arc<IoFailure>) {
+        tracing::error!("state directory: {}", crate::diag::error_chain(&*failure));
+        self.failed.get_or_insert(failure);
     }
 }
 
@@ -117,7 +117,7 @@ impl Artifacts {
     }
 
     /// The first write that failed, if one did.
-    pub fn failure(&self) -> Option<String> {
+    pub fn failure(&self) -> Option<Arc<IoFailure>> {
         lock(&self.inner).failed.clone()
     }
 }
@@ -136,12 +136,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// ...), later records of a path replacing earlier ones. A line that cannot be read (the end
 /// of a file cut by a crash) or a path that would leave `out` is skipped. Returns how many
 /// files were written.
-pub fn export(run_dir: &Path, out: &Path) -> Result<usize, String> {
+pub fn export(run_dir: &Path, out: &Path) -> Result<usize, RunError> {
     let log = run_dir.join(RECORDS);
     let text = match std::fs::read_to_string(&log) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-        Err(e) => return Err(format!("cannot read {}: {e}", log.display())),
+        Err(e) => return Err(RunError::io("read", log, e)),
     };
     let mut files: std::collections::BTreeMap<PathBuf, String> = Default::default();
     for line in text.lines() {
@@ -164,10 +164,9 @@ pub fn export(run_dir: &Path, out: &Path) -> Result<usize, String> {
     }
     for (path, body) in &files {
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            std::fs::create_dir_all(dir).map_err(|e| RunError::io("create", dir, e))?;
         }
-        std::fs::write(path, body).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        std::fs::write(path, body).map_err(|e| RunError::io("write", path, e))?;
     }
     Ok(files.len())
 }
@@ -227,7 +226,11 @@ mod tests {
         let a = Artifacts::start(&blocker);
         a.file(&blocker.join("s/attempt-1/prompt.md"), "x");
         a.hand_over();
-        let why = a.failure().unwrap_or_default();
+        let why = a
+            .failure()
+            .map(|f| crate::diag::error_chain(&*f))
+            .unwrap_or_default();
         assert!(why.contains("cannot write"), "{why}");
+        assert!(why.contains("Not a directory"), "the cause is kept: {why}");
     }
 }

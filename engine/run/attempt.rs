@@ -2,6 +2,7 @@
 //! (routes, feedback).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use minijinja::Value;
 use serde_json::Value as Json;
@@ -57,7 +58,6 @@ pub(super) fn tail(s: &str, max: usize) -> String {
 }
 
 impl Exec<'_> {
-    /// Returns (and creates) the artifact directory of an attempt.
     /// Starts an attempt: its artifact directory, and the template context with `attempt`
     /// and `run.stage_dir`.
     pub(super) fn begin_attempt<'a>(
@@ -67,7 +67,7 @@ impl Exec<'_> {
         scope: &'a str,
         attempt: u32,
         stage_started: i64,
-    ) -> Result<(AttemptAt<'a>, Value), String> {
+    ) -> Result<(AttemptAt<'a>, Value), Arc<IoFailure>> {
         let stage = self.plan.node(n).name.as_str();
         if let Some(m) = self.shared.artifacts.failure() {
             return Err(m);
@@ -110,8 +110,7 @@ impl Exec<'_> {
     pub(super) fn ready_to_start(&self, dir: Option<&Path>) -> bool {
         if let Some(dir) = dir {
             if let Err(e) = std::fs::create_dir_all(dir) {
-                self.shared
-                    .io_failed(format!("cannot create {}: {e}", dir.display()));
+                self.shared.io_failed(IoFailure::new("create", dir, e));
                 return false;
             }
         }
@@ -217,7 +216,8 @@ impl Exec<'_> {
                 return Outcome::Settled(s);
             }
             Ok(a) => s.action = a.map(|(t, _)| t).or_else(|| self.plan.node(n).then.clone()),
-            Err(m) => {
+            Err(e) => {
+                let m = e.message();
                 s.state = NodeState::Failed;
                 s.feedback = Some(m.clone());
                 s.message = Some(m);
@@ -249,7 +249,7 @@ impl Exec<'_> {
         if !self.has_template(&name) {
             return None;
         }
-        let ctx = self.context(frame, &[("output", jv(output))]);
+        let ctx = self.context(frame, &[("output", to_value(output))]);
         match self.render(&name, &ctx) {
             Ok(f) if !f.trim().is_empty() => Some(tail(f.trim(), MAX_FEEDBACK)),
             Ok(_) => None,
@@ -262,7 +262,7 @@ impl Exec<'_> {
         &self,
         n: NodeId,
         output: &Json,
-    ) -> Result<Option<(Target, String)>, String> {
+    ) -> Result<Option<(Target, String)>, StageError> {
         let node = self.plan.node(n);
         let Some(route) = &self.plan.stage(n).route else {
             return Ok(None);
@@ -277,12 +277,13 @@ impl Exec<'_> {
         };
         let target = match node.routes.iter().find(|(k, _)| *k == value) {
             Some((_, t)) => t,
-            None => node.route_default.as_ref().ok_or_else(|| {
-                format!(
-                    "its route on `{}` has no case for `{value}` and no default",
-                    route.on.value
-                )
-            })?,
+            None => node
+                .route_default
+                .as_ref()
+                .ok_or_else(|| StageError::NoRouteCase {
+                    on: route.on.value.clone(),
+                    value: value.clone(),
+                })?,
         };
         let why = format!(
             "its route on `{}` gave `{value}`, which leads to `{}`",

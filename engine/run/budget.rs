@@ -117,7 +117,7 @@ impl Exec<'_> {
     /// Builds every agent's backend (a bad setting fails the run before anything starts)
     /// and says loudly when a budget cannot be enforced because a backend does not report
     /// what it counts (cost, or tokens).
-    pub(super) fn warn_unenforceable_budgets(&self) -> Result<(), String> {
+    pub(super) fn warn_unenforceable_budgets(&self) -> Result<(), RunError> {
         let budgets = self.plan.workflow.budget.iter().chain(
             (0..self.plan.nodes.len()).filter_map(|i| self.plan.stage(NodeId(i)).budget.as_ref()),
         );

@@ -77,7 +77,7 @@ impl Exec<'_> {
             if let Some(cmd) = cmd {
                 let spec = match self.command_spec(frame, n, cmd, &ctx, dir, timeout, idle) {
                     Ok(s) => s,
-                    Err(e) => return self.fail_now(started, e),
+                    Err(e) => return self.fail_now(started, e.message()),
                 };
                 self.attempt_record(&at, AttemptState::Running, None, None, &Usage::default());
                 self.shared.durable().await;
@@ -196,7 +196,7 @@ impl Exec<'_> {
             if is_check {
                 let mut passed = ok;
                 if let (true, Some(x)) = (ok, expect) {
-                    let ctx = self.context(frame, &[("output", jv(&value))]);
+                    let ctx = self.context(frame, &[("output", to_value(&value))]);
                     match self.eval(&x.value, &ctx) {
                         Ok(v) => {
                             passed = v.is_true();
@@ -251,12 +251,7 @@ impl Exec<'_> {
             );
             last_output = value;
             if attempt < max_attempts {
-                let wait = self
-                    .shared
-                    .opts
-                    .backoff
-                    .saturating_mul(2u32.saturating_pow(attempt - 1))
-                    .min(super::policy::MAX_BACKOFF);
+                let wait = super::policy::backoff_delay(self.shared.opts.backoff, attempt);
                 self.shared.progress.note(&format!(
                     "↺ {} failed; retry {attempt} of {retries} in {}",
                     node.name,
@@ -285,15 +280,17 @@ impl Exec<'_> {
         dir: &std::path::Path,
         timeout: Option<Duration>,
         idle: Option<Duration>,
-    ) -> Result<ProcSpec, String> {
+    ) -> Result<ProcSpec, StageError> {
         let name = &self.plan.node(n).name;
         let mut argv = Vec::new();
         for i in 0..cmd.argv.len() {
             let item = self
                 .render(&format!("{name}/argv/{i}"), ctx)
-                .map_err(|e| format!("argv item {i}: {e}"))?;
+                .map_err(|source| StageError::Argv { index: i, source })?;
             match crate::template::spread_items(&item) {
-                Some(items) => argv.extend(items.map_err(|e| format!("argv item {i}: {e}"))?),
+                Some(items) => {
+                    argv.extend(items.map_err(|source| StageError::Spread { index: i, source })?)
+                }
                 None => argv.push(item),
             }
         }

@@ -75,50 +75,32 @@ impl Exec<'_> {
     }
 
     /// Renders a template of the plan (`STAGE/prompt`, ...).
-    pub fn render(&self, name: &str, ctx: &Value) -> Result<String, String> {
+    pub fn render(&self, name: &str, ctx: &Value) -> Result<String, TemplateError> {
         let src = self
             .plan
             .templates
             .get(name)
-            .ok_or_else(|| format!("template `{name}` does not exist"))?;
-        let text = self
-            .env
-            .render_named_str(name, src, ctx)
-            .map_err(|e| describe_error(&e))?;
+            .ok_or_else(|| TemplateError::Missing(name.to_string()))?;
+        let text = self.env.render_named_str(name, src, ctx)?;
         if !name.contains("/argv/") && crate::template::spread_items(&text).is_some() {
-            return Err(
-                "`spread` makes one argument per item and works only as a whole argv item of a command or check"
-                    .into(),
-            );
+            return Err(TemplateError::SpreadOutsideArgv);
         }
         Ok(text)
     }
 
     /// Evaluates an expression (`when`, `until`, `over`, ...).
-    pub fn eval(&self, src: &str, ctx: &Value) -> Result<Value, String> {
-        let expr = self
-            .env
-            .compile_expression(src)
-            .map_err(|e| describe_error(&e))?;
-        expr.eval(ctx)
-            .map_err(|e| format!("`{src}`: {}", describe_error(&e)))
+    pub fn eval(&self, src: &str, ctx: &Value) -> Result<Value, TemplateError> {
+        let expr = self.env.compile_expression(src)?;
+        expr.eval(ctx).map_err(|error| TemplateError::Eval {
+            expr: src.to_string(),
+            error,
+        })
     }
 }
 
 /// Converts a serializable value for templates.
-pub fn jv<T: serde::Serialize + ?Sized>(x: &T) -> Value {
+pub fn to_value<T: serde::Serialize + ?Sized>(x: &T) -> Value {
     Value::from(minijinja::value::Serde(x))
-}
-
-/// A minijinja error with its cause chain, on one line.
-pub fn describe_error(e: &minijinja::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = std::error::Error::source(e);
-    while let Some(inner) = src {
-        s.push_str(&format!(": {inner}"));
-        src = inner.source();
-    }
-    s
 }
 
 /// What one frame of the chain adds to `stages`.
@@ -214,7 +196,7 @@ pub(crate) fn earlier_view(
         e.insert(
             "last",
             last.and_then(|l| l.get(name))
-                .map(jv)
+                .map(to_value)
                 .unwrap_or(Value::from(())),
         );
         e.insert("history", Value::from(hist.clone()));

@@ -9,6 +9,7 @@
 //! settled node is committed before anything that depends on it starts; nodes that settle
 //! together are committed together.
 
+pub use super::error::{Halt, IoFailure, RunError, StageError, TemplateError};
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -20,7 +21,7 @@ use minijinja::Value;
 use serde_json::Value as Json;
 use tokio::sync::{Semaphore, watch};
 
-use super::context::jv;
+use super::context::to_value;
 use super::extract::Extractor;
 use super::frame::{Frame, Outcome, Settled};
 use super::progress::Progress;
@@ -65,7 +66,7 @@ pub(crate) struct Shared {
     pub replay: Option<Arc<ReplayBackend>>,
     pub recorder: Option<Arc<Recorder>>,
     /// A store failure: the run cannot be trusted to be durable any more, so it stops.
-    pub store_error: RefCell<Option<String>>,
+    pub store_error: RefCell<Option<Halt>>,
     /// A second connection to the store, for `earlier_runs()` in templates (template
     /// functions must be `Send + Sync`; the executor's own connection is not shared).
     pub memory: Arc<std::sync::Mutex<crate::store::sqlite::SqliteStore>>,
@@ -117,8 +118,8 @@ impl Shared {
         // The records of what was committed go to the writer too (one wake-up per commit).
         self.artifacts.hand_over();
         if let Err(e) = self.store.borrow_mut().commit(&writes) {
-            tracing::error!("store commit failed: {e}");
-            self.store_error.borrow_mut().get_or_insert(e.0);
+            tracing::error!("store commit failed: {}", crate::diag::error_chain(&e));
+            self.store_error.borrow_mut().get_or_insert(Halt::Store(e));
             let _ = self.interrupt.send(true);
         }
     }
@@ -141,11 +142,11 @@ impl Shared {
 
     /// A failure to write the state directory (artifacts): handled like a failed commit, so
     /// that the run stops, nothing new starts, and `resume` continues once it is fixed.
-    pub fn io_failed(&self, message: String) -> Outcome {
-        tracing::error!("state directory: {message}");
+    pub fn io_failed(&self, failure: Arc<IoFailure>) -> Outcome {
+        tracing::error!("state directory: {}", crate::diag::error_chain(&*failure));
         self.store_error
             .borrow_mut()
-            .get_or_insert(format!("the state directory cannot be written: {message}"));
+            .get_or_insert(Halt::Artifacts(failure));
         let _ = self.interrupt.send(true);
         Outcome::Stopped
     }
@@ -156,17 +157,14 @@ impl Shared {
         &self,
         path: &Path,
         sets: &[(String, String)],
-    ) -> Result<Rc<super::Prepared>, String> {
+    ) -> Result<Rc<super::Prepared>, RunError> {
         let key = (path.to_path_buf(), sets.to_vec());
         if let Some(p) = self.subflows.borrow().get(&key) {
             return Ok(p.clone());
         }
-        let prepared = super::prepare(path, sets).map_err(|e| {
-            format!(
-                "its workflow {} is not valid:\n{}",
-                path.display(),
-                e.render()
-            )
+        let prepared = super::prepare(path, sets).map_err(|e| RunError::InvalidSubflow {
+            path: path.to_path_buf(),
+            diagnostics: e.render(),
         })?;
         super::lifecycle::register_secrets(&prepared);
         if self.opts.replay.is_none() {
@@ -182,7 +180,7 @@ impl Shared {
 
     /// Prepares, before the run, the subflows of a plan (and theirs) whose params are
     /// written out (no template): see [`Shared::subflow`].
-    pub fn preload_subflows(&self, plan: &Plan, sources: &Sources) -> Result<(), String> {
+    pub fn preload_subflows(&self, plan: &Plan, sources: &Sources) -> Result<(), RunError> {
         for (i, node) in plan.nodes.iter().enumerate() {
             if node.kind != StageKind::Subflow {
                 continue;
@@ -203,9 +201,10 @@ impl Shared {
                 .map(|(k, v)| (k.value.clone(), v.value.clone()))
                 .collect();
             let path = super::subflow::subflow_path(sources, wf);
-            let child = self
-                .subflow(&path, &sets)
-                .map_err(|e| format!("subflow `{}`: {e}", node.name))?;
+            let child = self.subflow(&path, &sets).map_err(|e| RunError::Subflow {
+                stage: node.name.clone(),
+                source: Box::new(e),
+            })?;
             self.preload_subflows(&child.plan, &child.sources)?;
         }
         Ok(())
@@ -267,7 +266,7 @@ impl<'p> Exec<'p> {
         plan: &'p Plan,
         sources: &'p Sources,
         prefix: String,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, RunError> {
         let roots = [shared.opts.cwd.clone(), shared.opts.state_dir.clone()]
             .into_iter()
             .chain(
@@ -297,15 +296,22 @@ impl<'p> Exec<'p> {
                 let st = plan.stage(id);
                 let declared = st.output.as_ref().and_then(|o| o.schema.as_ref());
                 let schema = declared.and(plan.schemas.get(&id));
-                let ex = Extractor::new(st.output.as_ref(), schema)
-                    .map_err(|e| format!("stage `{}`: {e}", node.name))?;
+                let ex =
+                    Extractor::new(st.output.as_ref(), schema).map_err(|e| RunError::Stage {
+                        stage: node.name.clone(),
+                        source: Box::new(e),
+                    })?;
                 extractors.insert(id, ex);
             }
         }
         let mut resources = Vec::new();
         for r in &plan.workflow.resources {
-            let cap = resolve_count(&r.capacity.value, &plan.params)
-                .map_err(|e| format!("resource `{}`: {e}", r.name.value))?;
+            let cap = resolve_count(&r.capacity.value, &plan.params).map_err(|source| {
+                RunError::Resource {
+                    resource: r.name.value.clone(),
+                    source,
+                }
+            })?;
             resources.push(PrioritySemaphore::new(usize::try_from(cap).unwrap_or(1)));
         }
         let (stop, _) = watch::channel(false);
@@ -321,7 +327,7 @@ impl<'p> Exec<'p> {
             resources,
             stop,
             exit: Cell::new(None),
-            params: jv(&plan.params),
+            params: to_value(&plan.params),
         })
     }
 
@@ -394,14 +400,17 @@ impl<'p> Exec<'p> {
     }
 
     /// Builds (once) and returns the backend of an agent.
-    pub fn backend(&self, agent: usize) -> Result<Arc<dyn Backend>, String> {
+    pub fn backend(&self, agent: usize) -> Result<Arc<dyn Backend>, RunError> {
         let cfg = &self.agents[agent];
         if let Some(b) = self.backends.borrow().get(&cfg.name) {
             return Ok(b.clone());
         }
         let b: Arc<dyn Backend> = match &self.shared.replay {
             Some(r) => r.clone(),
-            None => Arc::from(crate::backend::build(cfg)?),
+            None => Arc::from(crate::backend::build(cfg).map_err(|e| RunError::Agent {
+                agent: cfg.name.clone(),
+                source: e.into(),
+            })?),
         };
         let b: Arc<dyn Backend> = match &self.shared.recorder {
             Some(rec) => Arc::new(rec.wrap(b, &cfg.name)),
@@ -419,10 +428,13 @@ pub(super) fn agent_config(
     a: &crate::model::Agent,
     plan: &Plan,
     sources: &Sources,
-) -> Result<AgentConfig, String> {
+) -> Result<AgentConfig, RunError> {
+    let failed = |source: crate::params::ParamError| RunError::Agent {
+        agent: a.name.value.clone(),
+        source: Box::new(source),
+    };
     let r = |t: &crate::model::Text| {
-        crate::params::render_params(&t.value, &plan.params)
-            .map_err(|e| format!("agent `{}`: {e}", a.name.value))
+        crate::params::render_params(&t.value, &plan.params).map_err(failed)
     };
     let opt = |t: &Option<crate::model::Text>| t.as_ref().map(r).transpose();
     Ok(AgentConfig {
@@ -434,7 +446,7 @@ pub(super) fn agent_config(
             .env
             .iter()
             .map(|(k, v)| Ok((k.value.clone(), r(v)?)))
-            .collect::<Result<_, String>>()?,
+            .collect::<Result<_, RunError>>()?,
         command: a.command.iter().map(r).collect::<Result<_, _>>()?,
         prompt_via: a.prompt_via.as_ref().map(|p| p.value.to_string()),
         base_url: opt(&a.base_url)?,
@@ -445,7 +457,7 @@ pub(super) fn agent_config(
             .as_ref()
             .map(|m| resolve_count(&m.value, &plan.params))
             .transpose()
-            .map_err(|e| format!("agent `{}`: max_tokens: {e}", a.name.value))?,
+            .map_err(failed)?,
         file: a
             .file
             .as_ref()
@@ -474,8 +486,8 @@ pub fn short_json(j: &Json) -> String {
     }
 }
 
-/// Returns the duration of a limit: the stage's, else the agent's.
-pub fn limit(
+/// A stage's timeout (or idle timeout): the stage's own, else its agent's.
+pub fn timeout_of(
     stage: Option<&crate::source::Spanned<crate::model::Dur>>,
     agent: Option<&crate::source::Spanned<crate::model::Dur>>,
     plan: &Plan,

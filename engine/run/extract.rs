@@ -23,11 +23,21 @@ enum Mode {
     Regex(regex::Regex),
 }
 
+/// An output spec that does not compile (the checker has compiled it already, so this is
+/// reported rather than unwrapped).
+#[derive(Debug, thiserror::Error)]
+pub enum OutputSpecError {
+    #[error("its pattern does not compile")]
+    Pattern(#[from] regex::Error),
+    #[error("its schema does not compile")]
+    Schema(#[source] Box<jsonschema::ValidationError<'static>>),
+}
+
 impl Extractor {
     /// Compiles a stage's output spec. `schema` is the declared schema (not a builtin one).
     /// The checker has validated patterns and schemas; a failure here is reported, not
     /// unwrapped.
-    pub fn new(spec: Option<&OutputSpec>, schema: Option<&Json>) -> Result<Self, String> {
+    pub fn new(spec: Option<&OutputSpec>, schema: Option<&Json>) -> Result<Self, OutputSpecError> {
         let declared = spec.and_then(|s| s.schema.as_ref()).is_some();
         let mode = match spec.and_then(|s| s.extract.as_ref()).map(|e| e.value) {
             Some(ExtractMode::Json) => Mode::Json,
@@ -38,7 +48,7 @@ impl Extractor {
                     .and_then(|s| s.pattern.as_ref())
                     .map(|p| p.value.as_str())
                     .unwrap_or("");
-                Mode::Regex(regex::Regex::new(p).map_err(|e| e.to_string())?)
+                Mode::Regex(regex::Regex::new(p)?)
             }
             Some(ExtractMode::Text) => Mode::Text,
             None if declared => Mode::Json,
@@ -47,13 +57,15 @@ impl Extractor {
         let mut markers = Vec::new();
         for m in spec.map(|s| s.markers.as_slice()).unwrap_or_default() {
             let re = match &m.pattern {
-                Some(p) => Some(regex::Regex::new(&p.value).map_err(|e| e.to_string())?),
+                Some(p) => Some(regex::Regex::new(&p.value)?),
                 None => None,
             };
             markers.push((m.clone(), re));
         }
         let validator = match (declared, schema) {
-            (true, Some(s)) => Some(jsonschema::validator_for(s).map_err(|e| e.to_string())?),
+            (true, Some(s)) => Some(
+                jsonschema::validator_for(s).map_err(|e| OutputSpecError::Schema(Box::new(e)))?,
+            ),
             _ => None,
         };
         Ok(Extractor {

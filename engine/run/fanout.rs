@@ -90,7 +90,7 @@ impl Exec<'_> {
                 Some(k) => {
                     let ctx = self.context(
                         frame,
-                        &[(var.as_str(), jv(item)), ("index", Value::from(i))],
+                        &[(var.as_str(), to_value(item)), ("index", Value::from(i))],
                     );
                     match self.eval(&k.value, &ctx) {
                         Ok(v) => v
@@ -132,6 +132,7 @@ impl Exec<'_> {
                         Ok(p) => p,
                         Err(e) => {
                             // No stage of the item ran: say here why it failed.
+                            let e = e.message();
                             self.shared.event(&scope, &node.name, "failed", e.clone());
                             self.shared.progress.note(&format!("✗ {scope}: {e}"));
                             return (
@@ -154,7 +155,7 @@ impl Exec<'_> {
                     scope,
                     cwd: cwd.clone(),
                     vars: vec![
-                        (var.clone(), jv(item)),
+                        (var.clone(), to_value(item)),
                         ("index".to_string(), Value::from(i)),
                     ],
                     siblings: Some(siblings.clone()),
@@ -181,7 +182,7 @@ impl Exec<'_> {
                     let mut settled = siblings
                         .lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner);
-                    settled.push(jv(&json!({
+                    settled.push(to_value(&json!({
                         "key": k,
                         "index": i,
                         "item": item,

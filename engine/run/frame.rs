@@ -85,7 +85,7 @@ impl View {
         usage: Usage,
     ) -> View {
         let mut e: BTreeMap<&'static str, Value> = BTreeMap::new();
-        e.insert("output", super::context::jv(&output));
+        e.insert("output", super::context::to_value(&output));
         e.insert("status", Value::from(state.as_str()));
         e.insert("ran", Value::from(state != NodeState::Skipped));
         e.insert(
@@ -93,7 +93,7 @@ impl View {
             feedback.clone().map(Value::from).unwrap_or_default(),
         );
         e.insert("attempts", Value::from(attempts));
-        e.insert("usage", super::context::jv(&usage));
+        e.insert("usage", super::context::to_value(&usage));
         View {
             output,
             state,

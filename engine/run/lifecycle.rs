@@ -22,7 +22,7 @@ use crate::store::{AttemptState, RunRecord, RunStatus, Store, Write};
 /// Checks, before anything runs, that every agent a stage of the plan can call is usable
 /// here (its program installed, its key set), or has a fallback that is. Returns notes on
 /// agents that will hand over to a fallback; fails with what to install or set.
-pub(super) fn preflight(prepared: &Prepared, opts: &RunOptions) -> Result<Vec<String>, String> {
+pub(super) fn preflight(prepared: &Prepared, opts: &RunOptions) -> Result<Vec<String>, RunError> {
     let plan = &prepared.plan;
     let agents = &plan.workflow.agents;
     let mut used: Vec<usize> = Vec::new();
@@ -47,7 +47,11 @@ pub(super) fn preflight(prepared: &Prepared, opts: &RunOptions) -> Result<Vec<St
                     usable = Some(j);
                     break;
                 }
-                Err(why) => reasons.push(format!("agent `{}`: {why}", config.name)),
+                Err(why) => reasons.push(format!(
+                    "agent `{}`: {}",
+                    config.name,
+                    crate::diag::error_chain(&*super::error::Cause::from(why))
+                )),
             }
         }
         let place = prepared.sources.locate(agents[a].name.span);
@@ -64,14 +68,7 @@ pub(super) fn preflight(prepared: &Prepared, opts: &RunOptions) -> Result<Vec<St
     if problems.is_empty() {
         Ok(notes)
     } else {
-        Err(format!(
-            "{} agent{} of this workflow cannot run here, so nothing was started:\n  {}\n\
-             Install or set what is named, give the agent a `fallbacks` entry that can run, \
-             or point it at another backend with `--set` or an override.",
-            problems.len(),
-            if problems.len() == 1 { "" } else { "s" },
-            problems.join("\n  ")
-        ))
+        Err(RunError::AgentsUnusable(problems))
     }
 }
 
@@ -97,7 +94,7 @@ pub(super) fn register_secrets(prepared: &Prepared) {
 /// Keeps the state directory (the store, artifacts, worktrees) out of the user's git tree
 /// without the user doing anything, as pytest does with its cache: a `.gitignore` holding
 /// `*` inside it, which ignores itself too.
-fn ignore_in_git(state_dir: &Path) -> Result<(), String> {
+fn ignore_in_git(state_dir: &Path) -> Result<(), RunError> {
     let path = state_dir.join(".gitignore");
     if path.exists() {
         return Ok(());
@@ -106,11 +103,11 @@ fn ignore_in_git(state_dir: &Path) -> Result<(), String> {
         &path,
         "# Written by ralph-flow: its state stays out of git.\n*\n",
     )
-    .map_err(|e| format!("cannot write {}: {e}", path.display()))
+    .map_err(|e| RunError::io("write", path, e))
 }
 
 /// Runs a prepared workflow (or resumes a run of it) to its end.
-pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunResult, String> {
+pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunResult, RunError> {
     // Before anything runs or is recorded, every agent must be usable (a replayed run calls
     // none).
     let check_agents = |opts: &RunOptions| {
@@ -123,7 +120,7 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
     let preflight_notes;
     register_secrets(prepared);
     std::fs::create_dir_all(&opts.state_dir)
-        .map_err(|e| format!("cannot create {}: {e}", opts.state_dir.display()))?;
+        .map_err(|e| RunError::io("create", &opts.state_dir, e))?;
     ignore_in_git(&opts.state_dir)?;
     let durability = if opts.full_sync {
         crate::store::sqlite::Durability::Full
@@ -131,24 +128,23 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         crate::store::sqlite::Durability::Normal
     };
     let db = crate::store::sqlite::default_path(&opts.state_dir);
-    let mut store =
-        crate::store::sqlite::SqliteStore::open_with(&db, durability).map_err(|e| e.to_string())?;
+    let mut store = crate::store::sqlite::SqliteStore::open_with(&db, durability)?;
     store.on_busy(|m| eprintln!("! store: {}", crate::term::printable(m)));
     let mut store: Box<dyn Store> = Box::new(store);
     let plan = &prepared.plan;
     let (run, resumed) = match &opts.resume {
         Some(id) => {
             let run = store
-                .run(id)
-                .map_err(|e| e.to_string())?
-                .ok_or_else(|| format!("there is no run `{id}`; `ralph-flow runs` lists them"))?;
+                .run(id)?
+                .ok_or_else(|| RunError::NoSuchRun(id.clone()))?;
             if run.status == RunStatus::Finished {
-                return Err(format!(
-                    "run `{id}` has finished (exit {}); start a new one with `ralph-flow run`",
-                    run.exit
+                return Err(RunError::Finished {
+                    id: id.clone(),
+                    exit: run
+                        .exit
                         .as_ref()
-                        .map_or("?".to_string(), |(n, c)| format!("{n} = {c}"))
-                ));
+                        .map_or("?".to_string(), |(n, c)| format!("{n} = {c}")),
+                });
             }
             // A run started with `--replay` or `--record` resumes with it.
             let stored = |key: &str| {
@@ -162,7 +158,7 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
                 opts.record = stored("record");
             }
             preflight_notes = check_agents(&opts)?;
-            let nodes = store.nodes(id).map_err(|e| e.to_string())?;
+            let nodes = store.nodes(id)?;
             let map = nodes
                 .into_iter()
                 .map(|n| ((n.scope.clone(), n.node.clone()), n))
@@ -206,19 +202,18 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
                     .into_owned(),
                 options: Json::Object(options),
             };
-            store.create_run(&run).map_err(|e| e.to_string())?;
+            store.create_run(&run)?;
             (run, HashMap::new())
         }
     };
     let owner = crate::store::current_owner();
-    store.lock(&run.id, &owner).map_err(|e| e.to_string())?;
+    store.lock(&run.id, &owner)?;
     // What a killed executor of this run left running is stopped before anything starts
     // again, so that no stage ever runs beside an earlier copy of itself.
     let mut leftovers = 0;
     if opts.resume.is_some() {
         let interrupted: Vec<crate::store::AttemptRecord> = store
-            .attempts(&run.id, None)
-            .map_err(|e| e.to_string())?
+            .attempts(&run.id, None)?
             .into_iter()
             .filter(|a| a.state == AttemptState::Running)
             .collect();
@@ -242,19 +237,22 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
             })
             .collect();
         if !writes.is_empty() {
-            store.commit(&writes).map_err(|e| e.to_string())?;
+            store.commit(&writes)?;
         }
     }
-    store
-        .set_status(&run.id, RunStatus::Running, None)
-        .map_err(|e| e.to_string())?;
-    std::fs::create_dir_all(&run.dir).map_err(|e| format!("cannot create {}: {e}", run.dir))?;
+    store.set_status(&run.id, RunStatus::Running, None)?;
+    std::fs::create_dir_all(&run.dir).map_err(|e| RunError::io("create", &run.dir, e))?;
     let replay = match &opts.replay {
-        Some(p) => Some(Arc::new(ReplayBackend::open(p)?)),
+        Some(p) => Some(Arc::new(
+            ReplayBackend::open(p).map_err(|e| RunError::Recording(e.into()))?,
+        )),
         None => None,
     };
     let recorder = match &opts.record {
-        Some(p) => Some(Arc::new(Recorder::create(p, opts.resume.is_some())?)),
+        Some(p) => Some(Arc::new(
+            Recorder::create(p, opts.resume.is_some())
+                .map_err(|e| RunError::Recording(e.into()))?,
+        )),
         None => None,
     };
     let (interrupt, _) = watch::channel(false);
@@ -279,7 +277,7 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         recorder,
         store_error: RefCell::new(None),
         memory: Arc::new(std::sync::Mutex::new(
-            crate::store::sqlite::SqliteStore::open(&db).map_err(|e| e.to_string())?,
+            crate::store::sqlite::SqliteStore::open(&db)?,
         )),
     };
     if leftovers > 0 {
@@ -350,15 +348,14 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
     // Every artifact is on disk before the run reports its end.
     shared.artifacts.hand_over();
     if let Some(m) = shared.artifacts.failure() {
-        shared
-            .progress
-            .note(&format!("! some artifacts were not written: {m}"));
+        shared.progress.note(&format!(
+            "! some artifacts were not written: {}",
+            crate::diag::error_chain(&*m)
+        ));
     }
     shared.progress.finish();
-    let end = if let Some(e) = shared.store_error.borrow().clone() {
-        return Err(format!(
-            "the store failed, so the run stopped (resume it once the cause is fixed): {e}"
-        ));
+    let end = if let Some(halt) = shared.store_error.borrow_mut().take() {
+        return Err(RunError::Halted(halt));
     } else if *shared.interrupt.borrow() {
         RunEnd::Interrupted
     } else {
@@ -398,8 +395,7 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
     store
         .commit(&[Write::Event(event)])
         .and_then(|()| store.set_status(&shared.run.id, status, exit))
-        .and_then(|()| store.unlock(&shared.run.id, owner.pid))
-        .map_err(|e| e.to_string())?;
+        .and_then(|()| store.unlock(&shared.run.id, owner.pid))?;
     let outputs = top.outputs.ran();
     let usage = shared.usage.borrow().get("").cloned().unwrap_or_default();
     Ok(RunResult {

@@ -60,7 +60,7 @@ impl Exec<'_> {
                 .await
             {
                 Ok(p) => p,
-                Err(e) => return self.fail_now(started, e),
+                Err(e) => return self.fail_now(started, e.message()),
             },
             None => frame.cwd.clone(),
         };
@@ -80,21 +80,21 @@ impl Exec<'_> {
         let outcome_of = |s: &str, it: u64| json!({"iterations": it, "outcome": s});
         for it in 1..=max {
             let scope = frame.child_scope(&format!("{}#{it}", node.name));
-            let mut lv: BTreeMap<&str, Value> = BTreeMap::new();
-            lv.insert("iteration", Value::from(it));
-            lv.insert("max_iterations", Value::from(max));
-            lv.insert(
+            let mut loop_vars: BTreeMap<&str, Value> = BTreeMap::new();
+            loop_vars.insert("iteration", Value::from(it));
+            loop_vars.insert("max_iterations", Value::from(max));
+            loop_vars.insert(
                 "feedback",
                 feedback.clone().map(Value::from).unwrap_or(Value::from("")),
             );
-            lv.insert("history", Value::from(history.clone()));
-            let loop_value = Value::from(lv.clone());
+            loop_vars.insert("history", Value::from(history.clone()));
+            let loop_value = Value::from(loop_vars.clone());
             let iframe = Frame {
                 parent: Some(frame),
                 region: Some(n),
                 scope,
                 cwd: cwd.clone(),
-                vars: lv
+                vars: loop_vars
                     .iter()
                     .map(|(k, v)| ((*k).to_string(), v.clone()))
                     .collect(),
@@ -199,8 +199,8 @@ impl Exec<'_> {
                     Err(e) => return self.fail_now(started, format!("its `until` failed: {e}")),
                 }
             }
-            if let Some(sk) = stuck {
-                match self.eval(&sk.on.value, &ctx) {
+            if let Some(rule) = stuck {
+                match self.eval(&rule.on.value, &ctx) {
                     Ok(v) => {
                         let j: Json = serde_json::to_value(&v).unwrap_or(Json::Null);
                         let empty = j.is_null()
@@ -218,7 +218,7 @@ impl Exec<'_> {
                                 node.name
                             ));
                             self.leave_worktree(frame, n, &cwd, false).await;
-                            let then = sk
+                            let then = rule
                                 .then
                                 .as_ref()
                                 .map(|a| self.target_of(&a.value))
@@ -242,16 +242,16 @@ impl Exec<'_> {
                 }
             }
             feedback = iter_feedback.clone();
-            let mut h: BTreeMap<&str, Value> = BTreeMap::new();
-            h.insert("iteration", Value::from(it));
-            h.insert(
+            let mut entry: BTreeMap<&str, Value> = BTreeMap::new();
+            entry.insert("iteration", Value::from(it));
+            entry.insert(
                 "feedback",
                 iter_feedback.map(Value::from).unwrap_or(Value::from("")),
             );
-            h.insert("outputs", jv(&snapshot));
-            history.push(Value::from(h));
+            entry.insert("outputs", to_value(&snapshot));
+            history.push(Value::from(entry));
             for (k, v) in &snapshot {
-                earlier_hist.entry(k.clone()).or_default().push(jv(v));
+                earlier_hist.entry(k.clone()).or_default().push(to_value(v));
             }
             earlier = Arc::new(earlier_view(&earlier_hist, Some(&snapshot)));
         }

@@ -11,6 +11,7 @@ mod attempt;
 mod budget;
 mod command;
 mod context;
+pub mod error;
 mod exec;
 pub mod extract;
 mod fanout;

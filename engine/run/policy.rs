@@ -12,6 +12,22 @@ use crate::backend::CallError;
 /// server sends is honoured as it is).
 pub const MAX_BACKOFF: Duration = Duration::from_secs(900);
 
+/// The `n`th wait (from 1) of an exponential backoff that starts at `first` and doubles,
+/// never longer than [`MAX_BACKOFF`]: backon's delay iterator, without jitter (a run's waits
+/// are reproducible, and its calls are too few to stampede a server).
+pub fn backoff_delay(first: Duration, n: u32) -> Duration {
+    use backon::BackoffBuilder as _;
+    backon::ExponentialBuilder::new()
+        .with_min_delay(first.min(MAX_BACKOFF))
+        .with_max_delay(MAX_BACKOFF)
+        .with_factor(2.0)
+        .without_max_times()
+        .build()
+        // 64 doublings of even a nanosecond pass the cap: later waits are the cap.
+        .nth(usize::try_from(n.clamp(1, 64) - 1).unwrap_or(0))
+        .map_or(MAX_BACKOFF, |d| d.min(MAX_BACKOFF))
+}
+
 /// The settings of the policy.
 #[derive(Clone, Debug)]
 pub struct Policy {
@@ -35,8 +51,8 @@ pub struct Tries {
     pub transient: u32,
     /// Time waited on rate limits so far.
     pub waited: Duration,
-    /// The next wait on a rate limit that does not say how long.
-    pub rate_backoff: Option<Duration>,
+    /// Rate limits waited out so far without being told how long (their backoff grows).
+    pub rate_backoffs: u32,
 }
 
 /// What to do after a failure.
@@ -80,9 +96,10 @@ pub fn decide(policy: &Policy, tries: &mut Tries, err: CallError) -> Next {
             message,
             retry_after,
         } => {
-            let backoff = tries.rate_backoff.unwrap_or(policy.backoff);
-            let wait = retry_after.unwrap_or(backoff);
-            tries.rate_backoff = Some(backoff.saturating_mul(2).min(MAX_BACKOFF));
+            let wait = retry_after.unwrap_or_else(|| {
+                tries.rate_backoffs = tries.rate_backoffs.saturating_add(1);
+                backoff_delay(policy.backoff, tries.rate_backoffs)
+            });
             tries.waited = tries.waited.saturating_add(wait);
             if tries.waited > policy.rate_limit_wait {
                 return Next::GiveUp(CallError::RateLimited {
@@ -112,9 +129,8 @@ pub fn decide(policy: &Policy, tries: &mut Tries, err: CallError) -> Next {
                     retry_after,
                 });
             }
-            let doubling = 2u32.saturating_pow(tries.transient - 1);
-            let wait = retry_after
-                .unwrap_or_else(|| policy.backoff.saturating_mul(doubling).min(MAX_BACKOFF));
+            let wait =
+                retry_after.unwrap_or_else(|| backoff_delay(policy.backoff, tries.transient));
             Next::Retry {
                 wait,
                 why: CallError::Transient {
@@ -294,6 +310,21 @@ mod tests {
             drive(&policy(2), vec![Err(limited(None)), Err(limited(Some(7)))]).await;
         assert_eq!(called, vec![0, 1, 1]);
         assert_eq!(took, Duration::from_secs(7));
+    }
+
+    #[test]
+    fn backoff_delays_double_from_the_first_up_to_the_cap() {
+        let s = Duration::from_secs;
+        let waits: Vec<Duration> = (1..=11).map(|n| backoff_delay(s(2), n)).collect();
+        assert_eq!(
+            waits,
+            [2, 4, 8, 16, 32, 64, 128, 256, 512, 900, 900]
+                .map(s)
+                .to_vec()
+        );
+        assert_eq!(backoff_delay(Duration::ZERO, 7), Duration::ZERO);
+        assert_eq!(backoff_delay(s(2), u32::MAX), MAX_BACKOFF);
+        assert_eq!(backoff_delay(s(86_400), 1), MAX_BACKOFF);
     }
 
     #[test]

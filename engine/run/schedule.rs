@@ -21,8 +21,9 @@ use crate::compile::{Body, Edge, Target};
 use crate::model::StageKind;
 use crate::store::{NodeRecord, NodeState, Write};
 
+/// Where a node of a body's graph is, for its scheduler.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Ns {
+enum Slot {
     Pending,
     Running,
     Ran,
@@ -35,7 +36,7 @@ enum Ns {
 /// (its incoming edges not settled yet), and the nodes ready to start, by topological rank.
 struct Countdown<'b> {
     body: &'b Body,
-    state: Vec<Ns>,
+    state: Vec<Slot>,
     waits: Vec<usize>,
     ready: BinaryHeap<Reverse<(usize, NodeIndex)>>,
 }
@@ -54,7 +55,7 @@ impl<'b> Countdown<'b> {
             .collect();
         Countdown {
             body,
-            state: vec![Ns::Pending; g.node_count()],
+            state: vec![Slot::Pending; g.node_count()],
             waits,
             ready,
         }
@@ -65,17 +66,17 @@ impl<'b> Countdown<'b> {
         self.ready.pop().map(|Reverse((_, ix))| ix)
     }
 
-    fn state(&self, ix: NodeIndex) -> Ns {
+    fn state(&self, ix: NodeIndex) -> Slot {
         self.state[ix.index()]
     }
 
     /// Sets a state that settles nothing (running, waiting, stopped).
-    fn set(&mut self, ix: NodeIndex, ns: Ns) {
+    fn set(&mut self, ix: NodeIndex, ns: Slot) {
         self.state[ix.index()] = ns;
     }
 
     /// Marks a node settled and makes ready the successors that waited only on it.
-    fn settle(&mut self, ix: NodeIndex, ns: Ns) {
+    fn settle(&mut self, ix: NodeIndex, ns: Slot) {
         self.state[ix.index()] = ns;
         for e in self.body.graph.edges_directed(ix, Direction::Outgoing) {
             let t = e.target();
@@ -115,25 +116,26 @@ impl Exec<'_> {
                     let mut routed = false;
                     for e in g.edges_directed(ix, Direction::Incoming) {
                         match e.weight() {
-                            Edge::Needs => needs_ran.push(graph.state(e.source()) == Ns::Ran),
+                            Edge::Needs => needs_ran.push(graph.state(e.source()) == Slot::Ran),
                             Edge::Route(_) => routed = true,
                         }
                     }
                     match self.decide(frame, n, &needs_ran, routed, &chosen) {
                         Ok(true) => {
-                            graph.set(ix, Ns::Running);
+                            graph.set(ix, Slot::Running);
                             running.push(self.run_node(frame, n));
                         }
                         Ok(false) => {
                             let s = Settled::new(NodeState::Skipped, Json::Null, now_ms());
                             self.settle(frame, n, &s);
-                            graph.settle(ix, Ns::Skipped);
+                            graph.settle(ix, Slot::Skipped);
                         }
-                        Err(message) => {
+                        Err(e) => {
                             let node = self.plan.node(n).name.clone();
-                            let s = Settled::failed(Json::Null, message, Target::Fail, now_ms());
+                            let s =
+                                Settled::failed(Json::Null, e.message(), Target::Fail, now_ms());
                             self.settle(frame, n, &s);
-                            graph.settle(ix, Ns::Failed);
+                            graph.settle(ix, Slot::Failed);
                             ending.get_or_insert(BodyEnd::Failed {
                                 node,
                                 message: s.message.unwrap_or_default(),
@@ -156,9 +158,9 @@ impl Exec<'_> {
                         Outcome::Settled(s) => {
                             self.settle(frame, n, &s);
                             let ns = match s.state {
-                                NodeState::Done => Ns::Ran,
-                                NodeState::Skipped => Ns::Skipped,
-                                NodeState::Failed | NodeState::TimedOut => Ns::Failed,
+                                NodeState::Done => Slot::Ran,
+                                NodeState::Skipped => Slot::Skipped,
+                                NodeState::Failed | NodeState::TimedOut => Slot::Failed,
                             };
                             graph.settle(ix, ns);
                             let node = self.plan.node(n).name.clone();
@@ -193,11 +195,11 @@ impl Exec<'_> {
                             }
                         }
                         Outcome::Waiting => {
-                            graph.set(ix, Ns::Waiting);
+                            graph.set(ix, Slot::Waiting);
                             waiting = true;
                         }
                         Outcome::Stopped => {
-                            graph.set(ix, Ns::Skipped);
+                            graph.set(ix, Slot::Skipped);
                             ending.get_or_insert(BodyEnd::Stopped);
                         }
                     }
@@ -247,7 +249,7 @@ impl Exec<'_> {
         needs_ran: &[bool],
         routed: bool,
         chosen: &HashSet<NodeId>,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, StageError> {
         if let Some(rec) = self.shared.resumed.borrow().get(&self.key(frame, n)) {
             return Ok(rec.state != NodeState::Skipped);
         }
@@ -279,9 +281,10 @@ impl Exec<'_> {
         if !rules.is_empty() {
             let mut any = false;
             for r in rules {
-                let v = self
-                    .eval(r, &ctx)
-                    .map_err(|e| format!("an escalation rule could not be evaluated: {e}"))?;
+                let v = self.eval(r, &ctx).map_err(|source| StageError::Condition {
+                    what: "an escalation rule",
+                    source,
+                })?;
                 if v.is_true() {
                     any = true;
                     break;
@@ -294,7 +297,10 @@ impl Exec<'_> {
         if let Some(w) = when {
             let v = self
                 .eval(&w.value, &ctx)
-                .map_err(|e| format!("its `when` could not be evaluated: {e}"))?;
+                .map_err(|source| StageError::Condition {
+                    what: "its `when`",
+                    source,
+                })?;
             if !v.is_true() {
                 return Ok(false);
             }

@@ -27,12 +27,15 @@ impl Exec<'_> {
         for (k, _) in params {
             match self.render(&format!("{}/params/{}", node.name, k.value), &ctx) {
                 Ok(v) => sets.push((k.value.clone(), v)),
-                Err(e) => return self.fail_now(started, format!("param `{}`: {e}", k.value)),
+                Err(e) => {
+                    let why = crate::diag::error_chain(&e);
+                    return self.fail_now(started, format!("param `{}`: {why}", k.value));
+                }
             }
         }
         let prepared = match self.shared.subflow(&path, &sets) {
             Ok(p) => p,
-            Err(e) => return self.fail_now(started, e),
+            Err(e) => return self.fail_now(started, e.message()),
         };
         let prefix = format!("{}>", frame.child_scope(&node.name));
         let prefix = if self.prefix.is_empty() {
@@ -42,7 +45,7 @@ impl Exec<'_> {
         };
         let child = match Exec::new(self.shared, &prepared.plan, &prepared.sources, prefix) {
             Ok(c) => c,
-            Err(e) => return self.fail_now(started, e),
+            Err(e) => return self.fail_now(started, e.message()),
         };
         let top = Frame {
             cwd: frame.cwd.clone(),

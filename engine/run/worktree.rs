@@ -11,13 +11,15 @@ use std::path::Path;
 
 use tokio::process::Command;
 
+use super::error::{Cause, WorktreeError};
+
 /// Held while a worktree is added or removed.
 static WORKTREES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The longest a git command of a worktree may take (a hook, a lock held elsewhere).
 const GIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 
-async fn git(repo: &Path, args: &[&str]) -> Result<String, String> {
+async fn git(repo: &Path, args: &[&str]) -> Result<String, WorktreeError> {
     let run = Command::new("git")
         .arg("-C")
         .arg(repo)
@@ -27,28 +29,24 @@ async fn git(repo: &Path, args: &[&str]) -> Result<String, String> {
         .output();
     let out = tokio::time::timeout(GIT_TIMEOUT, run)
         .await
-        .map_err(|_| {
-            format!(
-                "git {} took more than {}s and was stopped",
-                args.join(" "),
-                GIT_TIMEOUT.as_secs()
-            )
+        .map_err(|_| WorktreeError::TimedOut {
+            command: args.join(" "),
+            secs: GIT_TIMEOUT.as_secs(),
         })?
-        .map_err(|e| format!("cannot run git: {e}"))?;
+        .map_err(WorktreeError::Spawn)?;
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
-        Err(format!(
-            "git {} failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
+        Err(WorktreeError::Git {
+            command: args.join(" "),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        })
     }
 }
 
 /// Takes the repository's worktree lock, shared by every ralph-flow process (released when
 /// the returned file is dropped). Waiting for it does not block the executor's thread.
-async fn repo_lock(repo: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, String> {
+async fn repo_lock(repo: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, WorktreeError> {
     let common = git(repo, &["rev-parse", "--git-common-dir"]).await?;
     let common = Path::new(common.trim());
     let dir = if common.is_absolute() {
@@ -62,20 +60,32 @@ async fn repo_lock(repo: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, Stri
         .truncate(false)
         .write(true)
         .open(&path)
-        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
-    let shown = path.display().to_string();
+        .map_err(|source| WorktreeError::Io {
+            what: "open",
+            path: path.clone(),
+            source,
+        })?;
+    let lock_failed = |source: Cause| WorktreeError::Lock {
+        path: path.clone(),
+        source,
+    };
     tokio::task::spawn_blocking(move || {
         nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
             .map_err(|(_, errno)| errno)
     })
     .await
-    .map_err(|e| format!("cannot lock {shown}: {e}"))?
-    .map_err(|e| format!("cannot lock {shown}: {e}"))
+    .map_err(|e| lock_failed(Box::new(e)))?
+    .map_err(|e| lock_failed(Box::new(e)))
 }
 
 /// Makes sure a worktree of `repo` exists at `path` on `branch` (created from `base` when
 /// the branch does not exist yet). An existing worktree there is reused (resume).
-pub async fn ensure(repo: &Path, path: &Path, branch: &str, base: &str) -> Result<(), String> {
+pub async fn ensure(
+    repo: &Path,
+    path: &Path,
+    branch: &str,
+    base: &str,
+) -> Result<(), WorktreeError> {
     if path.join(".git").exists() {
         return Ok(());
     }
@@ -83,16 +93,20 @@ pub async fn ensure(repo: &Path, path: &Path, branch: &str, base: &str) -> Resul
     // option of git. Git refuses such ref names anyway; say so plainly.
     for (what, value) in [("branch", branch), ("base", base)] {
         if value.is_empty() || value.starts_with('-') {
-            return Err(format!(
-                "the worktree's {what} `{value}` is not a valid git name (empty, or starting with `-`)"
-            ));
+            return Err(WorktreeError::BadName {
+                what,
+                value: value.to_string(),
+            });
         }
     }
     let _held = WORKTREES.lock().await;
     let _locked = repo_lock(repo).await?;
     if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent)
-            .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+        std::fs::create_dir_all(parent).map_err(|source| WorktreeError::Io {
+            what: "create",
+            path: parent.to_path_buf(),
+            source,
+        })?;
     }
     // A worktree whose directory vanished is still registered: forget it first.
     let _ = git(repo, &["worktree", "prune"]).await;
@@ -130,7 +144,7 @@ pub async fn ensure(repo: &Path, path: &Path, branch: &str, base: &str) -> Resul
 }
 
 /// Removes a worktree (the branch stays).
-pub async fn remove(repo: &Path, path: &Path) -> Result<(), String> {
+pub async fn remove(repo: &Path, path: &Path) -> Result<(), WorktreeError> {
     if !path.exists() {
         return Ok(());
     }
@@ -162,6 +176,7 @@ mod tests {
             let err = ensure(tmp.path(), &path, branch, base)
                 .await
                 .err()
+                .map(|e| e.to_string())
                 .unwrap_or_default();
             assert!(err.contains("is not a valid git name"), "{err}");
         }

@@ -18,7 +18,7 @@ impl Exec<'_> {
         frame: &Frame<'_>,
         n: NodeId,
         scope: &str,
-    ) -> Result<PathBuf, String> {
+    ) -> Result<PathBuf, StageError> {
         let ctx = self.context(frame, &[]);
         self.make_worktree(n, scope, &ctx).await
     }
@@ -31,8 +31,11 @@ impl Exec<'_> {
         var: &str,
         item: &Json,
         index: usize,
-    ) -> Result<PathBuf, String> {
-        let ctx = self.context(frame, &[(var, jv(item)), ("index", Value::from(index))]);
+    ) -> Result<PathBuf, StageError> {
+        let ctx = self.context(
+            frame,
+            &[(var, to_value(item)), ("index", Value::from(index))],
+        );
         self.make_worktree(n, scope, &ctx).await
     }
 
@@ -41,7 +44,7 @@ impl Exec<'_> {
         n: NodeId,
         scope: &str,
         ctx: &Value,
-    ) -> Result<PathBuf, String> {
+    ) -> Result<PathBuf, StageError> {
         let name = &self.plan.node(n).name;
         let branch = self.render(&format!("{name}/worktree/branch"), ctx)?;
         let base = if self.has_template(&format!("{name}/worktree/base")) {
@@ -57,7 +60,10 @@ impl Exec<'_> {
         let path = self.worktree_path(&full.split('/').map(sanitize).collect::<Vec<_>>().join("/"));
         super::worktree::ensure(&self.shared.opts.cwd, &path, branch.trim(), base.trim())
             .await
-            .map_err(|e| format!("cannot create the worktree for `{name}`: {e}"))?;
+            .map_err(|source| StageError::Worktree {
+                stage: name.clone(),
+                source,
+            })?;
         self.shared.event(
             scope,
             name,
@@ -84,7 +90,7 @@ impl Exec<'_> {
 
     /// Makes the run's own worktree (`worktree` at the top of the workflow), if it has one:
     /// `STATE_DIR/worktrees/RUN/@run`, on its branch; a resume finds it again.
-    pub(super) async fn enter_run_worktree(&self) -> Result<Option<PathBuf>, String> {
+    pub(super) async fn enter_run_worktree(&self) -> Result<Option<PathBuf>, RunError> {
         let Some(w) = &self.plan.workflow.worktree else {
             return Ok(None);
         };
@@ -97,7 +103,7 @@ impl Exec<'_> {
         let path = self.worktree_path("@run");
         super::worktree::ensure(&self.shared.opts.cwd, &path, branch.trim(), base.trim())
             .await
-            .map_err(|e| format!("cannot create the run's worktree: {e}"))?;
+            .map_err(RunError::RunWorktree)?;
         self.shared.event(
             "",
             "",
@@ -133,9 +139,11 @@ impl Exec<'_> {
         };
         if remove {
             if let Err(e) = super::worktree::remove(&self.shared.opts.cwd, path).await {
-                self.shared
-                    .progress
-                    .note(&format!("! could not remove {}: {e}", path.display()));
+                self.shared.progress.note(&format!(
+                    "! could not remove {}: {}",
+                    path.display(),
+                    crate::diag::error_chain(&e)
+                ));
             }
         }
     }
@@ -163,9 +171,11 @@ impl Exec<'_> {
         };
         if remove {
             if let Err(e) = super::worktree::remove(&self.shared.opts.cwd, path).await {
-                self.shared
-                    .progress
-                    .note(&format!("! could not remove {}: {e}", path.display()));
+                self.shared.progress.note(&format!(
+                    "! could not remove {}: {}",
+                    path.display(),
+                    crate::diag::error_chain(&e)
+                ));
             }
         }
     }

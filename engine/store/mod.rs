@@ -9,21 +9,62 @@ pub mod sqlite;
 
 pub use sqlite::{default_path, open_default};
 
+use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
 /// A store error, with what to do about it.
-#[derive(Debug)]
-pub struct StoreError(pub String);
-
-impl std::fmt::Display for StoreError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// SQLite failed on the store file.
+    #[error("{what} {}: {source}", path.display())]
+    Sqlite {
+        what: String,
+        path: PathBuf,
+        #[source]
+        source: rusqlite::Error,
+    },
+    /// A file or directory beside the store (its directory, a spilled output) failed.
+    #[error("{what} {}: {source}", path.display())]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A value could not be written or read as JSON.
+    #[error("{what}: {source}")]
+    Json {
+        what: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The store cannot be used as it is (damaged, replaced, busy, too new), said with what
+    /// to do.
+    #[error("{0}")]
+    State(String),
+    /// What was asked contradicts what the store holds (no such run, a gate that does not
+    /// wait, a run another process holds).
+    #[error("{0}")]
+    Refused(String),
 }
 
-impl std::error::Error for StoreError {}
+impl StoreError {
+    /// A file operation that failed.
+    pub fn io(what: &'static str, path: &std::path::Path, source: std::io::Error) -> Self {
+        StoreError::Io {
+            what,
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+
+    /// A JSON conversion that failed.
+    pub fn json(what: &'static str, source: serde_json::Error) -> Self {
+        StoreError::Json { what, source }
+    }
+}
 
 pub type Result<T> = std::result::Result<T, StoreError>;
 

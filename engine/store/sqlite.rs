@@ -52,7 +52,7 @@ fn busy_wait() -> Duration {
 /// The error of a store whose write-ahead log was deleted after a crash.
 fn lost_log(path: &Path) -> StoreError {
     let wal = wal_path(path);
-    StoreError(format!(
+    StoreError::State(format!(
         "{} lost its write-ahead log: a process that had it open was killed, and {} was \
          deleted since, so the commits it held are gone. Keep the file as it is and restore {} \
          from a backup if you have one; to start over, move the state directory aside",
@@ -375,7 +375,7 @@ impl SqliteStore {
                     let busy = is_busy(&e);
                     let error = sql_error(&self.path, "cannot commit to", e);
                     return Err(if busy {
-                        StoreError(format!(
+                        StoreError::State(format!(
                             "cannot commit to {}: another process kept it locked for more than {}s; find it (`fuser {}`), then resume the run",
                             self.path.display(),
                             limit.as_secs_f64(),
@@ -405,11 +405,9 @@ impl SqliteStore {
             .parent()
             .filter(|d| !d.as_os_str().is_empty())
             .unwrap_or(Path::new("."));
-        fs::create_dir_all(dir)
-            .map_err(|e| StoreError(format!("cannot create {}: {e}", dir.display())))?;
+        fs::create_dir_all(dir).map_err(|e| StoreError::io("cannot create", dir, e))?;
         let unclean = unclean_markers(path);
-        let conn = Connection::open(path)
-            .map_err(|e| StoreError(format!("cannot open {}: {e}", path.display())))?;
+        let conn = Connection::open(path).map_err(|e| sql_error(path, "cannot open", e))?;
         let mut store = SqliteStore {
             on_busy: None,
             conn,
@@ -450,7 +448,7 @@ impl SqliteStore {
         } else {
             Connection::open_with_flags(path, flags)
         }
-        .map_err(|e| StoreError(format!("cannot open {}: {e}", path.display())))?;
+        .map_err(|e| sql_error(path, "cannot open", e))?;
         let store = SqliteStore {
             on_busy: None,
             conn,
@@ -472,7 +470,7 @@ impl SqliteStore {
             .pragma_query_value(None, "user_version", |row| row.get(0))
             .map_err(|e| store.error("cannot read", e))?;
         if version != SCHEMA_VERSION {
-            return Err(StoreError(format!(
+            return Err(StoreError::State(format!(
                 "{} has schema version {version} and this ralph-flow reads {SCHEMA_VERSION}; \
                  open it once with `ralph-flow run` or `resume` (which can write) to bring it \
                  up to date",
@@ -548,7 +546,7 @@ impl SqliteStore {
         match (self.identity, identity(&self.path)) {
             (Some(was), Some(is)) if was == is => Ok(()),
             (None, _) => Ok(()),
-            (Some(_), now) => Err(StoreError(format!(
+            (Some(_), now) => Err(StoreError::State(format!(
                 "{} was {} while the run was going on, so nothing more can be saved; the run's \
                  state is lost",
                 self.path.display(),
@@ -567,7 +565,7 @@ impl SqliteStore {
         if problems.len() == 1 && problems[0] == "ok" {
             return Ok(());
         }
-        Err(StoreError(format!(
+        Err(StoreError::State(format!(
             "{} is damaged ({}); nothing was written to it. Move it aside and recover what \
              can be recovered with `sqlite3 {} .recover`",
             self.path.display(),
@@ -585,7 +583,7 @@ impl SqliteStore {
             .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
             .map_err(fail)?;
         if !mode.eq_ignore_ascii_case("wal") {
-            return Err(StoreError(format!(
+            return Err(StoreError::State(format!(
                 "{} cannot use write-ahead logging (journal mode is {mode}); \
                  put the state directory on a local file system",
                 self.path.display()
@@ -616,7 +614,7 @@ impl SqliteStore {
             .pragma_query_value(None, "user_version", |row| row.get(0))
             .map_err(fail)?;
         if version > SCHEMA_VERSION {
-            return Err(StoreError(format!(
+            return Err(StoreError::State(format!(
                 "{} was written by a newer ralph-flow (schema version {version}, this one \
                  knows {SCHEMA_VERSION}); upgrade ralph-flow or use another --state-dir",
                 path.display()
@@ -647,7 +645,7 @@ impl SqliteStore {
     /// and whether a new file was written.
     fn prepare_output(&self, output: &serde_json::Value) -> Result<(Output, bool)> {
         let text = serde_json::to_string(output)
-            .map_err(|e| StoreError(format!("cannot serialize an output: {e}")))?;
+            .map_err(|e| StoreError::json("cannot serialize an output", e))?;
         if text.len() <= SPILL_BYTES {
             return Ok((
                 Output {
@@ -666,7 +664,7 @@ impl SqliteStore {
         if path.exists() {
             return Ok((spilled, false));
         }
-        let io = |e: std::io::Error| StoreError(format!("cannot write {}: {e}", path.display()));
+        let io = |e: std::io::Error| StoreError::io("cannot write", &path, e);
         fs::create_dir_all(&self.blobs).map_err(io)?;
         let tmp = self
             .blobs
@@ -696,18 +694,14 @@ impl SqliteStore {
         let text = match (inline, blob) {
             (_, Some(hash)) => {
                 let path = self.blob_path(&hash);
-                fs::read_to_string(&path).map_err(|e| {
-                    StoreError(format!(
-                        "cannot read the output stored in {}: {e}",
-                        path.display()
-                    ))
-                })?
+                fs::read_to_string(&path)
+                    .map_err(|e| StoreError::io("cannot read the output stored in", &path, e))?
             }
             (Some(text), None) => text,
             (None, None) => return Ok(serde_json::Value::Null),
         };
         serde_json::from_str(&text)
-            .map_err(|e| StoreError(format!("a stored output is not valid JSON: {e}")))
+            .map_err(|e| StoreError::json("a stored output is not valid JSON", e))
     }
 
     fn node_from_row(
@@ -791,7 +785,10 @@ impl Store for SqliteStore {
             Err(rusqlite::Error::SqliteFailure(e, _))
                 if e.code == rusqlite::ErrorCode::ConstraintViolation =>
             {
-                Err(StoreError(format!("run {} already exists", run.id)))
+                Err(StoreError::Refused(format!(
+                    "run {} already exists",
+                    run.id
+                )))
             }
             other => other
                 .map(drop)
@@ -830,7 +827,7 @@ impl Store for SqliteStore {
             })
             .map_err(|e| self.error("cannot update a run in", e))?;
         if changed == 0 {
-            return Err(StoreError(format!(
+            return Err(StoreError::Refused(format!(
                 "no run {id} in {}",
                 self.path.display()
             )));
@@ -857,7 +854,7 @@ impl Store for SqliteStore {
             // The renames must be on the disk before the rows that refer to them.
             fs::File::open(&self.blobs)
                 .and_then(|dir| dir.sync_all())
-                .map_err(|e| StoreError(format!("cannot sync {}: {e}", self.blobs.display())))?;
+                .map_err(|e| StoreError::io("cannot sync", &self.blobs, e))?;
         }
         let shows: Vec<Option<String>> = writes
             .iter()
@@ -940,7 +937,7 @@ impl Store for SqliteStore {
                 several => {
                     let scopes: Vec<String> =
                         several.iter().map(|g| describe_scope(&g.scope)).collect();
-                    return Err(StoreError(format!(
+                    return Err(StoreError::Refused(format!(
                         "gate {} of run {} waits in {} scopes ({}); say which one",
                         approval.gate,
                         approval.run,
@@ -965,7 +962,7 @@ impl Store for SqliteStore {
             } else {
                 format!(" in scope {}", approval.scope)
             };
-            return Err(StoreError(if !exists {
+            return Err(StoreError::State(if !exists {
                 format!("no run {}", approval.run)
             } else if waiting.is_empty() {
                 format!(
@@ -1010,7 +1007,7 @@ impl Store for SqliteStore {
                 return Ok(());
             }
             if !same_host || process_alive(holder.pid) {
-                return Err(StoreError(format!(
+                return Err(StoreError::Refused(format!(
                     "run {run} is held by pid {} on {} since {}; wait for it to end or stop it",
                     holder.pid,
                     holder.host,
@@ -1178,18 +1175,22 @@ fn sql_error(path: &Path, what: &str, e: rusqlite::Error) -> StoreError {
             if matches!(f.code, rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
     );
     if busy {
-        StoreError(format!(
+        StoreError::State(format!(
             "{what} {}: another process kept it busy for more than {} s; try again",
             path.display(),
             BUSY_TIMEOUT.as_secs()
         ))
     } else {
-        StoreError(format!("{what} {}: {e}", path.display()))
+        StoreError::Sqlite {
+            what: what.to_string(),
+            path: path.to_path_buf(),
+            source: e,
+        }
     }
 }
 
 fn json_text<T: serde::Serialize>(value: &T) -> Result<String> {
-    serde_json::to_string(value).map_err(|e| StoreError(format!("cannot serialize a value: {e}")))
+    serde_json::to_string(value).map_err(|e| StoreError::json("cannot serialize a value", e))
 }
 
 /// Usage as stored: counts as SQLite integers (saturating), cost as a nullable real.

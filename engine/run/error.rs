@@ -1,0 +1,244 @@
+//! The run side's errors. Each says its own part and keeps what caused it as its `source`;
+//! the whole message is built once, where it is shown or stored
+//! ([`crate::diag::error_chain`]). [`RunError`] stops a run before or while it goes;
+//! [`StageError`] fails one stage, which then takes its `on_error`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::params::ParamError;
+use crate::store::StoreError;
+use crate::template::SpreadError;
+
+/// A boxed error of another layer (a backend's), kept as the source.
+pub type Cause = Box<dyn std::error::Error + Send + Sync>;
+
+/// A template that does not render, or an expression that does not evaluate. Its message
+/// carries minijinja's whole chain (minijinja's own errors say little without their causes).
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateError {
+    /// The plan has no template of that name (a bug of the compiler, said plainly).
+    #[error("template `{0}` does not exist")]
+    Missing(String),
+    /// `spread` outside a command's argv.
+    #[error(
+        "`spread` makes one argument per item and works only as a whole argv item of a command or check"
+    )]
+    SpreadOutsideArgv,
+    /// minijinja refused to render or compile it.
+    #[error("{}", crate::diag::error_chain(.0))]
+    Render(minijinja::Error),
+    /// An expression that failed when evaluated.
+    #[error("`{expr}`: {}", crate::diag::error_chain(error))]
+    Eval {
+        expr: String,
+        error: minijinja::Error,
+    },
+}
+
+/// Why a stage could not do its work: the stage fails and takes its `on_error`; nothing of
+/// it is handed on as feedback.
+#[derive(Debug, thiserror::Error)]
+pub enum StageError {
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+    /// An item of a command's argv.
+    #[error("argv item {index}")]
+    Argv {
+        index: usize,
+        #[source]
+        source: TemplateError,
+    },
+    /// A `spread` item of a command's argv.
+    #[error("argv item {index}")]
+    Spread {
+        index: usize,
+        #[source]
+        source: SpreadError,
+    },
+    /// A limit written over params.
+    #[error(transparent)]
+    Param(#[from] ParamError),
+    /// A `when` or an escalation rule that could not be evaluated.
+    #[error("{what} could not be evaluated")]
+    Condition {
+        what: &'static str,
+        #[source]
+        source: TemplateError,
+    },
+    /// A route with no case for the output's value.
+    #[error("its route on `{on}` has no case for `{value}` and no default")]
+    NoRouteCase { on: String, value: String },
+    /// A worktree that could not be made.
+    #[error("cannot create the worktree for `{stage}`")]
+    Worktree {
+        stage: String,
+        #[source]
+        source: WorktreeError,
+    },
+    /// A subflow that cannot run.
+    #[error(transparent)]
+    Subflow(Box<RunError>),
+}
+
+/// Why a git worktree could not be made or removed.
+#[derive(Debug, thiserror::Error)]
+pub enum WorktreeError {
+    /// A branch or base that git would read as an option.
+    #[error(
+        "the worktree's {what} `{value}` is not a valid git name (empty, or starting with `-`)"
+    )]
+    BadName { what: &'static str, value: String },
+    /// git could not be started.
+    #[error("cannot run git")]
+    Spawn(#[source] std::io::Error),
+    /// git ran past its time.
+    #[error("git {command} took more than {secs}s and was stopped")]
+    TimedOut { command: String, secs: u64 },
+    /// git failed.
+    #[error("git {command} failed: {stderr}")]
+    Git { command: String, stderr: String },
+    /// A file or directory of the worktree or its lock.
+    #[error("cannot {what} {}", path.display())]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The lock that serializes worktree changes could not be taken.
+    #[error("cannot lock {}", path.display())]
+    Lock {
+        path: PathBuf,
+        #[source]
+        source: Cause,
+    },
+}
+
+/// Why a run could not start, or stopped before its end.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The state directory, a run directory, a file of the run.
+    #[error("cannot {what} {}", path.display())]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("there is no run `{0}`; `ralph-flow runs` lists them")]
+    NoSuchRun(String),
+    #[error("run `{id}` has finished (exit {exit}); start a new one with `ralph-flow run`")]
+    Finished { id: String, exit: String },
+    /// Agents that cannot run here: each `file:line:col: agent ...: why`.
+    #[error(
+        "{} agent{} of this workflow cannot run here, so nothing was started:\n  {}\nInstall or set what is named, give the agent a `fallbacks` entry that can run, or point it at another backend with `--set` or an override.",
+        .0.len(),
+        if .0.len() == 1 { "" } else { "s" },
+        .0.join("\n  ")
+    )]
+    AgentsUnusable(Vec<String>),
+    /// An agent's settings or backend.
+    #[error("agent `{agent}`")]
+    Agent {
+        agent: String,
+        #[source]
+        source: Cause,
+    },
+    /// A stage that cannot be prepared (its output spec).
+    #[error("stage `{stage}`")]
+    Stage {
+        stage: String,
+        #[source]
+        source: Cause,
+    },
+    /// A resource whose capacity does not resolve.
+    #[error("resource `{resource}`")]
+    Resource {
+        resource: String,
+        #[source]
+        source: ParamError,
+    },
+    /// A subflow's workflow that does not check (its diagnostics, rendered).
+    #[error("its workflow {} is not valid:\n{diagnostics}", path.display())]
+    InvalidSubflow { path: PathBuf, diagnostics: String },
+    /// A subflow that cannot be prepared.
+    #[error("subflow `{stage}`")]
+    Subflow {
+        stage: String,
+        #[source]
+        source: Box<RunError>,
+    },
+    /// The recording to replay or to write (the error names it).
+    #[error(transparent)]
+    Recording(Cause),
+    /// The run's own worktree.
+    #[error("cannot create the run's worktree")]
+    RunWorktree(#[source] WorktreeError),
+    /// A template of the run's own (its worktree's branch).
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+    /// A commit failed, or the state directory could not be written, while the run went on.
+    #[error("the store failed, so the run stopped (resume it once the cause is fixed)")]
+    Halted(#[source] Halt),
+}
+
+/// What stopped a run in the middle: the first failed commit or artifact write.
+#[derive(Debug, thiserror::Error)]
+pub enum Halt {
+    #[error(transparent)]
+    Store(StoreError),
+    #[error("the state directory cannot be written")]
+    Artifacts(#[source] std::sync::Arc<IoFailure>),
+}
+
+/// A file or directory of the run's state that could not be written.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot {what} {}", path.display())]
+pub struct IoFailure {
+    pub what: &'static str,
+    pub path: PathBuf,
+    #[source]
+    pub source: std::io::Error,
+}
+
+impl From<minijinja::Error> for TemplateError {
+    fn from(e: minijinja::Error) -> Self {
+        TemplateError::Render(e)
+    }
+}
+
+impl IoFailure {
+    pub fn new(what: &'static str, path: &std::path::Path, source: std::io::Error) -> Arc<Self> {
+        Arc::new(IoFailure {
+            what,
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+}
+
+impl RunError {
+    /// A file operation that failed.
+    pub fn io(what: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        RunError::Io {
+            what,
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// The whole message, causes included.
+    pub fn message(&self) -> String {
+        crate::diag::error_chain(self)
+    }
+}
+
+impl StageError {
+    /// The whole message, causes included: what a failed stage says.
+    pub fn message(&self) -> String {
+        crate::diag::error_chain(self)
+    }
+}
