@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value as Json;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 
 use super::exec::*;
 use super::frame::*;
@@ -260,7 +260,7 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
     let (interrupt, _) = watch::channel(false);
     let artifacts = super::artifacts::Artifacts::start(Path::new(&run.dir));
     let shared = Shared {
-        global: opts.max_concurrency.map(|n| Semaphore::new(n.max(1))),
+        global: opts.max_concurrency.map(super::resource::limit),
         progress: Progress::new(opts.progress),
         opts,
         run,
