@@ -17,3 +17,4 @@ pub mod source;
 pub mod store;
 pub mod suggest;
 pub mod syntax;
+pub mod text;

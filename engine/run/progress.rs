@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::backend::Usage;
+use crate::text::duration;
 
 /// How progress is shown.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,19 +74,9 @@ pub fn one_line(text: &str, max: usize) -> String {
     }
 }
 
-/// Shows a duration shortly: `850ms`, `12.3s`, `4m05s`, `1h02m`.
-pub fn short_duration(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms < 1000 {
-        format!("{ms}ms")
-    } else if ms < 60_000 {
-        format!("{:.1}s", d.as_secs_f64())
-    } else if ms < 3_600_000 {
-        format!("{}m{:02}s", ms / 60_000, (ms / 1000) % 60)
-    } else {
-        format!("{}h{:02}m", ms / 3_600_000, (ms / 60_000) % 60)
-    }
-}
+/// The run side's name for [`crate::text::duration`] (`850ms`, `12.3s`, `4m 05s`,
+/// `2h 03m`), the one style of every duration shown.
+pub use crate::text::duration as short_duration;
 
 /// Shows a token count shortly: `950`, `12.4k`, `1.2M`.
 pub fn short_tokens(n: u64) -> String {
@@ -120,7 +111,7 @@ impl Progress {
                 let _ = m.println(text);
             }
             (None, Mode::Plain) => {
-                eprintln!("[{:>7}] {text}", short_duration(self.start.elapsed()));
+                eprintln!("[{:>7}] {text}", duration(self.start.elapsed()));
             }
             _ => {}
         }
@@ -181,7 +172,7 @@ impl Progress {
         };
         let mut text = format!("{mark} {k} {state}");
         if state != "skipped" {
-            text.push_str(&format!(" in {}", short_duration(elapsed)));
+            text.push_str(&format!(" in {}", duration(elapsed)));
         }
         if usage.tokens() > 0 {
             text.push_str(&format!(" · {} tokens", short_tokens(usage.tokens())));
