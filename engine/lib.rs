@@ -25,4 +25,4 @@ pub mod store;
 pub mod suggest;
 pub mod syntax;
 pub mod template;
-pub mod term;
+pub mod text;

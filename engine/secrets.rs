@@ -123,7 +123,7 @@ impl<W: std::io::Write> std::io::Write for RedactingWriter<W> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         let text = String::from_utf8_lossy(buf);
         let clean = redact(&text);
-        let clean = crate::term::printable(&clean);
+        let clean = crate::text::printable(&clean);
         self.0.write_all(clean.as_bytes())?;
         Ok(buf.len())
     }

@@ -2,7 +2,7 @@
 
 use ralph_flow::diag::error_chain;
 use ralph_flow::secrets::redact;
-use ralph_flow::term::printable;
+use ralph_flow::text::printable;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Duration;

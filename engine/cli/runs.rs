@@ -9,7 +9,8 @@ use ralph_flow::store::{
     Store, default_path,
 };
 use ralph_flow::store::{now_ms, rfc3339};
-use ralph_flow::term::printable;
+use ralph_flow::text::duration_ms;
+use ralph_flow::text::printable;
 use serde::Serialize;
 
 /// The state directory when `--state-dir` is not given.
@@ -228,7 +229,7 @@ fn list(args: &RunsArgs) -> Result<(), Failure> {
                 v.run.status.as_str().to_string(),
                 exit_text(v.run),
                 rfc3339(v.run.started_at),
-                duration(v.duration_ms),
+                duration_ms(v.duration_ms),
             ]
         })
         .collect();
@@ -321,7 +322,7 @@ fn status_text(view: &StatusView<'_>) -> String {
             None => String::new(),
         },
         rfc3339(run.started_at),
-        duration(view.run.duration_ms),
+        duration_ms(view.run.duration_ms),
     );
     if let Some(lock) = &view.lock {
         out += &format!(
@@ -565,24 +566,6 @@ fn cost(u: &Usage) -> String {
         .map_or_else(|| String::from("-"), |c| format!("${c:.4}"))
 }
 
-/// Formats milliseconds like `1m12s`, `3h5m0s`, `2d4h10m` or `350ms`.
-fn duration(ms: i64) -> String {
-    if ms < 1000 {
-        return format!("{}ms", ms.max(0));
-    }
-    let secs = ms / 1000;
-    let (d, h, m, s) = (secs / 86_400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
-    if d > 0 {
-        format!("{d}d{h}h{m}m")
-    } else if h > 0 {
-        format!("{h}h{m}m{s}s")
-    } else if m > 0 {
-        format!("{m}m{s}s")
-    } else {
-        format!("{s}s")
-    }
-}
-
 /// Lays out rows under headers in columns, the last column unpadded.
 fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     // What agents and programs wrote is shown, never interpreted by the terminal.
@@ -623,18 +606,6 @@ fn indent(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations_read_like_1m12s() {
-        assert_eq!(duration(350), "350ms");
-        assert_eq!(duration(45_000), "45s");
-        assert_eq!(duration(72_000), "1m12s");
-        assert_eq!(duration(3_600_000 * 3 + 5 * 60_000), "3h5m0s");
-        assert_eq!(
-            duration(86_400_000 * 2 + 3_600_000 * 4 + 600_000),
-            "2d4h10m"
-        );
-    }
 
     #[test]
     fn tables_align_columns() {

@@ -6,14 +6,18 @@ use std::fmt::Write;
 use super::{NodeId, Plan, Target};
 use crate::model::{Action, Dur, StageBody};
 
-/// Shows a duration as the file writes it ("72h"); seconds written as a number, and
-/// templates resolved with the params in force, as seconds.
+/// Shows a duration as the file writes it ("72h"): a template as it renders with the params
+/// in force (`{{ params.gate_timeout }}` with the default "72h" is "72h"), seconds written
+/// as a number as seconds.
 fn dur(plan: &Plan, d: &Dur) -> String {
-    match (d, crate::params::resolve_duration(d, &plan.params)) {
-        (Dur::Written(_, text), _) => text.clone(),
-        (_, Ok(d)) => format!("{}s", d.as_secs()),
-        (Dur::Template(t), Err(_)) => t.clone(),
-        (Dur::Literal(d), Err(_)) => format!("{}s", d.as_secs()),
+    match d {
+        Dur::Written(_, text) => text.clone(),
+        Dur::Template(t) => match crate::params::resolve_duration(d, &plan.params) {
+            Ok(_) => crate::params::render_params(t, &plan.params)
+                .map_or_else(|_| t.clone(), |s| s.trim().to_string()),
+            Err(_) => t.clone(),
+        },
+        Dur::Literal(d) => format!("{}s", d.as_secs()),
     }
 }
 
@@ -382,5 +386,35 @@ mod tests {
         let checked = crate::check::check(&wf, &mut loader, &[], false, &mut cd).expect("checks");
         let text = super::explain(&crate::compile::compile(&checked));
         assert!(text.contains("after 72h without an answer"), "{text}");
+    }
+
+    #[test]
+    fn templated_durations_show_as_the_params_write_them() {
+        let fs = One(
+            "name = \"d\"\n[params.wait]\ntype = \"string\"\ndefault = \"72h\"\n\
+             [params.secs]\ntype = \"int\"\ndefault = 90\n\
+             [stages.ok]\nkind = \"gate\"\nmessage = \"Go?\"\ntimeout = \"{{ params.wait }}\"\non_timeout = \"reject\"\n\
+             [stages.more]\nkind = \"gate\"\nneeds = [\"ok\"]\nmessage = \"Go?\"\ntimeout = \"{{ params.secs }}s\"\non_timeout = \"reject\"\n",
+        );
+        let mut sources = Sources::new();
+        let mut diags = Diagnostics::default();
+        let mut loader = Loader::new(&fs, &mut sources, &mut diags);
+        let wf = loader.load(Path::new("/w.toml"), None).expect("loads");
+        let mut cd = Diagnostics::default();
+        let sets = [("wait".to_string(), "1h30m".to_string())];
+        for (sets, shown) in [
+            (&[][..], "after 72h without"),
+            (&sets[..], "after 1h30m without"),
+        ] {
+            let checked =
+                crate::check::check(&wf, &mut loader, sets, false, &mut cd).expect("checks");
+            let text = super::explain(&crate::compile::compile(&checked));
+            assert!(text.contains(shown), "{text}");
+            assert!(text.contains("after 90s without"), "{text}");
+            assert!(
+                !text.contains("259200s") && !text.contains("5400s"),
+                "{text}"
+            );
+        }
     }
 }

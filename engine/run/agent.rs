@@ -334,7 +334,7 @@ impl Exec<'_> {
                     format!(
                         "agent `{name}` failed ({}); retry {n} of {of} in {}",
                         why.text(),
-                        super::progress::short_duration(*wait)
+                        crate::text::duration(*wait)
                     ),
                     "↺",
                 ),
@@ -343,7 +343,7 @@ impl Exec<'_> {
                     format!(
                         "agent `{name}` is rate-limited ({}); waiting {} before trying again",
                         why.text(),
-                        super::progress::short_duration(*wait)
+                        crate::text::duration(*wait)
                     ),
                     "⏳",
                 ),

@@ -151,7 +151,7 @@ impl Exec<'_> {
                     let msg = format!(
                         "`{}` {what} {} and was stopped (its whole process group)\n{}",
                         crate::shell::join(&spec.argv),
-                        super::progress::short_duration(lim),
+                        crate::text::duration(lim),
                         tail(&String::from_utf8_lossy(&out.stderr), 2000)
                     );
                     return self.fail_attempt(
@@ -255,7 +255,7 @@ impl Exec<'_> {
                 self.shared.progress.note(&format!(
                     "↺ {} failed; retry {attempt} of {retries} in {}",
                     node.name,
-                    super::progress::short_duration(wait)
+                    crate::text::duration(wait)
                 ));
                 tokio::time::sleep(wait).await;
             }

@@ -10,7 +10,6 @@ use futures_util::future::LocalBoxFuture;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use minijinja::Value;
 use serde_json::{Value as Json, json};
-use tokio::sync::Semaphore;
 
 use super::context::*;
 use super::exec::*;
@@ -81,7 +80,7 @@ impl Exec<'_> {
             Some(Err(e)) => return self.fail_now(started, format!("max_concurrency: {e}")),
             None => items.len().max(1),
         };
-        let sem = Rc::new(Semaphore::new(limit));
+        let sem = Rc::new(super::resource::limit(limit));
         let result_stage = self.result_stage(st, result.as_ref());
         let mut keys = Vec::new();
         let mut seen = HashSet::new();
@@ -265,8 +264,8 @@ impl Exec<'_> {
             .as_ref()
             .map(|m| resolve_count(&m.value, &self.plan.params))
         {
-            Some(Ok(m)) => Some(Rc::new(Semaphore::new(
-                usize::try_from(m).unwrap_or(1).max(1),
+            Some(Ok(m)) => Some(Rc::new(super::resource::limit(
+                usize::try_from(m).unwrap_or(usize::MAX),
             ))),
             Some(Err(e)) => return self.fail_now(started, format!("max_concurrency: {e}")),
             None => None,

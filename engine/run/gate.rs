@@ -148,9 +148,7 @@ impl Exec<'_> {
                     .as_ref()
                     .map(|a| self.target_of(&a.value))
                     .unwrap_or(Target::Fail);
-                let waited = timeout
-                    .map(super::progress::short_duration)
-                    .unwrap_or_default();
+                let waited = timeout.map(crate::text::duration).unwrap_or_default();
                 match action {
                     Target::Approve | Target::Reject => {
                         let approval = crate::store::Approval {

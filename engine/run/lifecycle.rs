@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value as Json;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 
 use super::exec::*;
 use super::frame::*;
@@ -129,7 +129,7 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
     };
     let db = crate::store::sqlite::default_path(&opts.state_dir);
     let mut store = crate::store::sqlite::SqliteStore::open_with(&db, durability)?;
-    store.on_busy(|m| eprintln!("! store: {}", crate::term::printable(m)));
+    store.on_busy(|m| eprintln!("! store: {}", crate::text::printable(m)));
     let mut store: Box<dyn Store> = Box::new(store);
     let plan = &prepared.plan;
     let (run, resumed) = match &opts.resume {
@@ -258,7 +258,7 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
     let (interrupt, _) = watch::channel(false);
     let artifacts = super::artifacts::Artifacts::start(Path::new(&run.dir));
     let shared = Shared {
-        global: opts.max_concurrency.map(|n| Semaphore::new(n.max(1))),
+        global: opts.max_concurrency.map(super::resource::limit),
         progress: Progress::new(opts.progress),
         opts,
         run,

@@ -9,6 +9,7 @@ use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::backend::Usage;
 use crate::store::NodeState;
+use crate::text::duration;
 
 /// How progress is shown.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,19 +55,8 @@ pub fn one_line(text: &str, max: usize) -> String {
     }
 }
 
-/// Shows a duration shortly: `850ms`, `12.3s`, `4m05s`, `1h02m`.
-pub fn short_duration(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms < 1000 {
-        format!("{ms}ms")
-    } else if ms < 60_000 {
-        format!("{:.1}s", d.as_secs_f64())
-    } else if ms < 3_600_000 {
-        format!("{}m{:02}s", ms / 60_000, (ms / 1000) % 60)
-    } else {
-        format!("{}h{:02}m", ms / 3_600_000, (ms / 60_000) % 60)
-    }
-}
+/// The run side's name for [`crate::text::duration`] (`850ms`, `12.3s`, `4m 05s`,
+/// `2h 03m`), the one style of every duration shown.
 
 /// Shows a token count shortly: `950`, `12.4k`, `1.2M`.
 pub fn short_tokens(n: u64) -> String {
@@ -94,14 +84,14 @@ impl Progress {
 
     fn line(&self, text: &str) {
         let text = crate::secrets::redact(text);
-        let text = crate::term::printable(&text);
+        let text = crate::text::printable(&text);
         let text = text.as_ref();
         match (&self.multi, self.mode) {
             (Some(m), _) => {
                 let _ = m.println(text);
             }
             (None, Mode::Plain) => {
-                eprintln!("[{:>7}] {text}", short_duration(self.start.elapsed()));
+                eprintln!("[{:>7}] {text}", duration(self.start.elapsed()));
             }
             _ => {}
         }
@@ -161,7 +151,7 @@ impl Progress {
         };
         let mut text = format!("{mark} {k} {}", state.as_str());
         if state != NodeState::Skipped {
-            text.push_str(&format!(" in {}", short_duration(elapsed)));
+            text.push_str(&format!(" in {}", duration(elapsed)));
         }
         if usage.tokens() > 0 {
             text.push_str(&format!(" · {} tokens", short_tokens(usage.tokens())));

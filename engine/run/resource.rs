@@ -6,6 +6,12 @@ use std::rc::Rc;
 
 use tokio::sync::oneshot;
 
+/// A concurrency limit as a tokio semaphore: at least 1, and at most what tokio allows
+/// (`max_concurrency = 9223372036854775807` means no limit, not a panic).
+pub fn limit(n: usize) -> tokio::sync::Semaphore {
+    tokio::sync::Semaphore::new(n.clamp(1, tokio::sync::Semaphore::MAX_PERMITS))
+}
+
 /// How a waiter ranks: lower sorts first (served first), then first come.
 pub type Rank = (i64, u64);
 

@@ -440,8 +440,12 @@ pub fn now_ms() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
-/// Formats milliseconds since the Unix epoch as RFC 3339 (seconds, UTC).
+/// Formats milliseconds since the Unix epoch as RFC 3339 (seconds, UTC). A time after the
+/// year 9999, which RFC 3339 cannot write (a gate's deadline after a timeout of centuries),
+/// shows as the last second it can.
 pub fn rfc3339(ms: i64) -> String {
-    let at = UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
-    humantime::format_rfc3339_seconds(at).to_string()
+    /// 9999-12-31T23:59:59Z.
+    const LAST_SECOND: u64 = 253_402_300_799;
+    let secs = (u64::try_from(ms).unwrap_or(0) / 1000).min(LAST_SECOND);
+    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(secs)).to_string()
 }

@@ -262,29 +262,12 @@ fn to_toml_value(value: &Value) -> toml::Value {
     }
 }
 
-/// Renders a key, bare when it can be and quoted by the `toml` crate otherwise.
+/// Renders a key with the `toml` crate's own key writer (`toml_writer`): bare when it can be
+/// (ASCII letters, digits, `-` and `_`), else the plainest quoting that holds it (`"a b"`,
+/// `'say "hi"'`, escapes for control characters).
 fn toml_key(key: &str) -> String {
-    if !key.is_empty()
-        && key
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-    {
-        return key.to_string();
-    }
-    let mut table = toml::Table::new();
-    table.insert(key.to_string(), toml::Value::Integer(0));
-    match toml::to_string(&table) {
-        Ok(text) => match text.strip_suffix(" = 0\n") {
-            Some(k) => k.to_string(),
-            None => quoted_json(key),
-        },
-        Err(_) => quoted_json(key),
-    }
-}
-
-/// A JSON string literal, which is also a TOML basic string.
-fn quoted_json(s: &str) -> String {
-    serde_json::Value::String(s.to_string()).to_string()
+    use toml_writer::ToTomlKey as _;
+    key.to_toml_key()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -885,6 +868,90 @@ type = "string"
 default = { "a b" = { "" = true, "\u200f" = [true] } }
 "##;
         let tree = parse_ok(text, Format::Toml);
+        assert_round_trips(&tree);
+    }
+
+    #[test]
+    fn keys_are_bare_when_they_can_be_and_quoted_otherwise() {
+        for (key, written) in [
+            ("review_2-B", "review_2-B"),
+            ("007", "007"),
+            ("", "\"\""),
+            ("a b", "\"a b\""),
+            ("a.b", "\"a.b\""),
+            ("é", "\"é\""),
+            ("🦀 crab", "\"🦀 crab\""),
+            ("say \"hi\"", "'say \"hi\"'"),
+            ("it's", "\"it's\""),
+            ("both ' and \"", "\"both ' and \\\"\""),
+            ("back\\slash", "'back\\slash'"),
+            ("line\nbreak", "\"line\\nbreak\""),
+            ("tab\tkept", "\"tab\\tkept\""),
+            ("nul\u{0}", "\"nul\\u0000\""),
+            ("[x]", "\"[x]\""),
+            ("a=b", "\"a=b\""),
+            ("#", "\"#\""),
+        ] {
+            assert_eq!(super::toml_key(key), written, "the key {key:?}");
+        }
+        // Each reads back as the key it was, as a section, a dotted key and an inline key.
+        let mut text = String::from("name = \"keys\"\n");
+        for (i, key) in [
+            "",
+            "a b",
+            "a.b",
+            "é",
+            "🦀",
+            "say \"hi\"",
+            "it's",
+            "both ' and \"",
+            "back\\slash",
+            "line\nbreak",
+            "nul\u{0}",
+            "[x]",
+            "plain",
+        ]
+        .iter()
+        .enumerate()
+        {
+            let (k, kx) = (super::toml_key(key), super::toml_key(&format!("{key}x")));
+            text.push_str(&format!(
+                "[params.{k}]\ntype = \"string\"\ndefault = {{ {k} = {i}, {kx} = {{ {k} = true }} }}\n"
+            ));
+        }
+        let tree = parse_ok(&text, Format::Toml);
+        let params = tree
+            .get("params")
+            .and_then(Value::as_table)
+            .expect("params");
+        assert_eq!(params.entries.len(), 13, "{text}");
+        assert_eq!(params.entries[4].key, "🦀");
+        assert_eq!(params.entries[10].key, "nul\u{0}");
+        assert_round_trips(&tree);
+        // A long table of awkward keys followed by a plain key is written as dotted keys, and
+        // as a section when nothing follows it.
+        let long: String = (0..12)
+            .map(|i| format!("\"key {i}.x\" = \"{}\", ", "v".repeat(8)))
+            .collect();
+        let long = long.trim_end_matches(", ");
+        let tree = parse_ok(
+            &format!(
+                "name = \"x\"\n[params.p]\ntype = \"string\"\ndefault = {{ {long} }}\ndescription = \"d\"\n"
+            ),
+            Format::Toml,
+        );
+        let toml = to_toml(&tree);
+        assert!(toml.contains("\ndefault.\"key 0.x\" = "), "{toml}");
+        assert_round_trips(&tree);
+        let tree = parse_ok(
+            &format!("name = \"x\"\n[params.p]\ntype = \"string\"\ndefault = {{ {long} }}\n"),
+            Format::Toml,
+        );
+        let toml = to_toml(&tree);
+        assert!(
+            toml.contains("\n[params.p.default]\n\"key 0.x\" = "),
+            "{toml}"
+        );
         assert_round_trips(&tree);
     }
 

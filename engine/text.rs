@@ -1,0 +1,104 @@
+//! Text for people: how times are written (one style everywhere: progress lines, `status`,
+//! `runs`, messages about timeouts and retries), and what may reach a terminal (what an
+//! agent or a program wrote is shown, never obeyed).
+
+use std::time::Duration;
+
+/// Shows a duration shortly, with the two largest units that matter: `850ms`, `12.3s`,
+/// `4m 05s`, `2h 03m`, `3d 04h`. Each is truncated, never rounded up (59.96 s is `59.9s`,
+/// not `60.0s`), so a value never reads as the next unit.
+pub fn duration(d: Duration) -> String {
+    const MINUTE: u64 = 60;
+    const HOUR: u64 = 60 * MINUTE;
+    const DAY: u64 = 24 * HOUR;
+    let ms = d.as_millis();
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    let s = d.as_secs();
+    if s < MINUTE {
+        return format!("{s}.{}s", d.subsec_millis() / 100);
+    }
+    if s < HOUR {
+        return format!("{}m {:02}s", s / MINUTE, s % MINUTE);
+    }
+    if s < DAY {
+        return format!("{}h {:02}m", s / HOUR, s % HOUR / MINUTE);
+    }
+    format!("{}d {:02}h", s / DAY, s % DAY / HOUR)
+}
+
+/// [`duration`] of a number of milliseconds, as the store keeps them (a negative span, from
+/// a clock that went back, shows as `0ms`).
+pub fn duration_ms(ms: i64) -> String {
+    duration(Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
+}
+
+/// A text safe to print on a terminal or in a log: control characters (ESC, BEL, a
+/// carriage return that would overwrite the line, C1 controls...) are shown escaped
+/// (`\u{1b}`), so that nothing an agent or a program wrote can move the cursor, set the
+/// title or hide text. Newlines and tabs stay.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    let unsafe_char = |c: char| c.is_control() && c != '\n' && c != '\t';
+    if !text.chars().any(unsafe_char) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if unsafe_char(c) {
+            out.push_str(&c.escape_unicode().to_string());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{duration, duration_ms};
+    use std::time::Duration;
+
+    fn ms(n: u64) -> String {
+        duration(Duration::from_millis(n))
+    }
+
+    #[test]
+    fn below_a_second_in_milliseconds() {
+        assert_eq!(ms(0), "0ms");
+        assert_eq!(ms(850), "850ms");
+        assert_eq!(ms(999), "999ms");
+        assert_eq!(duration(Duration::from_micros(999_999)), "999ms");
+    }
+
+    #[test]
+    fn below_a_minute_in_tenths_of_seconds() {
+        assert_eq!(ms(1000), "1.0s");
+        assert_eq!(ms(12_345), "12.3s");
+        assert_eq!(ms(59_960), "59.9s");
+    }
+
+    #[test]
+    fn longer_in_two_units_the_second_padded() {
+        assert_eq!(ms(60_000), "1m 00s");
+        assert_eq!(ms(72_000), "1m 12s");
+        assert_eq!(ms(245_000), "4m 05s");
+        assert_eq!(ms(3_599_999), "59m 59s");
+        assert_eq!(ms(3_600_000), "1h 00m");
+        assert_eq!(ms(7_380_000), "2h 03m");
+        assert_eq!(ms(86_399_999), "23h 59m");
+        assert_eq!(ms(86_400_000), "1d 00h");
+        assert_eq!(ms(3 * 86_400_000 + 4 * 3_600_000 + 59_000), "3d 04h");
+    }
+
+    #[test]
+    fn extremes_do_not_overflow() {
+        assert_eq!(
+            duration(Duration::MAX),
+            format!("{}d {:02}h", u64::MAX / 86_400, u64::MAX % 86_400 / 3600)
+        );
+        assert_eq!(duration_ms(i64::MAX), "106751991167d 07h");
+        assert_eq!(duration_ms(-5), "0ms");
+        assert_eq!(duration_ms(72_000), "1m 12s");
+    }
+}
