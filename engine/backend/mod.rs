@@ -7,6 +7,7 @@
 //! Cancellation is by dropping the future: every backend kills what it started when dropped.
 
 pub mod cli;
+mod de;
 pub mod http;
 pub mod process;
 pub mod replay;
@@ -303,7 +304,9 @@ pub fn find_program(program: &str, cwd: &std::path::Path) -> Option<PathBuf> {
 pub fn build(config: &AgentConfig) -> Result<Box<dyn Backend>, String> {
     use crate::model::AgentKind as K;
     match config.kind {
-        K::Claude | K::Codex | K::Gemini | K::Command => cli::build(config),
+        K::Claude | K::Codex | K::Gemini | K::Command => {
+            cli::build(config).map_err(|e| e.to_string())
+        }
         K::OpenAi | K::Anthropic => http::build(config),
         K::Replay => replay::build(config),
     }
