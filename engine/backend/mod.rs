@@ -185,6 +185,19 @@ impl std::fmt::Display for CallError {
     }
 }
 
+/// Joins an error and its sources, the way messages quote them (`error sending request:
+/// connection refused`).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut message = e.to_string();
+    let mut source = e.source();
+    while let Some(e) = source {
+        message.push_str(": ");
+        message.push_str(&e.to_string());
+        source = e.source();
+    }
+    message
+}
+
 /// The future a backend returns.
 pub type CallFuture<'a> = Pin<Box<dyn Future<Output = Result<AgentReply, CallError>> + Send + 'a>>;
 
@@ -271,7 +284,7 @@ pub fn preflight(config: &AgentConfig, cwd: &std::path::Path) -> Result<(), Stri
                 ));
             }
         }
-        K::OpenAi | K::Anthropic => http::preflight(config)?,
+        K::OpenAi | K::Anthropic => http::preflight(config).map_err(|e| error_chain(&e))?,
         K::Replay => {
             if let Some(f) = &config.file {
                 if !f.is_file() {
@@ -307,7 +320,7 @@ pub fn build(config: &AgentConfig) -> Result<Box<dyn Backend>, String> {
         K::Claude | K::Codex | K::Gemini | K::Command => {
             cli::build(config).map_err(|e| e.to_string())
         }
-        K::OpenAi | K::Anthropic => http::build(config),
+        K::OpenAi | K::Anthropic => http::build(config).map_err(|e| error_chain(&e)),
         K::Replay => replay::build(config),
     }
 }
