@@ -700,7 +700,7 @@ fn bad_settings_are_refused_at_build() {
         api: Some("completions".into()),
         ..AgentConfig::default()
     };
-    let error = build(&config).err().unwrap();
+    let error = build(&config).err().unwrap().to_string();
     assert!(error.contains("unknown api `completions`"), "{error}");
     let config = AgentConfig {
         name: "llm".into(),
@@ -708,7 +708,7 @@ fn bad_settings_are_refused_at_build() {
         base_url: Some("localhost:8000".into()),
         ..AgentConfig::default()
     };
-    let error = build(&config).err().unwrap();
+    let error = build(&config).err().unwrap().to_string();
     assert!(error.contains("not an http(s) URL"), "{error}");
 }
 

@@ -101,8 +101,9 @@ impl Exec<'_> {
                     Ok(o) => o,
                     Err(e) => {
                         let msg = format!(
-                            "`{}` could not start: {e}",
-                            spec.argv.first().cloned().unwrap_or_default()
+                            "`{}` could not start: {}",
+                            spec.argv.first().cloned().unwrap_or_default(),
+                            crate::backend::error_chain(&e)
                         );
                         self.attempt_record(
                             &at,

@@ -407,7 +407,9 @@ impl<'p> Exec<'p> {
         }
         let b: Arc<dyn Backend> = match &self.shared.replay {
             Some(r) => r.clone(),
-            None => Arc::from(crate::backend::build(cfg)?),
+            None => {
+                Arc::from(crate::backend::build(cfg).map_err(|e| crate::backend::error_chain(&e))?)
+            }
         };
         let b: Arc<dyn Backend> = match &self.shared.recorder {
             Some(rec) => Arc::new(rec.wrap(b, &cfg.name)),

@@ -250,11 +250,16 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         .map_err(|e| e.to_string())?;
     std::fs::create_dir_all(&run.dir).map_err(|e| format!("cannot create {}: {e}", run.dir))?;
     let replay = match &opts.replay {
-        Some(p) => Some(Arc::new(ReplayBackend::open(p)?)),
+        Some(p) => Some(Arc::new(
+            ReplayBackend::open(p).map_err(|e| crate::backend::error_chain(&e))?,
+        )),
         None => None,
     };
     let recorder = match &opts.record {
-        Some(p) => Some(Arc::new(Recorder::create(p, opts.resume.is_some())?)),
+        Some(p) => Some(Arc::new(
+            Recorder::create(p, opts.resume.is_some())
+                .map_err(|e| crate::backend::error_chain(&e))?,
+        )),
         None => None,
     };
     let (interrupt, _) = watch::channel(false);

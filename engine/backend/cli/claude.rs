@@ -134,9 +134,10 @@ pub(super) fn parse(out: &ProcOutput) -> Result<AgentReply, CallError> {
         text,
         usage: Usage {
             // Anthropic counts cache reads and writes apart from `input_tokens`.
-            input_tokens: usage.input_tokens
-                + usage.cache_read_input_tokens
-                + usage.cache_creation_input_tokens,
+            input_tokens: usage
+                .input_tokens
+                .saturating_add(usage.cache_read_input_tokens)
+                .saturating_add(usage.cache_creation_input_tokens),
             output_tokens: usage.output_tokens,
             cached_tokens: usage.cache_read_input_tokens,
             cost_usd: result.total_cost_usd.or(result.cost_usd),

@@ -177,7 +177,9 @@ impl CliBackend {
             SpawnError::NotFound { .. } => CallError::Missing {
                 message: e.to_string(),
             },
-            SpawnError::Other(message) => CallError::Failed { message },
+            SpawnError::Other(_) => CallError::Failed {
+                message: super::error_chain(&e),
+            },
         })?;
         match out.ended {
             Ended::Timeout => {
