@@ -436,7 +436,9 @@ fn command(argv: &[&str], via: Option<&str>) -> AgentConfig {
         name: "script".into(),
         kind: AgentKind::Command,
         command: argv.iter().map(|s| s.to_string()).collect(),
-        prompt_via: via.map(String::from),
+        prompt_via: via
+            .map(|v| ralph_flow::model::PromptVia::parse(v).expect("stdin, file or arg"))
+            .unwrap_or_default(),
         ..AgentConfig::default()
     }
 }

@@ -7,9 +7,11 @@
 //! Cancellation is by dropping the future: every backend kills what it started when dropped.
 
 pub mod cli;
+mod de;
 pub mod http;
 pub mod process;
 pub mod replay;
+mod setup;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -19,6 +21,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use crate::store::Usage;
+pub use setup::{BuildError, PreflightError, build, find_program, preflight};
 
 /// What a backend can do natively.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -79,22 +82,26 @@ pub struct AgentReply {
 }
 
 /// Why a call did not produce a reply, classified for the executor.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, thiserror::Error)]
 pub enum CallError {
     /// A rate limit or quota: wait (or hand over to a fallback); never uses up an attempt.
+    #[error("rate limited: {message}{}", wait_text(.retry_after))]
     RateLimited {
         message: String,
         retry_after: Option<Duration>,
     },
     /// Worth retrying with backoff: a non-zero exit, HTTP 5xx or 429 without quota words,
     /// a dropped connection.
+    #[error("transient failure: {message}")]
     Transient {
         message: String,
         retry_after: Option<Duration>,
     },
     /// The backend is not there: an executable not found, an API key variable not set.
+    #[error("backend unavailable: {message}")]
     Missing { message: String },
     /// The stage's timeout or idle timeout ended the call; the process group was killed.
+    #[error("{}", timeout_text(.after, .idle))]
     Timeout {
         after: Duration,
         idle: bool,
@@ -102,6 +109,7 @@ pub enum CallError {
         tail: String,
     },
     /// A permanent failure: the agent reported an error that retrying will not fix.
+    #[error("{message}")]
     Failed { message: String },
 }
 
@@ -129,32 +137,23 @@ impl CallError {
     }
 }
 
-impl std::fmt::Display for CallError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            CallError::RateLimited {
-                message,
-                retry_after,
-            } => {
-                write!(f, "rate limited: {message}")?;
-                if let Some(d) = retry_after {
-                    write!(f, " (retry after {}s)", d.as_secs_f64())?;
-                }
-                Ok(())
-            }
-            CallError::Transient { message, .. } => write!(f, "transient failure: {message}"),
-            CallError::Missing { message } => write!(f, "backend unavailable: {message}"),
-            CallError::Timeout { after, idle, .. } => {
-                if *idle {
-                    write!(f, "no output for {}s (idle timeout)", after.as_secs())
-                } else {
-                    write!(f, "timed out after {}s", after.as_secs())
-                }
-            }
-            CallError::Failed { message } => f.write_str(message),
-        }
+/// A rate limit's wait, for its message.
+fn wait_text(retry_after: &Option<Duration>) -> String {
+    retry_after
+        .map(|d| format!(" (retry after {}s)", d.as_secs_f64()))
+        .unwrap_or_default()
+}
+
+/// A timeout's message.
+fn timeout_text(after: &Duration, idle: &bool) -> String {
+    if *idle {
+        format!("no output for {}s (idle timeout)", after.as_secs())
+    } else {
+        format!("timed out after {}s", after.as_secs())
     }
 }
+
+pub use crate::diag::error_chain;
 
 /// The future a backend returns.
 pub type CallFuture<'a> = Pin<Box<dyn Future<Output = Result<AgentReply, CallError>> + Send + 'a>>;
@@ -181,11 +180,11 @@ pub struct AgentConfig {
     pub command: Vec<String>,
     /// `stdin` (default), `file` (the prompt file's path replaces `{prompt_file}` in argv, or
     /// is appended) or `arg` (the prompt replaces `{prompt}` in argv, or is appended).
-    pub prompt_via: Option<String>,
+    pub prompt_via: crate::model::PromptVia,
     pub base_url: Option<String>,
     pub api_key_env: Option<String>,
     /// `chat` (default) or `responses`, for openai.
-    pub api: Option<String>,
+    pub api: crate::model::OpenAiApi,
     pub max_tokens: Option<u64>,
     /// The recording of a `replay` agent.
     pub file: Option<PathBuf>,
@@ -208,75 +207,41 @@ pub fn prompt_with_schema(prompt: &str, schema: &serde_json::Value) -> String {
     )
 }
 
-/// Tells whether an agent can be called at all on this machine, before a run starts: its
-/// program is installed, its API key variable is set, its recording exists. `cwd` is where
-/// relative program paths start. The error says what to install or set.
-pub fn preflight(config: &AgentConfig, cwd: &std::path::Path) -> Result<(), String> {
-    use crate::model::AgentKind as K;
-    match config.kind {
-        K::Claude | K::Codex | K::Gemini => {
-            let program = cli::program(config);
-            if find_program(&program, cwd).is_none() {
-                let package = match config.kind {
-                    K::Claude => "@anthropic-ai/claude-code",
-                    K::Codex => "@openai/codex",
-                    _ => "@google/gemini-cli",
-                };
-                return Err(format!(
-                    "`{program}` is not installed (not found on PATH); install it with `npm \
-                     install -g {package}`, or point `RALPH_FLOW_{}` (or the agent's `program`) \
-                     at it",
-                    config.kind.as_str().to_uppercase()
-                ));
-            }
-        }
-        K::Command => {
-            let Some(program) = config.command.first() else {
-                return Err("a command agent needs a `command`".into());
-            };
-            if find_program(program, cwd).is_none() {
-                return Err(format!(
-                    "its command `{program}` is not installed (not found on PATH, nor as a \
-                     path from {})",
-                    cwd.display()
-                ));
-            }
-        }
-        K::OpenAi | K::Anthropic => http::preflight(config)?,
-        K::Replay => {
-            if let Some(f) = &config.file {
-                if !f.is_file() {
-                    return Err(format!("its recording {} does not exist", f.display()));
-                }
-            }
-        }
-    }
-    Ok(())
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// Finds a program as `Command` would: a name on PATH, or a path (relative to `cwd`).
-pub fn find_program(program: &str, cwd: &std::path::Path) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let executable = |p: &std::path::Path| {
-        p.metadata()
-            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    };
-    if program.contains('/') {
-        let path = cwd.join(program);
-        return executable(&path).then_some(path);
+    #[test]
+    fn call_errors_say_what_they_said_before() {
+        let rate = CallError::RateLimited {
+            message: "slow down".into(),
+            retry_after: Some(Duration::from_millis(1500)),
+        };
+        assert_eq!(
+            rate.to_string(),
+            "rate limited: slow down (retry after 1.5s)"
+        );
+        let idle = CallError::Timeout {
+            after: Duration::from_secs(30),
+            idle: true,
+            tail: String::new(),
+        };
+        assert_eq!(idle.to_string(), "no output for 30s (idle timeout)");
+        let missing = CallError::Missing {
+            message: "no key".into(),
+        };
+        assert_eq!(missing.to_string(), "backend unavailable: no key");
     }
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(program))
-        .find(|p| executable(p))
-}
 
-/// Builds the backend of an agent.
-pub fn build(config: &AgentConfig) -> Result<Box<dyn Backend>, String> {
-    use crate::model::AgentKind as K;
-    match config.kind {
-        K::Claude | K::Codex | K::Gemini | K::Command => cli::build(config),
-        K::OpenAi | K::Anthropic => http::build(config),
-        K::Replay => replay::build(config),
+    #[test]
+    fn an_error_chain_joins_the_sources() {
+        let e = replay::ReplayBackend::open(std::path::Path::new("/surely/not/here.jsonl"))
+            .err()
+            .expect("an error");
+        assert_eq!(
+            error_chain(&e),
+            "cannot read the recording /surely/not/here.jsonl: No such file or directory (os \
+             error 2)"
+        );
     }
 }

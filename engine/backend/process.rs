@@ -83,22 +83,51 @@ pub struct ProcOutput {
     pub elapsed: Duration,
 }
 
-/// Why a program could not be started.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Why a program could not be started (or waited for).
+#[derive(Debug, thiserror::Error)]
 pub enum SpawnError {
     /// The program does not exist (or is not executable).
+    #[error("`{program}` was not found; install it or put it on PATH")]
     NotFound { program: String },
-    /// Anything else (an empty argv, a missing working directory, an I/O error).
-    Other(String),
+    /// Anything else: an empty command, a missing working directory, an I/O error.
+    #[error(transparent)]
+    Other(#[from] SpawnFailure),
 }
 
-impl std::fmt::Display for SpawnError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            SpawnError::NotFound { program } => {
-                write!(f, "`{program}` was not found; install it or put it on PATH")
+/// A failure to run a program other than its absence.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnFailure {
+    #[error("nothing to run: the command is empty")]
+    EmptyCommand,
+    #[error("the working directory {} does not exist", .0.display())]
+    NoWorkingDirectory(PathBuf),
+    #[error("could not start `{program}`")]
+    Start {
+        program: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("`{0}` has no process id")]
+    NoProcessId(String),
+    #[error("waiting for `{program}`")]
+    Wait {
+        program: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Errors are equal when they are of the same kind and say the same (I/O errors have no
+/// equality of their own).
+impl PartialEq for SpawnError {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (SpawnError::NotFound { program: a }, SpawnError::NotFound { program: b }) => a == b,
+            (SpawnError::Other(a), SpawnError::Other(b)) => {
+                std::mem::discriminant(a) == std::mem::discriminant(b)
+                    && super::error_chain(a) == super::error_chain(b)
             }
-            SpawnError::Other(m) => f.write_str(m),
+            _ => false,
         }
     }
 }
@@ -135,9 +164,7 @@ pub const FILE_CAP: u64 = 64 * 1024 * 1024;
 /// output, where results are, stays) and counted in `stdout_cut`/`stderr_cut`.
 pub async fn run(spec: &ProcSpec) -> Result<ProcOutput, SpawnError> {
     let Some((program, args)) = spec.argv.split_first() else {
-        return Err(SpawnError::Other(
-            "nothing to run: the command is empty".into(),
-        ));
+        return Err(SpawnFailure::EmptyCommand.into());
     };
     let tag = new_tag();
     let mut command = Command::new(program);
@@ -155,27 +182,28 @@ pub async fn run(spec: &ProcSpec) -> Result<ProcOutput, SpawnError> {
         .process_group(0);
     if !spec.cwd.as_os_str().is_empty() {
         if !spec.cwd.is_dir() {
-            return Err(SpawnError::Other(format!(
-                "the working directory {} does not exist",
-                spec.cwd.display()
-            )));
+            return Err(SpawnFailure::NoWorkingDirectory(spec.cwd.clone()).into());
         }
         command.current_dir(&spec.cwd);
     }
-    let mut stdout_sink = Sink::open(spec.stdout_path.as_deref())?;
-    let mut stderr_sink = Sink::open(spec.stderr_path.as_deref())?;
+    let mut stdout_sink = Sink::new(spec.stdout_path.as_deref());
+    let mut stderr_sink = Sink::new(spec.stderr_path.as_deref());
 
     let start = Instant::now();
     let mut child = command.spawn().map_err(|e| match e.kind() {
         io::ErrorKind::NotFound | io::ErrorKind::PermissionDenied => SpawnError::NotFound {
             program: program.clone(),
         },
-        _ => SpawnError::Other(format!("could not start `{program}`: {e}")),
+        _ => SpawnFailure::Start {
+            program: program.clone(),
+            source: e,
+        }
+        .into(),
     })?;
     let pid = child
         .id()
         .and_then(|id| i32::try_from(id).ok())
-        .ok_or_else(|| SpawnError::Other(format!("`{program}` has no process id")))?;
+        .ok_or_else(|| SpawnFailure::NoProcessId(program.clone()))?;
     let group = GroupGuard {
         pgid: Pid::from_raw(pid),
         tag: tag.clone(),
@@ -250,7 +278,7 @@ pub async fn run(spec: &ProcSpec) -> Result<ProcOutput, SpawnError> {
             },
             () = &mut feed, if !fed => fed = true,
             done = &mut wait, if status.is_none() => {
-                status = Some(done.map_err(|e| SpawnError::Other(format!("waiting for `{program}`: {e}")))?);
+                status = Some(done.map_err(|source| SpawnFailure::Wait { program: program.clone(), source })?);
                 exited_at = Some(Instant::now());
             }
             () = sleep_until_opt(timeout_at) => {
@@ -336,15 +364,15 @@ struct Sink {
 }
 
 impl Sink {
-    fn open(path: Option<&Path>) -> Result<Self, SpawnError> {
-        Ok(Sink {
+    fn new(path: Option<&Path>) -> Self {
+        Sink {
             file: None,
             path: path.map(Path::to_path_buf),
             kept: Vec::new(),
             dropped: 0,
             written: 0,
             unwritten: 0,
-        })
+        }
     }
 
     /// Appends a chunk to the file and to memory, dropping the oldest bytes beyond the cap

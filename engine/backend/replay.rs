@@ -6,7 +6,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
@@ -40,6 +40,43 @@ pub enum Answer {
 
 type Key = (String, String, u32);
 
+/// Why a recording cannot be replayed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    #[error("an agent of kind replay needs `file`")]
+    NoFile,
+    #[error("cannot read the recording {}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}:{line}: not an exchange of a recording", path.display())]
+    Exchange {
+        path: PathBuf,
+        line: usize,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// Why a recording cannot be made.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error("cannot create {}", path.display())]
+    Directory {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot create the recording {}", path.display())]
+    File {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// The SHA-256 of a prompt, in hex.
 fn prompt_hash(prompt: &str) -> String {
     use sha2::{Digest, Sha256};
@@ -61,21 +98,22 @@ struct Recorded {
 
 impl ReplayBackend {
     /// Reads a recording.
-    pub fn open(path: &Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read the recording {}: {e}", path.display()))?;
+    pub fn open(path: &Path) -> Result<Self, ReplayError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ReplayError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
         let mut answers: HashMap<Key, VecDeque<Recorded>> = HashMap::new();
         for (i, line) in text.lines().enumerate() {
             if line.trim().is_empty() {
                 continue;
             }
-            let ex: Exchange = serde_json::from_str(line).map_err(|e| {
-                format!(
-                    "{}:{}: not an exchange of a recording: {e}",
-                    path.display(),
-                    i + 1
-                )
-            })?;
+            let ex: Exchange =
+                serde_json::from_str(line).map_err(|source| ReplayError::Exchange {
+                    path: path.to_path_buf(),
+                    line: i + 1,
+                    source,
+                })?;
             answers
                 .entry((ex.scope, ex.stage, ex.attempt))
                 .or_default()
@@ -155,10 +193,12 @@ pub struct Recorder {
 impl Recorder {
     /// Creates a recording: a new (truncated) file, or, to go on with a resumed run's,
     /// the end of an existing one.
-    pub fn create(path: &Path, append: bool) -> Result<Self, String> {
+    pub fn create(path: &Path, append: bool) -> Result<Self, RecordError> {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent)
-                .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+            std::fs::create_dir_all(parent).map_err(|source| RecordError::Directory {
+                path: parent.to_path_buf(),
+                source,
+            })?;
         }
         let file = std::fs::OpenOptions::new()
             .create(true)
@@ -166,7 +206,10 @@ impl Recorder {
             .append(append)
             .truncate(!append)
             .open(path)
-            .map_err(|e| format!("cannot create the recording {}: {e}", path.display()))?;
+            .map_err(|source| RecordError::File {
+                path: path.to_path_buf(),
+                source,
+            })?;
         Ok(Recorder {
             file: Mutex::new(file),
         })
@@ -227,10 +270,7 @@ impl Backend for Recording {
 }
 
 /// Builds the backend of a `replay` agent.
-pub fn build(config: &AgentConfig) -> Result<Box<dyn Backend>, String> {
-    let file = config
-        .file
-        .as_ref()
-        .ok_or_else(|| "an agent of kind replay needs `file`".to_string())?;
+pub fn build(config: &AgentConfig) -> Result<Box<dyn Backend>, ReplayError> {
+    let file = config.file.as_ref().ok_or(ReplayError::NoFile)?;
     Ok(Box::new(ReplayBackend::open(file)?))
 }

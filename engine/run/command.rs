@@ -100,10 +100,14 @@ impl Exec<'_> {
                 let out = match process::run(&spec).await {
                     Ok(o) => o,
                     Err(e) => {
-                        let msg = format!(
-                            "`{}` could not start: {e}",
-                            spec.argv.first().cloned().unwrap_or_default()
-                        );
+                        // Most of these errors name the program already.
+                        let program = spec.argv.first().cloned().unwrap_or_default();
+                        let why = crate::diag::error_chain(&e);
+                        let msg = if why.contains(&format!("`{program}`")) {
+                            why
+                        } else {
+                            format!("`{program}` could not start: {why}")
+                        };
                         self.attempt_record(
                             &at,
                             AttemptState::Failed,

@@ -448,10 +448,10 @@ pub(super) fn agent_config(
             .map(|(k, v)| Ok((k.value.clone(), r(v)?)))
             .collect::<Result<_, RunError>>()?,
         command: a.command.iter().map(r).collect::<Result<_, _>>()?,
-        prompt_via: a.prompt_via.as_ref().map(|p| p.value.to_string()),
+        prompt_via: a.prompt_via.as_ref().map(|p| p.value).unwrap_or_default(),
         base_url: opt(&a.base_url)?,
         api_key_env: opt(&a.api_key_env)?,
-        api: a.api.as_ref().map(|p| p.value.to_string()),
+        api: a.api.as_ref().map(|p| p.value).unwrap_or_default(),
         max_tokens: a
             .max_tokens
             .as_ref()

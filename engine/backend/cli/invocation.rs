@@ -1,0 +1,282 @@
+//! How a CLI agent's program is called: its arguments (the permission flags of each CLI, a
+//! `command`'s prompt placeholder) and its input, and the files of earlier attempts.
+
+use super::{CliBackend, Flavor};
+use crate::backend::{AgentCall, CallError};
+use crate::model::Permissions;
+use crate::model::PromptVia;
+
+impl CliBackend {
+    /// The argv and the stdin of a call.
+    pub(super) fn invocation(
+        &self,
+        call: &AgentCall,
+    ) -> Result<(Vec<String>, Option<Vec<u8>>), CallError> {
+        let model = call.model.as_ref().or(self.config.model.as_ref());
+        let user: Vec<String> = self.config.args.iter().chain(&call.args).cloned().collect();
+        let extra = user.clone().into_iter();
+        let prompt = Some(call.prompt.clone().into_bytes());
+        let mut argv = vec![self.program.clone()];
+        let permissions = self.config.permissions;
+        // The agent's own `args` may set the permission flags; then they win.
+        let unless_set = |flags: &[&str], ours: &[&str]| -> Vec<String> {
+            if user.iter().any(|a| {
+                flags
+                    .iter()
+                    .any(|f| a == f || a.starts_with(&format!("{f}=")))
+            }) {
+                Vec::new()
+            } else {
+                ours.iter().map(|s| s.to_string()).collect()
+            }
+        };
+        match self.flavor {
+            Flavor::Claude => {
+                argv.extend(["-p", "--output-format", "json"].map(String::from));
+                if let Some(m) = model {
+                    argv.extend(["--model".into(), m.clone()]);
+                }
+                if let Some(schema) = &call.schema {
+                    argv.extend(["--json-schema".into(), schema.to_string()]);
+                }
+                argv.extend(unless_set(
+                    &[
+                        "--permission-mode",
+                        "--dangerously-skip-permissions",
+                        "--allow-dangerously-skip-permissions",
+                    ],
+                    &["--permission-mode", claude_permission_mode(permissions)],
+                ));
+                argv.extend(extra);
+                Ok((argv, prompt))
+            }
+            Flavor::Codex => {
+                // ralph-flow chooses the cwd, and `permissions` is the trust decision:
+                // outside a git repository codex otherwise exits ("Not inside a trusted
+                // directory and --skip-git-repo-check was not specified").
+                argv.extend(["exec", "--json", "--skip-git-repo-check"].map(String::from));
+                argv.extend(unless_set(
+                    &[
+                        "--sandbox",
+                        "-s",
+                        "--full-auto",
+                        "--dangerously-bypass-approvals-and-sandbox",
+                        "--yolo",
+                    ],
+                    &["--sandbox", codex_sandbox(permissions)],
+                ));
+                if let Some(m) = model {
+                    argv.extend(["--model".into(), m.clone()]);
+                }
+                if let Some(schema) = &call.schema {
+                    let path = call.dir.join("output-schema.json");
+                    std::fs::write(&path, schema.to_string()).map_err(|e| CallError::Failed {
+                        message: format!("cannot write {}: {e}", path.display()),
+                    })?;
+                    argv.extend(["--output-schema".into(), path.display().to_string()]);
+                }
+                argv.extend(extra);
+                // `-`: the prompt is on stdin.
+                argv.push("-".into());
+                Ok((argv, prompt))
+            }
+            Flavor::Gemini => {
+                // Without a TTY on stdin, gemini runs headless with stdin as the prompt.
+                if let Some(m) = model {
+                    argv.extend(["--model".into(), m.clone()]);
+                }
+                argv.extend(unless_set(
+                    &["--approval-mode", "--yolo", "-y"],
+                    &["--approval-mode", gemini_approval_mode(permissions)],
+                ));
+                argv.extend(extra);
+                argv.extend(["--output-format", "json"].map(String::from));
+                Ok((argv, prompt))
+            }
+            Flavor::Command(via) => {
+                let mut argv: Vec<String> =
+                    self.config.command.iter().cloned().chain(extra).collect();
+                match via {
+                    PromptVia::Stdin => Ok((argv, prompt)),
+                    PromptVia::File => {
+                        let path = call.dir.join("prompt.txt");
+                        std::fs::write(&path, &call.prompt).map_err(|e| CallError::Failed {
+                            message: format!("cannot write {}: {e}", path.display()),
+                        })?;
+                        place(&mut argv, "{prompt_file}", &path.display().to_string());
+                        Ok((argv, None))
+                    }
+                    PromptVia::Arg => {
+                        place(&mut argv, "{prompt}", &call.prompt);
+                        Ok((argv, None))
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `claude --permission-mode` for a permissions setting. In `-p` mode `default` denies
+/// every tool use that would ask (writes, most commands) and reports it in
+/// `permission_denials`; `acceptEdits` allows file edits; `bypassPermissions` allows all
+/// (as root only with `IS_SANDBOX=1`).
+fn claude_permission_mode(p: Permissions) -> &'static str {
+    match p {
+        Permissions::ReadOnly => "default",
+        Permissions::Edit => "acceptEdits",
+        Permissions::Full => "bypassPermissions",
+    }
+}
+
+/// `codex exec --sandbox` for a permissions setting (`exec` never asks for approval: what
+/// the sandbox forbids fails).
+fn codex_sandbox(p: Permissions) -> &'static str {
+    match p {
+        Permissions::ReadOnly => "read-only",
+        Permissions::Edit => "workspace-write",
+        Permissions::Full => "danger-full-access",
+    }
+}
+
+/// `gemini --approval-mode` for a permissions setting. Headless `default` does not offer
+/// the model its write and shell tools at all.
+fn gemini_approval_mode(p: Permissions) -> &'static str {
+    match p {
+        Permissions::ReadOnly => "default",
+        Permissions::Edit => "auto_edit",
+        Permissions::Full => "yolo",
+    }
+}
+
+/// Moves an existing output file aside (`stdout` to the first free `stdout.N`), so that a
+/// retried call in the same directory starts a fresh one.
+pub(super) fn set_aside(path: &std::path::Path) {
+    if !path.exists() {
+        return;
+    }
+    for n in 1.. {
+        let mut name = path.as_os_str().to_owned();
+        name.push(format!(".{n}"));
+        let target = std::path::PathBuf::from(name);
+        if !target.exists() {
+            if let Err(e) = std::fs::rename(path, &target) {
+                tracing::warn!("cannot move {} aside: {e}", path.display());
+            }
+            return;
+        }
+    }
+}
+
+/// Replaces a placeholder in the arguments after the program, or appends the value when
+/// none holds it.
+fn place(argv: &mut Vec<String>, placeholder: &str, value: &str) {
+    let mut placed = false;
+    for arg in argv.iter_mut().skip(1) {
+        if arg.contains(placeholder) {
+            *arg = arg.replace(placeholder, value);
+            placed = true;
+        }
+    }
+    if !placed {
+        argv.push(value.to_string());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::Value;
+
+    use super::*;
+    use crate::backend::Backend as _;
+    use crate::backend::cli::test_support::{argv_of, backend, call_in};
+    use crate::model::AgentKind;
+
+    #[test]
+    fn placeholders_are_replaced_or_the_value_appended() {
+        let mut argv = vec!["tool".to_string(), "--in={prompt}".into()];
+        place(&mut argv, "{prompt}", "hi");
+        assert_eq!(argv, ["tool", "--in=hi"]);
+        let mut argv = vec!["tool".to_string(), "-x".into()];
+        place(&mut argv, "{prompt}", "hi");
+        assert_eq!(argv, ["tool", "-x", "hi"]);
+    }
+
+    #[test]
+    fn permissions_map_to_each_clis_flags() {
+        use AgentKind::*;
+        use Permissions::*;
+        let has = |argv: &[String], pair: [&str; 2]| {
+            argv.windows(2).any(|w| w[0] == pair[0] && w[1] == pair[1])
+        };
+        assert!(has(
+            &argv_of(Claude, ReadOnly),
+            ["--permission-mode", "default"]
+        ));
+        assert!(has(
+            &argv_of(Claude, Edit),
+            ["--permission-mode", "acceptEdits"]
+        ));
+        assert!(has(
+            &argv_of(Claude, Full),
+            ["--permission-mode", "bypassPermissions"]
+        ));
+        assert!(has(&argv_of(Codex, ReadOnly), ["--sandbox", "read-only"]));
+        assert!(has(&argv_of(Codex, Edit), ["--sandbox", "workspace-write"]));
+        assert!(has(
+            &argv_of(Codex, Full),
+            ["--sandbox", "danger-full-access"]
+        ));
+        assert!(has(
+            &argv_of(Gemini, ReadOnly),
+            ["--approval-mode", "default"]
+        ));
+        assert!(has(
+            &argv_of(Gemini, Edit),
+            ["--approval-mode", "auto_edit"]
+        ));
+        assert!(has(&argv_of(Gemini, Full), ["--approval-mode", "yolo"]));
+        // The agent's own flags win.
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let mut b = backend(Codex, Edit);
+        b.config.args = vec!["--sandbox".into(), "read-only".into()];
+        let argv = b.invocation(&call_in(dir.path(), None)).expect("argv").0;
+        assert_eq!(argv.iter().filter(|a| *a == "--sandbox").count(), 1);
+    }
+
+    #[test]
+    fn codex_gets_the_output_schema_in_a_file() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let schema = serde_json::json!({"type": "object"});
+        let b = backend(AgentKind::Codex, Permissions::ReadOnly);
+        assert!(b.capabilities().json_schema);
+        let argv = b
+            .invocation(&call_in(dir.path(), Some(schema.clone())))
+            .expect("argv")
+            .0;
+        let at = argv
+            .iter()
+            .position(|a| a == "--output-schema")
+            .expect("the flag");
+        let written = std::fs::read_to_string(&argv[at + 1]).expect("the schema file");
+        assert_eq!(
+            serde_json::from_str::<Value>(&written).expect("JSON"),
+            schema
+        );
+        assert_eq!(argv.last().map(String::as_str), Some("-"));
+    }
+
+    #[test]
+    fn earlier_output_is_set_aside() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let out = dir.path().join("stdout");
+        std::fs::write(&out, "first").expect("written");
+        set_aside(&out);
+        std::fs::write(&out, "second").expect("written");
+        set_aside(&out);
+        assert!(!out.exists());
+        let read = |n: &str| std::fs::read_to_string(dir.path().join(n)).expect("read");
+        assert_eq!(read("stdout.1"), "first");
+        assert_eq!(read("stdout.2"), "second");
+        set_aside(&dir.path().join("stderr"));
+    }
+}
