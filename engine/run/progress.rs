@@ -55,9 +55,6 @@ pub fn one_line(text: &str, max: usize) -> String {
     }
 }
 
-/// The run side's name for [`crate::text::duration`] (`850ms`, `12.3s`, `4m 05s`,
-/// `2h 03m`), the one style of every duration shown.
-
 /// Shows a token count shortly: `950`, `12.4k`, `1.2M`.
 pub fn short_tokens(n: u64) -> String {
     if n < 1000 {
