@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::model::{Count, Dur, ParamType, parse_duration};
+use crate::model::{Count, Dur, MAX_DURATION, ParamType, parse_duration};
 
 /// The value of every param, as JSON, by name.
 pub type ParamValues = BTreeMap<String, serde_json::Value>;
@@ -70,6 +70,9 @@ pub enum ParamError {
     /// It renders to something that is not a duration.
     #[error("`{template}` renders to `{rendered}`, which is not a duration")]
     NotADuration { template: String, rendered: String },
+    /// It renders to a duration longer than [`MAX_DURATION`].
+    #[error("`{template}` renders to `{rendered}`, longer than the longest duration (366 days)")]
+    TooLong { template: String, rendered: String },
 }
 
 /// Renders a template over params only (limits, agent names) with the given param values.
@@ -102,10 +105,17 @@ pub fn resolve_duration(d: &Dur, params: &ParamValues) -> Result<Duration, Param
         Dur::Literal(d) | Dur::Written(d, _) => Ok(*d),
         Dur::Template(t) => {
             let s = render_params(t, params)?;
-            parse_duration(&s).ok_or_else(|| ParamError::NotADuration {
-                template: t.clone(),
-                rendered: s,
-            })
+            match parse_duration(&s) {
+                Some(d) if d > MAX_DURATION => Err(ParamError::TooLong {
+                    template: t.clone(),
+                    rendered: s,
+                }),
+                Some(d) => Ok(d),
+                None => Err(ParamError::NotADuration {
+                    template: t.clone(),
+                    rendered: s,
+                }),
+            }
         }
     }
 }
@@ -171,5 +181,8 @@ mod tests {
             Some(Duration::from_secs(180))
         );
         assert!(resolve_count(&t("{{ params.n "), &params).is_err());
+        let d = Dur::Template("{{ params.n }}000d".to_string());
+        let e = resolve_duration(&d, &params).map_err(|e| e.to_string());
+        assert!(e.is_err_and(|e| e.contains("longer than the longest duration")));
     }
 }

@@ -190,7 +190,7 @@ fn ty_schema(ty: &Ty) -> Value {
         Ty::Bool => json!({ "type": "boolean" }),
         Ty::Duration => json!({
             "anyOf": [
-                { "type": "integer", "minimum": 0 },
+                { "type": "integer", "minimum": 0, "maximum": crate::model::MAX_DURATION.as_secs() },
                 { "type": "string", "pattern": duration_pattern() },
             ]
         }),

@@ -782,6 +782,10 @@ pub struct Override {
 }
 
 /// Parses a duration such as `90`, `90s`, `10m`, `2h`, `1d` or `1h30m`.
+/// The longest duration a workflow may write (366 days): longer ones are refused by the
+/// checker, so that no deadline computed from one can overflow.
+pub const MAX_DURATION: Duration = Duration::from_secs(366 * 86_400);
+
 pub fn parse_duration(s: &str) -> Option<Duration> {
     let s = s.trim();
     if s.is_empty() {

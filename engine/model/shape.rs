@@ -1,7 +1,7 @@
 //! Checks a syntax tree against the format's spec: unknown keys, wrong types, missing keys.
 
 use crate::diag::{Code, Diagnostic, Diagnostics};
-use crate::model::{Action, RESERVED, is_ident, parse_duration};
+use crate::model::{Action, MAX_DURATION, RESERVED, is_ident, parse_duration};
 use crate::spec::{Field, TableSpec, Ty};
 use crate::syntax::tree::{Table, Value, ValueKind};
 
@@ -160,7 +160,13 @@ fn check_value(value: &Value, ty: &Ty, key: &str, diags: &mut Diagnostics) {
             }
         }
         Ty::Duration => match &value.kind {
+            ValueKind::Int(n) if u64::try_from(*n).is_ok_and(|n| n > MAX_DURATION.as_secs()) => {
+                diags.push(too_long(value.span, &n.to_string()));
+            }
             ValueKind::Int(n) if *n >= 0 => {}
+            ValueKind::Str(s) if !s.contains("{{") && parse_duration(s).is_some_and(|d| d > MAX_DURATION) => {
+                diags.push(too_long(value.span, s));
+            }
             ValueKind::Str(s) if s.contains("{{") || parse_duration(s).is_some() => {}
             ValueKind::Str(s) => diags.push(
                 Diagnostic::new(Code::InvalidValue, value.span, format!("`{s}` is not a duration"))
@@ -230,4 +236,15 @@ fn check_value(value: &Value, ty: &Ty, key: &str, diags: &mut Diagnostics) {
             _ => diags.push(wrong_type(value, "an array of tables", key)),
         },
     }
+}
+
+/// A duration longer than [`MAX_DURATION`].
+fn too_long(span: crate::source::Span, written: &str) -> Diagnostic {
+    Diagnostic::new(
+        Code::InvalidValue,
+        span,
+        format!("`{written}` is longer than the longest duration ralph-flow takes (366 days)"),
+    )
+    .label("too long")
+    .help("write at most \"366d\"; for no limit, leave the key out")
 }
