@@ -1,0 +1,43 @@
+//! Output checks: schemas load and are valid, patterns compile, routes and fan-outs agree
+//! with the schemas. Also records each stage's output schema for the template check.
+//!
+//! Here: the walk over the stages. `output_schema.rs` makes a stage's schema from its
+//! `output` (`validate.rs` checks a written schema, pointing into its file with
+//! `json_locate.rs`; `markers.rs` checks patterns and markers and the fields they make);
+//! `schema.rs` holds the built-in outputs' schemas and follows field paths through a schema;
+//! `routes.rs` checks routes against enums, `fanout.rs` for_each over arrays and aggregates.
+
+mod fanout;
+mod json_locate;
+mod markers;
+mod output_schema;
+mod routes;
+mod schema;
+mod validate;
+
+pub use schema::{command_schema, walk_schema};
+
+use super::{Checked, StageId};
+use crate::diag::Diagnostics;
+use crate::load::Loader;
+use output_schema::output_schema;
+use schema::builtin_schema;
+
+pub fn check(c: &mut Checked<'_>, loader: &mut Loader<'_>, diags: &mut Diagnostics) {
+    for i in 0..c.stages.len() {
+        let id = StageId(i);
+        let s = c.info(id).stage;
+        let schema = match &s.output {
+            Some(o) => output_schema(c, s.kind.value, o, loader, diags),
+            None => builtin_schema(s.kind.value),
+        };
+        if let Some(schema) = schema {
+            c.schemas.insert(id, schema);
+        }
+    }
+    for i in 0..c.stages.len() {
+        let id = StageId(i);
+        routes::route(c, id, diags);
+        fanout::aggregate(c, id, diags);
+    }
+}

@@ -1,0 +1,183 @@
+//! Agents: their kinds, settings, permissions, and how a prompt and an output schema reach
+//! them.
+
+use super::{Count, Dur, Text};
+use crate::source::{Span, Spanned};
+
+/// The kind of backend an agent uses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AgentKind {
+    Claude,
+    Codex,
+    Gemini,
+    OpenAi,
+    Anthropic,
+    #[default]
+    Command,
+    Replay,
+}
+
+impl AgentKind {
+    /// Parses the name written in files.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "claude" => AgentKind::Claude,
+            "codex" => AgentKind::Codex,
+            "gemini" => AgentKind::Gemini,
+            "openai" => AgentKind::OpenAi,
+            "anthropic" => AgentKind::Anthropic,
+            "command" => AgentKind::Command,
+            "replay" => AgentKind::Replay,
+            _ => return None,
+        })
+    }
+
+    /// Returns the name as written in files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentKind::Claude => "claude",
+            AgentKind::Codex => "codex",
+            AgentKind::Gemini => "gemini",
+            AgentKind::OpenAi => "openai",
+            AgentKind::Anthropic => "anthropic",
+            AgentKind::Command => "command",
+            AgentKind::Replay => "replay",
+        }
+    }
+}
+
+/// A named backend configuration.
+#[derive(Clone, Debug)]
+pub struct Agent {
+    pub name: Text,
+    pub kind: Spanned<AgentKind>,
+    pub model: Option<Text>,
+    pub args: Vec<Text>,
+    pub env: Vec<(Text, Text)>,
+    pub timeout: Option<Spanned<Dur>>,
+    pub idle_timeout: Option<Spanned<Dur>>,
+    pub context_window: Option<Spanned<Count>>,
+    pub fallbacks: Vec<Text>,
+    pub command: Vec<Text>,
+    pub prompt_via: Option<Spanned<PromptVia>>,
+    pub base_url: Option<Text>,
+    pub api_key_env: Option<Text>,
+    pub api: Option<Spanned<OpenAiApi>>,
+    pub max_tokens: Option<Spanned<Count>>,
+    pub file: Option<Text>,
+    pub permissions: Option<Spanned<Permissions>>,
+    pub structured_output: Option<Spanned<StructuredOutput>>,
+    pub span: Span,
+}
+
+/// What a CLI agent may do in an unattended run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Permissions {
+    /// Read files and answer; every write is denied (the default).
+    #[default]
+    ReadOnly,
+    /// Also write files in the working directory.
+    Edit,
+    /// No restriction: commands and writes anywhere.
+    Full,
+}
+
+impl Permissions {
+    /// Parses the name written in files.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "read-only" => Permissions::ReadOnly,
+            "edit" => Permissions::Edit,
+            "full" => Permissions::Full,
+            _ => return None,
+        })
+    }
+
+    /// Returns the name as written in files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Permissions::ReadOnly => "read-only",
+            Permissions::Edit => "edit",
+            Permissions::Full => "full",
+        }
+    }
+}
+
+/// How a stage's output schema reaches the model.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StructuredOutput {
+    /// The backend's native mode where it has one, stepping down to the next mode once per
+    /// run when a server rejects it.
+    #[default]
+    Auto,
+    /// OpenAI's `response_format: {type: json_schema}` (claude `--json-schema`, codex
+    /// `--output-schema`).
+    JsonSchema,
+    /// `response_format: {type: json_object, schema}` (llama-cpp-python, llama.cpp).
+    JsonObject,
+    /// vLLM's `guided_json` request field.
+    GuidedJson,
+    /// The schema is written into the prompt; nothing constrains the server.
+    Prompt,
+    /// Nothing is sent or added: the prompt alone says what to answer.
+    Off,
+}
+
+impl StructuredOutput {
+    /// Parses the name written in files.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "auto" => StructuredOutput::Auto,
+            "json_schema" => StructuredOutput::JsonSchema,
+            "json_object" => StructuredOutput::JsonObject,
+            "guided_json" => StructuredOutput::GuidedJson,
+            "prompt" => StructuredOutput::Prompt,
+            "off" => StructuredOutput::Off,
+            _ => return None,
+        })
+    }
+
+    /// Returns the name as written in files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StructuredOutput::Auto => "auto",
+            StructuredOutput::JsonSchema => "json_schema",
+            StructuredOutput::JsonObject => "json_object",
+            StructuredOutput::GuidedJson => "guided_json",
+            StructuredOutput::Prompt => "prompt",
+            StructuredOutput::Off => "off",
+        }
+    }
+
+    /// Whether the server itself constrains the answer in this mode.
+    pub fn is_native(self) -> bool {
+        matches!(
+            self,
+            StructuredOutput::JsonSchema
+                | StructuredOutput::JsonObject
+                | StructuredOutput::GuidedJson
+        )
+    }
+}
+
+keywords! {
+    /// How a `command` agent gets the prompt (`prompt_via`).
+    #[derive(Default)]
+    pub enum PromptVia {
+        #[default]
+        Stdin = "stdin",
+        File = "file",
+        Arg = "arg",
+    }
+}
+
+keywords! {
+    /// Which OpenAI API an `openai` agent calls (`api`).
+    #[derive(Default)]
+    pub enum OpenAiApi {
+        #[default]
+        Chat = "chat",
+        Responses = "responses",
+    }
+}

@@ -1,0 +1,107 @@
+//! Quoting what the `kdl` crate would write in a form its own parser rejects: names and
+//! strings with control or bidi characters, and bare strings such as `-.5`.
+
+use std::fmt::Write as _;
+
+use kdl::{KdlEntry, KdlEntryFormat, KdlIdentifier, KdlNode, KdlValue};
+
+/// Quotes the names and strings that the `kdl` crate (6.7) would write in a form its own
+/// parser rejects: control and bidi characters, `\u{85}`, `\u{2028}` and bare strings such
+/// as `-.5`. Runs after `autoformat`, which would reset these representations.
+pub(super) fn fix_reprs(nodes: &mut [KdlNode]) {
+    for node in nodes {
+        fix_ident(node.name_mut());
+        for entry in node.entries_mut() {
+            if let Some(name) = entry.name_mut() {
+                fix_ident(name);
+            }
+            if let KdlValue::String(s) = entry.value() {
+                let rendered = entry.value().to_string();
+                let ok = KdlEntry::parse(&rendered)
+                    .is_ok_and(|e| e.name().is_none() && e.value().as_string() == Some(s.as_str()));
+                if !ok {
+                    let value_repr = kdl_quote(s);
+                    entry.set_format(KdlEntryFormat {
+                        value_repr,
+                        leading: " ".into(),
+                        ..Default::default()
+                    });
+                }
+            }
+        }
+        if let Some(children) = node.children_mut() {
+            fix_reprs(children.nodes_mut());
+        }
+    }
+}
+
+fn fix_ident(ident: &mut KdlIdentifier) {
+    let rendered = ident.to_string();
+    if KdlIdentifier::parse(&rendered).is_ok_and(|i| i.value() == ident.value()) {
+        return;
+    }
+    let repr = kdl_quote(ident.value());
+    ident.set_repr(repr);
+}
+
+/// A quoted KDL v2 string that escapes every character a literal may not contain.
+fn kdl_quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control()
+                || matches!(c, '\u{200E}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{2028}' | '\u{2029}' | '\u{FEFF}') =>
+            {
+                let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::syntax::Format;
+    use crate::syntax::emit::test_support::{assert_round_trips, parse_ok};
+
+    #[test]
+    fn tricky_scalars_round_trip() {
+        let text = r##"
+name = "tricky"
+description = "quote \" backslash \\ newline \n tab \t cr \r esc \u001b[0m nul \u0000 del \u007f nel \u0085 ls \u2028 bom \ufeff bidi \u200e end"
+
+[params."-.5"]
+type = "float"
+default = -0.0
+choices = [1.0, 0.5, 1e-7, 1e300, -2.5e-300, 123456789.0]
+description = "-.5"
+
+[params.big]
+type = "int"
+default = -9223372036854775808
+choices = [9223372036854775807, 0, -1]
+
+[params.strs]
+type = "list"
+default = ["", " ", "true", "#null", "1.0", "-", "a=b", "é", "x\u0085y", "\u000b"]
+
+[params."weird \"key\"\n"]
+type = "bool"
+default = false
+
+[params."\u0001"]
+type = "string"
+default = { "a b" = { "" = true, "\u200f" = [true] } }
+"##;
+        let tree = parse_ok(text, Format::Toml);
+        assert_round_trips(&tree);
+    }
+}
