@@ -104,11 +104,11 @@ pub fn is_ident(s: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
-/// Parses a duration such as `90`, `90s`, `10m`, `2h`, `1d` or `1h30m`.
 /// The longest duration a workflow may write (366 days): longer ones are refused by the
 /// checker, so that no deadline computed from one can overflow.
 pub const MAX_DURATION: Duration = Duration::from_secs(366 * 86_400);
 
+/// Parses a duration such as `90`, `90s`, `10m`, `2h`, `1d` or `1h30m`.
 pub fn parse_duration(s: &str) -> Option<Duration> {
     let s = s.trim();
     if s.is_empty() {

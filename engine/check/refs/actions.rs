@@ -22,7 +22,6 @@ fn exit_names(c: &Checked<'_>) -> Vec<String> {
     names
 }
 
-/// Checks an action written on stage `at` (or at the top level for `None`).
 /// The keys whose action runs a stage instead of giving up.
 const GIVE_UP_KEYS: &[&str] = &["on_exhausted", "stuck.then", "on_timeout"];
 
@@ -32,6 +31,7 @@ fn goes_to_stages(key: &str) -> bool {
     key == "cases" || key == "default" || GIVE_UP_KEYS.contains(&key)
 }
 
+/// Checks an action written on stage `at` (or at the top level for `None`).
 pub(super) fn action_ok(
     c: &Checked<'_>,
     at: Option<StageId>,
