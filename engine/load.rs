@@ -785,7 +785,7 @@ fn apply_override(stages: &mut [crate::model::Stage], o: &Override, diags: &mut 
         stage.when = o.when.clone();
     }
     if o.budget.is_some() {
-        stage.budget = o.budget.clone();
+        stage.budget = o.budget.clone().map(Box::new);
     }
 }
 

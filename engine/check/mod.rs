@@ -45,7 +45,8 @@ pub struct Checked<'w> {
     pub top: Vec<StageId>,
     pub by_id: HashMap<&'w str, StageId>,
     /// The output schema of each stage, when one is known.
-    pub schemas: HashMap<StageId, serde_json::Value>,
+    /// Each stage's output schema; stages with the same built-in schema share one.
+    pub schemas: HashMap<StageId, std::sync::Arc<serde_json::Value>>,
     /// The text of each stage's prompt file.
     pub prompt_files: HashMap<StageId, (PathBuf, String)>,
     /// The param values in force (defaults, then `--set`).

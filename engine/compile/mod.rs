@@ -102,7 +102,7 @@ pub struct Plan {
     pub top: Body,
     pub exits: Vec<ExitDef>,
     pub params: crate::params::ParamValues,
-    pub schemas: HashMap<NodeId, serde_json::Value>,
+    pub schemas: HashMap<NodeId, std::sync::Arc<serde_json::Value>>,
     /// Every template of the workflow, by name (`STAGE/prompt`, `STAGE/argv/0`,
     /// `STAGE/env/KEY`, `STAGE/message`, `STAGE/feedback`, ...). The checker has compiled
     /// each; the executor compiles one where it renders it, so that a run of thousands of

@@ -262,16 +262,17 @@ fn named<T>(t: &Table, key: &str, build: fn(Text, &Table, Span) -> Option<T>) ->
     let Some((m, _)) = table(t, key) else {
         return Vec::new();
     };
-    m.entries
-        .iter()
-        .filter_map(|e| {
-            build(
-                Spanned::new(e.key.clone(), e.key_span),
-                e.value.as_table()?,
-                e.value.span,
-            )
-        })
-        .collect()
+    // Sized up front: a workflow of 10,000 stages would otherwise keep a vector grown to
+    // 16,384 of them (and hold both while it grows).
+    let mut out = Vec::with_capacity(m.entries.len());
+    out.extend(m.entries.iter().filter_map(|e| {
+        build(
+            Spanned::new(e.key.clone(), e.key_span),
+            e.value.as_table()?,
+            e.value.span,
+        )
+    }));
+    out
 }
 
 fn budget(t: &Table) -> Option<Budget> {
@@ -420,15 +421,15 @@ fn stage(id: Text, t: &Table, span: Span) -> Option<Stage> {
             until: text(t, "until"),
             on_exhausted: action(t, "on_exhausted"),
             stuck: table(t, "stuck").and_then(|(s, span)| {
-                Some(Stuck {
+                Some(Box::new(Stuck {
                     on: text(s, "on")?,
                     repeats: count(s, "repeats"),
                     then: action(s, "then"),
                     span,
-                })
+                }))
             }),
             escalation: escalations(t),
-            worktree: worktree(t),
+            worktree: worktree(t).map(Box::new),
             stages: named(t, "stages", stage),
         },
         StageKind::ForEach => StageBody::ForEach {
@@ -436,14 +437,14 @@ fn stage(id: Text, t: &Table, span: Span) -> Option<Stage> {
             as_name: text(t, "as"),
             key: text(t, "key"),
             max_concurrency: count(t, "max_concurrency"),
-            aggregate: aggregate(t),
+            aggregate: aggregate(t).map(Box::new),
             result: text(t, "result"),
-            worktree: worktree(t),
+            worktree: worktree(t).map(Box::new),
             stages: named(t, "stages", stage),
         },
         StageKind::Group => StageBody::Group {
             max_concurrency: count(t, "max_concurrency"),
-            aggregate: aggregate(t),
+            aggregate: aggregate(t).map(Box::new),
             result: text(t, "result"),
             stages: named(t, "stages", stage),
         },
@@ -470,12 +471,12 @@ fn stage(id: Text, t: &Table, span: Span) -> Option<Stage> {
                         .collect()
                 })
                 .unwrap_or_default();
-            Some(Route {
+            Some(Box::new(Route {
                 on: text(r, "on")?,
                 cases,
                 default: action(r, "default"),
                 span,
-            })
+            }))
         }),
         on_fail: action(t, "on_fail"),
         on_error: action(t, "on_error"),
@@ -486,8 +487,8 @@ fn stage(id: Text, t: &Table, span: Span) -> Option<Stage> {
         retries: count(t, "retries"),
         resource: text(t, "resource"),
         priority: text(t, "priority"),
-        budget: budget(t),
-        output: table(t, "output").map(|(o, span)| output(o, span)),
+        budget: budget(t).map(Box::new),
+        output: table(t, "output").map(|(o, span)| Box::new(output(o, span))),
         body,
     })
 }

@@ -141,7 +141,7 @@ impl Exec<'_> {
                 idle_timeout: idle,
                 schema: extractor
                     .filter(|e| e.wants_json())
-                    .and_then(|_| self.plan.schemas.get(&n).cloned())
+                    .and_then(|_| self.plan.schemas.get(&n).map(|s| Json::clone(s)))
                     .filter(|_| st.output.as_ref().is_some_and(|o| o.schema.is_some())),
                 max_tokens: None,
             };

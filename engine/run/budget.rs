@@ -119,7 +119,7 @@ impl Exec<'_> {
     /// what it counts (cost, or tokens).
     pub(super) fn warn_unenforceable_budgets(&self) -> Result<(), RunError> {
         let budgets = self.plan.workflow.budget.iter().chain(
-            (0..self.plan.nodes.len()).filter_map(|i| self.plan.stage(NodeId(i)).budget.as_ref()),
+            (0..self.plan.nodes.len()).filter_map(|i| self.plan.stage(NodeId(i)).budget.as_deref()),
         );
         let (mut cost, mut tokens) = (false, false);
         for b in budgets {

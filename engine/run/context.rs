@@ -129,7 +129,7 @@ impl Stages {
                 found.push(e.clone());
             }
             if let Some(v) = p.outputs.borrow().get(name) {
-                found.push(v.value.clone());
+                found.push(v.value());
             }
             if let Some((region, settled)) = &p.settled {
                 if region == name {

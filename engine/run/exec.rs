@@ -295,9 +295,9 @@ impl<'p> Exec<'p> {
             ) {
                 let st = plan.stage(id);
                 let declared = st.output.as_ref().and_then(|o| o.schema.as_ref());
-                let schema = declared.and(plan.schemas.get(&id));
+                let schema = declared.and(plan.schemas.get(&id).map(|s| s.as_ref()));
                 let ex =
-                    Extractor::new(st.output.as_ref(), schema).map_err(|e| RunError::Stage {
+                    Extractor::new(st.output.as_deref(), schema).map_err(|e| RunError::Stage {
                         stage: node.name.clone(),
                         source: Box::new(e),
                     })?;

@@ -232,7 +232,7 @@ impl Exec<'_> {
             .into_iter()
             .map(|r| r.unwrap_or(Json::Null))
             .collect();
-        let value = self.aggregate(aggregate.as_ref(), result_stage, &results);
+        let value = self.aggregate(aggregate.as_deref(), result_stage, &results);
         let output = json!({"results": results, "value": value});
         if failures.is_empty() {
             Outcome::Settled(Settled::done(output, started))
@@ -297,7 +297,7 @@ impl Exec<'_> {
             frame.outputs.borrow().insert(k, v);
         }
         let result_stage = self.result_stage(st, result.as_ref());
-        let value = self.aggregate(aggregate.as_ref(), result_stage, &results);
+        let value = self.aggregate(aggregate.as_deref(), result_stage, &results);
         let output = json!({"results": results, "value": value});
         match end {
             BodyEnd::Stopped => Outcome::Stopped,

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::rc::Rc;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use minijinja::Value;
 use serde_json::Value as Json;
@@ -71,9 +71,11 @@ pub(crate) struct View {
     pub output: Json,
     pub state: NodeState,
     pub feedback: Option<String>,
-    /// `stages.ID` as templates see it (`output`, `status`, `ran`, `feedback`, `attempts`,
-    /// `usage`), made once when the stage settles.
-    pub value: Value,
+    attempts: u32,
+    usage: Usage,
+    /// `stages.ID` as templates see it, made the first time a template asks for it (most
+    /// stages' views are never asked for) and kept.
+    value: OnceLock<Value>,
 }
 
 impl View {
@@ -84,22 +86,34 @@ impl View {
         attempts: u32,
         usage: Usage,
     ) -> View {
-        let mut e: BTreeMap<&'static str, Value> = BTreeMap::new();
-        e.insert("output", super::context::to_value(&output));
-        e.insert("status", Value::from(state.as_str()));
-        e.insert("ran", Value::from(state != NodeState::Skipped));
-        e.insert(
-            "feedback",
-            feedback.clone().map(Value::from).unwrap_or_default(),
-        );
-        e.insert("attempts", Value::from(attempts));
-        e.insert("usage", super::context::to_value(&usage));
         View {
             output,
             state,
             feedback,
-            value: Value::from(e),
+            attempts,
+            usage,
+            value: OnceLock::new(),
         }
+    }
+
+    /// `stages.ID` as templates see it: `output`, `status`, `ran`, `feedback`, `attempts`,
+    /// `usage`.
+    pub fn value(&self) -> Value {
+        self.value
+            .get_or_init(|| {
+                let mut e: BTreeMap<&'static str, Value> = BTreeMap::new();
+                e.insert("output", super::context::to_value(&self.output));
+                e.insert("status", Value::from(self.state.as_str()));
+                e.insert("ran", Value::from(self.state != NodeState::Skipped));
+                e.insert(
+                    "feedback",
+                    self.feedback.clone().map(Value::from).unwrap_or_default(),
+                );
+                e.insert("attempts", Value::from(self.attempts));
+                e.insert("usage", super::context::to_value(&self.usage));
+                Value::from(e)
+            })
+            .clone()
     }
 }
 

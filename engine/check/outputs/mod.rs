@@ -17,19 +17,36 @@ mod validate;
 
 pub use schema::{command_schema, walk_schema};
 
+use std::sync::Arc;
+
+use serde_json::Value as Json;
+
 use super::{Checked, StageId};
 use crate::diag::Diagnostics;
 use crate::load::Loader;
+use crate::model::StageKind;
 use output_schema::output_schema;
 use schema::builtin_schema;
 
 pub fn check(c: &mut Checked<'_>, loader: &mut Loader<'_>, diags: &mut Diagnostics) {
+    // A built-in schema is made once per kind and shared by the stages of that kind.
+    let mut builtins: Vec<(StageKind, Option<Arc<Json>>)> = Vec::new();
     for i in 0..c.stages.len() {
         let id = StageId(i);
         let s = c.info(id).stage;
         let schema = match &s.output {
-            Some(o) => output_schema(c, s.kind.value, o, loader, diags),
-            None => builtin_schema(s.kind.value),
+            Some(o) => output_schema(c, s.kind.value, o, loader, diags).map(Arc::new),
+            None => {
+                let kind = s.kind.value;
+                match builtins.iter().find(|(k, _)| *k == kind) {
+                    Some((_, b)) => b.clone(),
+                    None => {
+                        let b = builtin_schema(kind).map(Arc::new);
+                        builtins.push((kind, b.clone()));
+                        b
+                    }
+                }
+            }
         };
         if let Some(schema) = schema {
             c.schemas.insert(id, schema);
