@@ -1,0 +1,53 @@
+//! Why a program could not be started or waited for.
+
+use std::io;
+use std::path::PathBuf;
+
+/// Why a program could not be started (or waited for).
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    /// The program does not exist (or is not executable).
+    #[error("`{program}` was not found; install it or put it on PATH")]
+    NotFound { program: String },
+    /// Anything else: an empty command, a missing working directory, an I/O error.
+    #[error(transparent)]
+    Other(#[from] SpawnFailure),
+}
+
+/// A failure to run a program other than its absence.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnFailure {
+    #[error("nothing to run: the command is empty")]
+    EmptyCommand,
+    #[error("the working directory {} does not exist", .0.display())]
+    NoWorkingDirectory(PathBuf),
+    #[error("could not start `{program}`")]
+    Start {
+        program: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("`{0}` has no process id")]
+    NoProcessId(String),
+    #[error("waiting for `{program}`")]
+    Wait {
+        program: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Errors are equal when they are of the same kind and say the same (I/O errors have no
+/// equality of their own).
+impl PartialEq for SpawnError {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (SpawnError::NotFound { program: a }, SpawnError::NotFound { program: b }) => a == b,
+            (SpawnError::Other(a), SpawnError::Other(b)) => {
+                std::mem::discriminant(a) == std::mem::discriminant(b)
+                    && crate::backend::error_chain(a) == crate::backend::error_chain(b)
+            }
+            _ => false,
+        }
+    }
+}

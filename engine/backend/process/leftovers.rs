@@ -1,0 +1,231 @@
+//! What a running program leaves on record (a pid file, lines in a process log) and
+//! [`stop_leftovers`], which reads those records on resume to stop what a killed executor
+//! left running.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+
+use super::KILL_GRACE;
+use super::group::processes_with_env;
+
+/// When a process started, in clock ticks after boot (`/proc/PID/stat`, field 22): with the
+/// pid, it names one process, even after the pid is reused.
+pub fn start_ticks(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: count from its end.
+    let rest = stat.rsplit_once(')')?.1;
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Tells whether a process is alive (a zombie is not).
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .and_then(|(_, r)| r.split_whitespace().next().map(|st| st != "Z" && st != "X"))
+        })
+        .unwrap_or(false)
+}
+
+/// The file that records a running program's group, removed when it ends.
+pub(super) struct PidFile(PathBuf);
+
+impl PidFile {
+    pub(super) fn write(path: &Path, pid: i32) -> PidFile {
+        let ticks = start_ticks(pid).unwrap_or(0);
+        if let Err(e) = std::fs::write(path, format!("{pid} {ticks}\n")) {
+            tracing::warn!("cannot write {}: {e}", path.display());
+        }
+        PidFile(path.to_path_buf())
+    }
+}
+
+impl Drop for PidFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// A program's lines in a process log: `start` now, `end` when dropped.
+pub(super) struct ProcessLogEntry {
+    path: PathBuf,
+    line: String,
+}
+
+impl ProcessLogEntry {
+    pub(super) fn start(path: &Path, pid: i32) -> ProcessLogEntry {
+        let entry = ProcessLogEntry {
+            path: path.to_path_buf(),
+            line: format!("{pid} {}", start_ticks(pid).unwrap_or(0)),
+        };
+        entry.append("start");
+        entry
+    }
+
+    fn append(&self, what: &str) {
+        let written = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.path)
+            .and_then(|mut f| f.write_all(format!("{what} {}\n", self.line).as_bytes()));
+        if let Err(e) = written {
+            tracing::warn!("cannot write {}: {e}", self.path.display());
+        }
+    }
+}
+
+impl Drop for ProcessLogEntry {
+    fn drop(&mut self) {
+        self.append("end");
+    }
+}
+
+/// The groups a process log says were started and have not ended (`PGID TICKS` each).
+fn unended(log: &Path) -> Vec<(i32, u64)> {
+    let Ok(text) = std::fs::read_to_string(log) else {
+        return Vec::new();
+    };
+    let mut open: Vec<(i32, u64)> = Vec::new();
+    for line in text.lines() {
+        let mut parts = line.split_whitespace();
+        let (Some(what), Some(pid), Some(ticks)) = (
+            parts.next(),
+            parts.next().and_then(|p| p.parse::<i32>().ok()),
+            parts.next().and_then(|t| t.parse::<u64>().ok()),
+        ) else {
+            continue;
+        };
+        match what {
+            "start" => open.push((pid, ticks)),
+            "end" => open.retain(|g| *g != (pid, ticks)),
+            _ => {}
+        }
+    }
+    open
+}
+
+/// Stops what an earlier executor of a run left running, before the run goes on: the
+/// process groups recorded in `pid_files` and in the process logs `logs` (when the
+/// recorded start time still matches; the logs are emptied), and
+/// every process whose environment names the run (`RALPH_FLOW_RUN=RUN`, which catches
+/// descendants that left their group). SIGTERM, then SIGKILL after [`KILL_GRACE`]; it
+/// returns once they are gone (or after a few seconds more), with how many there were.
+pub fn stop_leftovers(run: &str, pid_files: &[PathBuf], logs: &[PathBuf]) -> usize {
+    let mut groups = Vec::new();
+    for log in logs {
+        for (pid, ticks) in unended(log) {
+            if start_ticks(pid) == Some(ticks) {
+                groups.push(pid);
+            }
+        }
+        let _ = std::fs::remove_file(log);
+    }
+    for file in pid_files {
+        let Ok(text) = std::fs::read_to_string(file) else {
+            continue;
+        };
+        let mut parts = text.split_whitespace();
+        let (Some(pid), Some(ticks)) = (
+            parts.next().and_then(|p| p.parse::<i32>().ok()),
+            parts.next().and_then(|t| t.parse::<u64>().ok()),
+        ) else {
+            continue;
+        };
+        // Only the process that was recorded: a pid reused since then is someone else's.
+        if start_ticks(pid) == Some(ticks) {
+            groups.push(pid);
+        }
+        let _ = std::fs::remove_file(file);
+    }
+    let tagged = processes_with_env("RALPH_FLOW_RUN", run);
+    let mut all: Vec<i32> = groups.clone();
+    all.extend(&tagged);
+    all.sort_unstable();
+    all.dedup();
+    if all.is_empty() {
+        return 0;
+    }
+    for &g in &groups {
+        let _ = killpg(Pid::from_raw(g), Signal::SIGTERM);
+    }
+    for &p in &tagged {
+        let _ = nix::sys::signal::kill(Pid::from_raw(p), Signal::SIGTERM);
+    }
+    let wait = |limit: Duration| {
+        let start = std::time::Instant::now();
+        while start.elapsed() < limit {
+            let left = all.iter().any(|&p| alive(p))
+                || !processes_with_env("RALPH_FLOW_RUN", run).is_empty();
+            if !left {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    };
+    if !wait(KILL_GRACE) {
+        for &g in &groups {
+            let _ = killpg(Pid::from_raw(g), Signal::SIGKILL);
+        }
+        for p in processes_with_env("RALPH_FLOW_RUN", run)
+            .into_iter()
+            .chain(all.iter().copied())
+        {
+            let _ = nix::sys::signal::kill(Pid::from_raw(p), Signal::SIGKILL);
+        }
+        wait(Duration::from_secs(5));
+    }
+    all.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::process::{ProcSpec, run};
+
+    #[test]
+    fn a_process_log_gives_the_groups_that_started_and_did_not_end() {
+        let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let log = tmp.path().join("processes");
+        std::fs::write(
+            &log,
+            "start 10 100\nstart 11 110\nend 10 100\nstart 10 200\ngarbage\nstart 12",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        // Group 10 ended once and started again (a reused pid, another start time).
+        assert_eq!(unended(&log), vec![(11, 110), (10, 200)]);
+        assert!(unended(&tmp.path().join("none")).is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_program_is_logged_while_it_runs_and_not_after() {
+        let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let log = tmp.path().join("processes");
+        let spec = ProcSpec {
+            argv: vec![
+                "sh".into(),
+                "-c".into(),
+                "cat \"$0\"".into(),
+                log.to_string_lossy().into_owned(),
+            ],
+            process_log: Some(log.clone()),
+            ..ProcSpec::default()
+        };
+        let out = run(&spec).await.unwrap_or_else(|e| panic!("{e}"));
+        let seen = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            seen.starts_with("start "),
+            "the program saw its own line: {seen}"
+        );
+        assert!(
+            unended(&log).is_empty(),
+            "{:?}",
+            std::fs::read_to_string(&log)
+        );
+    }
+}

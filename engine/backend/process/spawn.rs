@@ -1,0 +1,243 @@
+//! Starting a program and waiting for it: stdin fed, both streams read as they come, and
+//! the timeout, the idle timeout and the kill that follows, all in one `select!` loop.
+
+use std::io;
+use std::os::unix::process::ExitStatusExt;
+use std::process::Stdio;
+
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::process::Command;
+use tokio::time::Instant;
+
+use super::group::{GroupGuard, kill_tagged, new_tag};
+use super::leftovers::{PidFile, ProcessLogEntry};
+use super::sink::Sink;
+use super::{
+    EOF_GRACE, Ended, KILL_GRACE, ProcOutput, ProcSpec, SpawnError, SpawnFailure, TAG_ENV,
+};
+
+/// Runs a program to its end (or its timeout). Dropping the future kills its process group.
+///
+/// The program runs in a new process group. When it ends by itself, whatever it left
+/// behind in its group gets SIGTERM (and SIGKILL [`KILL_GRACE`] later, from a detached
+/// thread). A timeout or an idle timeout sends SIGTERM to the group, waits up to
+/// [`KILL_GRACE`] for the program to exit, then sends SIGKILL to the group. Dropping the
+/// future does the same as the end of a run: SIGTERM at once, SIGKILL after the grace
+/// period from a detached thread.
+///
+/// Once the program has exited, its output is read until end of file, but no longer than
+/// [`EOF_GRACE`]: a grandchild holding the pipes open cannot hold the run.
+///
+/// Each stream is appended to its file as it arrives, up to [`FILE_CAP`](super::FILE_CAP)
+/// bytes; a line at the end of the file then says how many more there were. In memory each
+/// keeps at most [`MEMORY_CAP`](super::MEMORY_CAP) bytes: beyond that, the oldest bytes are
+/// dropped (so the end of the output, where results are, stays) and counted in
+/// `stdout_cut`/`stderr_cut`.
+pub async fn run(spec: &ProcSpec) -> Result<ProcOutput, SpawnError> {
+    let Some((program, args)) = spec.argv.split_first() else {
+        return Err(SpawnFailure::EmptyCommand.into());
+    };
+    let tag = new_tag();
+    let mut command = Command::new(program);
+    command
+        .args(args)
+        .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .env(TAG_ENV, &tag)
+        .stdin(if spec.stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    if !spec.cwd.as_os_str().is_empty() {
+        if !spec.cwd.is_dir() {
+            return Err(SpawnFailure::NoWorkingDirectory(spec.cwd.clone()).into());
+        }
+        command.current_dir(&spec.cwd);
+    }
+    let mut stdout_sink = Sink::new(spec.stdout_path.as_deref());
+    let mut stderr_sink = Sink::new(spec.stderr_path.as_deref());
+
+    let start = Instant::now();
+    let mut child = command.spawn().map_err(|e| match e.kind() {
+        io::ErrorKind::NotFound | io::ErrorKind::PermissionDenied => SpawnError::NotFound {
+            program: program.clone(),
+        },
+        _ => SpawnFailure::Start {
+            program: program.clone(),
+            source: e,
+        }
+        .into(),
+    })?;
+    let pid = child
+        .id()
+        .and_then(|id| i32::try_from(id).ok())
+        .ok_or_else(|| SpawnFailure::NoProcessId(program.clone()))?;
+    let group = GroupGuard {
+        pgid: Pid::from_raw(pid),
+        tag: tag.clone(),
+    };
+    let _pid_file = spec
+        .pid_file
+        .as_deref()
+        .map(|path| PidFile::write(path, pid));
+    let _logged = spec
+        .process_log
+        .as_deref()
+        .map(|path| ProcessLogEntry::start(path, pid));
+
+    let mut stdout = child.stdout.take();
+    let mut stderr = child.stderr.take();
+    let stdin = child.stdin.take();
+    let input = spec.stdin.as_deref().unwrap_or_default();
+    let feed = async move {
+        if let Some(mut pipe) = stdin {
+            // A program that exits without reading its input breaks the pipe: not an error.
+            let _ = pipe.write_all(input).await;
+            let _ = pipe.shutdown().await;
+        }
+    };
+    tokio::pin!(feed);
+    let wait = child.wait();
+    tokio::pin!(wait);
+
+    // A limit too far to add to an instant (years) is no limit.
+    let deadline = spec.timeout.and_then(|t| start.checked_add(t));
+    let mut fed = spec.stdin.is_none();
+    let mut status = None;
+    let mut exited_at = None;
+    let mut last_output = start;
+    let mut result_done = false;
+    let mut ended = Ended::Exited;
+    let mut term_sent_at: Option<Instant> = None;
+    let mut kill_sent = false;
+    let mut out_buf = [0u8; 8192];
+    let mut err_buf = [0u8; 8192];
+
+    loop {
+        if status.is_some() && stdout.is_none() && stderr.is_none() {
+            break;
+        }
+        // The timeouts apply while the program runs and has not been told to stop.
+        let running = status.is_none() && term_sent_at.is_none();
+        let idle_at = spec
+            .idle_timeout
+            .filter(|_| !result_done && running)
+            .and_then(|d| last_output.checked_add(d));
+        let timeout_at = deadline.filter(|_| running);
+        let kill_at = term_sent_at.filter(|_| !kill_sent).map(|t| t + KILL_GRACE);
+        let eof_at = exited_at.map(|t: Instant| t + EOF_GRACE);
+        tokio::select! {
+            read = read_some(&mut stdout, &mut out_buf) => match read {
+                Some(n) => {
+                    last_output = Instant::now();
+                    stdout_sink.push(&out_buf[..n]);
+                    if !result_done {
+                        result_done = spec.result_done.is_some_and(|done| done(&stdout_sink.kept));
+                    }
+                }
+                None => stdout = None,
+            },
+            read = read_some(&mut stderr, &mut err_buf) => match read {
+                Some(n) => {
+                    last_output = Instant::now();
+                    stderr_sink.push(&err_buf[..n]);
+                }
+                None => stderr = None,
+            },
+            () = &mut feed, if !fed => fed = true,
+            done = &mut wait, if status.is_none() => {
+                status = Some(done.map_err(|source| SpawnFailure::Wait { program: program.clone(), source })?);
+                exited_at = Some(Instant::now());
+            }
+            () = sleep_until_opt(timeout_at) => {
+                ended = if result_done { Ended::AfterResult } else { Ended::Timeout };
+                group.signal(Signal::SIGTERM);
+                term_sent_at = Some(Instant::now());
+            }
+            () = sleep_until_opt(idle_at) => {
+                ended = Ended::Idle;
+                group.signal(Signal::SIGTERM);
+                term_sent_at = Some(Instant::now());
+            }
+            () = sleep_until_opt(kill_at) => {
+                group.signal(Signal::SIGKILL);
+                kill_tagged(&group.tag);
+                kill_sent = true;
+            }
+            () = sleep_until_opt(eof_at) => break,
+        }
+    }
+    if term_sent_at.is_some() && !kill_sent {
+        // The program exited after SIGTERM; what is left of its group gets no more time,
+        // and neither do descendants that left the group.
+        group.signal(Signal::SIGKILL);
+        kill_tagged(&group.tag);
+    }
+    drop(group);
+
+    let (code, signal) = match status {
+        Some(s) => (s.code(), s.signal()),
+        None => (None, None),
+    };
+    stdout_sink.finish();
+    stderr_sink.finish();
+    // What the program wrote reached its files before anyone could look: mask secrets now.
+    for path in [&spec.stdout_path, &spec.stderr_path].into_iter().flatten() {
+        crate::secrets::redact_file(path);
+    }
+    Ok(ProcOutput {
+        code,
+        signal,
+        stdout_cut: stdout_sink.dropped,
+        stderr_cut: stderr_sink.dropped,
+        stdout: stdout_sink.kept,
+        stderr: stderr_sink.kept,
+        ended,
+        elapsed: start.elapsed(),
+    })
+}
+
+/// Reads a chunk from a pipe; `None` at end of file or on an error. Pends forever when the
+/// pipe is already closed, so that a `select!` branch on it stays quiet.
+async fn read_some<R: AsyncRead + Unpin>(pipe: &mut Option<R>, buf: &mut [u8]) -> Option<usize> {
+    match pipe {
+        Some(p) => match p.read(buf).await {
+            Ok(0) | Err(_) => None,
+            Ok(n) => Some(n),
+        },
+        None => std::future::pending().await,
+    }
+}
+
+/// Sleeps until the instant, or forever without one.
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn limits_too_far_to_reach_are_no_limits() {
+        let spec = ProcSpec {
+            argv: vec!["true".into()],
+            timeout: Some(Duration::MAX),
+            idle_timeout: Some(Duration::MAX),
+            ..ProcSpec::default()
+        };
+        let out = run(&spec).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(out.code, Some(0));
+        assert_eq!(out.ended, Ended::Exited);
+    }
+}

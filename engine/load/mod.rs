@@ -1,0 +1,209 @@
+//! Loading a workflow file with everything it extends and includes into one model.
+//!
+//! **Invariant:** this is the only I/O of check and compile: it reads the workflow's own files
+//! (the file, its bases, includes, prompt files, schemas and subflows) and nothing else.
+//!
+//! This file holds the [`Loader`] and [`Loader::load`]; `sources.rs` resolves references
+//! (presets, git sources and their lockfile), `files.rs` reads files and finds prompt files,
+//! `merge.rs` merges includes and bases, `overrides.rs` applies overrides.
+
+mod files;
+mod merge;
+mod overrides;
+mod sources;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use crate::diag::{Code, Diagnostic, Diagnostics};
+use crate::fs::{FileSystem, normalize};
+use crate::model::{Stage, StageBody, Workflow, lower::lower};
+use crate::preset::{self, DeclaredSource, MissingSource, Reference};
+use crate::source::{Sources, Span};
+use crate::syntax::{self, Format};
+use merge::{merge_extends, merge_include};
+
+/// Everything the loader needs while it works.
+pub struct Loader<'a> {
+    pub fs: &'a dyn FileSystem,
+    pub sources: &'a mut Sources,
+    pub diags: &'a mut Diagnostics,
+    stack: Vec<PathBuf>,
+    /// The preset directories searched for bare preset names.
+    pub roots: Vec<preset::Root>,
+    /// Directories searched for prompt files before the workflow's own `prompt_path`
+    /// (`RALPH_FLOW_PROMPT_PATH`).
+    pub prompt_dirs: Vec<PathBuf>,
+    /// Git sources named but not in the cache (see [`MissingSource`]).
+    pub missing: Vec<MissingSource>,
+    /// Every git source declared by a loaded file.
+    pub declared: Vec<DeclaredSource>,
+    /// Cached copies of git sources hashed so far, each with what is wrong with it (`None`: nothing).
+    verified: Vec<(PathBuf, Option<String>)>,
+    /// The git sources each loaded file sees (its own, then its bases'), by its path.
+    visible: HashMap<PathBuf, Vec<DeclaredSource>>,
+    /// Prompt search directories named by files that are not fetched presets: a fetched
+    /// preset's prompt may come from them (a team replacing one of its prompts).
+    trusted_dirs: std::cell::RefCell<Vec<PathBuf>>,
+}
+
+impl<'a> Loader<'a> {
+    /// Creates a loader.
+    pub fn new(
+        fs: &'a dyn FileSystem,
+        sources: &'a mut Sources,
+        diags: &'a mut Diagnostics,
+    ) -> Self {
+        let prompt_dirs = std::env::var_os("RALPH_FLOW_PROMPT_PATH")
+            .map(|v| {
+                std::env::split_paths(&v)
+                    .filter(|p| !p.as_os_str().is_empty())
+                    .map(|p| normalize(&p))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Loader {
+            fs,
+            sources,
+            diags,
+            stack: Vec::new(),
+            roots: preset::search_roots(),
+            prompt_dirs,
+            missing: Vec::new(),
+            declared: Vec::new(),
+            verified: Vec::new(),
+            trusted_dirs: std::cell::RefCell::default(),
+            visible: HashMap::new(),
+        }
+    }
+
+    /// Loads a workflow file and merges in the files it extends and includes.
+    pub fn load(&mut self, path: &Path, from: Option<Span>) -> Option<Workflow> {
+        let canonical = normalize(path);
+        if let Some(pos) = self.stack.iter().position(|p| *p == canonical) {
+            let chain: Vec<String> = self.stack[pos..]
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect();
+            self.diags.push(
+                Diagnostic::new(
+                    Code::FileCycle,
+                    from,
+                    format!(
+                        "workflow files form a cycle: {} → {}",
+                        chain.join(" → "),
+                        canonical.display()
+                    ),
+                )
+                .help("remove one of the extends, include or subflow references"),
+            );
+            return None;
+        }
+        let file = self.read(&canonical, from, Code::MissingWorkflowFile, "workflow file")?;
+        let text = self.sources.get(file).text.clone();
+        let before = self.diags.error_count();
+        let table = syntax::parse(file, &text, Format::from_path(&canonical), self.diags);
+        if self.diags.error_count() > before {
+            // A file that does not parse has nothing more worth reporting.
+            return None;
+        }
+        let mut wf = lower(file, &table, self.diags);
+        self.stack.push(canonical.clone());
+        let dir = canonical
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        let own: Vec<DeclaredSource> = wf
+            .sources
+            .iter()
+            .map(|s| DeclaredSource {
+                decl_dir: dir.clone(),
+                source: s.clone(),
+            })
+            .collect();
+        self.declared.extend(own.iter().cloned());
+        // The base first: the file's own references then see its sources and, after them,
+        // those its bases declare (the extends reference itself sees only its own).
+        let mut base = None;
+        if let Some(ext) = wf.extends.clone() {
+            match self.resolve(&ext.workflow, &own) {
+                Some(path) => {
+                    base = self.load(&path, Some(ext.workflow.span));
+                    if base.is_none() {
+                        wf.overrides.clear();
+                    }
+                    let inherited = self.visible.get(&normalize(&path)).cloned();
+                    let mut visible = own.clone();
+                    for d in inherited.unwrap_or_default() {
+                        if !visible
+                            .iter()
+                            .any(|v| v.source.name.value == d.source.name.value)
+                        {
+                            visible.push(d);
+                        }
+                    }
+                    self.visible.insert(canonical.clone(), visible);
+                }
+                // Without its base, the file's overrides and references cannot be checked.
+                None => wf.overrides.clear(),
+            }
+        }
+        let sources = self
+            .visible
+            .get(&canonical)
+            .cloned()
+            .unwrap_or_else(|| own.clone());
+        self.visible.insert(canonical.clone(), sources.clone());
+        self.resolve_subflows(&mut wf.stages, &sources, &mut wf.broken);
+        for inc in std::mem::take(&mut wf.include) {
+            let Some(path) = self.resolve(&inc, &sources) else {
+                continue;
+            };
+            if let Some(other) = self.load(&path, Some(inc.span)) {
+                merge_include(&mut wf, other, self.diags);
+            }
+        }
+        if wf.extends.is_none() {
+            for o in &wf.overrides {
+                self.diags.push(
+                    Diagnostic::new(Code::BadOverride, o.stage.span, format!("override of `{}` in a file that extends nothing", o.stage.value))
+                        .help("overrides change stages of the extended workflow: add `extends`, or edit the stage itself"),
+                );
+            }
+        }
+        if let Some(base) = base {
+            wf = merge_extends(base, wf, self.diags);
+        }
+        self.stack.pop();
+        Some(wf)
+    }
+
+    /// Turns subflow references to presets into the paths of their files; a reference that
+    /// cannot be resolved is reported here and dropped.
+    fn resolve_subflows(
+        &mut self,
+        stages: &mut [Stage],
+        sources: &[DeclaredSource],
+        broken: &mut Vec<String>,
+    ) {
+        for s in stages.iter_mut() {
+            if let StageBody::Subflow { workflow, .. } = &mut s.body {
+                if let Some(w) = workflow.as_mut() {
+                    if matches!(preset::parse_reference(&w.value), Reference::Path(_)) {
+                        continue;
+                    }
+                    match self.resolve(w, sources) {
+                        Some(path) => w.value = path.to_string_lossy().into_owned(),
+                        None => {
+                            *workflow = None;
+                            broken.push(s.id.value.clone());
+                        }
+                    }
+                }
+            }
+            if let Some(children) = s.children_mut() {
+                self.resolve_subflows(children, sources, broken);
+            }
+        }
+    }
+}

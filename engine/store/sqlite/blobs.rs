@@ -1,0 +1,86 @@
+//! Large outputs: spilled to `<db dir>/blobs/<sha256>.json` (synced and renamed into place
+//! before the commit that refers to them) and read back transparently.
+
+use std::fs;
+use std::io::Write as _;
+use std::path::PathBuf;
+
+use sha2::{Digest, Sha256};
+
+use super::SqliteStore;
+use crate::store::{Result, StoreError};
+
+/// Outputs whose JSON text is longer than this many bytes are kept in a file beside the store.
+pub const SPILL_BYTES: usize = 64 * 1024;
+
+/// A node's output as stored: serialized once, inline or as the hash of a spilled file.
+#[derive(Default)]
+pub(super) struct Output {
+    pub(super) inline: Option<String>,
+    pub(super) blob: Option<String>,
+}
+
+impl SqliteStore {
+    /// Serializes an output, spilling it to a blob file when it is large. Returns the output
+    /// and whether a new file was written.
+    pub(super) fn prepare_output(&self, output: &serde_json::Value) -> Result<(Output, bool)> {
+        let text = serde_json::to_string(output)
+            .map_err(|e| StoreError::json("cannot serialize an output", e))?;
+        if text.len() <= SPILL_BYTES {
+            return Ok((
+                Output {
+                    inline: Some(text),
+                    blob: None,
+                },
+                false,
+            ));
+        }
+        let hash = format!("{:x}", Sha256::digest(text.as_bytes()));
+        let path = self.blob_path(&hash);
+        let spilled = Output {
+            inline: None,
+            blob: Some(hash.clone()),
+        };
+        if path.exists() {
+            return Ok((spilled, false));
+        }
+        let io = |e: std::io::Error| StoreError::io("cannot write", &path, e);
+        fs::create_dir_all(&self.blobs).map_err(io)?;
+        let tmp = self
+            .blobs
+            .join(format!(".{hash}.{}.tmp", std::process::id()));
+        let write = || -> std::io::Result<()> {
+            let mut file = fs::File::create(&tmp)?;
+            file.write_all(text.as_bytes())?;
+            file.sync_all()?;
+            fs::rename(&tmp, &path)
+        };
+        if let Err(e) = write() {
+            let _ = fs::remove_file(&tmp);
+            return Err(io(e));
+        }
+        Ok((spilled, true))
+    }
+
+    fn blob_path(&self, hash: &str) -> PathBuf {
+        self.blobs.join(format!("{hash}.json"))
+    }
+
+    pub(super) fn load_output(
+        &self,
+        inline: Option<String>,
+        blob: Option<String>,
+    ) -> Result<serde_json::Value> {
+        let text = match (inline, blob) {
+            (_, Some(hash)) => {
+                let path = self.blob_path(&hash);
+                fs::read_to_string(&path)
+                    .map_err(|e| StoreError::io("cannot read the output stored in", &path, e))?
+            }
+            (Some(text), None) => text,
+            (None, None) => return Ok(serde_json::Value::Null),
+        };
+        serde_json::from_str(&text)
+            .map_err(|e| StoreError::json("a stored output is not valid JSON", e))
+    }
+}

@@ -1,0 +1,171 @@
+//! Gate requests and their answers: what waits, answering one (in one transaction with the
+//! removal of the request), and the answers recorded.
+
+use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
+
+use super::rows::json_col;
+use super::{SqliteStore, sql_error};
+use crate::store::{Approval, GateRequest, Result, Store, StoreError};
+
+const GATE_COLUMNS: &str = "run, scope, gate, message, show, requested_at, deadline";
+
+const APPROVAL_COLUMNS: &str = "run, scope, gate, approved, comment, by, at";
+
+const INSERT_APPROVAL: &str = "INSERT OR REPLACE INTO approvals (run, scope, gate, approved, \
+     comment, by, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
+
+const DELETE_GATE: &str = "DELETE FROM gates WHERE run = ?1 AND scope = ?2 AND gate = ?3";
+
+impl SqliteStore {
+    /// Returns the gates of a run named `gate` that wait for an answer, in any scope.
+    pub fn find_pending(&self, run: &str, gate: &str) -> Result<Vec<GateRequest>> {
+        Ok(self
+            .pending_gates(run)?
+            .into_iter()
+            .filter(|g| g.gate == gate)
+            .collect())
+    }
+
+    /// [`Store::pending_gates`](crate::store::Store::pending_gates).
+    pub(super) fn read_pending_gates(&self, run: &str) -> Result<Vec<GateRequest>> {
+        pending(&self.conn, run).map_err(|e| self.error("cannot read gates from", e))
+    }
+
+    /// [`Store::approval`](crate::store::Store::approval).
+    pub(super) fn read_approval(
+        &self,
+        run: &str,
+        scope: &str,
+        gate: &str,
+    ) -> Result<Option<Approval>> {
+        let sql = format!(
+            "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE run = ?1 AND scope = ?2 AND gate = ?3"
+        );
+        self.conn
+            .prepare_cached(&sql)
+            .and_then(|mut stmt| {
+                stmt.query_row([run, scope, gate], approval_from_row)
+                    .optional()
+            })
+            .map_err(|e| self.error("cannot read approvals from", e))
+    }
+
+    /// [`Store::answer`](crate::store::Store::answer).
+    pub(super) fn answer_gate(&mut self, approval: &Approval) -> Result<()> {
+        let path = self.path.clone();
+        let fail = |e| sql_error(&path, "cannot answer a gate in", e);
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(fail)?;
+        let waiting = pending(&tx, &approval.run).map_err(fail)?;
+        let named: Vec<&GateRequest> = waiting.iter().filter(|g| g.gate == approval.gate).collect();
+        let target = if approval.scope.is_empty() {
+            match named.as_slice() {
+                [one] => Some(*one),
+                [] => None,
+                several => {
+                    let scopes: Vec<String> =
+                        several.iter().map(|g| describe_scope(&g.scope)).collect();
+                    return Err(StoreError::Refused(format!(
+                        "gate {} of run {} waits in {} scopes ({}); say which one",
+                        approval.gate,
+                        approval.run,
+                        several.len(),
+                        scopes.join(", ")
+                    )));
+                }
+            }
+        } else {
+            named.iter().copied().find(|g| g.scope == approval.scope)
+        };
+        let Some(target) = target else {
+            let exists: bool = tx
+                .query_row("SELECT 1 FROM runs WHERE id = ?1", [&approval.run], |_| {
+                    Ok(())
+                })
+                .optional()
+                .map_err(fail)?
+                .is_some();
+            let at = if approval.scope.is_empty() {
+                String::new()
+            } else {
+                format!(" in scope {}", approval.scope)
+            };
+            return Err(StoreError::State(if !exists {
+                format!("no run {}", approval.run)
+            } else if waiting.is_empty() {
+                format!(
+                    "gate {}{at} of run {} is not waiting for an answer; the run waits on no gate",
+                    approval.gate, approval.run
+                )
+            } else {
+                let list: Vec<String> = waiting
+                    .iter()
+                    .map(|g| format!("{} ({})", g.gate, describe_scope(&g.scope)))
+                    .collect();
+                format!(
+                    "gate {}{at} of run {} is not waiting for an answer; waiting: {}",
+                    approval.gate,
+                    approval.run,
+                    list.join(", ")
+                )
+            }));
+        };
+        let answer = Approval {
+            scope: target.scope.clone(),
+            ..approval.clone()
+        };
+        insert_approval(&tx, &answer).map_err(fail)?;
+        tx.commit().map_err(fail)
+    }
+}
+
+/// Inserts an answer and removes the gate it answers.
+pub(super) fn insert_approval(conn: &Connection, a: &Approval) -> rusqlite::Result<()> {
+    conn.prepare_cached(INSERT_APPROVAL)?.execute(params![
+        a.run, a.scope, a.gate, a.approved, a.comment, a.by, a.at
+    ])?;
+    conn.prepare_cached(DELETE_GATE)?
+        .execute(params![a.run, a.scope, a.gate])?;
+    Ok(())
+}
+
+fn pending(conn: &Connection, run: &str) -> rusqlite::Result<Vec<GateRequest>> {
+    let sql = format!("SELECT {GATE_COLUMNS} FROM gates WHERE run = ?1 ORDER BY rowid");
+    conn.prepare_cached(&sql)?
+        .query_map([run], gate_from_row)?
+        .collect()
+}
+
+fn describe_scope(scope: &str) -> String {
+    if scope.is_empty() {
+        String::from("top level")
+    } else {
+        format!("scope {scope}")
+    }
+}
+
+fn gate_from_row(row: &Row<'_>) -> rusqlite::Result<GateRequest> {
+    Ok(GateRequest {
+        run: row.get(0)?,
+        scope: row.get(1)?,
+        gate: row.get(2)?,
+        message: row.get(3)?,
+        show: json_col(row, 4)?,
+        requested_at: row.get(5)?,
+        deadline: row.get(6)?,
+    })
+}
+
+fn approval_from_row(row: &Row<'_>) -> rusqlite::Result<Approval> {
+    Ok(Approval {
+        run: row.get(0)?,
+        scope: row.get(1)?,
+        gate: row.get(2)?,
+        approved: row.get(3)?,
+        comment: row.get(4)?,
+        by: row.get(5)?,
+        at: row.get(6)?,
+    })
+}

@@ -1,0 +1,174 @@
+//! The default store: one SQLite file in WAL mode.
+//!
+//! Every [`Store::commit`] is one `BEGIN IMMEDIATE` transaction, so a group of writes lands
+//! whole or not at all. Outputs whose JSON text exceeds [`SPILL_BYTES`] are written to
+//! `<db dir>/blobs/<sha256>.json` (synced and renamed into place before the commit that refers
+//! to them) and read back transparently. Other processes (`ralph-flow approve` from another
+//! terminal) write the same file; a busy file is waited on for up to five seconds, and a
+//! commit for up to [`BUSY_WAIT`].
+//!
+//! The schema is versioned with `PRAGMA user_version`; [`SCHEMA_VERSION`] is the version this
+//! build writes, and opening a store brings an older file up to it.
+//!
+//! This file holds [`SqliteStore`] and its [`Store`] implementation, which hands each method
+//! to the module of its concern: `open.rs` and `integrity.rs` (opening, crash checks),
+//! `schema.rs`, `commit.rs` and `write.rs` (a commit: busy waits, its statements),
+//! `blobs.rs` (spilled outputs), `runs.rs`, `read.rs`, `gates.rs`, `locks.rs`, and `rows.rs`
+//! (column conversions).
+
+mod blobs;
+mod commit;
+mod gates;
+mod integrity;
+mod locks;
+mod open;
+mod read;
+mod rows;
+mod runs;
+mod schema;
+mod write;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rusqlite::Connection;
+
+pub use blobs::SPILL_BYTES;
+pub use commit::BUSY_WAIT;
+pub use open::Durability;
+pub use schema::SCHEMA_VERSION;
+
+use crate::store::{
+    Approval, AttemptRecord, Event, GateRequest, LockOwner, NodeRecord, Result, RunRecord,
+    RunStatus, Store, StoreError, Write,
+};
+
+/// How long a write waits for another process that holds the file.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What is told when a commit waits for another process.
+type BusyReport = Box<dyn Fn(&str) + Send>;
+
+/// A store in one SQLite file.
+pub struct SqliteStore {
+    conn: Connection,
+    path: PathBuf,
+    blobs: PathBuf,
+    /// Told when a commit waits for another process.
+    on_busy: Option<BusyReport>,
+    /// The file's identity (device, inode) when it was opened: a commit refuses a store
+    /// that was deleted or replaced since.
+    identity: Option<(u64, u64)>,
+    /// This process's open-marker (`state.db.open-PID-N`, holding the highest event row it
+    /// committed), removed when the store is closed cleanly; `None` for a read-only store.
+    marker: Option<(PathBuf, fs::File)>,
+}
+
+impl Drop for SqliteStore {
+    fn drop(&mut self) {
+        if let Some((m, _)) = &self.marker {
+            let _ = fs::remove_file(m);
+        }
+    }
+}
+
+/// Returns the store file in a state directory (`STATE_DIR/state.db`).
+pub fn default_path(state_dir: &Path) -> PathBuf {
+    state_dir.join("state.db")
+}
+
+/// Opens (creating if needed) the store of a state directory.
+pub fn open_default(state_dir: &Path) -> Result<SqliteStore> {
+    SqliteStore::open(&default_path(state_dir))
+}
+
+impl SqliteStore {
+    fn error(&self, what: &str, e: rusqlite::Error) -> StoreError {
+        sql_error(&self.path, what, e)
+    }
+}
+
+impl Store for SqliteStore {
+    fn create_run(&mut self, run: &RunRecord) -> Result<()> {
+        self.insert_run(run)
+    }
+
+    fn run(&self, id: &str) -> Result<Option<RunRecord>> {
+        self.read_run(id)
+    }
+
+    fn runs(&self, limit: usize) -> Result<Vec<RunRecord>> {
+        self.read_runs(limit)
+    }
+
+    fn set_status(&mut self, id: &str, status: RunStatus, exit: Option<(&str, i64)>) -> Result<()> {
+        self.write_status(id, status, exit)
+    }
+
+    fn commit(&mut self, writes: &[Write]) -> Result<()> {
+        self.commit_writes(writes)
+    }
+
+    fn nodes(&self, run: &str) -> Result<Vec<NodeRecord>> {
+        self.read_nodes(run)
+    }
+
+    fn attempts(&self, run: &str, node: Option<&str>) -> Result<Vec<AttemptRecord>> {
+        self.read_attempts(run, node)
+    }
+
+    fn events(&self, run: &str, node: Option<&str>) -> Result<Vec<Event>> {
+        self.read_events(run, node)
+    }
+
+    fn pending_gates(&self, run: &str) -> Result<Vec<GateRequest>> {
+        self.read_pending_gates(run)
+    }
+
+    fn approval(&self, run: &str, scope: &str, gate: &str) -> Result<Option<Approval>> {
+        self.read_approval(run, scope, gate)
+    }
+
+    fn answer(&mut self, approval: &Approval) -> Result<()> {
+        self.answer_gate(approval)
+    }
+
+    fn lock(&mut self, run: &str, owner: &LockOwner) -> Result<()> {
+        self.lock_run(run, owner)
+    }
+
+    fn unlock(&mut self, run: &str, pid: u32) -> Result<()> {
+        self.unlock_run(run, pid)
+    }
+
+    fn history(
+        &self,
+        workflow: &str,
+        node: &str,
+        except_run: &str,
+        limit: usize,
+    ) -> Result<Vec<(String, NodeRecord)>> {
+        self.read_history(workflow, node, except_run, limit)
+    }
+}
+
+fn sql_error(path: &Path, what: &str, e: rusqlite::Error) -> StoreError {
+    if commit::is_busy(&e) {
+        StoreError::State(format!(
+            "{what} {}: another process kept it busy for more than {} s; try again",
+            path.display(),
+            BUSY_TIMEOUT.as_secs()
+        ))
+    } else {
+        StoreError::Sqlite {
+            what: what.to_string(),
+            path: path.to_path_buf(),
+            source: e,
+        }
+    }
+}
+
+fn json_text<T: serde::Serialize>(value: &T) -> Result<String> {
+    serde_json::to_string(value).map_err(|e| StoreError::json("cannot serialize a value", e))
+}

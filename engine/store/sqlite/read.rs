@@ -1,0 +1,141 @@
+//! Reading settlements, attempts and events back: node records with their outputs (inline or
+//! spilled), and cross-run history.
+
+use rusqlite::{Row, params};
+
+use super::SqliteStore;
+use super::rows::{parse_col, usage_from_row};
+use crate::store::{AttemptRecord, AttemptState, Event, NodeRecord, NodeState, Result};
+
+/// The columns of `nodes n`, aliased so that joins can use them.
+const NODE_COLUMNS: &str = "n.run, n.scope, n.node, n.state, n.output, n.output_blob, \
+                            n.action, n.feedback, n.attempts, n.input_tokens, n.output_tokens, \
+                            n.cached_tokens, n.cost_usd, n.started_at, n.finished_at";
+
+const ATTEMPT_COLUMNS: &str = "run, scope, node, attempt, state, agent, dir, error, \
+                               input_tokens, output_tokens, cached_tokens, cost_usd, \
+                               started_at, finished_at";
+
+const EVENT_COLUMNS: &str = "run, at, scope, node, kind, message";
+
+impl SqliteStore {
+    fn node_from_row(
+        &self,
+        row: &Row<'_>,
+    ) -> rusqlite::Result<(NodeRecord, Option<String>, Option<String>)> {
+        let record = NodeRecord {
+            run: row.get(0)?,
+            scope: row.get(1)?,
+            node: row.get(2)?,
+            state: parse_col(row, 3, NodeState::parse)?,
+            output: serde_json::Value::Null,
+            action: row.get(6)?,
+            feedback: row.get(7)?,
+            attempts: row.get(8)?,
+            usage: usage_from_row(row, 9)?,
+            started_at: row.get(13)?,
+            finished_at: row.get(14)?,
+        };
+        Ok((record, row.get(4)?, row.get(5)?))
+    }
+
+    fn query_nodes(&self, sql: &str, params: impl rusqlite::Params) -> Result<Vec<NodeRecord>> {
+        let fail = |e| self.error("cannot read nodes from", e);
+        let mut stmt = self.conn.prepare_cached(sql).map_err(fail)?;
+        let rows = stmt
+            .query_map(params, |row| self.node_from_row(row))
+            .map_err(fail)?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (mut record, inline, blob) = row.map_err(fail)?;
+            record.output = self.load_output(inline, blob)?;
+            out.push(record);
+        }
+        Ok(out)
+    }
+
+    /// [`Store::nodes`](crate::store::Store::nodes).
+    pub(super) fn read_nodes(&self, run: &str) -> Result<Vec<NodeRecord>> {
+        let sql = format!("SELECT {NODE_COLUMNS} FROM nodes n WHERE n.run = ?1 ORDER BY n.rowid");
+        self.query_nodes(&sql, [run])
+    }
+
+    /// [`Store::attempts`](crate::store::Store::attempts).
+    pub(super) fn read_attempts(
+        &self,
+        run: &str,
+        node: Option<&str>,
+    ) -> Result<Vec<AttemptRecord>> {
+        let sql = format!(
+            "SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE run = ?1 AND (?2 IS NULL OR node = ?2) \
+             ORDER BY started_at, scope, node, attempt"
+        );
+        self.conn
+            .prepare_cached(&sql)
+            .and_then(|mut stmt| {
+                stmt.query_map(params![run, node], attempt_from_row)?
+                    .collect()
+            })
+            .map_err(|e| self.error("cannot read attempts from", e))
+    }
+
+    /// [`Store::events`](crate::store::Store::events).
+    pub(super) fn read_events(&self, run: &str, node: Option<&str>) -> Result<Vec<Event>> {
+        let sql = format!(
+            "SELECT {EVENT_COLUMNS} FROM events WHERE run = ?1 AND (?2 IS NULL OR node = ?2) \
+             ORDER BY seq"
+        );
+        self.conn
+            .prepare_cached(&sql)
+            .and_then(|mut stmt| {
+                stmt.query_map(params![run, node], event_from_row)?
+                    .collect()
+            })
+            .map_err(|e| self.error("cannot read events from", e))
+    }
+
+    /// [`Store::history`](crate::store::Store::history).
+    pub(super) fn read_history(
+        &self,
+        workflow: &str,
+        node: &str,
+        except_run: &str,
+        limit: usize,
+    ) -> Result<Vec<(String, NodeRecord)>> {
+        let sql = format!(
+            "SELECT {NODE_COLUMNS} FROM nodes n JOIN runs r ON n.run = r.id \
+             WHERE r.workflow = ?1 AND n.node = ?2 AND r.id != ?3 \
+             ORDER BY r.started_at DESC, r.rowid DESC, n.rowid DESC LIMIT ?4"
+        );
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let records = self.query_nodes(&sql, params![workflow, node, except_run, limit])?;
+        Ok(records.into_iter().map(|n| (n.run.clone(), n)).collect())
+    }
+}
+
+fn attempt_from_row(row: &Row<'_>) -> rusqlite::Result<AttemptRecord> {
+    Ok(AttemptRecord {
+        run: row.get(0)?,
+        scope: row.get(1)?,
+        node: row.get(2)?,
+        attempt: row.get(3)?,
+        state: parse_col(row, 4, AttemptState::parse)?,
+        agent: row.get(5)?,
+        dir: row.get(6)?,
+        error: row.get(7)?,
+        usage: usage_from_row(row, 8)?,
+        started_at: row.get(12)?,
+        finished_at: row.get(13)?,
+    })
+}
+
+fn event_from_row(row: &Row<'_>) -> rusqlite::Result<Event> {
+    Ok(Event {
+        run: row.get(0)?,
+        at: row.get(1)?,
+        scope: row.get(2)?,
+        node: row.get(3)?,
+        kind: row.get(4)?,
+        message: row.get(5)?,
+    })
+}

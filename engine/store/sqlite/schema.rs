@@ -1,0 +1,149 @@
+//! The schema: its tables, and the migrations that bring an older file up to
+//! [`SCHEMA_VERSION`] (versioned with `PRAGMA user_version`).
+
+use rusqlite::TransactionBehavior;
+
+use super::{SqliteStore, sql_error};
+use crate::store::{Result, StoreError};
+
+/// The schema version this build writes.
+pub const SCHEMA_VERSION: i64 = 2;
+
+const SCHEMA_V1: &str = "
+CREATE TABLE runs (
+    id            TEXT PRIMARY KEY,
+    workflow      TEXT NOT NULL,
+    file          TEXT NOT NULL,
+    workflow_hash TEXT NOT NULL,
+    params        TEXT NOT NULL,
+    status        TEXT NOT NULL,
+    exit_name     TEXT,
+    exit_code     INTEGER,
+    started_at    INTEGER NOT NULL,
+    updated_at    INTEGER NOT NULL,
+    dir           TEXT NOT NULL
+);
+CREATE INDEX runs_started ON runs (started_at);
+CREATE INDEX runs_workflow ON runs (workflow, started_at);
+
+-- Write order is the rowid: INSERT OR REPLACE gives a re-settled node a new one.
+CREATE TABLE nodes (
+    run           TEXT NOT NULL,
+    scope         TEXT NOT NULL,
+    node          TEXT NOT NULL,
+    state         TEXT NOT NULL,
+    output        TEXT,             -- JSON text, or NULL when spilled
+    output_blob   TEXT,             -- SHA-256 of the spilled JSON text
+    action        TEXT,
+    feedback      TEXT,
+    attempts      INTEGER NOT NULL,
+    input_tokens  INTEGER NOT NULL,
+    output_tokens INTEGER NOT NULL,
+    cached_tokens INTEGER NOT NULL,
+    cost_usd      REAL,
+    started_at    INTEGER NOT NULL,
+    finished_at   INTEGER NOT NULL,
+    PRIMARY KEY (run, scope, node)
+);
+
+-- An attempt is written when it starts and updated in place when it ends. Without a rowid
+-- the table is one B-tree (no separate key index): one page less per commit.
+CREATE TABLE attempts (
+    run           TEXT NOT NULL,
+    scope         TEXT NOT NULL,
+    node          TEXT NOT NULL,
+    attempt       INTEGER NOT NULL,
+    state         TEXT NOT NULL,
+    agent         TEXT,
+    dir           TEXT NOT NULL,
+    error         TEXT,
+    input_tokens  INTEGER NOT NULL,
+    output_tokens INTEGER NOT NULL,
+    cached_tokens INTEGER NOT NULL,
+    cost_usd      REAL,
+    started_at    INTEGER NOT NULL,
+    finished_at   INTEGER,
+    PRIMARY KEY (run, scope, node, attempt)
+) WITHOUT ROWID;
+
+-- Events are numbered within their run (`seq`, the order of events), keyed by (run, seq)
+-- without a rowid: one B-tree, and a run's events are next to each other.
+CREATE TABLE events (
+    run     TEXT NOT NULL,
+    seq     INTEGER NOT NULL,
+    at      INTEGER NOT NULL,
+    scope   TEXT NOT NULL,
+    node    TEXT NOT NULL,
+    kind    TEXT NOT NULL,
+    message TEXT NOT NULL,
+    PRIMARY KEY (run, seq)
+) WITHOUT ROWID;
+
+-- Gates waiting for an answer; answering removes the row.
+CREATE TABLE gates (
+    run          TEXT NOT NULL,
+    scope        TEXT NOT NULL,
+    gate         TEXT NOT NULL,
+    message      TEXT NOT NULL,
+    show         TEXT NOT NULL,     -- JSON array of paths
+    requested_at INTEGER NOT NULL,
+    deadline     INTEGER,
+    PRIMARY KEY (run, scope, gate)
+);
+
+CREATE TABLE approvals (
+    run      TEXT NOT NULL,
+    scope    TEXT NOT NULL,
+    gate     TEXT NOT NULL,
+    approved INTEGER NOT NULL,
+    comment  TEXT,
+    by       TEXT NOT NULL,
+    at       INTEGER NOT NULL,
+    PRIMARY KEY (run, scope, gate)
+);
+
+CREATE TABLE locks (
+    run   TEXT PRIMARY KEY,
+    pid   INTEGER NOT NULL,
+    host  TEXT NOT NULL,
+    since INTEGER NOT NULL
+);
+";
+
+impl SqliteStore {
+    /// Brings the schema up to [`SCHEMA_VERSION`], one version at a time, in one transaction
+    /// (so two processes opening a new file at once do not both create it).
+    pub(super) fn migrate(&mut self) -> Result<()> {
+        let path = self.path.clone();
+        let fail = |e| sql_error(&path, "cannot set up the schema of", e);
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(fail)?;
+        let version: i64 = tx
+            .pragma_query_value(None, "user_version", |row| row.get(0))
+            .map_err(fail)?;
+        if version > SCHEMA_VERSION {
+            return Err(StoreError::State(format!(
+                "{} was written by a newer ralph-flow (schema version {version}, this one \
+                 knows {SCHEMA_VERSION}); upgrade ralph-flow or use another --state-dir",
+                path.display()
+            )));
+        }
+        if version == SCHEMA_VERSION {
+            return Ok(());
+        }
+        if version < 1 {
+            tx.execute_batch(SCHEMA_V1).map_err(fail)?;
+        }
+        if version < 2 {
+            // The run's own settings that resume must keep (`--replay`, `--record`).
+            tx.execute_batch("ALTER TABLE runs ADD COLUMN options TEXT NOT NULL DEFAULT '{}';")
+                .map_err(fail)?;
+        }
+        // A later version adds `if version < 3 { ... }` here.
+        tx.pragma_update(None, "user_version", SCHEMA_VERSION)
+            .map_err(fail)?;
+        tx.commit().map_err(fail)
+    }
+}

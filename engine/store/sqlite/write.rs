@@ -1,0 +1,112 @@
+//! The statements of a commit's writes (nodes, attempts, events, gates, answers), run in one
+//! transaction.
+
+use rusqlite::{Connection, TransactionBehavior, params};
+
+use super::blobs::Output;
+use super::gates::insert_approval;
+use super::rows::UsageCols;
+use crate::store::Write;
+
+const INSERT_NODE: &str = "INSERT OR REPLACE INTO nodes (run, scope, node, state, output, \
+     output_blob, action, feedback, attempts, input_tokens, output_tokens, cached_tokens, \
+     cost_usd, started_at, finished_at) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)";
+
+const UPSERT_ATTEMPT: &str = "INSERT INTO attempts (run, scope, node, attempt, state, agent, \
+     dir, error, input_tokens, output_tokens, cached_tokens, cost_usd, started_at, finished_at) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) \
+     ON CONFLICT (run, scope, node, attempt) DO UPDATE SET state = excluded.state, \
+     agent = excluded.agent, dir = excluded.dir, error = excluded.error, \
+     input_tokens = excluded.input_tokens, output_tokens = excluded.output_tokens, \
+     cached_tokens = excluded.cached_tokens, cost_usd = excluded.cost_usd, \
+     started_at = excluded.started_at, finished_at = excluded.finished_at";
+
+const INSERT_EVENT: &str = "INSERT INTO events (run, seq, at, scope, node, kind, message) \
+     VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE run = ?1), \
+     ?2, ?3, ?4, ?5, ?6)";
+
+const INSERT_GATE: &str = "INSERT OR REPLACE INTO gates (run, scope, gate, message, show, \
+     requested_at, deadline) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
+
+/// Writes everything in one transaction (raw errors, for the retry of a busy file).
+pub(super) fn write_all(
+    conn: &mut Connection,
+    writes: &[Write],
+    outputs: &[Output],
+    shows: &[Option<String>],
+) -> rusqlite::Result<()> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    for ((write, output), show) in writes.iter().zip(outputs).zip(shows) {
+        match write {
+            Write::Node(n) => {
+                let Output { inline, blob } = output;
+                let (inline, blob) = (inline.as_deref(), blob.as_deref());
+                let u = UsageCols::from(&n.usage);
+                tx.prepare_cached(INSERT_NODE).and_then(|mut stmt| {
+                    stmt.execute(params![
+                        n.run,
+                        n.scope,
+                        n.node,
+                        n.state.as_str(),
+                        inline,
+                        blob,
+                        n.action,
+                        n.feedback,
+                        n.attempts,
+                        u.input,
+                        u.output,
+                        u.cached,
+                        u.cost,
+                        n.started_at,
+                        n.finished_at,
+                    ])
+                })?;
+            }
+            Write::Attempt(a) => {
+                let u = UsageCols::from(&a.usage);
+                tx.prepare_cached(UPSERT_ATTEMPT).and_then(|mut stmt| {
+                    stmt.execute(params![
+                        a.run,
+                        a.scope,
+                        a.node,
+                        a.attempt,
+                        a.state.as_str(),
+                        a.agent,
+                        a.dir,
+                        a.error,
+                        u.input,
+                        u.output,
+                        u.cached,
+                        u.cost,
+                        a.started_at,
+                        a.finished_at,
+                    ])
+                })?;
+            }
+            Write::Event(e) => {
+                tx.prepare_cached(INSERT_EVENT).and_then(|mut stmt| {
+                    stmt.execute(params![e.run, e.at, e.scope, e.node, e.kind, e.message])
+                })?;
+            }
+            Write::Gate(g) => {
+                tx.prepare_cached(INSERT_GATE).and_then(|mut stmt| {
+                    stmt.execute(params![
+                        g.run,
+                        g.scope,
+                        g.gate,
+                        g.message,
+                        show,
+                        g.requested_at,
+                        g.deadline,
+                    ])
+                })?;
+            }
+            Write::Approval(a) => {
+                // An answer (a person's, or the timeout's) ends the wait.
+                insert_approval(&tx, a)?;
+            }
+        }
+    }
+    tx.commit()
+}
