@@ -24,7 +24,8 @@ LangGraph with a SqliteSaver in WAL mode with synchronous=NORMAL and FULL, durab
 optionally a second ralph-flow binary (B) at NORMAL and FULL.
 
 Method. Every measurement is the wall time of a whole process (spawn to exit, reaped with
-os.wait4, which also gives its max RSS), for ralph-flow and for LangGraph alike: interpreter
+os.wait4; its max RSS as GNU time reports it, which leaves out the pages of this Python
+process), for ralph-flow and for LangGraph alike: interpreter
 start, imports and graph compilation are in LangGraph's numbers as parsing, checking and
 opening the store are in ralph-flow's, and both are cancelled by the baseline. The cost per
 stage is (T(N) - T(base)) / (stages(N) - stages(base)), where the baseline is the smallest
@@ -80,9 +81,18 @@ class Proc:
     stderr: str
 
 
+# The max RSS of a process Python starts counts Python's own pages: the child is made with
+# vfork (or fork) and its high-water mark survives the exec. GNU time starts the measured
+# program from its own small process and reports that program's max RSS alone.
+GNU_TIME = "/usr/bin/time" if Path("/usr/bin/time").exists() else None
+
+
 def run_timed(argv: list, cwd: Path, tag: str) -> Proc:
     """Runs a process to its end: wall time from spawn to reaping, exit code, max RSS."""
     out, err = cwd / f"{tag}.stdout", cwd / f"{tag}.stderr"
+    rss_file = cwd / f"{tag}.rss"
+    if GNU_TIME:
+        argv = [GNU_TIME, "-q", "-f", "%M", "-o", str(rss_file), *argv]
     with open(out, "wb") as fo, open(err, "wb") as fe:
         t = time.perf_counter()
         p = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=fo, stderr=fe)
@@ -95,7 +105,13 @@ def run_timed(argv: list, cwd: Path, tag: str) -> Proc:
             raise
         seconds = time.perf_counter() - t
     p.returncode = os.waitstatus_to_exitcode(status)
-    return Proc(seconds, p.returncode, usage.ru_maxrss, out.read_text(), err.read_text())
+    rss_kb = usage.ru_maxrss
+    if GNU_TIME:
+        try:
+            rss_kb = int(rss_file.read_text().split()[-1])
+        except (OSError, ValueError, IndexError):
+            pass
+    return Proc(seconds, p.returncode, rss_kb, out.read_text(), err.read_text())
 
 
 def check_code(proc: Proc, want: int, what: str) -> None:
@@ -651,7 +667,7 @@ def main() -> None:
         "",
         "µs per stage: (whole-process wall time of the run of N stages − that of the smallest run "
         "of the same shape) / (the difference in stages); RSS: the median max RSS of the process "
-        "at N, NORMAL (os.wait4). Resume rows: the whole `ralph-flow resume` process, in ms.",
+        "at N, NORMAL (GNU time; os.wait4 without it). Resume rows: the whole `ralph-flow resume` process, in ms.",
         "",
         "| scenario | N | " + " | ".join(f"{c} µs/stage" if i == 0 else c for i, c in enumerate(cols))
         + " | " + " | ".join(rss_titles[k] for k in rss_cols) + " |",
