@@ -15,7 +15,21 @@ use super::group::processes_with_env;
 /// When a process started, in clock ticks after boot (`/proc/PID/stat`, field 22): with the
 /// pid, it names one process, even after the pid is reused.
 pub fn start_ticks(pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    use std::io::Read;
+    // One read into a buffer (the line is well under 1 KiB), not `read_to_string`'s growing
+    // reads: this runs for every program started.
+    let mut buf = [0u8; 1024];
+    let mut file = std::fs::File::open(format!("/proc/{pid}/stat")).ok()?;
+    let mut len = 0;
+    while len < buf.len() {
+        match file.read(&mut buf[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    let stat = std::str::from_utf8(&buf[..len]).ok()?;
     // The command name (field 2) may hold spaces and parentheses: count from its end.
     let rest = stat.rsplit_once(')')?.1;
     rest.split_whitespace().nth(19)?.parse().ok()
@@ -51,6 +65,38 @@ impl Drop for PidFile {
     }
 }
 
+/// The process logs open for appending, most recent last: a run starts thousands of
+/// programs, and each would otherwise open and close its log twice. A few are kept (a run
+/// and its subflows share one); the oldest is closed when another is opened.
+static OPEN_LOGS: std::sync::Mutex<Vec<(PathBuf, std::fs::File)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// How many process logs stay open.
+const OPEN_LOGS_KEPT: usize = 4;
+
+/// Appends a line to a process log in one `write` (an append of a few bytes is atomic), the
+/// file kept open.
+fn append_to_log(path: &Path, line: &[u8]) -> std::io::Result<()> {
+    let mut logs = OPEN_LOGS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let i = match logs.iter().position(|(p, _)| p == path) {
+        Some(i) => i,
+        None => {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)?;
+            if logs.len() >= OPEN_LOGS_KEPT {
+                logs.remove(0);
+            }
+            logs.push((path.to_path_buf(), file));
+            logs.len() - 1
+        }
+    };
+    logs[i].1.write_all(line)
+}
+
 /// A program's lines in a process log: `start` now, `end` when dropped.
 pub(super) struct ProcessLogEntry {
     path: PathBuf,
@@ -68,12 +114,8 @@ impl ProcessLogEntry {
     }
 
     fn append(&self, what: &str) {
-        let written = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.path)
-            .and_then(|mut f| f.write_all(format!("{what} {}\n", self.line).as_bytes()));
-        if let Err(e) = written {
+        let line = format!("{what} {}\n", self.line);
+        if let Err(e) = append_to_log(&self.path, line.as_bytes()) {
             tracing::warn!("cannot write {}: {e}", self.path.display());
         }
     }
@@ -200,6 +242,37 @@ mod tests {
         // Group 10 ended once and started again (a reused pid, another start time).
         assert_eq!(unended(&log), vec![(11, 110), (10, 200)]);
         assert!(unended(&tmp.path().join("none")).is_empty());
+    }
+
+    #[test]
+    fn the_start_time_is_read_from_proc() {
+        let pid = i32::try_from(std::process::id()).unwrap_or(0);
+        let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let expected: Option<u64> = text
+            .rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().nth(19)?.parse().ok());
+        assert!(expected.is_some(), "{text}");
+        assert_eq!(start_ticks(pid), expected);
+        assert_eq!(start_ticks(-1), None);
+    }
+
+    #[test]
+    fn a_log_kept_open_gets_every_line_of_every_run() {
+        let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        // More logs than are kept open: the oldest is closed and opened again.
+        let logs: Vec<PathBuf> = (0..OPEN_LOGS_KEPT + 2)
+            .map(|i| tmp.path().join(format!("p{i}")))
+            .collect();
+        for round in 0..3 {
+            for log in &logs {
+                append_to_log(log, format!("start {round} 1\n").as_bytes())
+                    .unwrap_or_else(|e| panic!("{e}"));
+            }
+        }
+        for log in &logs {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            assert_eq!(text, "start 0 1\nstart 1 1\nstart 2 1\n");
+        }
     }
 
     #[tokio::test]
