@@ -56,9 +56,6 @@ pub enum StageError {
         #[source]
         source: SpreadError,
     },
-    /// A limit written over params.
-    #[error(transparent)]
-    Param(#[from] ParamError),
     /// A `when` or an escalation rule that could not be evaluated.
     #[error("{what} could not be evaluated")]
     Condition {
@@ -76,9 +73,6 @@ pub enum StageError {
         #[source]
         source: WorktreeError,
     },
-    /// A subflow that cannot run.
-    #[error(transparent)]
-    Subflow(Box<RunError>),
 }
 
 /// Why a git worktree could not be made or removed.
