@@ -123,6 +123,11 @@ impl ReplayBackend {
                     prompt_sha256: ex.prompt_sha256,
                 });
         }
+        // Most places were called once: a queue keeps room for four by default.
+        for queue in answers.values_mut() {
+            queue.shrink_to_fit();
+        }
+        answers.shrink_to_fit();
         Ok(ReplayBackend {
             answers: Mutex::new(answers),
             file: path.display().to_string(),
