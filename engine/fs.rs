@@ -142,6 +142,27 @@ pub fn base_dir(sources: &Sources, span: Span) -> PathBuf {
         .unwrap_or_default()
 }
 
+/// A file or directory that could not be read, written or made: what was being done, and
+/// where. The one I/O error of every layer (the store, presets, worktrees, the run's files).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot {what} {}", path.display())]
+pub struct IoFailure {
+    pub what: &'static str,
+    pub path: PathBuf,
+    #[source]
+    pub source: std::io::Error,
+}
+
+impl IoFailure {
+    pub fn new(what: &'static str, path: impl AsRef<Path>, source: std::io::Error) -> Self {
+        IoFailure {
+            what,
+            path: path.as_ref().to_path_buf(),
+            source,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

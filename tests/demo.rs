@@ -2,21 +2,10 @@
 //! and run, as written, in a clean git checkout of the files it needs.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap().flatten() {
-        let p = e.path();
-        let dest = to.join(e.file_name());
-        if p.is_dir() {
-            copy_dir(&p, &dest);
-        } else {
-            std::fs::copy(&p, &dest).unwrap();
-        }
-    }
-}
 
 #[test]
 fn the_readme_demo_runs_offline_and_ends_clean() {
@@ -30,31 +19,7 @@ fn the_readme_demo_runs_offline_and_ends_clean() {
         .trim_start_matches("cargo run -- ")
         .split_whitespace()
         .collect();
-    let dir = tempfile::tempdir().unwrap();
-    for d in ["workflows", "prompts", "schemas", "examples"] {
-        copy_dir(&root.join(d), &dir.path().join(d));
-    }
-    std::fs::write(dir.path().join(".gitignore"), ".ralph-flow/\n").unwrap();
-    let git = |a: &[&str]| {
-        let ok = Command::new("git")
-            .args(a)
-            .current_dir(dir.path())
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "git {a:?}");
-    };
-    git(&["init", "-q", "-b", "main"]);
-    git(&["add", "-A"]);
-    git(&[
-        "-c",
-        "user.email=demo@example.com",
-        "-c",
-        "user.name=demo",
-        "commit",
-        "-qm",
-        "demo",
-    ]);
+    let dir = common::demo_checkout();
     let out = Command::new(env!("CARGO_BIN_EXE_ralph-flow"))
         .args(&args)
         .args(["--json", "--progress", "plain"])

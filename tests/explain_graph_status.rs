@@ -8,6 +8,8 @@
 //! the temporary directory by `[dir]`, the workflow's content hash by `[hash]`.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -80,50 +82,11 @@ fn graph_draws_mermaid_by_default() {
     );
 }
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap().flatten() {
-        let p = e.path();
-        let dest = to.join(e.file_name());
-        if p.is_dir() {
-            copy_dir(&p, &dest);
-        } else {
-            std::fs::copy(&p, &dest).unwrap();
-        }
-    }
-}
-
 /// Runs the README's demo in a clean git checkout and returns the directory and the run id.
 /// `--max-concurrency 1` makes the order in which a body's stages settle (and `status` lists
 /// them) the body's order: `clean_tree` and `stats` both wait only on `review`.
 fn demo_run() -> (tempfile::TempDir, String) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let dir = tempfile::tempdir().unwrap();
-    for d in ["workflows", "prompts", "schemas", "examples"] {
-        copy_dir(&root.join(d), &dir.path().join(d));
-    }
-    std::fs::write(dir.path().join(".gitignore"), ".ralph-flow/\n").unwrap();
-    for args in [
-        &["init", "-q", "-b", "main"][..],
-        &["add", "-A"],
-        &[
-            "-c",
-            "user.email=demo@example.com",
-            "-c",
-            "user.name=demo",
-            "commit",
-            "-qm",
-            "demo",
-        ],
-    ] {
-        let ok = Command::new("git")
-            .args(args)
-            .current_dir(dir.path())
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "git {args:?}");
-    }
+    let dir = common::demo_checkout();
     let out = ralph(
         dir.path(),
         &[

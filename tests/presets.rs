@@ -14,20 +14,7 @@ use common::Project;
 fn with_presets(p: &Project) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     for dir in ["workflows", "prompts", "schemas"] {
-        copy_dir(&root.join(dir), &p.dir().join(dir));
-    }
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let target = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &target);
-        } else {
-            std::fs::copy(e.path(), target).unwrap();
-        }
+        common::copy_dir(&root.join(dir), &p.dir().join(dir));
     }
 }
 

@@ -2,6 +2,8 @@
 //! mutated workflows compile, run, and show their runs (`status`, `logs`, `resume`) without a
 //! panic or a hang, ending with a documented exit code.
 
+mod common;
+
 use ralph_flow::diag::Diagnostics;
 use ralph_flow::fs::FileSystem;
 use ralph_flow::load::Loader;
@@ -463,19 +465,6 @@ fn assert_sane(ran: &Ran, allowed: &[i32], what: &dyn Fn() -> String) {
     );
 }
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).expect("a directory");
-    for e in std::fs::read_dir(from).expect("a directory").flatten() {
-        let p = e.path();
-        let dest = to.join(e.file_name());
-        if p.is_dir() {
-            copy_dir(&p, &dest);
-        } else {
-            std::fs::copy(&p, &dest).expect("a copy");
-        }
-    }
-}
-
 /// A scratch git repository with the presets, their prompts and schemas, the demo, and the
 /// valid check fixtures (as `fx/`, the workflows they extend, include or call made harmless).
 fn lab() -> tempfile::TempDir {
@@ -483,9 +472,9 @@ fn lab() -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let d = dir.path();
     for sub in ["workflows", "prompts", "schemas", "examples"] {
-        copy_dir(&root.join(sub), &d.join(sub));
+        common::copy_dir(&root.join(sub), &d.join(sub));
     }
-    copy_dir(&root.join("tests/fixtures/check/valid"), &d.join("fx"));
+    common::copy_dir(&root.join("tests/fixtures/check/valid"), &d.join("fx"));
     let mut rng = Rng(7);
     for path in workflow_files(&d.join("fx/support")) {
         let (mut tree, kdl) = parse_file(&path);
@@ -501,28 +490,7 @@ fn lab() -> tempfile::TempDir {
     ] {
         std::fs::write(d.join(file), text).expect("a file");
     }
-    for args in [
-        &["init", "-q", "-b", "main"][..],
-        &["add", "-A"],
-        &[
-            "-c",
-            "user.email=t@example.com",
-            "-c",
-            "user.name=t",
-            "commit",
-            "-qm",
-            "lab",
-        ],
-    ] {
-        let ok = Command::new("git")
-            .args(args)
-            .current_dir(d)
-            .stdout(Stdio::null())
-            .status()
-            .expect("git runs")
-            .success();
-        assert!(ok, "git {args:?}");
-    }
+    common::commit_all(d);
     dir
 }
 

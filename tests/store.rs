@@ -270,7 +270,8 @@ fn group_commit_is_atomic() {
         Write::Event(event("r", "c", "boom", 2)),
     ];
     let err = s.commit(&failing).expect_err("the trigger refuses");
-    assert!(err.to_string().contains("boom refused"), "{err}");
+    let err = ralph_flow::diag::error_chain(&err);
+    assert!(err.contains("boom refused"), "{err}");
     assert_eq!(s.nodes("r").expect("nodes").len(), 8);
     assert!(s.attempts("r", Some("c")).expect("attempts").is_empty());
     assert_eq!(s.events("r", None).expect("events").len(), 8);

@@ -466,7 +466,10 @@ pub fn answer(args: &AnswerArgs, approved: bool) -> i32 {
         ),
     };
     if let Err(e) = store.commit(&[ralph_flow::store::Write::Event(event)]) {
-        eprintln!("warning: the answer is recorded, but not its event: {e}");
+        eprintln!(
+            "warning: the answer is recorded, but not its event: {}",
+            error_chain(&e)
+        );
     }
     let next = if run.status == RunStatus::Running {
         "the run picks the answer up".to_string()

@@ -17,13 +17,8 @@ pub enum PresetError {
     )]
     NotACommit { url: String, commit: String },
     /// A file or directory of the cache or of a lockfile.
-    #[error("cannot {what} {}", path.display())]
-    Io {
-        what: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] crate::fs::IoFailure),
     /// git or tar could not be started.
     #[error("cannot run {0}")]
     Spawn(&'static str, #[source] std::io::Error),

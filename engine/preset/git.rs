@@ -86,10 +86,12 @@ pub fn fetch(url: &str, rev: &str, locked: Option<&str>) -> Result<Fetched, Pres
     }
     let cache = cache_dir();
     let repos = cache.join("git").join("repos");
-    std::fs::create_dir_all(&repos).map_err(|source| PresetError::Io {
-        what: "create the cache",
-        path: repos.clone(),
-        source,
+    std::fs::create_dir_all(&repos).map_err(|source| {
+        PresetError::Io(crate::fs::IoFailure::new(
+            "create the cache",
+            &repos,
+            source,
+        ))
     })?;
     let key = format!("{:x}", Sha256::digest(url.as_bytes()))[..16].to_string();
     let bare = repos.join(format!("{key}.git"));
@@ -147,11 +149,8 @@ pub fn fetch(url: &str, rev: &str, locked: Option<&str>) -> Result<Fetched, Pres
     if !dir.exists() {
         extract(&bare, &commit, &dir)?;
     }
-    let hash = tree_hash(&dir).map_err(|source| PresetError::Io {
-        what: "read",
-        path: dir.clone(),
-        source,
-    })?;
+    let hash = tree_hash(&dir)
+        .map_err(|source| PresetError::Io(crate::fs::IoFailure::new("read", &dir, source)))?;
     Ok(Fetched { commit, hash, dir })
 }
 
@@ -188,7 +187,7 @@ fn resolve_rev(bare: &Path, rev: &str) -> Option<String> {
 fn extract(bare: &Path, commit: &str, dir: &Path) -> Result<(), PresetError> {
     let io = |what: &'static str, path: &Path| {
         let path = path.to_path_buf();
-        move |source| PresetError::Io { what, path, source }
+        move |source| PresetError::Io(crate::fs::IoFailure::new(what, path, source))
     };
     let parent = dir.parent().unwrap_or(dir);
     std::fs::create_dir_all(parent).map_err(io("create", parent))?;

@@ -102,11 +102,9 @@ pub fn read(dir: &Path) -> Result<LockFile, PresetError> {
             version: VERSION,
             sources: Vec::new(),
         }),
-        Err(source) => Err(PresetError::Io {
-            what: "read",
-            path,
-            source,
-        }),
+        Err(source) => Err(PresetError::Io(crate::fs::IoFailure::new(
+            "read", path, source,
+        ))),
     }
 }
 
@@ -122,11 +120,7 @@ pub fn write(dir: &Path, lock: &LockFile) -> Result<(), PresetError> {
         .and_then(|()| std::fs::rename(&tmp, &path))
         .map_err(|source| {
             let _ = std::fs::remove_file(&tmp);
-            PresetError::Io {
-                what: "write",
-                path,
-                source,
-            }
+            PresetError::Io(crate::fs::IoFailure::new("write", path, source))
         })
 }
 

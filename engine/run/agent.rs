@@ -299,11 +299,7 @@ impl Exec<'_> {
         let attempt = |i: usize| async move {
             let cfg = &self.agents[chain[i]];
             let backend = self.backend(chain[i]).map_err(|e| CallError::Missing {
-                // The caller names the agent: say only why.
-                message: match &e {
-                    RunError::Agent { source, .. } => crate::diag::error_chain(&**source),
-                    other => other.message(),
-                },
+                message: crate::diag::error_chain(&e),
             })?;
             let mut this = call.clone();
             this.model = cfg.model.clone();

@@ -61,14 +61,14 @@ impl Inner {
             {
                 Ok(f) => self.file = Some(f),
                 Err(e) => {
-                    self.fail(IoFailure::new("write", &self.path, e));
+                    self.fail(std::sync::Arc::new(IoFailure::new("write", &self.path, e)));
                     return;
                 }
             }
         }
         if let Some(f) = &mut self.file {
             if let Err(e) = f.write_all(lines.as_bytes()) {
-                self.fail(IoFailure::new("write", &self.path, e));
+                self.fail(std::sync::Arc::new(IoFailure::new("write", &self.path, e)));
             }
         }
     }

@@ -110,7 +110,8 @@ impl Exec<'_> {
     pub(super) fn ready_to_start(&self, dir: Option<&Path>) -> bool {
         if let Some(dir) = dir {
             if let Err(e) = std::fs::create_dir_all(dir) {
-                self.shared.io_failed(IoFailure::new("create", dir, e));
+                self.shared
+                    .io_failed(std::sync::Arc::new(IoFailure::new("create", dir, e)));
                 return false;
             }
         }

@@ -127,7 +127,13 @@ impl Exec<'_> {
             tokens |= b.tokens.is_some();
         }
         for (i, a) in self.agents.iter().enumerate() {
-            let caps = self.backend(i)?.capabilities();
+            let caps = self
+                .backend(i)
+                .map_err(|e| RunError::Agent {
+                    agent: a.name.clone(),
+                    source: Box::new(e),
+                })?
+                .capabilities();
             let mut missing = Vec::new();
             if cost && !caps.cost {
                 missing.push("cost");

@@ -100,12 +100,11 @@ impl Exec<'_> {
                 let out = match process::run(&spec).await {
                     Ok(o) => o,
                     Err(e) => {
-                        // Most of these errors name the program already.
-                        let program = spec.argv.first().cloned().unwrap_or_default();
                         let why = crate::diag::error_chain(&e);
-                        let msg = if why.contains(&format!("`{program}`")) {
+                        let msg = if e.names_program() {
                             why
                         } else {
+                            let program = spec.argv.first().cloned().unwrap_or_default();
                             format!("`{program}` could not start: {why}")
                         };
                         self.attempt_record(

@@ -4,8 +4,8 @@
 //! [`StageError`] fails one stage, which then takes its `on_error`.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
+pub use crate::fs::IoFailure;
 use crate::params::ParamError;
 use crate::store::StoreError;
 use crate::template::SpreadError;
@@ -93,13 +93,8 @@ pub enum WorktreeError {
     #[error("git {command} failed: {stderr}")]
     Git { command: String, stderr: String },
     /// A file or directory of the worktree or its lock.
-    #[error("cannot {what} {}", path.display())]
-    Io {
-        what: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] IoFailure),
     /// The lock that serializes worktree changes could not be taken.
     #[error("cannot lock {}", path.display())]
     Lock {
@@ -115,13 +110,8 @@ pub enum RunError {
     #[error(transparent)]
     Store(#[from] StoreError),
     /// The state directory, a run directory, a file of the run.
-    #[error("cannot {what} {}", path.display())]
-    Io {
-        what: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] IoFailure),
     #[error("there is no run `{0}`; `ralph-flow runs` lists them")]
     NoSuchRun(String),
     #[error("run `{id}` has finished (exit {exit}); start a new one with `ralph-flow run`")]
@@ -146,7 +136,7 @@ pub enum RunError {
     Stage {
         stage: String,
         #[source]
-        source: Cause,
+        source: super::extract::OutputSpecError,
     },
     /// A resource whose capacity does not resolve.
     #[error("resource `{resource}`")]
@@ -188,40 +178,20 @@ pub enum Halt {
     Artifacts(#[source] std::sync::Arc<IoFailure>),
 }
 
-/// A file or directory of the run's state that could not be written.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot {what} {}", path.display())]
-pub struct IoFailure {
-    pub what: &'static str,
-    pub path: PathBuf,
-    #[source]
-    pub source: std::io::Error,
-}
-
 impl From<minijinja::Error> for TemplateError {
     fn from(e: minijinja::Error) -> Self {
         TemplateError::Render(e)
     }
 }
 
-impl IoFailure {
-    pub fn new(what: &'static str, path: &std::path::Path, source: std::io::Error) -> Arc<Self> {
-        Arc::new(IoFailure {
-            what,
-            path: path.to_path_buf(),
-            source,
-        })
-    }
-}
-
 impl RunError {
     /// A file operation that failed.
-    pub fn io(what: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        RunError::Io {
-            what,
-            path: path.into(),
-            source,
-        }
+    pub fn io(
+        what: &'static str,
+        path: impl AsRef<std::path::Path>,
+        source: std::io::Error,
+    ) -> Self {
+        RunError::Io(IoFailure::new(what, path, source))
     }
 
     /// The whole message, causes included.

@@ -299,7 +299,7 @@ impl<'p> Exec<'p> {
                 let ex =
                     Extractor::new(st.output.as_deref(), schema).map_err(|e| RunError::Stage {
                         stage: node.name.clone(),
-                        source: Box::new(e),
+                        source: e,
                     })?;
                 extractors.insert(id, ex);
             }
@@ -400,17 +400,15 @@ impl<'p> Exec<'p> {
     }
 
     /// Builds (once) and returns the backend of an agent.
-    pub fn backend(&self, agent: usize) -> Result<Arc<dyn Backend>, RunError> {
+    /// Fails with why the backend cannot be built; the caller names the agent.
+    pub fn backend(&self, agent: usize) -> Result<Arc<dyn Backend>, crate::backend::BuildError> {
         let cfg = &self.agents[agent];
         if let Some(b) = self.backends.borrow().get(&cfg.name) {
             return Ok(b.clone());
         }
         let b: Arc<dyn Backend> = match &self.shared.replay {
             Some(r) => r.clone(),
-            None => Arc::from(crate::backend::build(cfg).map_err(|e| RunError::Agent {
-                agent: cfg.name.clone(),
-                source: e.into(),
-            })?),
+            None => Arc::from(crate::backend::build(cfg)?),
         };
         let b: Arc<dyn Backend> = match &self.shared.recorder {
             Some(rec) => Arc::new(rec.wrap(b, &cfg.name)),

@@ -161,7 +161,7 @@ impl Exec<'_> {
                             at: now_ms(),
                         };
                         if let Err(e) = self.shared.store.borrow_mut().answer(&approval) {
-                            tracing::warn!("gate timeout: {e}");
+                            tracing::warn!("gate timeout: {}", crate::diag::error_chain(&e));
                         }
                         self.shared.event(
                             &scope,

@@ -21,7 +21,9 @@ pub fn register(
                 .map_err(|_| Error::new(ErrorKind::InvalidOperation, "the store is unusable"))?;
             let rows = store
                 .history(&workflow, &stage, &current_run, n.unwrap_or(5))
-                .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+                .map_err(|e| {
+                    Error::new(ErrorKind::InvalidOperation, crate::diag::error_chain(&e))
+                })?;
             let out: Vec<serde_json::Value> = rows
                 .into_iter()
                 .map(|(run, rec)| {

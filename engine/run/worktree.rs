@@ -60,11 +60,7 @@ async fn repo_lock(repo: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, Work
         .truncate(false)
         .write(true)
         .open(&path)
-        .map_err(|source| WorktreeError::Io {
-            what: "open",
-            path: path.clone(),
-            source,
-        })?;
+        .map_err(|source| WorktreeError::Io(crate::fs::IoFailure::new("open", &path, source)))?;
     let lock_failed = |source: Cause| WorktreeError::Lock {
         path: path.clone(),
         source,
@@ -102,10 +98,8 @@ pub async fn ensure(
     let _held = WORKTREES.lock().await;
     let _locked = repo_lock(repo).await?;
     if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).map_err(|source| WorktreeError::Io {
-            what: "create",
-            path: parent.to_path_buf(),
-            source,
+        std::fs::create_dir_all(parent).map_err(|source| {
+            WorktreeError::Io(crate::fs::IoFailure::new("create", parent, source))
         })?;
     }
     // A worktree whose directory vanished is still registered: forget it first.

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// SQLite failed on the store file.
-    #[error("{what} {}: {source}", path.display())]
+    #[error("{what} {}", path.display())]
     Sqlite {
         what: String,
         path: PathBuf,
@@ -26,15 +26,10 @@ pub enum StoreError {
         source: rusqlite::Error,
     },
     /// A file or directory beside the store (its directory, a spilled output) failed.
-    #[error("{what} {}: {source}", path.display())]
-    Io {
-        what: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] crate::fs::IoFailure),
     /// A value could not be written or read as JSON.
-    #[error("{what}: {source}")]
+    #[error("{what}")]
     Json {
         what: &'static str,
         #[source]
@@ -53,11 +48,7 @@ pub enum StoreError {
 impl StoreError {
     /// A file operation that failed.
     pub fn io(what: &'static str, path: &std::path::Path, source: std::io::Error) -> Self {
-        StoreError::Io {
-            what,
-            path: path.to_path_buf(),
-            source,
-        }
+        StoreError::Io(crate::fs::IoFailure::new(what, path, source))
     }
 
     /// A JSON conversion that failed.

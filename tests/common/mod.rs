@@ -276,3 +276,56 @@ impl Running {
         }
     }
 }
+
+/// Copies a directory tree.
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let p = e.path();
+        let dest = to.join(e.file_name());
+        if p.is_dir() {
+            copy_dir(&p, &dest);
+        } else {
+            std::fs::copy(&p, &dest).unwrap();
+        }
+    }
+}
+
+/// Makes `dir` a git repository (branch `main`) whose one commit holds everything in it.
+pub fn commit_all(dir: &Path) {
+    for args in [
+        &["init", "-q", "-b", "main"][..],
+        &["add", "-A"],
+        &[
+            "-c",
+            "user.email=t@example.com",
+            "-c",
+            "user.name=t",
+            "commit",
+            "-qm",
+            "scratch",
+        ],
+    ] {
+        let ok = Command::new("git")
+            .args(args)
+            .current_dir(dir)
+            .stdout(Stdio::null())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "git {args:?}");
+    }
+}
+
+/// A clean git checkout of what the README's demo needs: the presets, their prompts and
+/// schemas, and the examples (`.ralph-flow/` ignored).
+pub fn demo_checkout() -> tempfile::TempDir {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().unwrap();
+    for d in ["workflows", "prompts", "schemas", "examples"] {
+        copy_dir(&root.join(d), &dir.path().join(d));
+    }
+    std::fs::write(dir.path().join(".gitignore"), ".ralph-flow/\n").unwrap();
+    commit_all(dir.path());
+    dir
+}

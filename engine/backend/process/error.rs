@@ -39,6 +39,17 @@ pub enum SpawnFailure {
 
 /// Errors are equal when they are of the same kind and say the same (I/O errors have no
 /// equality of their own).
+impl SpawnError {
+    /// Tells whether the message names the program (an empty command or a missing working
+    /// directory does not: the caller says which program could not start).
+    pub fn names_program(&self) -> bool {
+        !matches!(
+            self,
+            SpawnError::Other(SpawnFailure::EmptyCommand | SpawnFailure::NoWorkingDirectory(_))
+        )
+    }
+}
+
 impl PartialEq for SpawnError {
     fn eq(&self, other: &Self) -> bool {
         match (self, other) {
@@ -49,5 +60,22 @@ impl PartialEq for SpawnError {
             }
             _ => false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_errors_that_name_the_program_say_so() {
+        let not_found = SpawnError::NotFound {
+            program: "x".into(),
+        };
+        assert!(not_found.names_program() && not_found.to_string().contains("`x`"));
+        let empty = SpawnError::Other(SpawnFailure::EmptyCommand);
+        assert!(!empty.names_program());
+        let cwd = SpawnError::Other(SpawnFailure::NoWorkingDirectory("/nope".into()));
+        assert!(!cwd.names_program() && !cwd.to_string().contains('`'));
     }
 }
