@@ -18,6 +18,7 @@ pub mod params;
 pub mod preset;
 pub mod run;
 pub mod secrets;
+pub mod serve;
 pub mod shell;
 pub mod source;
 pub mod spec;

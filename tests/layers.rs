@@ -21,6 +21,7 @@ const LAYERS: &[&[&str]] = &[
     &["store"],
     &["backend"],
     &["run"],
+    &["serve"],
 ];
 
 fn layer(module: &str) -> Option<usize> {

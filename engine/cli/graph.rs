@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use ralph_flow::compile::render::{GraphFormat, render};
 use ralph_flow::compile::{compile, explain::explain as describe};
+use ralph_flow::serve::layout;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -30,6 +31,8 @@ pub struct ExplainArgs {
 enum Format {
     Mermaid,
     Dot,
+    /// An SVG file, laid out by ralph-flow (no Graphviz needed), as the monitor draws it.
+    Svg,
 }
 
 pub fn run(args: &Args) -> i32 {
@@ -37,10 +40,18 @@ pub fn run(args: &Args) -> i32 {
         return super::EXIT_CONFIG;
     };
     let format = match args.format {
-        Format::Mermaid => GraphFormat::Mermaid,
-        Format::Dot => GraphFormat::Dot,
+        Format::Mermaid => Some(GraphFormat::Mermaid),
+        Format::Dot => Some(GraphFormat::Dot),
+        Format::Svg => None,
     };
-    match super::with_checked(&args.file, &sets, false, |c| render(&compile(c), format)) {
+    let draw = |c: &ralph_flow::check::Checked<'_>| {
+        let plan = compile(c);
+        match format {
+            Some(f) => render(&plan, f),
+            None => layout::standalone(&layout::draw(&plan)),
+        }
+    };
+    match super::with_checked(&args.file, &sets, false, draw) {
         Ok(text) => {
             print!("{text}");
             0

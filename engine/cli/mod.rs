@@ -7,6 +7,7 @@ mod presets;
 mod run;
 mod runs;
 mod schema;
+mod serve;
 mod sync;
 
 use std::io::IsTerminal;
@@ -66,6 +67,8 @@ enum Command {
     Presets(presets::Args),
     /// Write a project-local workflow that extends a preset.
     Init(presets::InitArgs),
+    /// Serve a live web monitor of the runs (on 127.0.0.1, behind a printed access token).
+    Serve(serve::Args),
 }
 
 /// Runs the command line and returns the process exit code.
@@ -100,6 +103,7 @@ pub fn main() -> i32 {
         Command::Export(args) => runs::export(&args),
         Command::Presets(args) => presets::run(&args),
         Command::Init(args) => presets::init(&args),
+        Command::Serve(args) => serve::run(&args),
     }
 }
 

@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ralph_flow::run::progress::Mode;
-use ralph_flow::run::{RunEnd, RunOptions, execute, now_ms, prepare_fetching};
+use ralph_flow::run::{RunEnd, RunOptions, execute, prepare_fetching};
 use ralph_flow::store::sqlite::{SqliteStore, default_path};
-use ralph_flow::store::{Approval, RunStatus, Store};
+use ralph_flow::store::{RunStatus, Store};
 
 use super::EXIT_CONFIG;
 
@@ -58,14 +58,14 @@ enum ProgressArg {
     Quiet,
 }
 
-fn duration(s: &str) -> Result<Duration, NotADuration> {
+pub(super) fn duration(s: &str) -> Result<Duration, NotADuration> {
     ralph_flow::model::parse_duration(s).ok_or_else(|| NotADuration(s.to_string()))
 }
 
 /// A command-line duration that does not parse.
 #[derive(Debug, thiserror::Error)]
 #[error("`{0}` is not a duration (such as 500ms, 2s, 1m)")]
-struct NotADuration(String);
+pub(super) struct NotADuration(String);
 
 /// Why `run` or `resume` could not go on.
 #[derive(Debug, thiserror::Error)]
@@ -384,6 +384,7 @@ pub fn resume(args: &ResumeArgs) -> i32 {
 
 /// `ralph-flow approve` and `ralph-flow reject`.
 pub fn answer(args: &AnswerArgs, approved: bool) -> i32 {
+    use ralph_flow::run::answer::{AnswerError, answer};
     if !approved && args.comment.is_none() {
         return fail("a rejection needs --comment: it is the feedback of the next attempt");
     }
@@ -391,95 +392,44 @@ pub fn answer(args: &AnswerArgs, approved: bool) -> i32 {
         Ok(s) => s,
         Err(e) => return fail(&error_chain(&e)),
     };
-    let run = match store.run(&args.run) {
-        Ok(Some(r)) => r,
-        Ok(None) => return fail(&format!("there is no run `{}`", args.run)),
-        Err(e) => return fail(&error_chain(&e)),
-    };
-    let pending = store.pending_gates(&run.id).unwrap_or_default();
-    // `SCOPE/GATE` names one waiting gate; a bare id names the gate wherever it waits, if it
-    // waits in one place only.
-    let matching: Vec<&ralph_flow::store::GateRequest> =
-        match pending.iter().find(|g| g.qualified() == args.gate) {
-            Some(g) => vec![g],
-            None => pending.iter().filter(|g| g.gate == args.gate).collect(),
-        };
-    let gate = match matching.as_slice() {
-        [one] => *one,
-        [] => {
-            let waiting: Vec<String> = pending.iter().map(|g| g.qualified()).collect();
-            return fail(&format!(
-                "gate `{}` of run `{}` is not waiting for an answer{}",
-                args.gate,
-                run.id,
-                if waiting.is_empty() {
-                    "; no gate of this run is waiting".to_string()
-                } else {
-                    format!("; waiting: {}", waiting.join(", "))
-                }
-            ));
-        }
-        several => {
-            let names: Vec<String> = several.iter().map(|g| g.qualified()).collect();
-            return fail(&format!(
-                "gate `{}` of run `{}` waits in {} places: {}; name one of them, as in `ralph-flow approve {} {}`",
-                args.gate,
-                run.id,
-                several.len(),
-                names.join(", "),
-                run.id,
-                ralph_flow::shell::quote(&names[0])
-            ));
-        }
-    };
     let by = args
         .by
         .clone()
         .or_else(|| std::env::var("USER").ok())
         .unwrap_or_else(|| "unknown".into());
-    let approval = Approval {
-        run: run.id.clone(),
-        scope: gate.scope.clone(),
-        gate: gate.gate.clone(),
+    let answered = match answer(
+        &mut store,
+        &args.run,
+        &args.gate,
         approved,
-        comment: args.comment.clone(),
-        by: by.clone(),
-        at: now_ms(),
+        args.comment.clone(),
+        &by,
+    ) {
+        Ok(a) => a,
+        Err(AnswerError::NoComment) => {
+            return fail("a rejection needs --comment: it is the feedback of the next attempt");
+        }
+        Err(e) => return fail(&error_chain(&e)),
     };
-    if let Err(e) = store.answer(&approval) {
-        return fail(&error_chain(&e));
-    }
-    let verb = if approved { "approved" } else { "rejected" };
-    let event = ralph_flow::store::Event {
-        run: run.id.clone(),
-        at: approval.at,
-        scope: approval.scope.clone(),
-        node: approval.gate.clone(),
-        kind: verb.to_string(),
-        message: format!(
-            "{verb} by {by}{}",
-            approval
-                .comment
-                .as_ref()
-                .map(|c| format!(": {c}"))
-                .unwrap_or_default()
-        ),
-    };
-    if let Err(e) = store.commit(&[ralph_flow::store::Write::Event(event)]) {
+    if let Some(e) = &answered.event_error {
         eprintln!(
             "warning: the answer is recorded, but not its event: {}",
-            error_chain(&e)
+            error_chain(e)
         );
     }
-    let next = if run.status == RunStatus::Running {
+    let verb = if approved { "approved" } else { "rejected" };
+    let next = if answered.run_running {
         "the run picks the answer up".to_string()
     } else {
-        format!("continue the run with `ralph-flow resume {}`", run.id)
+        format!(
+            "continue the run with `ralph-flow resume {}`",
+            answered.approval.run
+        )
     };
     eprintln!(
         "{verb} gate `{}` of run {} as {by}; {next}",
-        gate.qualified(),
-        run.id
+        answered.gate.qualified(),
+        answered.approval.run
     );
     0
 }

@@ -27,7 +27,8 @@ fn ident(name: &str) -> String {
         .collect()
 }
 
-fn region_label(plan: &Plan, id: NodeId) -> String {
+/// The title of a region (loop, for_each, group) as drawings show it.
+pub fn region_label(plan: &Plan, id: NodeId) -> String {
     let s = plan.stage(id);
     match &s.body {
         StageBody::Loop {
@@ -59,7 +60,8 @@ fn region_label(plan: &Plan, id: NodeId) -> String {
     }
 }
 
-fn node_label(plan: &Plan, id: NodeId) -> String {
+/// The label of a stage as drawings show it: its id, then what it runs, then the resource it holds.
+pub fn node_label(plan: &Plan, id: NodeId) -> String {
     let s = plan.stage(id);
     let detail = match &s.body {
         StageBody::Agent { agent, .. } => agent.as_ref().map_or("agent".into(), |a| {

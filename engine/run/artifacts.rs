@@ -132,36 +132,48 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Writes a run's records out as files under `out` (`out/SCOPE/STAGE/attempt-N/prompt.md`,
-/// ...), later records of a path replacing earlier ones. A line that cannot be read (the end
-/// of a file cut by a crash) or a path that would leave `out` is skipped. Returns how many
-/// files were written.
-pub fn export(run_dir: &Path, out: &Path) -> Result<usize, RunError> {
+/// A run's records by path (`SCOPE/STAGE/attempt-N/prompt.md`), later records of a path
+/// replacing earlier ones. A line that cannot be read (the end of a file cut by a crash) and
+/// a path that would leave the run's directory are skipped.
+pub fn read_records(
+    run_dir: &Path,
+) -> Result<std::collections::BTreeMap<String, String>, RunError> {
     let log = run_dir.join(RECORDS);
     let text = match std::fs::read_to_string(&log) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => return Err(RunError::io("read", log, e)),
     };
-    let mut files: std::collections::BTreeMap<PathBuf, String> = Default::default();
+    let mut records = std::collections::BTreeMap::new();
     for line in text.lines() {
-        let Ok(rec) = serde_json::from_str::<serde_json::Value>(line) else {
+        let Ok(rec) = serde_json::from_str::<Record>(line) else {
             continue;
         };
-        let (Some(path), Some(body)) = (
-            rec.get("path").and_then(serde_json::Value::as_str),
-            rec.get("text").and_then(serde_json::Value::as_str),
-        ) else {
-            continue;
-        };
-        let rel = Path::new(path);
-        let safe = rel
+        let safe = Path::new(&rec.path)
             .components()
             .all(|c| matches!(c, std::path::Component::Normal(_)));
-        if safe && !path.is_empty() {
-            files.insert(out.join(rel), body.to_string());
+        if safe && !rec.path.is_empty() {
+            records.insert(rec.path, rec.text);
         }
     }
+    Ok(records)
+}
+
+#[derive(serde::Deserialize)]
+struct Record {
+    path: String,
+    text: String,
+}
+
+/// Writes a run's records out as files under `out` (`out/SCOPE/STAGE/attempt-N/prompt.md`,
+/// ...), later records of a path replacing earlier ones. A line that cannot be read (the end
+/// of a file cut by a crash) or a path that would leave `out` is skipped. Returns how many
+/// files were written.
+pub fn export(run_dir: &Path, out: &Path) -> Result<usize, RunError> {
+    let files: std::collections::BTreeMap<PathBuf, String> = read_records(run_dir)?
+        .into_iter()
+        .map(|(path, text)| (out.join(path), text))
+        .collect();
     for (path, body) in &files {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| RunError::io("create", dir, e))?;

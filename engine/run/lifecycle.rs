@@ -74,7 +74,7 @@ pub(super) fn preflight(prepared: &Prepared, opts: &RunOptions) -> Result<Vec<St
 
 /// Registers the values of the API key variables the workflow's agents use as secrets, so
 /// that nothing written or printed from now on holds them (see [`crate::secrets`]).
-pub(super) fn register_secrets(prepared: &Prepared) {
+pub fn register_secrets(prepared: &Prepared) {
     use crate::model::AgentKind;
     for a in &prepared.plan.workflow.agents {
         let var = match a.kind.value {

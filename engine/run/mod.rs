@@ -6,6 +6,7 @@
 //! - [`execute`] runs (or resumes) it and returns how the run ended.
 
 mod agent;
+pub mod answer;
 pub mod artifacts;
 mod attempt;
 mod budget;
@@ -41,7 +42,7 @@ use crate::params::ParamValues;
 use crate::source::Sources;
 
 pub use crate::store::now_ms;
-pub use lifecycle::execute;
+pub use lifecycle::{execute, register_secrets};
 
 /// A workflow ready to run: its plan, the hash of its files and the files themselves.
 pub struct Prepared {

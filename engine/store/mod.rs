@@ -401,6 +401,10 @@ pub trait Store: Send {
     /// Releases the run's lock if this process holds it.
     fn unlock(&mut self, run: &str, pid: u32) -> Result<()>;
 
+    /// A number that changes whenever another process commits to the store: a monitor polls
+    /// it to learn that something happened, without reading anything else.
+    fn changes(&self) -> Result<u64>;
+
     /// Returns the outputs of a node in the runs of a workflow other than `except_run`,
     /// newest first, at most `limit` (cross-run memory). A node in a loop or fan-out has a
     /// record per scope; each counts.

@@ -142,6 +142,13 @@ impl Store for SqliteStore {
         self.unlock_run(run, pid)
     }
 
+    fn changes(&self) -> Result<u64> {
+        self.conn
+            .pragma_query_value(None, "data_version", |row| row.get::<_, i64>(0))
+            .map(|v| u64::try_from(v).unwrap_or_default())
+            .map_err(|e| self.error("cannot read", e))
+    }
+
     fn history(
         &self,
         workflow: &str,

@@ -1,0 +1,56 @@
+//! `ralph-flow serve`: the live web monitor.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ralph_flow::diag::error_chain;
+use ralph_flow::serve::{Options, serve};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Where to listen (loopback only, unless --allow-remote). Port 0 picks a free port.
+    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:7700")]
+    addr: SocketAddr,
+    /// The state directory whose runs are shown.
+    #[arg(long, value_name = "DIR", default_value = ".ralph-flow")]
+    state_dir: PathBuf,
+    /// Serve other machines too (an address that is not loopback). Needs an access token of
+    /// at least 16 characters in RALPH_FLOW_TOKEN.
+    #[arg(long)]
+    allow_remote: bool,
+    /// How often the store is asked whether something changed (`500ms`, `2s`).
+    #[arg(long, value_name = "DURATION", default_value = "300ms", value_parser = super::run::duration)]
+    poll: Duration,
+}
+
+pub fn run(args: &Args) -> i32 {
+    let cwd = std::env::current_dir().unwrap_or_default();
+    let opts = Options {
+        addr: args.addr,
+        state_dir: if args.state_dir.is_absolute() {
+            args.state_dir.clone()
+        } else {
+            cwd.join(&args.state_dir)
+        },
+        allow_remote: args.allow_remote,
+        token: std::env::var("RALPH_FLOW_TOKEN")
+            .ok()
+            .filter(|t| !t.is_empty()),
+        poll: args.poll,
+    };
+    let shown = opts.state_dir.display().to_string();
+    let result = serve(opts, |url| {
+        use std::io::Write as _;
+        println!("{url}");
+        let _ = std::io::stdout().flush();
+        eprintln!("ralph-flow monitor of {shown}: open {url} (Ctrl-C stops it)");
+    });
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("error: {}", error_chain(&e));
+            ralph_flow::exit::CONFIG
+        }
+    }
+}

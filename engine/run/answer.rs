@@ -1,0 +1,130 @@
+//! Answering a gate: `ralph-flow approve`/`reject` and the monitor's buttons write the same
+//! records (the answer, in one transaction with the removal of the request, then its event),
+//! and an executor polling the gate picks the answer up.
+
+use crate::store::{Approval, Event, GateRequest, Store, StoreError, Write, now_ms};
+
+/// Why a gate could not be answered.
+#[derive(Debug, thiserror::Error)]
+pub enum AnswerError {
+    #[error("a rejection needs a comment: it is the feedback of the next attempt")]
+    NoComment,
+    #[error("there is no run `{0}`")]
+    NoRun(String),
+    #[error("gate `{gate}` of run `{run}` is not waiting for an answer{}", waiting_text(.waiting))]
+    NotWaiting {
+        run: String,
+        gate: String,
+        /// The gates of the run that wait, qualified.
+        waiting: Vec<String>,
+    },
+    #[error(
+        "gate `{gate}` of run `{run}` waits in {} places: {}; name one of them, as in `ralph-flow approve {run} {}`",
+        .places.len(),
+        .places.join(", "),
+        crate::shell::quote(.places.first().map_or("", String::as_str))
+    )]
+    Ambiguous {
+        run: String,
+        gate: String,
+        places: Vec<String>,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+fn waiting_text(waiting: &[String]) -> String {
+    if waiting.is_empty() {
+        "; no gate of this run is waiting".into()
+    } else {
+        format!("; waiting: {}", waiting.join(", "))
+    }
+}
+
+/// A recorded answer.
+#[derive(Debug)]
+pub struct Answered {
+    pub approval: Approval,
+    /// The gate as it waited.
+    pub gate: GateRequest,
+    /// Whether the run was being executed (an executor polls the gate) when it was answered.
+    pub run_running: bool,
+    /// The answer is recorded but its event is not (the log misses one line).
+    pub event_error: Option<StoreError>,
+}
+
+/// Answers the gate `gate` of run `run`: `SCOPE/GATE` names one waiting gate, a bare id the
+/// gate wherever it waits, if it waits in one place only. A rejection needs a comment.
+pub fn answer(
+    store: &mut dyn Store,
+    run: &str,
+    gate: &str,
+    approved: bool,
+    comment: Option<String>,
+    by: &str,
+) -> Result<Answered, AnswerError> {
+    let comment = comment.filter(|c| !c.trim().is_empty());
+    if !approved && comment.is_none() {
+        return Err(AnswerError::NoComment);
+    }
+    let Some(record) = store.run(run)? else {
+        return Err(AnswerError::NoRun(run.to_string()));
+    };
+    let pending = store.pending_gates(&record.id)?;
+    let matching: Vec<&GateRequest> = match pending.iter().find(|g| g.qualified() == gate) {
+        Some(g) => vec![g],
+        None => pending.iter().filter(|g| g.gate == gate).collect(),
+    };
+    let target = match matching.as_slice() {
+        [one] => (*one).clone(),
+        [] => {
+            return Err(AnswerError::NotWaiting {
+                run: record.id,
+                gate: gate.to_string(),
+                waiting: pending.iter().map(GateRequest::qualified).collect(),
+            });
+        }
+        several => {
+            return Err(AnswerError::Ambiguous {
+                run: record.id,
+                gate: gate.to_string(),
+                places: several.iter().map(|g| g.qualified()).collect(),
+            });
+        }
+    };
+    let approval = Approval {
+        run: record.id.clone(),
+        scope: target.scope.clone(),
+        gate: target.gate.clone(),
+        approved,
+        comment,
+        by: by.to_string(),
+        at: now_ms(),
+    };
+    store.answer(&approval)?;
+    let verb = if approved { "approved" } else { "rejected" };
+    let event = Event {
+        run: record.id.clone(),
+        at: approval.at,
+        scope: approval.scope.clone(),
+        node: approval.gate.clone(),
+        kind: verb.to_string(),
+        message: format!(
+            "{verb} by {by}{}",
+            approval
+                .comment
+                .as_ref()
+                .map(|c| format!(": {c}"))
+                .unwrap_or_default()
+        ),
+    };
+    let mut write = Write::Event(event);
+    write.redact();
+    let event_error = store.commit(&[write]).err();
+    Ok(Answered {
+        approval,
+        gate: target,
+        run_running: record.status == crate::store::RunStatus::Running,
+        event_error,
+    })
+}

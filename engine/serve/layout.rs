@@ -1,0 +1,597 @@
+//! The plan drawn as SVG, laid out here (layered, top to bottom), so the monitor needs no
+//! Graphviz and loads nothing from elsewhere.
+//!
+//! It walks the plan as `ralph-flow graph` does: each body (the top level, each loop's,
+//! for_each's and group's) is its petgraph DAG. A body is laid out in layers by longest
+//! path, each layer ordered by the mean position of its predecessors; a region is drawn as a
+//! box around its own body's layout. The layout is computed once per plan; each refresh
+//! only colours it ([`svg`]) with the nodes' live states.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::view::NodeLive;
+use crate::compile::render::{node_label, region_label};
+use crate::compile::{Body, Edge, NodeId, Plan};
+
+const NODE_W: i32 = 200;
+const NODE_H: i32 = 50;
+const GAP_X: i32 = 28;
+const GAP_Y: i32 = 44;
+const PAD: i32 = 16;
+const HEADER: i32 = 28;
+/// The narrowest body of a region, so that its title has room.
+const REGION_MIN_W: i32 = 300;
+/// Characters of a label that fit in a box.
+const FIT: usize = 30;
+
+/// A box of the drawing: a stage, or a region around its body.
+#[derive(Clone, Debug, Serialize)]
+pub struct Placed {
+    pub name: String,
+    pub region: bool,
+    pub x: i32,
+    pub y: i32,
+    pub w: i32,
+    pub h: i32,
+    /// The first line (a stage's id, a region's title).
+    pub title: String,
+    /// The second line (what the stage runs).
+    pub detail: String,
+    /// The whole label, for the tooltip.
+    pub full: String,
+}
+
+/// An arrow between two boxes of one body.
+#[derive(Clone, Debug, Serialize)]
+pub struct Arrow {
+    pub path: String,
+    pub label: String,
+    pub label_x: i32,
+    pub label_y: i32,
+    pub route: bool,
+}
+
+/// A plan's layout.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Drawing {
+    pub width: i32,
+    pub height: i32,
+    pub boxes: Vec<Placed>,
+    pub arrows: Vec<Arrow>,
+    /// Why there is no drawing, or what to know about it (the file changed since the run).
+    pub note: Option<String>,
+}
+
+struct Sub {
+    w: i32,
+    h: i32,
+    boxes: Vec<Placed>,
+    arrows: Vec<Arrow>,
+}
+
+fn fit(s: &str) -> String {
+    if s.chars().count() <= FIT {
+        s.to_string()
+    } else {
+        format!("{}…", s.chars().take(FIT - 1).collect::<String>())
+    }
+}
+
+/// Lays a plan out.
+pub fn draw(plan: &Plan) -> Drawing {
+    let sub = lay(plan, &plan.top);
+    Drawing {
+        width: sub.w.max(NODE_W) + 2 * PAD,
+        height: sub.h.max(NODE_H) + 2 * PAD,
+        boxes: sub
+            .boxes
+            .into_iter()
+            .map(|b| Placed {
+                x: b.x + PAD,
+                y: b.y + PAD,
+                ..b
+            })
+            .collect(),
+        arrows: sub
+            .arrows
+            .into_iter()
+            .map(|a| shift_arrow(a, PAD, PAD))
+            .collect(),
+        note: None,
+    }
+}
+
+fn shift_arrow(a: Arrow, dx: i32, dy: i32) -> Arrow {
+    Arrow {
+        path: shift_path(&a.path, dx, dy),
+        label_x: a.label_x + dx,
+        label_y: a.label_y + dy,
+        ..a
+    }
+}
+
+/// Moves every point of a path made by [`curve`].
+fn shift_path(path: &str, dx: i32, dy: i32) -> String {
+    let mut out = String::new();
+    let mut x_next = true;
+    for tok in path.split(' ') {
+        if !out.is_empty() {
+            out.push(' ');
+        }
+        match tok.parse::<i32>() {
+            Ok(v) => {
+                let _ = write!(out, "{}", if x_next { v + dx } else { v + dy });
+                x_next = !x_next;
+            }
+            Err(_) => out.push_str(tok),
+        }
+    }
+    out
+}
+
+fn curve(x1: i32, y1: i32, x2: i32, y2: i32) -> String {
+    let dy = ((y2 - y1) / 2).max(12);
+    format!("M {x1} {y1} C {x1} {} {x2} {} {x2} {y2}", y1 + dy, y2 - dy)
+}
+
+/// An edge that leaves down, runs along `lane` and comes back in from above.
+fn detour(x1: i32, y1: i32, lane: i32, x2: i32, y2: i32) -> String {
+    format!(
+        "M {x1} {y1} C {x1} {a} {lane} {b} {lane} {c} L {lane} {d} C {lane} {e} {x2} {f} {x2} {y2}",
+        a = y1 + 16,
+        b = y1 + 8,
+        c = y1 + 28,
+        d = y2 - 28,
+        e = y2 - 8,
+        f = y2 - 16,
+    )
+}
+
+fn lay(plan: &Plan, body: &Body) -> Sub {
+    // The size of each node, laying regions out first.
+    let mut inner: HashMap<NodeId, Sub> = HashMap::new();
+    let mut size: HashMap<NodeId, (i32, i32)> = HashMap::new();
+    for &n in &body.order {
+        match &plan.node(n).body {
+            Some(b) => {
+                let sub = lay(plan, b);
+                size.insert(
+                    n,
+                    (
+                        sub.w.max(REGION_MIN_W) + 2 * PAD,
+                        sub.h.max(NODE_H / 2) + HEADER + PAD,
+                    ),
+                );
+                inner.insert(n, sub);
+            }
+            None => {
+                size.insert(n, (NODE_W, NODE_H));
+            }
+        }
+    }
+    // Layers by longest path from the body's sources.
+    let mut layer: HashMap<NodeId, usize> = HashMap::new();
+    for &n in &body.order {
+        let Some(&ix) = body.index.get(&n) else {
+            continue;
+        };
+        let l = body
+            .graph
+            .neighbors_directed(ix, petgraph::Direction::Incoming)
+            .filter_map(|p| layer.get(&body.graph[p]).map(|l| l + 1))
+            .max()
+            .unwrap_or(0);
+        layer.insert(n, l);
+    }
+    let depth = layer.values().max().map_or(0, |m| m + 1);
+    let mut rows: Vec<Vec<NodeId>> = vec![Vec::new(); depth];
+    for &n in &body.order {
+        if let Some(&l) = layer.get(&n) {
+            rows[l].push(n);
+        }
+    }
+    // Order each row by the mean place of its predecessors in the rows above.
+    let mut place: HashMap<NodeId, f64> = HashMap::new();
+    for row in &mut rows {
+        let key = |n: &NodeId| -> f64 {
+            let Some(&ix) = body.index.get(n) else {
+                return 0.0;
+            };
+            let ps: Vec<f64> = body
+                .graph
+                .neighbors_directed(ix, petgraph::Direction::Incoming)
+                .filter_map(|p| place.get(&body.graph[p]).copied())
+                .collect();
+            if ps.is_empty() {
+                f64::MAX
+            } else {
+                ps.iter().sum::<f64>() / ps.len() as f64
+            }
+        };
+        let mut keyed: Vec<(f64, usize, NodeId)> = row
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (key(n), i, *n))
+            .collect();
+        keyed.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        *row = keyed.into_iter().map(|(_, _, n)| n).collect();
+        let count = row.len().max(1) as f64;
+        for (i, n) in row.iter().enumerate() {
+            place.insert(*n, (i as f64 + 0.5) / count);
+        }
+    }
+    let row_w = |row: &[NodeId]| -> i32 {
+        row.iter().map(|n| size[n].0).sum::<i32>()
+            + GAP_X * i32::try_from(row.len().saturating_sub(1)).unwrap_or(0)
+    };
+    let width = rows.iter().map(|r| row_w(r)).max().unwrap_or(0);
+    let mut pos: HashMap<NodeId, (i32, i32)> = HashMap::new();
+    let mut y = 0;
+    for row in &rows {
+        let h = row.iter().map(|n| size[n].1).max().unwrap_or(0);
+        let mut x = (width - row_w(row)) / 2;
+        for n in row {
+            let (w, nh) = size[n];
+            pos.insert(*n, (x, y + (h - nh) / 2));
+            x += w + GAP_X;
+        }
+        y += h + GAP_Y;
+    }
+    let height = (y - GAP_Y).max(0);
+    // Where each row ends on the right, for the edges that go around rows.
+    let row_right: Vec<i32> = rows
+        .iter()
+        .map(|row| {
+            row.iter()
+                .filter_map(|n| pos.get(n).map(|(x, _)| x + size[n].0))
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut lanes = 0;
+    let mut extra = 0;
+    let mut boxes = Vec::new();
+    let mut arrows = Vec::new();
+    for &n in &body.order {
+        let Some(&(x, y)) = pos.get(&n) else {
+            continue;
+        };
+        let (w, h) = size[&n];
+        let node = plan.node(n);
+        if let Some(sub) = inner.remove(&n) {
+            let title = region_label(plan, n);
+            boxes.push(Placed {
+                name: node.name.clone(),
+                region: true,
+                x,
+                y,
+                w,
+                h,
+                title: fit_width(&title, w - 100),
+                detail: String::new(),
+                full: title,
+            });
+            let (dx, dy) = (x + (w - sub.w) / 2, y + HEADER);
+            boxes.extend(sub.boxes.into_iter().map(|b| Placed {
+                x: b.x + dx,
+                y: b.y + dy,
+                ..b
+            }));
+            arrows.extend(sub.arrows.into_iter().map(|a| shift_arrow(a, dx, dy)));
+        } else {
+            let label = node_label(plan, n);
+            let mut lines = label.lines();
+            let title = lines.next().unwrap_or_default().to_string();
+            let detail = lines.next().unwrap_or_default().to_string();
+            boxes.push(Placed {
+                name: node.name.clone(),
+                region: false,
+                x,
+                y,
+                w,
+                h,
+                title: fit(&title),
+                detail: fit(&detail),
+                full: label,
+            });
+        }
+    }
+    for e in body.graph.edge_indices() {
+        let Some((a, b)) = body.graph.edge_endpoints(e) else {
+            continue;
+        };
+        let (a, b) = (body.graph[a], body.graph[b]);
+        let (Some(&(ax, ay)), Some(&(bx, by))) = (pos.get(&a), pos.get(&b)) else {
+            continue;
+        };
+        let (aw, ah) = size[&a];
+        let bw = size[&b].0;
+        let (x1, y1, x2, y2) = (ax + aw / 2, ay + ah, bx + bw / 2, by);
+        let (la, lb) = (layer[&a], layer[&b]);
+        let (label, route) = match &body.graph[e] {
+            Edge::Needs => (
+                plan.stage(b)
+                    .when
+                    .as_ref()
+                    .map(|w| format!("when {}", w.value))
+                    .unwrap_or_default(),
+                false,
+            ),
+            Edge::Route(values) => (values.join(" | "), true),
+        };
+        if lb > la + 1 {
+            // An edge past a row goes around it, on the right of the rows it passes.
+            let lane = (la + 1..lb).map(|l| row_right[l]).max().unwrap_or(x1) + GAP_X / 2 + lanes;
+            lanes += 6;
+            let label = fit(&label);
+            let label_w = i32::try_from(label.chars().count()).unwrap_or(0) * 6;
+            extra = extra.max(lane + 8 + label_w - width);
+            arrows.push(Arrow {
+                path: detour(x1, y1, lane, x2, y2),
+                label,
+                label_x: lane + 4,
+                label_y: (y1 + y2) / 2,
+                route,
+            });
+            continue;
+        }
+        arrows.push(Arrow {
+            path: curve(x1, y1, x2, y2),
+            label: fit(&label),
+            label_x: (x1 + x2) / 2 + 4,
+            label_y: (y1 + y2) / 2,
+            route,
+        });
+    }
+    Sub {
+        w: width + extra,
+        h: height,
+        boxes,
+        arrows,
+    }
+}
+
+/// A region's title cut to the width of its box (about 7 px a character).
+fn fit_width(s: &str, w: i32) -> String {
+    let n = usize::try_from((w - 16) / 7).unwrap_or(8).max(8);
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        format!("{}…", s.chars().take(n - 1).collect::<String>())
+    }
+}
+
+/// Percent-encodes a URL path segment or query value (everything but `A-Za-z0-9-._~`).
+pub fn url_part(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+/// Escapes text for SVG (XML).
+pub fn xml(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The drawing alone, as an SVG file with its style sheet: `ralph-flow graph --format svg`.
+pub fn standalone(d: &Drawing) -> String {
+    let svg = svg(d, None, &BTreeMap::new());
+    let style = format!(
+        "<style>{}</style>",
+        include_str!("assets/plan.css").replace("]]>", "")
+    );
+    match svg.find('>') {
+        Some(end) => format!("{}{style}{}\n", &svg[..=end], &svg[end + 1..]),
+        None => svg,
+    }
+}
+
+/// The drawing as SVG, each box coloured by its node's live state (`s-running`, ...) and,
+/// given a run, linked to its stage page; `data-node` and `data-state` name them for scripts
+/// and tests.
+pub fn svg(d: &Drawing, run: Option<&str>, live: &BTreeMap<String, NodeLive>) -> String {
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" class="plan" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" aria-label="the plan">"#,
+        w = d.width,
+        h = d.height
+    );
+    out.push_str(r#"<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" class="arrowhead"/></marker></defs>"#);
+    let pending = NodeLive {
+        state: "pending",
+        badge: String::new(),
+    };
+    for b in d.boxes.iter().filter(|b| b.region) {
+        let l = live.get(&b.name).unwrap_or(&pending);
+        let _ = write!(
+            out,
+            r#"<g class="region s-{state}" data-node="{name}" data-state="{state}"><title>{full}</title><rect x="{x}" y="{y}" width="{w}" height="{h}" rx="10"/><text class="region-title" x="{tx}" y="{ty}">{title}</text><text class="badge" x="{bx}" y="{ty}" text-anchor="end">{badge}</text></g>"#,
+            state = l.state,
+            name = xml(&b.name),
+            full = xml(&b.full),
+            x = b.x,
+            y = b.y,
+            w = b.w,
+            h = b.h,
+            tx = b.x + 10,
+            ty = b.y + 18,
+            bx = b.x + b.w - 10,
+            title = xml(&b.title),
+            badge = xml(&l.badge),
+        );
+    }
+    for a in &d.arrows {
+        let _ = write!(
+            out,
+            r#"<path class="edge{}" d="{}" marker-end="url(#arrow)"/>"#,
+            if a.route { " route" } else { "" },
+            a.path
+        );
+        if !a.label.is_empty() {
+            let _ = write!(
+                out,
+                r#"<text class="edge-label" x="{}" y="{}">{}</text>"#,
+                a.label_x,
+                a.label_y,
+                xml(&a.label)
+            );
+        }
+    }
+    for b in d.boxes.iter().filter(|b| !b.region) {
+        let l = live.get(&b.name).unwrap_or(&pending);
+        let (open, close) = match run {
+            Some(run) => (
+                format!(
+                    r#"<a href="{}">"#,
+                    xml(&format!(
+                        "/runs/{}/stage?node={}",
+                        url_part(run),
+                        url_part(&b.name)
+                    ))
+                ),
+                "</a>",
+            ),
+            None => (String::new(), ""),
+        };
+        let _ = write!(
+            out,
+            r#"{open}<g class="node s-{state}" data-node="{name}" data-state="{state}"><title>{full}</title><rect x="{x}" y="{y}" width="{w}" height="{h}" rx="6"/><text class="title" x="{tx}" y="{t1}">{title}</text><text class="detail" x="{tx}" y="{t2}">{detail}</text><text class="badge" x="{bx}" y="{t1}" text-anchor="end">{badge}</text></g>{close}"#,
+            state = l.state,
+            name = xml(&b.name),
+            full = xml(&b.full),
+            x = b.x,
+            y = b.y,
+            w = b.w,
+            h = b.h,
+            tx = b.x + 10,
+            t1 = b.y + 20,
+            t2 = b.y + 38,
+            bx = b.x + b.w - 8,
+            title = xml(&b.title),
+            detail = xml(&b.detail),
+            badge = xml(&l.badge),
+        );
+    }
+    out.push_str("</svg>");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inside(inner: &Placed, outer: &Placed) -> bool {
+        inner.x >= outer.x
+            && inner.y >= outer.y
+            && inner.x + inner.w <= outer.x + outer.w
+            && inner.y + inner.h <= outer.y + outer.h
+    }
+
+    fn overlap(a: &Placed, b: &Placed) -> bool {
+        a.x < b.x + b.w && b.x < a.x + a.w && a.y < b.y + b.h && b.y < a.y + a.h
+    }
+
+    #[test]
+    fn every_preset_lays_out_with_stages_inside_their_regions_and_apart() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("workflows");
+        for (preset, sets) in [
+            ("spider.toml", vec![]),
+            ("wiggum-review.toml", vec![]),
+            ("ticket-pipeline.toml", vec![]),
+            ("council.kdl", vec![]),
+            (
+                "cairo-driver-reviewer.toml",
+                vec![
+                    ("prompt".to_string(), "fix it".to_string()),
+                    ("rubric".to_string(), "rubric.md".to_string()),
+                ],
+            ),
+            ("task-loop.toml", vec![]),
+        ] {
+            let path = root.join(preset);
+            let prepared = crate::run::prepare(&path, &sets)
+                .unwrap_or_else(|e| panic!("{preset}: {}", e.render()));
+            let plan = &prepared.plan;
+            let d = draw(plan);
+            assert_eq!(d.boxes.len(), plan.nodes.len(), "{preset}: a box per stage");
+            for b in &d.boxes {
+                assert!(
+                    b.x >= 0 && b.y >= 0 && b.x + b.w <= d.width && b.y + b.h <= d.height,
+                    "{preset}: {} within the drawing",
+                    b.name
+                );
+                let id = plan.find(&b.name).unwrap_or_else(|| panic!("{}", b.name));
+                if let Some(parent) = plan.node(id).parent {
+                    let outer = d
+                        .boxes
+                        .iter()
+                        .find(|o| o.name == plan.node(parent).name)
+                        .unwrap_or_else(|| panic!("{preset}: the region of {}", b.name));
+                    assert!(
+                        inside(b, outer),
+                        "{preset}: {} inside {}",
+                        b.name,
+                        outer.name
+                    );
+                }
+                for o in &d.boxes {
+                    let oid = plan.find(&o.name).unwrap_or_else(|| panic!("{}", o.name));
+                    if o.name != b.name && plan.node(oid).parent == plan.node(id).parent {
+                        assert!(
+                            !overlap(b, o),
+                            "{preset}: {} and {} overlap",
+                            b.name,
+                            o.name
+                        );
+                    }
+                }
+            }
+            let svg = svg(&d, Some("run-1"), &BTreeMap::new());
+            assert_eq!(
+                svg.matches("data-state=\"pending\"").count(),
+                plan.nodes.len()
+            );
+            assert_eq!(
+                svg.matches("<a href=").count(),
+                d.boxes.iter().filter(|b| !b.region).count()
+            );
+            let file = standalone(&d);
+            assert!(file.starts_with("<svg") && file.contains("<style>"));
+            assert!(!file.contains("<a href="));
+        }
+    }
+
+    #[test]
+    fn paths_move_as_a_whole_and_text_is_escaped() {
+        assert_eq!(
+            shift_path(&curve(0, 0, 10, 100), 5, 7),
+            "M 5 7 C 5 57 15 57 15 107"
+        );
+        assert_eq!(
+            xml("<a href='x'>&\""),
+            "&lt;a href=&#39;x&#39;&gt;&amp;&quot;"
+        );
+        assert_eq!(url_part("a b/c#1?é"), "a%20b%2Fc%231%3F%C3%A9");
+    }
+}

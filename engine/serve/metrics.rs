@@ -1,0 +1,140 @@
+//! `/metrics`: Prometheus text exposition of the store: runs by state, stages by state,
+//! tokens and cost by agent, gates waiting and how long they have waited.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+
+use super::Monitor;
+use super::pages::{blocking, store_failure};
+use crate::store::{AttemptState, RunStatus, Store, StoreError, Usage, now_ms};
+
+/// Escapes a label value.
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// The metrics text of a store.
+pub fn text(store: &mut dyn Store) -> Result<String, StoreError> {
+    let mut runs: BTreeMap<&'static str, u64> = ["running", "waiting", "interrupted", "finished"]
+        .into_iter()
+        .map(|s| (s, 0))
+        .collect();
+    let mut stages: BTreeMap<String, u64> = BTreeMap::new();
+    let mut by_agent: BTreeMap<String, Usage> = BTreeMap::new();
+    let mut gates_waiting = 0u64;
+    let mut gate_wait_ms = 0i64;
+    let mut answered: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let now = now_ms();
+    for run in store.runs(usize::MAX >> 1)? {
+        let gates = store.pending_gates(&run.id)?;
+        let state = if !gates.is_empty() && run.status != RunStatus::Finished {
+            "waiting"
+        } else {
+            run.status.as_str()
+        };
+        *runs.entry(state).or_default() += 1;
+        gates_waiting += gates.len() as u64;
+        gate_wait_ms += gates
+            .iter()
+            .map(|g| (now - g.requested_at).max(0))
+            .sum::<i64>();
+        for n in store.nodes(&run.id)? {
+            if !n.node.starts_with('@') {
+                *stages.entry(n.state.as_str().to_string()).or_default() += 1;
+            }
+        }
+        for a in store.attempts(&run.id, None)? {
+            if a.state == AttemptState::Running && run.status == RunStatus::Running {
+                *stages.entry("running".into()).or_default() += 1;
+            }
+            if let Some(agent) = &a.agent {
+                by_agent.entry(agent.clone()).or_default().add(&a.usage);
+            }
+        }
+        for e in store.events(&run.id, None)? {
+            match e.kind.as_str() {
+                "approved" => *answered.entry("approved").or_default() += 1,
+                "rejected" => *answered.entry("rejected").or_default() += 1,
+                _ => {}
+            }
+        }
+    }
+    let mut out = String::new();
+    out.push_str("# HELP ralph_flow_runs Runs by state.\n# TYPE ralph_flow_runs gauge\n");
+    for (s, n) in &runs {
+        let _ = writeln!(out, "ralph_flow_runs{{state=\"{s}\"}} {n}");
+    }
+    out.push_str("# HELP ralph_flow_stages Stages by state (settled, and attempts running now).\n# TYPE ralph_flow_stages gauge\n");
+    for (s, n) in &stages {
+        let _ = writeln!(out, "ralph_flow_stages{{state=\"{}\"}} {n}", label(s));
+    }
+    out.push_str("# HELP ralph_flow_tokens_total Tokens used, by agent and direction.\n# TYPE ralph_flow_tokens_total counter\n");
+    for (agent, u) in &by_agent {
+        let a = label(agent);
+        let _ = writeln!(
+            out,
+            "ralph_flow_tokens_total{{agent=\"{a}\",direction=\"input\"}} {}",
+            u.input_tokens
+        );
+        let _ = writeln!(
+            out,
+            "ralph_flow_tokens_total{{agent=\"{a}\",direction=\"output\"}} {}",
+            u.output_tokens
+        );
+    }
+    out.push_str("# HELP ralph_flow_cost_usd_total Cost reported by the backends, by agent.\n# TYPE ralph_flow_cost_usd_total counter\n");
+    for (agent, u) in &by_agent {
+        let _ = writeln!(
+            out,
+            "ralph_flow_cost_usd_total{{agent=\"{}\"}} {}",
+            label(agent),
+            u.cost_usd.unwrap_or(0.0)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP ralph_flow_gates_waiting Gates waiting for a person.\n# TYPE ralph_flow_gates_waiting gauge\nralph_flow_gates_waiting {gates_waiting}"
+    );
+    let _ = writeln!(
+        out,
+        "# HELP ralph_flow_gate_wait_seconds How long the waiting gates have waited, summed.\n# TYPE ralph_flow_gate_wait_seconds gauge\nralph_flow_gate_wait_seconds {}",
+        gate_wait_ms as f64 / 1000.0
+    );
+    out.push_str("# HELP ralph_flow_gate_answers_total Gates answered, by decision.\n# TYPE ralph_flow_gate_answers_total counter\n");
+    for d in ["approved", "rejected"] {
+        let _ = writeln!(
+            out,
+            "ralph_flow_gate_answers_total{{decision=\"{d}\"}} {}",
+            answered.get(d).copied().unwrap_or(0)
+        );
+    }
+    Ok(out)
+}
+
+/// `GET /metrics`.
+pub(crate) async fn metrics(State(m): State<Arc<Monitor>>) -> Response {
+    match blocking(&m, |m| {
+        m.with_store(text)
+            .map(Option::unwrap_or_default)
+            .map_err(|e| store_failure(&e))
+    })
+    .await
+    {
+        Ok(body) => (
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            crate::secrets::redact(&body).into_owned(),
+        )
+            .into_response(),
+        Err(f) => f.into_response(),
+    }
+}

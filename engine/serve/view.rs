@@ -1,0 +1,673 @@
+//! What the store says about runs and stages, shaped for the pages and the API: summaries
+//! of runs, the live state of each node of a plan, the attempts of a stage with what they
+//! wrote.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::store::{
+    AttemptRecord, AttemptState, Event, GateRequest, NodeRecord, RunRecord, RunStatus, Store,
+    StoreError, Usage, now_ms, rfc3339,
+};
+use crate::text::duration_ms;
+
+/// One run, as the runs page and `/api/runs` show it.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunSummary {
+    pub id: String,
+    pub workflow: String,
+    pub file: String,
+    /// `running`, `waiting` (on a gate), `interrupted`, `finished`.
+    pub state: &'static str,
+    /// What the state column says (`finished: done (0)`).
+    pub state_text: String,
+    /// `ok`, `bad`, `live` or `idle`: the colour of the state.
+    pub tone: &'static str,
+    pub exit: Option<String>,
+    pub exit_code: Option<i64>,
+    pub started_at: i64,
+    pub started: String,
+    pub updated_at: i64,
+    pub duration_ms: i64,
+    pub duration: String,
+    pub usage: Usage,
+    pub tokens: u64,
+    pub cost: String,
+    pub gates_waiting: usize,
+    pub stages_done: usize,
+    pub stages_failed: usize,
+    /// The stages running now (`scope/stage` attempt N).
+    pub running: Vec<String>,
+}
+
+/// Everything about one run that the run page shows.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunDetail {
+    pub summary: RunSummary,
+    pub record: RunRecord,
+    /// Settled nodes, without the executor's own decisions (`@...`).
+    pub nodes: Vec<NodeRecord>,
+    pub attempts: Vec<AttemptRecord>,
+    pub gates: Vec<GateView>,
+    pub events: Vec<Event>,
+    /// The live state of each node of the plan, by stage id.
+    pub live: BTreeMap<String, NodeLive>,
+}
+
+/// A gate that waits, as a page shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct GateView {
+    /// `SCOPE/GATE`, as `approve` takes it.
+    pub name: String,
+    pub gate: String,
+    pub scope: String,
+    pub message: String,
+    pub show: Vec<String>,
+    pub since: String,
+    pub deadline: Option<String>,
+}
+
+/// The live state of a node of the plan.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct NodeLive {
+    /// `pending`, `running`, `waiting`, `done`, `failed`, `timed_out`, `skipped`.
+    pub state: &'static str,
+    /// A short note drawn under it: `×3`, `attempt 2`, `iteration 2`, `4/10 items`.
+    pub badge: String,
+}
+
+fn tone(state: &str, exit_code: Option<i64>) -> &'static str {
+    match state {
+        "running" => "live",
+        "waiting" => "wait",
+        "finished" if exit_code == Some(0) => "ok",
+        "finished" => "bad",
+        _ => "idle",
+    }
+}
+
+/// Summarises a run from what the store holds of it.
+pub fn summary(
+    run: &RunRecord,
+    nodes: &[NodeRecord],
+    attempts: &[AttemptRecord],
+    gates: usize,
+) -> RunSummary {
+    let mut usage = Usage::default();
+    for a in attempts {
+        usage.add(&a.usage);
+    }
+    let state = if gates > 0 && run.status != RunStatus::Finished {
+        "waiting"
+    } else {
+        run.status.as_str()
+    };
+    let end = if matches!(run.status, RunStatus::Running) || state == "waiting" {
+        now_ms()
+    } else {
+        run.updated_at
+    };
+    let exit_code = run.exit.as_ref().map(|(_, c)| *c);
+    let state_text = match (&run.exit, state) {
+        (Some((name, code)), _) => format!("finished: {name} ({code})"),
+        (None, "waiting") => format!(
+            "waiting on {gates} gate{}",
+            if gates == 1 { "" } else { "s" }
+        ),
+        (None, s) => s.to_string(),
+    };
+    let running = attempts
+        .iter()
+        .filter(|a| a.state == AttemptState::Running && run.status == RunStatus::Running)
+        .map(|a| format!("{} (attempt {})", qualified(&a.scope, &a.node), a.attempt))
+        .collect();
+    let real = |n: &&NodeRecord| !n.node.starts_with('@');
+    RunSummary {
+        id: run.id.clone(),
+        workflow: run.workflow.clone(),
+        file: run.file.clone(),
+        state,
+        tone: tone(state, exit_code),
+        state_text,
+        exit: run.exit.as_ref().map(|(n, _)| n.clone()),
+        exit_code,
+        started_at: run.started_at,
+        started: rfc3339(run.started_at).replace('T', " "),
+        updated_at: run.updated_at,
+        duration_ms: (end - run.started_at).max(0),
+        duration: duration_ms((end - run.started_at).max(0)),
+        tokens: usage.tokens(),
+        cost: cost_text(usage.cost_usd),
+        usage,
+        gates_waiting: gates,
+        stages_done: nodes
+            .iter()
+            .filter(real)
+            .filter(|n| n.state == crate::store::NodeState::Done)
+            .count(),
+        stages_failed: nodes
+            .iter()
+            .filter(real)
+            .filter(|n| {
+                matches!(
+                    n.state,
+                    crate::store::NodeState::Failed | crate::store::NodeState::TimedOut
+                )
+            })
+            .count(),
+        running,
+    }
+}
+
+/// `$0.0123`, or `—` when no backend reported a cost.
+pub fn cost_text(cost: Option<f64>) -> String {
+    match cost {
+        Some(c) => format!("${c:.4}"),
+        None => "—".into(),
+    }
+}
+
+/// `SCOPE/STAGE`, or the stage at the top level.
+pub fn qualified(scope: &str, node: &str) -> String {
+    if scope.is_empty() {
+        node.to_string()
+    } else {
+        format!("{scope}/{node}")
+    }
+}
+
+/// Every run, newest first, summarised.
+pub fn runs(store: &mut dyn Store) -> Result<Vec<RunSummary>, StoreError> {
+    let mut out = Vec::new();
+    for run in store.runs(10_000)? {
+        let nodes = store.nodes(&run.id)?;
+        let attempts = store.attempts(&run.id, None)?;
+        let gates = store.pending_gates(&run.id)?.len();
+        out.push(summary(&run, &nodes, &attempts, gates));
+    }
+    Ok(out)
+}
+
+/// One run with everything its page shows; `None` when there is no such run.
+pub fn run(store: &mut dyn Store, id: &str) -> Result<Option<RunDetail>, StoreError> {
+    let Some(record) = store.run(id)? else {
+        return Ok(None);
+    };
+    let all = store.nodes(&record.id)?;
+    let attempts = store.attempts(&record.id, None)?;
+    let gates = store.pending_gates(&record.id)?;
+    let events = store.events(&record.id, None)?;
+    let summary = summary(&record, &all, &attempts, gates.len());
+    let live = live_states(&record, &all, &attempts, &gates);
+    let nodes = all
+        .into_iter()
+        .filter(|n| !n.node.starts_with('@'))
+        .collect();
+    let gates = gates
+        .into_iter()
+        .map(|g| GateView {
+            name: g.qualified(),
+            since: rfc3339(g.requested_at).replace('T', " "),
+            deadline: g.deadline.map(|d| rfc3339(d).replace('T', " ")),
+            gate: g.gate,
+            scope: g.scope,
+            message: g.message,
+            show: g.show,
+        })
+        .collect();
+    Ok(Some(RunDetail {
+        summary,
+        record,
+        nodes,
+        attempts,
+        gates,
+        events,
+        live,
+    }))
+}
+
+/// The segments of a scope naming a region (`attempts#3/tickets#T-1` → (`attempts`, `3`),
+/// (`tickets`, `T-1`)).
+fn scope_segments(scope: &str) -> impl Iterator<Item = (&str, &str)> {
+    scope.split('/').filter_map(|seg| seg.rsplit_once('#'))
+}
+
+/// The live state of every node name that the store knows of. A node that ran several
+/// times (in loop iterations, fan-out items) takes the state of its latest record, unless one
+/// of its attempts runs or its gate waits now. A region (loop, for_each, group) is running
+/// while anything inside it runs.
+pub fn live_states(
+    run: &RunRecord,
+    nodes: &[NodeRecord],
+    attempts: &[AttemptRecord],
+    gates: &[GateRequest],
+) -> BTreeMap<String, NodeLive> {
+    let live_run = run.status == RunStatus::Running;
+    let mut latest: HashMap<&str, &NodeRecord> = HashMap::new();
+    let mut settled_count: HashMap<&str, usize> = HashMap::new();
+    let mut items_total: HashMap<&str, usize> = HashMap::new();
+    // Regions: iterations seen, and items seen / items with something still going on.
+    let mut keys_seen: HashMap<&str, HashSet<&str>> = HashMap::new();
+    let mut keys_busy: HashMap<&str, HashSet<&str>> = HashMap::new();
+    let mut busy_regions: HashSet<&str> = HashSet::new();
+    for n in nodes {
+        if let Some(f) = n.node.strip_prefix("@items:") {
+            items_total.insert(f, n.output.as_array().map_or(0, Vec::len));
+            continue;
+        }
+        if n.node.starts_with('@') {
+            continue;
+        }
+        for (region, key) in scope_segments(&n.scope) {
+            keys_seen.entry(region).or_default().insert(key);
+        }
+        *settled_count.entry(&n.node).or_default() += 1;
+        let e = latest.entry(&n.node).or_insert(n);
+        if n.finished_at >= e.finished_at {
+            *e = n;
+        }
+    }
+    let mut running: HashMap<&str, u32> = HashMap::new();
+    for a in attempts {
+        if a.state == AttemptState::Running && live_run {
+            running.insert(&a.node, a.attempt);
+            for (region, key) in scope_segments(&a.scope) {
+                keys_seen.entry(region).or_default().insert(key);
+                keys_busy.entry(region).or_default().insert(key);
+                busy_regions.insert(region);
+            }
+        }
+    }
+    let mut waiting: HashSet<&str> = HashSet::new();
+    for g in gates {
+        waiting.insert(&g.gate);
+        for (region, key) in scope_segments(&g.scope) {
+            keys_seen.entry(region).or_default().insert(key);
+            keys_busy.entry(region).or_default().insert(key);
+            busy_regions.insert(region);
+        }
+    }
+    let mut names: HashSet<&str> = latest.keys().copied().collect();
+    names.extend(running.keys().copied());
+    names.extend(waiting.iter().copied());
+    names.extend(keys_seen.keys().copied());
+    let mut out = BTreeMap::new();
+    for name in names {
+        let settled = latest.get(name);
+        let state = if waiting.contains(name) {
+            "waiting"
+        } else if running.contains_key(name) || busy_regions.contains(name) {
+            "running"
+        } else if let Some(n) = settled {
+            n.state.as_str()
+        } else if live_run {
+            "running"
+        } else {
+            "pending"
+        };
+        let badge = if let Some(total) = items_total.get(name) {
+            let busy = keys_busy.get(name).map_or(0, HashSet::len);
+            let seen = keys_seen.get(name).map_or(0, HashSet::len);
+            let done = if settled.is_some() && busy == 0 {
+                *total
+            } else {
+                seen.saturating_sub(busy)
+            };
+            format!("{done}/{total} items")
+        } else if let Some(keys) = keys_seen.get(name) {
+            let last = keys
+                .iter()
+                .filter_map(|k| k.parse::<u64>().ok())
+                .max()
+                .unwrap_or(0);
+            if last > 0 {
+                format!("iteration {last}")
+            } else {
+                String::new()
+            }
+        } else if let Some(a) = running.get(name) {
+            format!("attempt {a}")
+        } else {
+            match settled_count.get(name) {
+                Some(c) if *c > 1 => format!("×{c}"),
+                _ => settled
+                    .filter(|n| n.attempts > 1)
+                    .map(|n| format!("{} attempts", n.attempts))
+                    .unwrap_or_default(),
+            }
+        };
+        out.insert(name.to_string(), NodeLive { state, badge });
+    }
+    out
+}
+
+/// One attempt of a stage, with what it wrote.
+#[derive(Clone, Debug, Serialize)]
+pub struct AttemptView {
+    pub record: AttemptRecord,
+    pub started: String,
+    pub took: String,
+    pub files: Vec<FileView>,
+    /// The attempt its diffs are from (`attempt 1 in review_loop#1`).
+    pub diff_from: Option<String>,
+}
+
+/// Where a file is listed among an attempt's: what it was asked, what it answered, what was
+/// made of it, then the rest by name.
+fn file_rank(name: &str) -> (usize, String) {
+    const ORDER: &[&str] = &[
+        "prompt.md",
+        "raw.txt",
+        "answer.md",
+        "output.json",
+        "feedback.md",
+        "error.txt",
+        "denied.txt",
+        "command.json",
+    ];
+    (
+        ORDER.iter().position(|n| *n == name).unwrap_or(ORDER.len()),
+        name.to_string(),
+    )
+}
+
+/// A text an attempt wrote (a record of `artifacts.jsonl` or a file of its directory).
+#[derive(Clone, Debug, Serialize)]
+pub struct FileView {
+    pub name: String,
+    pub text: String,
+    pub lines: usize,
+    pub bytes: usize,
+    /// Long texts start collapsed.
+    pub long: bool,
+    /// The changes from the same file of the attempt before, as unified diff lines with
+    /// their kind (`+`, `-`, ` `, `@`).
+    pub diff: Vec<(char, String)>,
+}
+
+/// One place a stage ran (a scope), with its attempts and how it settled.
+#[derive(Clone, Debug, Serialize)]
+pub struct Instance {
+    pub scope: String,
+    pub settled: Option<NodeRecord>,
+    pub output: Option<String>,
+    pub attempts: Vec<AttemptView>,
+}
+
+/// The most of a text shown (the end is kept).
+const MAX_TEXT: usize = 256 * 1024;
+
+fn file_view(name: &str, text: &str) -> FileView {
+    let text = if text.len() > MAX_TEXT {
+        let mut start = text.len() - MAX_TEXT;
+        while !text.is_char_boundary(start) {
+            start += 1;
+        }
+        format!("[... {start} bytes cut ...]\n{}", &text[start..])
+    } else {
+        text.to_string()
+    };
+    let lines = text.lines().count();
+    FileView {
+        name: name.to_string(),
+        lines,
+        bytes: text.len(),
+        long: lines > 24 || text.len() > 3000,
+        diff: Vec::new(),
+        text,
+    }
+}
+
+/// The instances of stage `node` in a run, with each attempt's texts, and diffs between
+/// consecutive attempts of the same instance.
+pub fn stage(
+    store: &mut dyn Store,
+    run: &RunRecord,
+    node: &str,
+) -> Result<Vec<Instance>, StoreError> {
+    let attempts = store.attempts(&run.id, Some(node))?;
+    let settled: Vec<NodeRecord> = store
+        .nodes(&run.id)?
+        .into_iter()
+        .filter(|n| n.node == node)
+        .collect();
+    let run_dir = Path::new(&run.dir);
+    let records = crate::run::artifacts::read_records(run_dir).unwrap_or_default();
+    let mut by_scope: BTreeMap<String, Instance> = BTreeMap::new();
+    for n in settled {
+        let output = (!n.output.is_null())
+            .then(|| serde_json::to_string_pretty(&n.output).unwrap_or_default());
+        by_scope.insert(
+            n.scope.clone(),
+            Instance {
+                scope: n.scope.clone(),
+                settled: Some(n),
+                output,
+                attempts: Vec::new(),
+            },
+        );
+    }
+    for a in attempts {
+        let dir = Path::new(&a.dir);
+        let rel = dir
+            .strip_prefix(run_dir)
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let mut files: Vec<FileView> = Vec::new();
+        if !rel.is_empty() {
+            let prefix = format!("{rel}/");
+            for (path, text) in records.range(prefix.clone()..) {
+                let Some(name) = path.strip_prefix(&prefix) else {
+                    break;
+                };
+                files.push(file_view(name, text));
+            }
+        }
+        // What a program or a backend wrote in the attempt's directory.
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            let mut names: Vec<_> = entries.flatten().map(|e| e.path()).collect();
+            names.sort();
+            for p in names {
+                let name = p
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                if files.iter().any(|f| f.name == name) || !p.is_file() {
+                    continue;
+                }
+                if let Ok(bytes) = std::fs::read(&p) {
+                    files.push(file_view(&name, &String::from_utf8_lossy(&bytes)));
+                }
+            }
+        }
+        let took = match a.finished_at {
+            Some(f) => duration_ms(f - a.started_at),
+            None => format!("{} so far", duration_ms(now_ms() - a.started_at)),
+        };
+        let view = AttemptView {
+            diff_from: None,
+            started: rfc3339(a.started_at).replace('T', " "),
+            took,
+            files,
+            record: a,
+        };
+        by_scope
+            .entry(view.record.scope.clone())
+            .or_insert_with(|| Instance {
+                scope: view.record.scope.clone(),
+                settled: None,
+                output: None,
+                attempts: Vec::new(),
+            })
+            .attempts
+            .push(view);
+    }
+    let mut out: Vec<Instance> = by_scope.into_values().collect();
+    for inst in &mut out {
+        inst.attempts.sort_by_key(|a| a.record.attempt);
+        for a in &mut inst.attempts {
+            a.files.sort_by_key(|f| file_rank(&f.name));
+        }
+    }
+    // Each attempt's texts against the attempt of the stage before it (in time, whatever
+    // its scope: the previous loop iteration's last attempt, say).
+    let mut order: Vec<(i64, usize, usize)> = out
+        .iter()
+        .enumerate()
+        .flat_map(|(i, inst)| {
+            inst.attempts
+                .iter()
+                .enumerate()
+                .map(move |(j, a)| (a.record.started_at, i, j))
+        })
+        .collect();
+    order.sort_unstable();
+    for pair in order.windows(2) {
+        let (_, pi, pj) = pair[0];
+        let (_, ci, cj) = pair[1];
+        let prev = out[pi].attempts[pj].clone();
+        let cur = &mut out[ci].attempts[cj];
+        cur.diff_from = Some(format!(
+            "attempt {}{}",
+            prev.record.attempt,
+            if prev.record.scope.is_empty() {
+                String::new()
+            } else {
+                format!(" in {}", prev.record.scope)
+            }
+        ));
+        for f in &mut cur.files {
+            if let Some(p) = prev.files.iter().find(|p| p.name == f.name) {
+                if p.text != f.text {
+                    f.diff = diff_lines(&p.text, &f.text);
+                }
+            }
+        }
+    }
+    out.sort_by_key(|i| {
+        i.attempts
+            .first()
+            .map(|a| a.record.started_at)
+            .or(i.settled.as_ref().map(|n| n.started_at))
+            .unwrap_or(0)
+    });
+    Ok(out)
+}
+
+/// A line diff, as unified diff lines with three lines of context.
+pub fn diff_lines(old: &str, new: &str) -> Vec<(char, String)> {
+    let diff = similar::TextDiff::from_lines(old, new);
+    let mut out = Vec::new();
+    for group in diff.grouped_ops(3) {
+        let (Some(first), Some(last)) = (group.first(), group.last()) else {
+            continue;
+        };
+        let (o, n) = (first.old_range().start, first.new_range().start);
+        out.push((
+            '@',
+            format!(
+                "@@ -{},{} +{},{} @@",
+                o + 1,
+                last.old_range().end - o,
+                n + 1,
+                last.new_range().end - n
+            ),
+        ));
+        for op in &group {
+            for change in diff.iter_changes(op) {
+                let tag = match change.tag() {
+                    similar::ChangeTag::Delete => '-',
+                    similar::ChangeTag::Insert => '+',
+                    similar::ChangeTag::Equal => ' ',
+                };
+                out.push((tag, change.value().trim_end_matches('\n').to_string()));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::NodeState;
+
+    fn rec(scope: &str, node: &str, state: NodeState, at: i64) -> NodeRecord {
+        NodeRecord {
+            run: "r".into(),
+            scope: scope.into(),
+            node: node.into(),
+            state,
+            output: serde_json::Value::Null,
+            action: None,
+            feedback: None,
+            attempts: 1,
+            usage: Usage::default(),
+            started_at: at,
+            finished_at: at,
+        }
+    }
+
+    fn run(status: RunStatus) -> RunRecord {
+        RunRecord {
+            id: "r".into(),
+            workflow: "w".into(),
+            file: "w.toml".into(),
+            workflow_hash: String::new(),
+            params: serde_json::json!({}),
+            status,
+            exit: None,
+            started_at: 0,
+            updated_at: 0,
+            dir: "/tmp/r".into(),
+            options: serde_json::json!({}),
+        }
+    }
+
+    #[test]
+    fn a_node_takes_its_latest_state_and_regions_count_iterations_and_items() {
+        let mut items = rec("", "@items:tickets", NodeState::Done, 1);
+        items.output = serde_json::json!(["a", "b", "c"]);
+        let nodes = vec![
+            rec("attempts#1", "review", NodeState::Failed, 10),
+            rec("attempts#2", "review", NodeState::Done, 20),
+            items,
+            rec("tickets#a", "work", NodeState::Done, 30),
+        ];
+        let attempt = AttemptRecord {
+            run: "r".into(),
+            scope: "tickets#b".into(),
+            node: "work".into(),
+            attempt: 2,
+            state: AttemptState::Running,
+            agent: None,
+            dir: String::new(),
+            error: None,
+            usage: Usage::default(),
+            started_at: 40,
+            finished_at: None,
+        };
+        let live = live_states(&run(RunStatus::Running), &nodes, &[attempt], &[]);
+        assert_eq!(live["review"].state, "done");
+        assert_eq!(live["review"].badge, "×2");
+        assert_eq!(live["attempts"].badge, "iteration 2");
+        assert_eq!(live["work"].state, "running");
+        assert_eq!(live["tickets"].state, "running");
+        assert_eq!(live["tickets"].badge, "1/3 items");
+        // A dead run shows nothing as running.
+        let live = live_states(&run(RunStatus::Interrupted), &nodes, &[], &[]);
+        assert_eq!(live["work"].state, "done");
+    }
+
+    #[test]
+    fn diffs_show_changed_lines_with_context() {
+        let d = diff_lines("a\nb\nc\n", "a\nB\nc\n");
+        assert_eq!(d[0].0, '@');
+        assert!(d.contains(&('-', "b".into())));
+        assert!(d.contains(&('+', "B".into())));
+        assert!(d.contains(&(' ', "a".into())));
+        assert!(diff_lines("same\n", "same\n").is_empty());
+    }
+}

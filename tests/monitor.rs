@@ -1,0 +1,387 @@
+//! `ralph-flow serve` over HTTP: the token, CSRF, the JSON API, metrics, escaping and
+//! secrets. The browser tests are in tests/monitor_browser.rs.
+#![allow(clippy::unwrap_used)]
+
+mod monitor_support;
+
+use monitor_support::{Checkout, Server};
+
+#[test]
+fn every_request_needs_the_token_which_the_first_visit_trades_for_a_cookie() {
+    let c = Checkout::new();
+    let s = Server::start(c.path(), &[]);
+    assert_eq!(s.token.len(), 48, "a random token of 24 bytes");
+    for path in [
+        "/",
+        "/api/runs",
+        "/metrics",
+        "/api/changes",
+        "/assets/app.js",
+        "/runs/x",
+    ] {
+        let r = s.request("GET", path, &[], "");
+        assert_eq!(r.status, 401, "{path} without the token");
+        assert!(r.body.contains("access token"), "{}", r.body);
+    }
+    let wrong = s.request("GET", "/?token=0123456789abcdef", &[], "");
+    assert_eq!(wrong.status, 401);
+    let wrong_cookie = s.request("GET", "/", &[("Cookie", "ralph_flow_token=nope")], "");
+    assert_eq!(wrong_cookie.status, 401);
+    let first = s.request(
+        "GET",
+        &format!("/runs/abc?token={}&msg=hi", s.token),
+        &[],
+        "",
+    );
+    assert_eq!(first.status, 303);
+    assert_eq!(first.header("location"), Some("/runs/abc?msg=hi"));
+    let cookie = first.header("set-cookie").unwrap();
+    assert!(cookie.starts_with(&format!("ralph_flow_token={};", s.token)));
+    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"));
+    let page = s.get_with_cookie("/");
+    assert_eq!(page.status, 200);
+    assert!(page.body.contains("No runs yet"), "{}", page.body);
+    let csp = page.header("content-security-policy").unwrap();
+    assert!(csp.contains("script-src 'self'"), "{csp}");
+    assert_eq!(s.get("/api/runs").body, "[]");
+}
+
+#[test]
+fn binding_beyond_loopback_needs_the_flag_and_a_token() {
+    let c = Checkout::new();
+    let (code, _, err) = c.run(&["serve", "--addr", "0.0.0.0:0"]);
+    assert_eq!(code, 3);
+    assert!(err.contains("--allow-remote"), "{err}");
+    let out = c
+        .command(&["serve", "--addr", "0.0.0.0:0", "--allow-remote"])
+        .env_remove("RALPH_FLOW_TOKEN")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("RALPH_FLOW_TOKEN"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = c
+        .command(&["serve", "--addr", "0.0.0.0:0", "--allow-remote"])
+        .env("RALPH_FLOW_TOKEN", "short")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "a short token is refused");
+}
+
+#[test]
+fn the_api_serves_runs_live_states_events_artifacts_and_metrics() {
+    let c = Checkout::new();
+    let id = c.wiggum();
+    let s = Server::start(c.path(), &[]);
+    let runs = s.json("/api/runs");
+    let run = &runs[0];
+    assert_eq!(run["id"], id.as_str());
+    assert_eq!(run["workflow"], "wiggum-review");
+    assert_eq!(run["state"], "finished");
+    assert_eq!(run["exit"], "clean");
+    assert_eq!(run["exit_code"], 0);
+    assert_eq!(run["tokens"], 13530, "the recording's usage: {run}");
+    let detail = s.json(&format!("/api/runs/{id}"));
+    assert_eq!(detail["live"]["review"]["state"], "done");
+    assert_eq!(detail["live"]["review"]["badge"], "×3");
+    assert_eq!(detail["live"]["review_loop"]["badge"], "iteration 3");
+    assert_eq!(detail["live"]["report"]["state"], "skipped");
+    let events = s.json(&format!("/api/runs/{id}/events"));
+    let (_, logs, _) = c.run(&["logs", &id, "--json"]);
+    let logged: serde_json::Value = serde_json::from_str(&logs).unwrap();
+    assert_eq!(
+        events.as_array().unwrap().len(),
+        logged["events"].as_array().map_or(0, Vec::len),
+        "the same events as `logs`"
+    );
+    let later = s.json(&format!("/api/runs/{id}/events?since=3"));
+    assert_eq!(
+        later.as_array().unwrap().len() + 3,
+        events.as_array().unwrap().len()
+    );
+    let paths = s.json(&format!("/api/runs/{id}/artifacts"));
+    let prompt = "review_loop#1/review/attempt-1/prompt.md";
+    assert!(
+        paths.as_array().unwrap().iter().any(|p| p == prompt),
+        "{paths}"
+    );
+    let text = s.get(&format!(
+        "/api/runs/{id}/artifacts/review_loop%231/review/attempt-1/prompt.md"
+    ));
+    assert_eq!(text.status, 200);
+    assert!(text.body.contains("fresh eyes"), "{}", text.body);
+    assert_eq!(
+        s.get(&format!("/api/runs/{id}/artifacts/nope.md")).status,
+        404
+    );
+    assert_eq!(s.get("/api/runs/no-such-run").status, 404);
+
+    let metrics = s.get("/metrics");
+    assert_eq!(metrics.status, 200);
+    assert!(
+        metrics
+            .header("content-type")
+            .unwrap()
+            .starts_with("text/plain; version=0.0.4")
+    );
+    for line in [
+        "ralph_flow_runs{state=\"finished\"} 1",
+        "ralph_flow_runs{state=\"running\"} 0",
+        "ralph_flow_stages{state=\"done\"} 10",
+        "ralph_flow_tokens_total{agent=\"reviewer\",direction=\"input\"} 12600",
+        "ralph_flow_gates_waiting 0",
+    ] {
+        assert!(metrics.body.contains(line), "{line} in\n{}", metrics.body);
+    }
+
+    // The pages: the plan drawn with live states, and the stage's attempts with diffs.
+    let page = s.get(&format!("/runs/{id}"));
+    assert_eq!(page.status, 200);
+    assert!(
+        page.body
+            .contains(r#"data-node="review" data-state="done""#)
+    );
+    assert!(page.body.contains("finished: clean (0)"));
+    let stage = s.get(&format!("/runs/{id}/stage?node=review"));
+    assert_eq!(stage.status, 200);
+    assert!(stage.body.contains("Diff from attempt 1 in review_loop#1"));
+    assert!(stage.body.contains(r#"class="d-del""#));
+}
+
+/// The CSRF token of a page.
+fn csrf_of(page: &str) -> String {
+    let at = page.find(r#"name="csrf" value=""#).expect("a gate form") + 19;
+    page[at..].split('"').next().unwrap().to_string()
+}
+
+#[test]
+fn answering_a_gate_needs_csrf_and_the_same_origin_and_writes_what_approve_writes() {
+    let c = Checkout::new();
+    let (code, _, err) = c.run(&Checkout::spider_args(&["--no-wait"]));
+    assert_eq!(code, 75, "SPIDER waits on its spec gate: {err}");
+    let id = c.newest_run();
+    let s = Server::start(c.path(), &[]);
+    let cookie = format!("ralph_flow_token={}", s.token);
+    let page = s.get_with_cookie(&format!("/runs/{id}"));
+    assert!(page.body.contains("specify_loop#1/approve_spec"));
+    let csrf = csrf_of(&page.body);
+    let form = "gate=specify_loop%231%2Fapprove_spec&decision=approve&comment=";
+    let post = |body: &str, extra: &[(&str, &str)]| {
+        let mut h = vec![
+            ("Cookie", cookie.as_str()),
+            ("Content-Type", "application/x-www-form-urlencoded"),
+        ];
+        h.extend_from_slice(extra);
+        s.request("POST", &format!("/runs/{id}/answer"), &h, body)
+    };
+    assert_eq!(post(form, &[]).status, 403, "no CSRF token");
+    assert_eq!(
+        post(&format!("{form}&csrf=0000"), &[]).status,
+        403,
+        "a wrong CSRF token"
+    );
+    let evil = post(
+        &format!("{form}&csrf={csrf}"),
+        &[("Origin", "http://evil.example")],
+    );
+    assert_eq!(evil.status, 403, "another site");
+    let detail = s.json(&format!("/api/runs/{id}"));
+    assert_eq!(
+        detail["gates"].as_array().unwrap().len(),
+        1,
+        "still waiting"
+    );
+
+    let ok = post(
+        &format!("{form}&csrf={csrf}"),
+        &[("Origin", &s.base.clone())],
+    );
+    assert_eq!(ok.status, 303, "{}", ok.body);
+    assert!(
+        ok.header("location")
+            .unwrap()
+            .contains("Approved%20gate%20specify_loop%231%2Fapprove_spec")
+    );
+    // The same records as `ralph-flow approve`: resume goes on to the plan gate.
+    let (_, logs, _) = c.run(&["logs", &id]);
+    assert!(logs.contains("approved by"), "{logs}");
+    assert!(logs.contains("@monitor"), "{logs}");
+    let (code, _, err) = c.run(&["resume", &id, "--no-wait"]);
+    assert_eq!(code, 75, "{err}");
+    assert!(err.contains("plan_loop#1/approve_plan"), "{err}");
+
+    // The JSON API: a rejection needs a comment; with the bearer token no CSRF is needed.
+    let auth = format!("Bearer {}", s.token);
+    let api = |body: &str| {
+        s.request(
+            "POST",
+            &format!("/api/runs/{id}/gates/answer"),
+            &[
+                ("Authorization", auth.as_str()),
+                ("Content-Type", "application/json"),
+            ],
+            body,
+        )
+    };
+    let r = api(r#"{"gate": "approve_plan", "approve": false}"#);
+    assert_eq!(r.status, 409);
+    assert!(r.body.contains("needs a comment"), "{}", r.body);
+    let r = api(r#"{"gate": "approve_spec", "approve": true}"#);
+    assert_eq!(r.status, 409, "not waiting any more: {}", r.body);
+    // With the cookie instead, the API needs the header.
+    let r = s.request(
+        "POST",
+        &format!("/api/runs/{id}/gates/answer"),
+        &[("Cookie", &cookie), ("Content-Type", "application/json")],
+        r#"{"gate": "approve_plan", "approve": true}"#,
+    );
+    assert_eq!(r.status, 403);
+    let r = api(r#"{"gate": "approve_plan", "approve": true, "by": "ana"}"#);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let answered: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(answered["answered"], "plan_loop#1/approve_plan");
+    let (code, _, err) = c.run(&["resume", &id]);
+    assert_eq!(code, 0, "{err}");
+    let run = &s.json("/api/runs")[0];
+    assert_eq!(run["exit"], "success");
+}
+
+#[test]
+fn answers_are_escaped_and_keys_never_reach_a_page() {
+    let c = Checkout::new();
+    let (code, _, err) = c.run(&Checkout::spider_args(&["--no-wait"]));
+    assert_eq!(code, 75, "{err}");
+    let id = c.newest_run();
+    for gate in ["approve_spec", "approve_plan"] {
+        assert_eq!(c.run(&["approve", &id, gate]).0, 0);
+        let (code, _, _) = c.run(&["resume", &id, "--no-wait"]);
+        assert!(code == 75 || code == 0);
+    }
+    // A key the run did not know of (it was not set) that a stage printed: the monitor
+    // knows the usual key variables and masks their values wherever they appear.
+    let secret = "sk-monitor-test-0123456789";
+    std::fs::write(
+        c.path().join("leak.toml"),
+        format!(
+            "name = \"leak\"\n[stages.say]\nkind = \"command\"\nargv = [\"echo\", \"{secret}\"]\n"
+        ),
+    )
+    .unwrap();
+    let (code, _, err) = c.run(&["run", "leak.toml"]);
+    assert_eq!(code, 0, "{err}");
+    let leak = c.new_run(&[&id]);
+    let s = Server::start(c.path(), &[("OPENAI_API_KEY", secret)]);
+    let review = s.get(&format!("/runs/{id}/stage?node=review"));
+    assert!(
+        review
+            .body
+            .contains("&lt;script&gt;alert(1)&lt;&#x2f;script&gt;"),
+        "escaped: {}",
+        review.body
+    );
+    assert!(!review.body.contains("<script>alert(1)"));
+    for path in [
+        format!("/runs/{leak}"),
+        format!("/runs/{leak}/stage?node=say"),
+        format!("/api/runs/{leak}"),
+        "/api/runs".to_string(),
+        format!("/api/runs/{leak}/events"),
+    ] {
+        let r = s.get(&path);
+        assert_eq!(r.status, 200, "{path}");
+        assert!(!r.body.contains(secret), "{path} shows the key: {}", r.body);
+    }
+    let stage = s.get(&format!("/runs/{leak}/stage?node=say"));
+    assert!(stage.body.contains("[REDACTED]"), "{}", stage.body);
+}
+
+#[test]
+fn changes_and_events_stream_as_they_happen_and_pages_refresh_in_parts() {
+    let c = Checkout::new();
+    let id = c.wiggum();
+    let s = Server::start(c.path(), &[]);
+    // The run's events, from the first, each with its index as id.
+    let lines = s.stream_until(
+        &format!("/api/runs/{id}/events/stream"),
+        || {},
+        |l| l.contains("\"kind\":\"finished\""),
+    );
+    assert!(lines[0].contains("200"), "{lines:?}");
+    assert!(lines.iter().any(|l| l == "id: 0"), "{lines:?}");
+    assert!(lines.iter().any(|l| l == "event: event"), "{lines:?}");
+    // A reconnecting client resumes after the last id it saw.
+    let count = s
+        .json(&format!("/api/runs/{id}/events"))
+        .as_array()
+        .unwrap()
+        .len();
+    let r = s.get(&format!("/api/runs/{id}/events?since={count}"));
+    assert_eq!(r.body, "[]");
+    // A run started elsewhere is a change.
+    let lines = s.stream_until(
+        "/api/changes",
+        || {
+            std::fs::write(
+                c.path().join("one.toml"),
+                "name = \"one\"\n[stages.a]\nkind = \"command\"\nargv = [\"true\"]\n",
+            )
+            .unwrap();
+            assert_eq!(c.run(&["run", "one.toml"]).0, 0);
+        },
+        |l| l == "event: change",
+    );
+    assert!(lines.iter().any(|l| l == "event: change"));
+    // Every part of the run page in one reply.
+    let parts = s.json(&format!("/live/runs/{id}"));
+    for part in ["summary", "gates", "graph", "timeline", "usage", "events"] {
+        assert!(parts[part].is_string(), "{part}: {parts}");
+    }
+    assert!(
+        parts["graph"]
+            .as_str()
+            .unwrap()
+            .contains("data-node=\"review_loop\"")
+    );
+    assert!(
+        parts["summary"]
+            .as_str()
+            .unwrap()
+            .contains("finished: clean (0)")
+    );
+    let table = s.get("/live/runs?q=one");
+    assert!(
+        table.body.contains(">one<") || table.body.contains("one.toml"),
+        "{}",
+        table.body
+    );
+    assert!(
+        !table.body.contains("wiggum-review"),
+        "filtered: {}",
+        table.body
+    );
+}
+
+#[test]
+fn graph_draws_the_same_plan_as_svg_without_graphviz() {
+    let c = Checkout::new();
+    let (code, svg, err) = c.run(&["graph", "workflows/spider.toml", "--format", "svg"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(svg.starts_with("<svg"), "{svg}");
+    assert!(svg.contains("<style>"), "a file that stands alone");
+    for node in [
+        "specify",
+        "approve_spec",
+        "plan_loop",
+        "implement",
+        "review",
+    ] {
+        assert!(
+            svg.contains(&format!("data-node=\"{node}\"")),
+            "{node} drawn"
+        );
+    }
+    assert!(!svg.contains("<a href"), "no links outside the monitor");
+}
