@@ -826,7 +826,11 @@ fn resume_refuses_a_changed_workflow_unless_allowed_and_a_run_has_one_executor()
     let pid = u32::try_from(child.pid()).unwrap();
     p.wait_for(|| {
         p.store()
-            .and_then(|s| s.lock_holder(&run).ok().flatten())
+            .and_then(|s| {
+                ralph_flow::store::Store::lock_holder(&s, &run)
+                    .ok()
+                    .flatten()
+            })
             .is_some_and(|h| h.pid == pid)
     });
     let second = p.run(&["resume", &run, "--allow-changed", "--no-wait"]);

@@ -1,8 +1,11 @@
-//! The SQLite store: round trips, group commits, spills, locks, gates and history.
+//! The stores: round trips, group commits, locks, gates and history, each test run against
+//! the SQLite store and against the PostgreSQL store on a real server (tests/pg); then what
+//! only the SQLite store does (spilling large outputs to files, its file and schema).
 
 use std::path::Path;
 
 use ralph_flow::backend::Usage;
+use ralph_flow::store::postgres::PgStore;
 use ralph_flow::store::sqlite::{Durability, SPILL_BYTES, SqliteStore};
 use ralph_flow::store::{
     Approval, AttemptRecord, Event, GateRequest, LockOwner, NodeRecord, NodeState, RunRecord,
@@ -10,9 +13,112 @@ use ralph_flow::store::{
 };
 use serde_json::json;
 
+mod pg;
+
 fn store(dir: &Path) -> SqliteStore {
     SqliteStore::open(&dir.join("state.db")).expect("open store")
 }
+
+/// A store to test: how to open it (twice, as two processes would) and how to make it
+/// refuse a write.
+trait Db {
+    fn open(&self) -> Box<dyn Store>;
+    fn open_second(&self) -> Box<dyn Store>;
+    /// Makes the store refuse events of kind `boom` from now on ("boom refused").
+    fn refuse_boom_events(&self);
+}
+
+struct Sqlite(tempfile::TempDir);
+
+impl Db for Sqlite {
+    fn open(&self) -> Box<dyn Store> {
+        Box::new(store(self.0.path()))
+    }
+    fn open_second(&self) -> Box<dyn Store> {
+        Box::new(
+            SqliteStore::open_with(&self.0.path().join("state.db"), Durability::Full)
+                .expect("open"),
+        )
+    }
+    fn refuse_boom_events(&self) {
+        rusqlite::Connection::open(self.0.path().join("state.db"))
+            .expect("open")
+            .execute_batch(
+                "CREATE TRIGGER no_boom BEFORE INSERT ON events WHEN NEW.kind = 'boom' \
+                 BEGIN SELECT RAISE(ABORT, 'boom refused'); END;",
+            )
+            .expect("trigger");
+    }
+}
+
+struct Postgres(String);
+
+impl Db for Postgres {
+    fn open(&self) -> Box<dyn Store> {
+        Box::new(PgStore::connect(&self.0).expect("connect"))
+    }
+    fn open_second(&self) -> Box<dyn Store> {
+        self.open()
+    }
+    fn refuse_boom_events(&self) {
+        postgres::Client::connect(&self.0, postgres::NoTls)
+            .expect("connect")
+            .batch_execute(
+                "CREATE FUNCTION no_boom() RETURNS trigger AS $$ BEGIN \
+                 IF NEW.kind = 'boom' THEN RAISE EXCEPTION 'boom refused'; END IF; \
+                 RETURN NEW; END $$ LANGUAGE plpgsql; \
+                 CREATE TRIGGER no_boom BEFORE INSERT ON events \
+                 FOR EACH ROW EXECUTE FUNCTION no_boom();",
+            )
+            .expect("trigger");
+    }
+}
+
+fn pending_named(s: &dyn Store, gate: &str) -> usize {
+    s.pending_gates("r")
+        .expect("gates")
+        .iter()
+        .filter(|g| g.gate == gate)
+        .count()
+}
+
+/// Each test, once per store.
+macro_rules! on_both_stores {
+    ($($name:ident),* $(,)?) => {
+        mod on_sqlite {
+            $(
+                #[test]
+                fn $name() {
+                    super::$name(&super::Sqlite(tempfile::tempdir().expect("tempdir")));
+                }
+            )*
+        }
+        mod on_postgres {
+            $(
+                #[test]
+                fn $name() {
+                    let Some(url) = super::pg::database() else {
+                        return;
+                    };
+                    super::$name(&super::Postgres(url));
+                }
+            )*
+        }
+    };
+}
+
+on_both_stores!(
+    runs_round_trip_newest_first,
+    records_round_trip,
+    events_filter_by_stage_in_order,
+    group_commit_is_atomic,
+    lock_conflict_with_a_live_process,
+    stale_lock_is_taken_over,
+    lock_is_reentrant_and_unlock_releases,
+    answering_a_gate,
+    history_across_runs_newest_first,
+    two_connections_see_each_others_writes,
+);
 
 fn run_record(id: &str, workflow: &str, started_at: i64) -> RunRecord {
     RunRecord {
@@ -114,10 +220,8 @@ fn owner(pid: u32) -> LockOwner {
     }
 }
 
-#[test]
-fn runs_round_trip_newest_first() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut s = store(dir.path());
+fn runs_round_trip_newest_first(db: &dyn Db) {
+    let mut s = db.open();
     let first = run_record("r1", "fix", 1_000);
     let second = run_record("r2", "fix", 2_000);
     s.create_run(&first).expect("create");
@@ -145,10 +249,8 @@ fn runs_round_trip_newest_first() {
     assert!(s.set_status("nope", RunStatus::Waiting, None).is_err());
 }
 
-#[test]
-fn records_round_trip() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut s = store(dir.path());
+fn records_round_trip(db: &dyn Db) {
+    let mut s = db.open();
     s.create_run(&run_record("r", "fix", 1)).expect("create");
     let n1 = node("r", "", "plan", json!({"steps": ["a", "b"], "ok": true}));
     let mut n2 = node("r", "attempts#1", "implement", json!("text"));
@@ -216,10 +318,8 @@ fn records_round_trip() {
     assert_eq!(s.approval("r", "", "other").expect("approval"), None);
 }
 
-#[test]
-fn events_filter_by_stage_in_order() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut s = store(dir.path());
+fn events_filter_by_stage_in_order(db: &dyn Db) {
+    let mut s = db.open();
     s.create_run(&run_record("r", "fix", 1)).expect("create");
     for (i, name) in ["plan", "code", "plan", "code", "plan"].iter().enumerate() {
         s.commit(&[Write::Event(event("r", name, "started", i as i64))])
@@ -236,10 +336,8 @@ fn events_filter_by_stage_in_order() {
     assert!(s.events("other", None).expect("events").is_empty());
 }
 
-#[test]
-fn group_commit_is_atomic() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut s = store(dir.path());
+fn group_commit_is_atomic(db: &dyn Db) {
+    let mut s = db.open();
     s.create_run(&run_record("r", "fix", 1)).expect("create");
     let writes: Vec<Write> = (0..8)
         .flat_map(|i| {
@@ -256,14 +354,7 @@ fn group_commit_is_atomic() {
 
     // A write that fails inside the transaction rolls back the ones before it. Another
     // connection adds a trigger that refuses one kind of event.
-    let other = rusqlite::Connection::open(dir.path().join("state.db")).expect("open");
-    other
-        .execute_batch(
-            "CREATE TRIGGER no_boom BEFORE INSERT ON events WHEN NEW.kind = 'boom' \
-             BEGIN SELECT RAISE(ABORT, 'boom refused'); END;",
-        )
-        .expect("trigger");
-    drop(other);
+    db.refuse_boom_events();
     let failing = vec![
         Write::Node(node("r", "", "c", json!(3))),
         Write::Attempt(attempt("r", "", "c", 1)),
@@ -339,10 +430,8 @@ fn large_outputs_spill_to_files_and_load_back() {
     );
 }
 
-#[test]
-fn lock_conflict_with_a_live_process() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut s = store(dir.path());
+fn lock_conflict_with_a_live_process(db: &dyn Db) {
+    let mut s = db.open();
     s.create_run(&run_record("r", "fix", 1)).expect("create");
     let parent = std::os::unix::process::parent_id();
     s.lock("r", &owner(parent)).expect("first lock");
@@ -373,10 +462,8 @@ fn lock_conflict_with_a_live_process() {
     assert!(err.to_string().contains("on other-host"), "{err}");
 }
 
-#[test]
-fn stale_lock_is_taken_over() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut s = store(dir.path());
+fn stale_lock_is_taken_over(db: &dyn Db) {
+    let mut s = db.open();
     let mut child = std::process::Command::new("true")
         .spawn()
         .expect("spawn true");
@@ -389,10 +476,8 @@ fn stale_lock_is_taken_over() {
     assert_eq!(s.lock_holder("r").expect("holder"), Some(me));
 }
 
-#[test]
-fn lock_is_reentrant_and_unlock_releases() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut s = store(dir.path());
+fn lock_is_reentrant_and_unlock_releases(db: &dyn Db) {
+    let mut s = db.open();
     let me = owner(std::process::id());
     s.lock("r", &me).expect("lock");
     s.lock("r", &me).expect("lock again");
@@ -403,10 +488,8 @@ fn lock_is_reentrant_and_unlock_releases() {
     s.lock("r", &parent).expect("lock by another");
 }
 
-#[test]
-fn answering_a_gate() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut s = store(dir.path());
+fn answering_a_gate(db: &dyn Db) {
+    let mut s = db.open();
     s.create_run(&run_record("r", "fix", 1)).expect("create");
 
     let err = s
@@ -441,7 +524,7 @@ fn answering_a_gate() {
         .expect_err("wrong scope");
     assert!(err.to_string().contains("in scope attempts#1"), "{err}");
 
-    assert_eq!(s.find_pending("r", "approve_spec").expect("find").len(), 1);
+    assert_eq!(pending_named(&*s, "approve_spec"), 1);
     // An empty scope finds the single pending gate of that name.
     s.answer(&approval("r", "", "approve_spec", true))
         .expect("answer");
@@ -469,13 +552,11 @@ fn answering_a_gate() {
     assert!(err.to_string().contains("scope t#1, scope t#2"), "{err}");
     s.answer(&approval("r", "t#2", "review", false))
         .expect("answer");
-    assert_eq!(s.find_pending("r", "review").expect("find").len(), 1);
+    assert_eq!(pending_named(&*s, "review"), 1);
 }
 
-#[test]
-fn history_across_runs_newest_first() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut s = store(dir.path());
+fn history_across_runs_newest_first(db: &dyn Db) {
+    let mut s = db.open();
     for (i, id) in ["r1", "r2", "r3"].iter().enumerate() {
         s.create_run(&run_record(id, "fix", i as i64 * 100))
             .expect("create");
@@ -524,10 +605,8 @@ fn history_across_runs_newest_first() {
     assert_eq!(earlier, ["r2", "r1"]);
 }
 
-#[test]
-fn two_connections_see_each_others_writes() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut executor = store(dir.path());
+fn two_connections_see_each_others_writes(db: &dyn Db) {
+    let mut executor = db.open();
     executor
         .create_run(&run_record("r", "fix", 1))
         .expect("create");
@@ -535,14 +614,19 @@ fn two_connections_see_each_others_writes() {
         .commit(&[Write::Gate(gate("r", "", "approve_spec"))])
         .expect("commit");
 
-    // `ralph-flow approve` from another terminal: its own connection, Full durability.
-    let mut approver =
-        SqliteStore::open_with(&dir.path().join("state.db"), Durability::Full).expect("open");
+    // `ralph-flow approve` from another terminal: its own connection (Full durability).
+    let mut approver = db.open_second();
+    let seen = executor.changes().expect("changes");
     assert_eq!(approver.pending_gates("r").expect("gates").len(), 1);
     approver
         .answer(&approval("r", "", "approve_spec", true))
         .expect("answer");
 
+    assert_ne!(
+        executor.changes().expect("changes"),
+        seen,
+        "another connection's commit is a change"
+    );
     assert!(executor.pending_gates("r").expect("gates").is_empty());
     assert!(
         executor
@@ -592,4 +676,47 @@ fn a_newer_schema_is_refused() {
         .err()
         .expect("refused");
     assert!(err.to_string().contains("schema version 99"), "{err}");
+}
+
+#[test]
+fn large_outputs_round_trip_in_postgres() {
+    let Some(url) = pg::database() else {
+        return;
+    };
+    let mut s = PgStore::connect(&url).expect("connect");
+    s.create_run(&run_record("r", "fix", 1)).expect("create");
+    let big = json!({"diff": "x".repeat(1024 * 1024), "files": ["a.rs", "b.rs"]});
+    s.commit(&[Write::Node(node("r", "", "big", big.clone()))])
+        .expect("commit");
+    let other = PgStore::connect(&url).expect("connect");
+    assert_eq!(other.nodes("r").expect("nodes")[0].output, big);
+    assert_eq!(
+        other.history("fix", "big", "", 1).expect("history")[0]
+            .1
+            .output,
+        big
+    );
+}
+
+#[test]
+fn postgres_refuses_a_newer_schema_and_names_the_server_without_its_password() {
+    let Some(url) = pg::database() else {
+        return;
+    };
+    drop(PgStore::connect(&url).expect("connect"));
+    postgres::Client::connect(&url, postgres::NoTls)
+        .expect("connect")
+        .batch_execute("UPDATE ralph_flow_schema SET version = 99")
+        .expect("bump");
+    let err = PgStore::connect(&url).err().expect("refused");
+    assert!(err.to_string().contains("schema version 99"), "{err}");
+    let err = PgStore::connect("postgres://rf:hunter2-secret@127.0.0.1:1/none")
+        .err()
+        .expect("no server");
+    let text = ralph_flow::diag::error_chain(&err);
+    assert!(
+        text.contains("cannot connect to postgres://rf@127.0.0.1:1/none"),
+        "{text}"
+    );
+    assert!(!text.contains("hunter2"), "{text}");
 }

@@ -9,8 +9,7 @@ use std::time::Duration;
 
 use ralph_flow::run::progress::Mode;
 use ralph_flow::run::{RunEnd, RunOptions, execute, prepare_fetching};
-use ralph_flow::store::sqlite::{SqliteStore, default_path};
-use ralph_flow::store::{RunStatus, Store};
+use ralph_flow::store::{Location, RunStatus, Store};
 
 use super::EXIT_CONFIG;
 
@@ -20,6 +19,10 @@ pub struct ExecArgs {
     /// The state directory: the store and every attempt's artifacts.
     #[arg(long, value_name = "DIR", default_value = ".ralph-flow")]
     state_dir: PathBuf,
+    /// A PostgreSQL store (`postgres://...`) instead of the state directory's SQLite file
+    /// (also RALPH_FLOW_STORE).
+    #[arg(long, value_name = "URL")]
+    store: Option<String>,
     /// The most stages running at once, whatever the workflow allows.
     #[arg(long, value_name = "N")]
     max_concurrency: Option<usize>,
@@ -75,10 +78,9 @@ enum Failed {
     #[error("cannot start the runtime")]
     Runtime(#[source] std::io::Error),
     #[error(
-        "there is no run state in {} (no run has started here); pass --state-dir to look elsewhere",
-        .0.display()
+        "there is no run state in {0} (no run has started here); pass --state-dir or --store to look elsewhere"
     )]
-    NoState(PathBuf),
+    NoState(String),
     #[error(transparent)]
     Store(#[from] ralph_flow::store::StoreError),
     #[error(transparent)]
@@ -123,6 +125,10 @@ pub struct AnswerArgs {
     /// The state directory.
     #[arg(long, value_name = "DIR", default_value = ".ralph-flow")]
     state_dir: PathBuf,
+    /// A PostgreSQL store (`postgres://...`) instead of the state directory's SQLite file
+    /// (also RALPH_FLOW_STORE).
+    #[arg(long, value_name = "URL")]
+    store: Option<String>,
 }
 
 fn options(a: &ExecArgs) -> Result<RunOptions, Failed> {
@@ -132,6 +138,10 @@ fn options(a: &ExecArgs) -> Result<RunOptions, Failed> {
         a.state_dir.clone()
     } else {
         cwd.join(&a.state_dir)
+    };
+    o.store = match Location::new(a.store.as_deref(), &o.state_dir)? {
+        Location::Postgres(url) => Some(url),
+        Location::Sqlite(_) => None,
     };
     o.max_concurrency = a.max_concurrency;
     o.wait = !a.no_wait;
@@ -275,12 +285,11 @@ fn usage_text(u: &ralph_flow::backend::Usage) -> String {
     s
 }
 
-fn open_store(state_dir: &Path) -> Result<SqliteStore, Failed> {
-    let path = default_path(state_dir);
-    if !path.exists() {
-        return Err(Failed::NoState(state_dir.to_path_buf()));
+fn open_store(location: &Location) -> Result<Box<dyn Store + Send>, Failed> {
+    if !location.exists() {
+        return Err(Failed::NoState(location.to_string()));
     }
-    Ok(SqliteStore::open(&path)?)
+    Ok(location.open(ralph_flow::store::sqlite::Durability::Normal)?)
 }
 
 /// `ralph-flow resume`.
@@ -289,7 +298,7 @@ pub fn resume(args: &ResumeArgs) -> i32 {
         Ok(o) => o,
         Err(e) => return fail(&error_chain(&e)),
     };
-    let store = match open_store(&opts.state_dir) {
+    let store = match open_store(&opts.location()) {
         Ok(s) => s,
         Err(e) => return fail(&error_chain(&e)),
     };
@@ -388,7 +397,11 @@ pub fn answer(args: &AnswerArgs, approved: bool) -> i32 {
     if !approved && args.comment.is_none() {
         return fail("a rejection needs --comment: it is the feedback of the next attempt");
     }
-    let mut store = match open_store(&args.state_dir) {
+    let location = match Location::new(args.store.as_deref(), &args.state_dir) {
+        Ok(l) => l,
+        Err(e) => return fail(&error_chain(&e)),
+    };
+    let mut store = match open_store(&location) {
         Ok(s) => s,
         Err(e) => return fail(&error_chain(&e)),
     };
@@ -398,7 +411,7 @@ pub fn answer(args: &AnswerArgs, approved: bool) -> i32 {
         .or_else(|| std::env::var("USER").ok())
         .unwrap_or_else(|| "unknown".into());
     let answered = match answer(
-        &mut store,
+        store.as_mut(),
         &args.run,
         &args.gate,
         approved,

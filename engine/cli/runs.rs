@@ -3,10 +3,9 @@
 use std::path::{Path, PathBuf};
 
 use ralph_flow::backend::Usage;
-use ralph_flow::store::sqlite::SqliteStore;
 use ralph_flow::store::{
-    AttemptRecord, Event, GateRequest, LockOwner, NodeRecord, NodeState, RunRecord, RunStatus,
-    Store, default_path,
+    AttemptRecord, Event, GateRequest, Location, LockOwner, NodeRecord, NodeState, RunRecord,
+    RunStatus, Store,
 };
 use ralph_flow::store::{now_ms, rfc3339};
 use ralph_flow::text::duration_ms;
@@ -27,6 +26,10 @@ pub struct RunsArgs {
     /// The state directory.
     #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
     state_dir: PathBuf,
+    /// A PostgreSQL store (`postgres://...`) instead of the state directory's SQLite file
+    /// (also RALPH_FLOW_STORE).
+    #[arg(long, value_name = "URL")]
+    store: Option<String>,
     /// Print one JSON document.
     #[arg(long)]
     json: bool,
@@ -42,6 +45,10 @@ pub struct StatusArgs {
     /// The state directory.
     #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
     state_dir: PathBuf,
+    /// A PostgreSQL store (`postgres://...`) instead of the state directory's SQLite file
+    /// (also RALPH_FLOW_STORE).
+    #[arg(long, value_name = "URL")]
+    store: Option<String>,
     /// Print one JSON document.
     #[arg(long)]
     json: bool,
@@ -57,6 +64,10 @@ pub struct LogsArgs {
     /// The state directory.
     #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
     state_dir: PathBuf,
+    /// A PostgreSQL store (`postgres://...`) instead of the state directory's SQLite file
+    /// (also RALPH_FLOW_STORE).
+    #[arg(long, value_name = "URL")]
+    store: Option<String>,
     /// Print one JSON document.
     #[arg(long)]
     json: bool,
@@ -73,6 +84,10 @@ pub struct ExportArgs {
     /// The state directory.
     #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
     state_dir: PathBuf,
+    /// A PostgreSQL store (`postgres://...`) instead of the state directory's SQLite file
+    /// (also RALPH_FLOW_STORE).
+    #[arg(long, value_name = "URL")]
+    store: Option<String>,
 }
 
 /// `ralph-flow export`: a run's attempt records (prompts, answers, outputs, feedback) as
@@ -82,7 +97,10 @@ pub fn export(args: &ExportArgs) -> i32 {
 }
 
 fn write_export(args: &ExportArgs) -> Result<(), Failure> {
-    let (_, run) = open_run(&args.state_dir, Some(&args.run))?;
+    let (_, run) = open_run(
+        &location(&args.state_dir, args.store.as_deref())?,
+        Some(&args.run),
+    )?;
     let dir = PathBuf::from(&run.dir);
     let out = args.out.clone().unwrap_or_else(|| dir.clone());
     let n = ralph_flow::run::artifacts::export(&dir, &out)
@@ -130,26 +148,24 @@ fn exit_code(result: Result<(), Failure>) -> i32 {
     }
 }
 
-/// Opens the store of a state directory for reading; `None` when there is none yet (reading
-/// does not create one).
-fn open(state_dir: &Path) -> Result<Option<SqliteStore>, Failure> {
-    let path = default_path(state_dir);
-    if !path.exists() {
-        return Ok(None);
-    }
-    // Reading changes nothing; a store of an older version is brought up to date first
-    // (which needs to write).
-    match SqliteStore::open_read_only(&path) {
-        Ok(store) => Ok(Some(store)),
-        Err(read_only) => Ok(Some(SqliteStore::open(&path).map_err(|_| read_only)?)),
-    }
+/// Opens the store for reading; `None` when there is none yet (reading does not create one).
+fn open(location: &Location) -> Result<Option<Box<dyn Store + Send>>, Failure> {
+    Ok(location.open_to_read()?)
+}
+
+fn location(state_dir: &Path, store: Option<&str>) -> Result<Location, Failure> {
+    Location::new(store, state_dir)
+        .map_err(|e| Failure(ralph_flow::diag::error_chain(&e), super::EXIT_CONFIG))
 }
 
 /// Opens the store and finds the run `id`, or the newest run when `id` is `None`; fails with
 /// [`super::EXIT_CONFIG`] naming recent runs when there is no such run.
-fn open_run(state_dir: &Path, id: Option<&str>) -> Result<(SqliteStore, RunRecord), Failure> {
-    let Some(store) = open(state_dir)? else {
-        return Err(unknown_run(state_dir, id, &[]));
+fn open_run(
+    location: &Location,
+    id: Option<&str>,
+) -> Result<(Box<dyn Store + Send>, RunRecord), Failure> {
+    let Some(store) = open(location)? else {
+        return Err(unknown_run(location, id, &[]));
     };
     let found = match id {
         Some(id) => store.run(id)?,
@@ -159,15 +175,15 @@ fn open_run(state_dir: &Path, id: Option<&str>) -> Result<(SqliteStore, RunRecor
         Some(run) => Ok((store, run)),
         None => {
             let recent: Vec<String> = store.runs(RECENT)?.into_iter().map(|r| r.id).collect();
-            Err(unknown_run(state_dir, id, &recent))
+            Err(unknown_run(location, id, &recent))
         }
     }
 }
 
-fn unknown_run(state_dir: &Path, id: Option<&str>, recent: &[String]) -> Failure {
+fn unknown_run(location: &Location, id: Option<&str>, recent: &[String]) -> Failure {
     let what = match id {
-        Some(id) => format!("no run {id} in {}", state_dir.display()),
-        None => format!("no runs in {}", state_dir.display()),
+        Some(id) => format!("no run {id} in {location}"),
+        None => format!("no runs in {location}"),
     };
     let hint = if recent.is_empty() {
         String::from("; there are no runs yet")
@@ -208,7 +224,8 @@ impl<'a> RunView<'a> {
 }
 
 fn list(args: &RunsArgs) -> Result<(), Failure> {
-    let runs = match open(&args.state_dir)? {
+    let place = location(&args.state_dir, args.store.as_deref())?;
+    let runs = match open(&place)? {
         Some(store) => store.runs(args.limit)?,
         None => Vec::new(),
     };
@@ -217,7 +234,7 @@ fn list(args: &RunsArgs) -> Result<(), Failure> {
         return print_json(&views);
     }
     if views.is_empty() {
-        println!("no runs in {}", args.state_dir.display());
+        println!("no runs in {place}");
         return Ok(());
     }
     let rows: Vec<Vec<String>> = views
@@ -263,7 +280,10 @@ struct StatusView<'a> {
 }
 
 fn show_status(args: &StatusArgs) -> Result<(), Failure> {
-    let (store, run) = open_run(&args.state_dir, args.run.as_deref())?;
+    let (store, run) = open_run(
+        &location(&args.state_dir, args.store.as_deref())?,
+        args.run.as_deref(),
+    )?;
     let nodes = store.nodes(&run.id)?;
     let gates = store.pending_gates(&run.id)?;
     let lock = store.lock_holder(&run.id)?;
@@ -441,7 +461,10 @@ fn with_region_sums(mut nodes: Vec<NodeRecord>) -> Vec<NodeRecord> {
 }
 
 fn show_logs(args: &LogsArgs) -> Result<(), Failure> {
-    let (store, run) = open_run(&args.state_dir, Some(&args.run))?;
+    let (store, run) = open_run(
+        &location(&args.state_dir, args.store.as_deref())?,
+        Some(&args.run),
+    )?;
     let stage = args.stage.as_deref();
     let events = store.events(&run.id, stage)?;
     let attempts = match stage {

@@ -15,6 +15,10 @@ pub struct Args {
     /// The state directory whose runs are shown.
     #[arg(long, value_name = "DIR", default_value = ".ralph-flow")]
     state_dir: PathBuf,
+    /// A PostgreSQL store (`postgres://...`) instead of the state directory's SQLite file
+    /// (also RALPH_FLOW_STORE).
+    #[arg(long, value_name = "URL")]
+    store: Option<String>,
     /// Serve other machines too (an address that is not loopback). Needs an access token of
     /// at least 16 characters in RALPH_FLOW_TOKEN.
     #[arg(long)]
@@ -26,20 +30,28 @@ pub struct Args {
 
 pub fn run(args: &Args) -> i32 {
     let cwd = std::env::current_dir().unwrap_or_default();
+    let state_dir = if args.state_dir.is_absolute() {
+        args.state_dir.clone()
+    } else {
+        cwd.join(&args.state_dir)
+    };
+    let store = match ralph_flow::store::Location::new(args.store.as_deref(), &state_dir) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("error: {}", error_chain(&e));
+            return ralph_flow::exit::CONFIG;
+        }
+    };
     let opts = Options {
         addr: args.addr,
-        state_dir: if args.state_dir.is_absolute() {
-            args.state_dir.clone()
-        } else {
-            cwd.join(&args.state_dir)
-        },
+        store,
         allow_remote: args.allow_remote,
         token: std::env::var("RALPH_FLOW_TOKEN")
             .ok()
             .filter(|t| !t.is_empty()),
         poll: args.poll,
     };
-    let shown = opts.state_dir.display().to_string();
+    let shown = opts.store.to_string();
     let result = serve(opts, |url| {
         use std::io::Write as _;
         println!("{url}");

@@ -69,7 +69,7 @@ pub(crate) struct Shared {
     pub store_error: RefCell<Option<Halt>>,
     /// A second connection to the store, for `earlier_runs()` in templates (template
     /// functions must be `Send + Sync`; the executor's own connection is not shared).
-    pub memory: Arc<std::sync::Mutex<crate::store::sqlite::SqliteStore>>,
+    pub memory: Arc<std::sync::Mutex<Box<dyn crate::store::Store + Send>>>,
 }
 
 /// A subflow's workflow file and its params.

@@ -127,10 +127,8 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
     } else {
         crate::store::sqlite::Durability::Normal
     };
-    let db = crate::store::sqlite::default_path(&opts.state_dir);
-    let mut store = crate::store::sqlite::SqliteStore::open_with(&db, durability)?;
-    store.on_busy(|m| eprintln!("! store: {}", crate::text::printable(m)));
-    let mut store: Box<dyn Store> = Box::new(store);
+    let location = opts.location();
+    let mut store: Box<dyn Store> = location.open(durability)?;
     let plan = &prepared.plan;
     let (run, resumed) = match &opts.resume {
         Some(id) => {
@@ -277,7 +275,7 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         recorder,
         store_error: RefCell::new(None),
         memory: Arc::new(std::sync::Mutex::new(
-            crate::store::sqlite::SqliteStore::open(&db)?,
+            location.open(crate::store::sqlite::Durability::Normal)?,
         )),
     };
     if leftovers > 0 {

@@ -8,14 +8,13 @@ use minijinja::{Error, ErrorKind};
 /// It reads the store through its own connection.
 pub fn register(
     env: &mut minijinja::Environment<'static>,
-    store: std::sync::Arc<std::sync::Mutex<crate::store::sqlite::SqliteStore>>,
+    store: std::sync::Arc<std::sync::Mutex<Box<dyn crate::store::Store + Send>>>,
     workflow: String,
     current_run: String,
 ) {
     env.add_function(
         "earlier_runs",
         move |stage: String, n: Option<usize>| -> Result<Value, Error> {
-            use crate::store::Store;
             let store = store
                 .lock()
                 .map_err(|_| Error::new(ErrorKind::InvalidOperation, "the store is unusable"))?;

@@ -165,8 +165,12 @@ pub fn prepare_fetching(
 /// How a run is carried out.
 #[derive(Clone, Debug)]
 pub struct RunOptions {
-    /// The state directory (`.ralph-flow`): the store and the artifacts.
+    /// The state directory (`.ralph-flow`): the artifacts, and the store unless `store` is
+    /// set.
     pub state_dir: PathBuf,
+    /// A PostgreSQL store (`--store postgres://...`) instead of the state directory's SQLite
+    /// file.
+    pub store: Option<String>,
     /// The directory commands and agents run in (the project).
     pub cwd: PathBuf,
     /// Caps every running stage, whatever the workflow says.
@@ -193,10 +197,19 @@ pub struct RunOptions {
 }
 
 impl RunOptions {
+    /// Where the run's records are kept.
+    pub fn location(&self) -> crate::store::Location {
+        match &self.store {
+            Some(url) => crate::store::Location::Postgres(url.clone()),
+            None => crate::store::Location::Sqlite(self.state_dir.clone()),
+        }
+    }
+
     /// The defaults for a project directory.
     pub fn new(cwd: PathBuf) -> Self {
         RunOptions {
             state_dir: cwd.join(".ralph-flow"),
+            store: None,
             cwd,
             max_concurrency: None,
             wait: true,

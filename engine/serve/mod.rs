@@ -23,23 +23,22 @@ mod view;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
 use axum::routing::{get, post};
 
-use crate::store::sqlite::{SqliteStore, default_path};
-use crate::store::{Store, StoreError};
+use crate::store::sqlite::Durability;
+use crate::store::{Location, Store, StoreError};
 
 /// How the monitor is served.
 #[derive(Clone, Debug)]
 pub struct Options {
     /// Where to listen. Loopback unless `allow_remote`.
     pub addr: SocketAddr,
-    /// The state directory whose store is shown.
-    pub state_dir: PathBuf,
+    /// The store whose runs are shown (the state directory's SQLite file, or PostgreSQL).
+    pub store: Location,
     /// Lets `addr` be an address other machines reach.
     pub allow_remote: bool,
     /// The access token; random when `None` (required with `allow_remote`).
@@ -86,7 +85,7 @@ const KEY_VARIABLES: &[&str] = &[
 
 /// The shared state of the handlers.
 pub(crate) struct Monitor {
-    state_dir: PathBuf,
+    location: Location,
     /// The store, opened when it exists (a monitor may start before the first run).
     store: Mutex<Option<Box<dyn Store + Send>>>,
     token: auth::Token,
@@ -109,11 +108,10 @@ impl Monitor {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if guard.is_none() {
-            let path = default_path(&self.state_dir);
-            if !path.exists() {
+            if !self.location.exists() {
                 return Ok(None);
             }
-            *guard = Some(Box::new(SqliteStore::open(&path)?));
+            *guard = Some(self.location.open(Durability::Normal)?);
         }
         match guard.as_mut() {
             Some(store) => f(store.as_mut()).map(Some),
@@ -127,9 +125,9 @@ impl Monitor {
         self.changed.send_modify(|v| *v += 1);
     }
 
-    /// The state directory shown.
-    pub(crate) fn state_dir(&self) -> &Path {
-        &self.state_dir
+    /// The store shown.
+    pub(crate) fn location(&self) -> &Location {
+        &self.location
     }
 }
 
@@ -164,7 +162,7 @@ pub fn serve(opts: Options, ready: impl FnOnce(&str)) -> Result<(), ServeError> 
         })?;
         let (changed, _) = tokio::sync::watch::channel(0u64);
         let monitor = Arc::new(Monitor {
-            state_dir: opts.state_dir.clone(),
+            location: opts.store.clone(),
             store: Mutex::new(None),
             token,
             drawings: Mutex::new(HashMap::new()),

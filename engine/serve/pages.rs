@@ -17,7 +17,7 @@ use super::auth::{Authorized, csrf_ok};
 use super::layout::{Drawing, svg};
 use super::{Monitor, charts, view};
 use crate::diag::error_chain;
-use crate::store::{RunRecord, StoreError};
+use crate::store::{Location, RunRecord, StoreError};
 
 /// The page templates, compiled once.
 pub(crate) struct Pages {
@@ -158,7 +158,7 @@ pub(crate) async fn runs(State(m): State<Arc<Monitor>>, Query(q): Query<RunsQuer
         "runs.html",
         context! {
             runs => Serde(&runs), total, q => q.q, state => q.state,
-            state_dir => m.state_dir().display().to_string(),
+            state_dir => m.location().to_string(),
             states => ["running", "waiting", "interrupted", "finished"],
         },
     )
@@ -189,7 +189,10 @@ fn workflow_path(m: &Monitor, file: &str) -> std::path::PathBuf {
     if p.is_absolute() || p.exists() {
         return p.to_path_buf();
     }
-    match m.state_dir().parent() {
+    let Location::Sqlite(state_dir) = m.location() else {
+        return p.to_path_buf();
+    };
+    match state_dir.parent() {
         Some(project) if project.join(p).exists() => project.join(p),
         _ => p.to_path_buf(),
     }

@@ -5,6 +5,7 @@
 //! Everything a resume needs is here; artifacts people read live on disk beside it.
 //! [`sqlite::SqliteStore`] is the default; a PostgreSQL store can implement the same trait.
 
+pub mod postgres;
 pub mod sqlite;
 
 pub use sqlite::{default_path, open_default};
@@ -39,6 +40,13 @@ pub enum StoreError {
     /// to do.
     #[error("{0}")]
     State(String),
+    /// The PostgreSQL server failed or could not be reached.
+    #[error("{what}")]
+    Postgres {
+        what: String,
+        #[source]
+        source: ::postgres::Error,
+    },
     /// What was asked contradicts what the store holds (no such run, a gate that does not
     /// wait, a run another process holds).
     #[error("{0}")]
@@ -58,6 +66,86 @@ impl StoreError {
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// The environment variable that names the store when `--store` is not given.
+pub const STORE_ENV: &str = "RALPH_FLOW_STORE";
+
+/// Where runs are kept: the SQLite file of a state directory (the default), or a PostgreSQL
+/// database that many processes share.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Location {
+    /// `STATE_DIR/state.db`.
+    Sqlite(PathBuf),
+    /// A `postgres://` (or `postgresql://`) URL.
+    Postgres(String),
+}
+
+impl Location {
+    /// The store `--store` names (else [`STORE_ENV`]), or the state directory's SQLite file.
+    pub fn new(store: Option<&str>, state_dir: &std::path::Path) -> Result<Location> {
+        let from_env = std::env::var(STORE_ENV).ok().filter(|v| !v.is_empty());
+        match store.map(str::to_string).or(from_env) {
+            None => Ok(Location::Sqlite(state_dir.to_path_buf())),
+            Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+                Ok(Location::Postgres(url))
+            }
+            Some(other) => Err(StoreError::State(format!(
+                "`{}` is not a store: give a postgres:// URL (or leave --store and {STORE_ENV} \
+                 out for the state directory's SQLite file)",
+                crate::text::printable(&other)
+            ))),
+        }
+    }
+
+    /// Whether the store may hold runs already (a SQLite file is made by the first run).
+    pub fn exists(&self) -> bool {
+        match self {
+            Location::Sqlite(dir) => default_path(dir).exists(),
+            Location::Postgres(_) => true,
+        }
+    }
+
+    /// Opens the store (creating a SQLite file, or the schema of a database, when needed).
+    pub fn open(&self, durability: sqlite::Durability) -> Result<Box<dyn Store + Send>> {
+        match self {
+            Location::Sqlite(dir) => {
+                let mut store = sqlite::SqliteStore::open_with(&default_path(dir), durability)?;
+                store.on_busy(|m| eprintln!("! store: {}", crate::text::printable(m)));
+                Ok(Box::new(store))
+            }
+            Location::Postgres(url) => Ok(Box::new(postgres::PgStore::connect(url)?)),
+        }
+    }
+
+    /// Opens an existing store to read it: a SQLite file read-only (brought up to date first
+    /// if it is older); `None` when there is no SQLite file yet.
+    pub fn open_to_read(&self) -> Result<Option<Box<dyn Store + Send>>> {
+        match self {
+            Location::Sqlite(dir) => {
+                let path = default_path(dir);
+                if !path.exists() {
+                    return Ok(None);
+                }
+                match sqlite::SqliteStore::open_read_only(&path) {
+                    Ok(store) => Ok(Some(Box::new(store))),
+                    Err(read_only) => Ok(Some(Box::new(
+                        sqlite::SqliteStore::open(&path).map_err(|_| read_only)?,
+                    ))),
+                }
+            }
+            Location::Postgres(url) => Ok(Some(Box::new(postgres::PgStore::connect(url)?))),
+        }
+    }
+}
+
+impl std::fmt::Display for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Location::Sqlite(dir) => write!(f, "{}", dir.display()),
+            Location::Postgres(url) => f.write_str(&postgres::shown(url)),
+        }
+    }
+}
 
 /// Tokens and cost of one call, or summed over many.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -401,6 +489,9 @@ pub trait Store: Send {
     /// Releases the run's lock if this process holds it.
     fn unlock(&mut self, run: &str, pid: u32) -> Result<()>;
 
+    /// Who holds the run's lock, if anyone.
+    fn lock_holder(&self, run: &str) -> Result<Option<LockOwner>>;
+
     /// A number that changes whenever another process commits to the store: a monitor polls
     /// it to learn that something happened, without reading anything else.
     fn changes(&self) -> Result<u64>;
@@ -444,4 +535,16 @@ pub fn rfc3339(ms: i64) -> String {
     const LAST_SECOND: u64 = 253_402_300_799;
     let secs = (u64::try_from(ms).unwrap_or(0) / 1000).min(LAST_SECOND);
     humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(secs)).to_string()
+}
+
+/// Tells whether a process with this id exists on this host.
+pub(crate) fn process_alive(pid: u32) -> bool {
+    use nix::errno::Errno;
+    use nix::sys::signal::kill;
+    use nix::unistd::Pid;
+    // 0 and ids beyond i32 name process groups or nothing: no process holds the lock.
+    match i32::try_from(pid) {
+        Ok(raw) if raw > 0 => !matches!(kill(Pid::from_raw(raw), None), Err(Errno::ESRCH)),
+        _ => false,
+    }
 }

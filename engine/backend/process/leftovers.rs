@@ -283,7 +283,9 @@ mod tests {
             argv: vec![
                 "sh".into(),
                 "-c".into(),
-                "cat \"$0\"".into(),
+                // The line is written once the program's pid is known, just after it starts:
+                // wait for it (up to 5 s), then show the log.
+                "for i in $(seq 100); do grep -q '^start ' \"$0\" && break; sleep 0.05; done; cat \"$0\"".into(),
                 log.to_string_lossy().into_owned(),
             ],
             process_log: Some(log.clone()),

@@ -7,7 +7,7 @@ use crate::store::{LockOwner, Result, StoreError, rfc3339};
 
 impl SqliteStore {
     /// Returns who holds a run's lock, if anyone does.
-    pub fn lock_holder(&self, run: &str) -> Result<Option<LockOwner>> {
+    pub(super) fn read_lock_holder(&self, run: &str) -> Result<Option<LockOwner>> {
         self.conn
             .prepare_cached("SELECT pid, host, since FROM locks WHERE run = ?1")
             .and_then(|mut stmt| stmt.query_row([run], lock_from_row).optional())
@@ -31,7 +31,7 @@ impl SqliteStore {
             if same_host && holder.pid == owner.pid {
                 return Ok(());
             }
-            if !same_host || process_alive(holder.pid) {
+            if !same_host || crate::store::process_alive(holder.pid) {
                 return Err(StoreError::Refused(format!(
                     "run {run} is held by pid {} on {} since {}; wait for it to end or stop it",
                     holder.pid,
@@ -55,18 +55,6 @@ impl SqliteStore {
             .and_then(|mut stmt| stmt.execute(params![run, pid]))
             .map(drop)
             .map_err(|e| self.error("cannot unlock a run in", e))
-    }
-}
-
-/// Tells whether a process with this id exists on this host.
-fn process_alive(pid: u32) -> bool {
-    use nix::errno::Errno;
-    use nix::sys::signal::kill;
-    use nix::unistd::Pid;
-    // 0 and ids beyond i32 name process groups or nothing: no process holds the lock.
-    match i32::try_from(pid) {
-        Ok(raw) if raw > 0 => !matches!(kill(Pid::from_raw(raw), None), Err(Errno::ESRCH)),
-        _ => false,
     }
 }
 

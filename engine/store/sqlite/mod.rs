@@ -142,6 +142,10 @@ impl Store for SqliteStore {
         self.unlock_run(run, pid)
     }
 
+    fn lock_holder(&self, run: &str) -> Result<Option<LockOwner>> {
+        self.read_lock_holder(run)
+    }
+
     fn changes(&self) -> Result<u64> {
         self.conn
             .pragma_query_value(None, "data_version", |row| row.get::<_, i64>(0))

@@ -1,0 +1,916 @@
+//! The PostgreSQL store: the same records as the SQLite store, in a server that many
+//! processes (and, later, many machines) share. `--store postgres://...` or
+//! `RALPH_FLOW_STORE` selects it.
+//!
+//! The client is the synchronous `postgres` crate. It runs its own small tokio runtime, which
+//! cannot be entered from the executor's, so the connection lives on a thread of its own and
+//! each [`Store`] call is a job sent to it, waited for like a SQLite call. Every write is one
+//! transaction, which also draws from the `changes` sequence: [`Store::changes`] reads it,
+//! so a monitor sees every commit of every process without reading anything else.
+//!
+//! The schema is versioned (`ralph_flow_schema`); migrations run in a transaction under an
+//! advisory lock, so that processes starting together do not race.
+
+use std::sync::mpsc;
+
+use ::postgres::{Client, GenericClient, NoTls, Row};
+
+use super::{
+    Approval, AttemptRecord, AttemptState, Event, GateRequest, LockOwner, NodeRecord, NodeState,
+    Result, RunRecord, RunStatus, Store, StoreError, Usage, Write, rfc3339,
+};
+
+/// The schema this version reads and writes.
+pub const SCHEMA_VERSION: i32 = 1;
+
+/// The migrations, in order: migration N brings the schema from version N-1 to N.
+const MIGRATIONS: &[&str] = &[r#"
+CREATE SEQUENCE changes;
+CREATE TABLE runs (
+    id            TEXT PRIMARY KEY,
+    seq           BIGSERIAL,
+    workflow      TEXT NOT NULL,
+    file          TEXT NOT NULL,
+    workflow_hash TEXT NOT NULL,
+    params        TEXT NOT NULL,
+    status        TEXT NOT NULL,
+    exit_name     TEXT,
+    exit_code     BIGINT,
+    started_at    BIGINT NOT NULL,
+    updated_at    BIGINT NOT NULL,
+    dir           TEXT NOT NULL,
+    options       TEXT NOT NULL
+);
+CREATE INDEX runs_started ON runs (started_at DESC, seq DESC);
+CREATE INDEX runs_workflow ON runs (workflow, started_at);
+CREATE TABLE nodes (
+    run           TEXT NOT NULL,
+    scope         TEXT NOT NULL,
+    node          TEXT NOT NULL,
+    seq           BIGSERIAL,
+    state         TEXT NOT NULL,
+    output        TEXT NOT NULL,
+    action        TEXT,
+    feedback      TEXT,
+    attempts      BIGINT NOT NULL,
+    input_tokens  BIGINT NOT NULL,
+    output_tokens BIGINT NOT NULL,
+    cached_tokens BIGINT NOT NULL,
+    cost_usd      DOUBLE PRECISION,
+    started_at    BIGINT NOT NULL,
+    finished_at   BIGINT NOT NULL,
+    PRIMARY KEY (run, scope, node)
+);
+CREATE INDEX nodes_order ON nodes (run, seq);
+CREATE INDEX nodes_by_name ON nodes (node);
+CREATE TABLE attempts (
+    run           TEXT NOT NULL,
+    scope         TEXT NOT NULL,
+    node          TEXT NOT NULL,
+    attempt       BIGINT NOT NULL,
+    state         TEXT NOT NULL,
+    agent         TEXT,
+    dir           TEXT NOT NULL,
+    error         TEXT,
+    input_tokens  BIGINT NOT NULL,
+    output_tokens BIGINT NOT NULL,
+    cached_tokens BIGINT NOT NULL,
+    cost_usd      DOUBLE PRECISION,
+    started_at    BIGINT NOT NULL,
+    finished_at   BIGINT,
+    PRIMARY KEY (run, scope, node, attempt)
+);
+CREATE TABLE events (
+    seq     BIGSERIAL PRIMARY KEY,
+    run     TEXT NOT NULL,
+    at      BIGINT NOT NULL,
+    scope   TEXT NOT NULL,
+    node    TEXT NOT NULL,
+    kind    TEXT NOT NULL,
+    message TEXT NOT NULL
+);
+CREATE INDEX events_run ON events (run, seq);
+CREATE TABLE gates (
+    run          TEXT NOT NULL,
+    scope        TEXT NOT NULL,
+    gate         TEXT NOT NULL,
+    seq          BIGSERIAL,
+    message      TEXT NOT NULL,
+    show         TEXT NOT NULL,
+    requested_at BIGINT NOT NULL,
+    deadline     BIGINT,
+    PRIMARY KEY (run, scope, gate)
+);
+CREATE TABLE approvals (
+    run      TEXT NOT NULL,
+    scope    TEXT NOT NULL,
+    gate     TEXT NOT NULL,
+    approved BOOLEAN NOT NULL,
+    comment  TEXT,
+    by_whom  TEXT NOT NULL,
+    at       BIGINT NOT NULL,
+    PRIMARY KEY (run, scope, gate)
+);
+CREATE TABLE locks (
+    run   TEXT PRIMARY KEY,
+    pid   BIGINT NOT NULL,
+    host  TEXT NOT NULL,
+    since BIGINT NOT NULL
+);
+"#];
+
+/// A key of the advisory lock that migrations take ("ralph" in ASCII).
+const MIGRATION_LOCK: i64 = 0x0072_616c_7068;
+
+type Job = Box<dyn FnOnce(&mut Client) + Send>;
+
+/// A run store in a PostgreSQL database.
+pub struct PgStore {
+    jobs: Option<mpsc::Sender<Job>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// The server, as messages name it (no password).
+    shown: String,
+}
+
+impl Drop for PgStore {
+    fn drop(&mut self) {
+        // Closing the channel ends the connection's thread.
+        self.jobs.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The URL without its password, for messages.
+pub fn shown(url: &str) -> String {
+    match url.parse::<::postgres::Config>() {
+        Ok(c) => {
+            let hosts: Vec<String> = c
+                .get_hosts()
+                .iter()
+                .map(|h| match h {
+                    ::postgres::config::Host::Tcp(h) => h.clone(),
+                    ::postgres::config::Host::Unix(p) => p.display().to_string(),
+                })
+                .collect();
+            let port = c.get_ports().first().copied().unwrap_or(5432);
+            format!(
+                "postgres://{}@{}:{port}/{}",
+                c.get_user().unwrap_or(""),
+                hosts.join(","),
+                c.get_dbname().unwrap_or("")
+            )
+        }
+        Err(_) => "a postgres:// store".into(),
+    }
+}
+
+fn pg(what: impl Into<String>, source: ::postgres::Error) -> StoreError {
+    StoreError::Postgres {
+        what: what.into(),
+        source,
+    }
+}
+
+fn json_text(v: &serde_json::Value) -> Result<String> {
+    serde_json::to_string(v).map_err(|e| StoreError::json("cannot write JSON for the store", e))
+}
+
+fn json_value(text: &str) -> Result<serde_json::Value> {
+    serde_json::from_str(text).map_err(|e| StoreError::json("cannot read JSON from the store", e))
+}
+
+fn int(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn uint(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+impl PgStore {
+    /// Connects to the database at `url` and brings its schema up to [`SCHEMA_VERSION`].
+    pub fn connect(url: &str) -> Result<PgStore> {
+        let shown = shown(url);
+        let (jobs, inbox) = mpsc::channel::<Job>();
+        let (ready, started) = mpsc::channel::<Result<()>>();
+        let url = url.to_string();
+        let name = shown.clone();
+        let thread = std::thread::Builder::new()
+            .name("ralph-flow-postgres".into())
+            .spawn(move || {
+                let mut client = match Client::connect(&url, NoTls) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        let _ = ready.send(Err(pg(format!("cannot connect to {name}"), e)));
+                        return;
+                    }
+                };
+                if let Err(e) = migrate(&mut client, &name) {
+                    let _ = ready.send(Err(e));
+                    return;
+                }
+                let _ = ready.send(Ok(()));
+                for job in inbox {
+                    job(&mut client);
+                }
+            })
+            .map_err(|e| StoreError::State(format!("cannot start the store's thread: {e}")))?;
+        match started.recv() {
+            Ok(Ok(())) => Ok(PgStore {
+                jobs: Some(jobs),
+                thread: Some(thread),
+                shown,
+            }),
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                Err(e)
+            }
+            Err(_) => Err(StoreError::State(format!(
+                "the connection to {shown} ended before it was ready"
+            ))),
+        }
+    }
+
+    /// Runs `f` on the connection's thread and waits for its result.
+    fn call<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Client) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let gone = || StoreError::State(format!("the connection to {} is closed", self.shown));
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.jobs
+            .as_ref()
+            .ok_or_else(gone)?
+            .send(Box::new(move |c: &mut Client| {
+                let _ = tx.send(f(c));
+            }))
+            .map_err(|_| gone())?;
+        rx.recv().map_err(|_| gone())?
+    }
+}
+
+fn migrate(client: &mut Client, shown: &str) -> Result<()> {
+    let fail = |e| pg(format!("cannot set up the schema in {shown}"), e);
+    let mut tx = client.transaction().map_err(fail)?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .map_err(fail)?;
+    tx.batch_execute("CREATE TABLE IF NOT EXISTS ralph_flow_schema (version INTEGER NOT NULL)")
+        .map_err(fail)?;
+    let version: i32 = tx
+        .query_opt("SELECT version FROM ralph_flow_schema", &[])
+        .map_err(fail)?
+        .map_or(0, |r| r.get(0));
+    if version > SCHEMA_VERSION {
+        return Err(StoreError::State(format!(
+            "{shown} has schema version {version} and this ralph-flow knows {SCHEMA_VERSION}; \
+             use a newer ralph-flow"
+        )));
+    }
+    for (i, sql) in MIGRATIONS
+        .iter()
+        .enumerate()
+        .skip(usize::try_from(version).unwrap_or(0))
+    {
+        tx.batch_execute(sql).map_err(fail)?;
+        let v = i32::try_from(i + 1).unwrap_or(i32::MAX);
+        tx.execute("DELETE FROM ralph_flow_schema", &[])
+            .map_err(fail)?;
+        tx.execute("INSERT INTO ralph_flow_schema (version) VALUES ($1)", &[&v])
+            .map_err(fail)?;
+    }
+    tx.commit().map_err(fail)
+}
+
+/// Counts a change (in the transaction that makes it).
+fn changed(c: &mut impl GenericClient) -> std::result::Result<(), ::postgres::Error> {
+    c.execute("SELECT nextval('changes')", &[]).map(drop)
+}
+
+const RUN_COLUMNS: &str = "id, workflow, file, workflow_hash, params, status, exit_name, \
+                           exit_code, started_at, updated_at, dir, options";
+
+fn run_from_row(row: &Row) -> Result<RunRecord> {
+    let status: String = row.get(5);
+    let exit_name: Option<String> = row.get(6);
+    let exit_code: Option<i64> = row.get(7);
+    Ok(RunRecord {
+        id: row.get(0),
+        workflow: row.get(1),
+        file: row.get(2),
+        workflow_hash: row.get(3),
+        params: json_value(row.get(4))?,
+        status: RunStatus::parse(&status)
+            .ok_or_else(|| StoreError::State(format!("unknown run status `{status}`")))?,
+        exit: exit_name.zip(exit_code),
+        started_at: row.get(8),
+        updated_at: row.get(9),
+        dir: row.get(10),
+        options: json_value(row.get(11))?,
+    })
+}
+
+fn usage_from_row(row: &Row, first: usize) -> Usage {
+    Usage {
+        input_tokens: uint(row.get(first)),
+        output_tokens: uint(row.get(first + 1)),
+        cached_tokens: uint(row.get(first + 2)),
+        cost_usd: row.get(first + 3),
+    }
+}
+
+const NODE_COLUMNS: &str = "n.run, n.scope, n.node, n.state, n.output, n.action, n.feedback, \
+                            n.attempts, n.input_tokens, n.output_tokens, n.cached_tokens, \
+                            n.cost_usd, n.started_at, n.finished_at";
+
+fn node_from_row(row: &Row) -> Result<NodeRecord> {
+    let state: String = row.get(3);
+    Ok(NodeRecord {
+        run: row.get(0),
+        scope: row.get(1),
+        node: row.get(2),
+        state: NodeState::parse(&state)
+            .ok_or_else(|| StoreError::State(format!("unknown node state `{state}`")))?,
+        output: json_value(row.get(4))?,
+        action: row.get(5),
+        feedback: row.get(6),
+        attempts: u32::try_from(row.get::<_, i64>(7)).unwrap_or(u32::MAX),
+        usage: usage_from_row(row, 8),
+        started_at: row.get(12),
+        finished_at: row.get(13),
+    })
+}
+
+const ATTEMPT_COLUMNS: &str = "run, scope, node, attempt, state, agent, dir, error, \
+                               input_tokens, output_tokens, cached_tokens, cost_usd, \
+                               started_at, finished_at";
+
+fn attempt_from_row(row: &Row) -> Result<AttemptRecord> {
+    let state: String = row.get(4);
+    Ok(AttemptRecord {
+        run: row.get(0),
+        scope: row.get(1),
+        node: row.get(2),
+        attempt: u32::try_from(row.get::<_, i64>(3)).unwrap_or(u32::MAX),
+        state: AttemptState::parse(&state)
+            .ok_or_else(|| StoreError::State(format!("unknown attempt state `{state}`")))?,
+        agent: row.get(5),
+        dir: row.get(6),
+        error: row.get(7),
+        usage: usage_from_row(row, 8),
+        started_at: row.get(12),
+        finished_at: row.get(13),
+    })
+}
+
+fn event_from_row(row: &Row) -> Event {
+    Event {
+        run: row.get(0),
+        at: row.get(1),
+        scope: row.get(2),
+        node: row.get(3),
+        kind: row.get(4),
+        message: row.get(5),
+    }
+}
+
+const GATE_COLUMNS: &str = "run, scope, gate, message, show, requested_at, deadline";
+
+fn gate_from_row(row: &Row) -> Result<GateRequest> {
+    let show: String = row.get(4);
+    Ok(GateRequest {
+        run: row.get(0),
+        scope: row.get(1),
+        gate: row.get(2),
+        message: row.get(3),
+        show: serde_json::from_str(&show)
+            .map_err(|e| StoreError::json("cannot read a gate's files from the store", e))?,
+        requested_at: row.get(5),
+        deadline: row.get(6),
+    })
+}
+
+fn pending(c: &mut impl GenericClient, run: &str, lock: bool) -> Result<Vec<GateRequest>> {
+    let sql = format!(
+        "SELECT {GATE_COLUMNS} FROM gates WHERE run = $1 ORDER BY seq{}",
+        if lock { " FOR UPDATE" } else { "" }
+    );
+    c.query(&sql, &[&run])
+        .map_err(|e| pg("cannot read gates", e))?
+        .iter()
+        .map(gate_from_row)
+        .collect()
+}
+
+fn insert_approval(
+    c: &mut impl GenericClient,
+    a: &Approval,
+) -> std::result::Result<(), ::postgres::Error> {
+    c.execute(
+        "INSERT INTO approvals (run, scope, gate, approved, comment, by_whom, at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7) \
+         ON CONFLICT (run, scope, gate) DO UPDATE SET approved = excluded.approved, \
+         comment = excluded.comment, by_whom = excluded.by_whom, at = excluded.at",
+        &[
+            &a.run,
+            &a.scope,
+            &a.gate,
+            &a.approved,
+            &a.comment,
+            &a.by,
+            &a.at,
+        ],
+    )?;
+    c.execute(
+        "DELETE FROM gates WHERE run = $1 AND scope = $2 AND gate = $3",
+        &[&a.run, &a.scope, &a.gate],
+    )?;
+    Ok(())
+}
+
+/// Writes the records of a commit in one transaction.
+fn write_all(c: &mut Client, writes: &[Write]) -> Result<()> {
+    let fail = |e| pg("cannot commit to the store", e);
+    let mut tx = c.transaction().map_err(fail)?;
+    for w in writes {
+        match w {
+            Write::Node(n) => {
+                let output = json_text(&n.output)?;
+                let attempts = i64::from(n.attempts);
+                // A settlement written again replaces the first, last in write order.
+                tx.execute(
+                    "DELETE FROM nodes WHERE run = $1 AND scope = $2 AND node = $3",
+                    &[&n.run, &n.scope, &n.node],
+                )
+                .map_err(fail)?;
+                tx.execute(
+                    "INSERT INTO nodes (run, scope, node, state, output, action, feedback, \
+                     attempts, input_tokens, output_tokens, cached_tokens, cost_usd, \
+                     started_at, finished_at) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+                    &[
+                        &n.run,
+                        &n.scope,
+                        &n.node,
+                        &n.state.as_str(),
+                        &output,
+                        &n.action,
+                        &n.feedback,
+                        &attempts,
+                        &int(n.usage.input_tokens),
+                        &int(n.usage.output_tokens),
+                        &int(n.usage.cached_tokens),
+                        &n.usage.cost_usd,
+                        &n.started_at,
+                        &n.finished_at,
+                    ],
+                )
+                .map_err(fail)?;
+            }
+            Write::Attempt(a) => {
+                let attempt = i64::from(a.attempt);
+                tx.execute(
+                    "INSERT INTO attempts (run, scope, node, attempt, state, agent, dir, error, \
+                     input_tokens, output_tokens, cached_tokens, cost_usd, started_at, finished_at) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
+                     ON CONFLICT (run, scope, node, attempt) DO UPDATE SET state = excluded.state, \
+                     agent = excluded.agent, dir = excluded.dir, error = excluded.error, \
+                     input_tokens = excluded.input_tokens, output_tokens = excluded.output_tokens, \
+                     cached_tokens = excluded.cached_tokens, cost_usd = excluded.cost_usd, \
+                     started_at = excluded.started_at, finished_at = excluded.finished_at",
+                    &[
+                        &a.run,
+                        &a.scope,
+                        &a.node,
+                        &attempt,
+                        &a.state.as_str(),
+                        &a.agent,
+                        &a.dir,
+                        &a.error,
+                        &int(a.usage.input_tokens),
+                        &int(a.usage.output_tokens),
+                        &int(a.usage.cached_tokens),
+                        &a.usage.cost_usd,
+                        &a.started_at,
+                        &a.finished_at,
+                    ],
+                )
+                .map_err(fail)?;
+            }
+            Write::Event(e) => {
+                tx.execute(
+                    "INSERT INTO events (run, at, scope, node, kind, message) \
+                     VALUES ($1, $2, $3, $4, $5, $6)",
+                    &[&e.run, &e.at, &e.scope, &e.node, &e.kind, &e.message],
+                )
+                .map_err(fail)?;
+            }
+            Write::Gate(g) => {
+                let show = serde_json::to_string(&g.show)
+                    .map_err(|e| StoreError::json("cannot write a gate's files", e))?;
+                tx.execute(
+                    "DELETE FROM gates WHERE run = $1 AND scope = $2 AND gate = $3",
+                    &[&g.run, &g.scope, &g.gate],
+                )
+                .map_err(fail)?;
+                tx.execute(
+                    "INSERT INTO gates (run, scope, gate, message, show, requested_at, deadline) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                    &[
+                        &g.run,
+                        &g.scope,
+                        &g.gate,
+                        &g.message,
+                        &show,
+                        &g.requested_at,
+                        &g.deadline,
+                    ],
+                )
+                .map_err(fail)?;
+            }
+            Write::Approval(a) => insert_approval(&mut tx, a).map_err(fail)?,
+        }
+    }
+    changed(&mut tx).map_err(fail)?;
+    tx.commit().map_err(fail)
+}
+
+fn describe_scope(scope: &str) -> String {
+    if scope.is_empty() {
+        String::from("top level")
+    } else {
+        format!("scope {scope}")
+    }
+}
+
+fn answer_gate(c: &mut Client, approval: &Approval) -> Result<()> {
+    let fail = |e| pg("cannot answer a gate", e);
+    let mut tx = c.transaction().map_err(fail)?;
+    let waiting = pending(&mut tx, &approval.run, true)?;
+    let named: Vec<&GateRequest> = waiting.iter().filter(|g| g.gate == approval.gate).collect();
+    let target = if approval.scope.is_empty() {
+        match named.as_slice() {
+            [one] => Some(*one),
+            [] => None,
+            several => {
+                let scopes: Vec<String> =
+                    several.iter().map(|g| describe_scope(&g.scope)).collect();
+                return Err(StoreError::Refused(format!(
+                    "gate {} of run {} waits in {} scopes ({}); say which one",
+                    approval.gate,
+                    approval.run,
+                    several.len(),
+                    scopes.join(", ")
+                )));
+            }
+        }
+    } else {
+        named.iter().copied().find(|g| g.scope == approval.scope)
+    };
+    let Some(target) = target else {
+        let exists = tx
+            .query_opt("SELECT 1 FROM runs WHERE id = $1", &[&approval.run])
+            .map_err(fail)?
+            .is_some();
+        let at = if approval.scope.is_empty() {
+            String::new()
+        } else {
+            format!(" in scope {}", approval.scope)
+        };
+        return Err(StoreError::State(if !exists {
+            format!("no run {}", approval.run)
+        } else if waiting.is_empty() {
+            format!(
+                "gate {}{at} of run {} is not waiting for an answer; the run waits on no gate",
+                approval.gate, approval.run
+            )
+        } else {
+            let list: Vec<String> = waiting
+                .iter()
+                .map(|g| format!("{} ({})", g.gate, describe_scope(&g.scope)))
+                .collect();
+            format!(
+                "gate {}{at} of run {} is not waiting for an answer; waiting: {}",
+                approval.gate,
+                approval.run,
+                list.join(", ")
+            )
+        }));
+    };
+    let answer = Approval {
+        scope: target.scope.clone(),
+        ..approval.clone()
+    };
+    insert_approval(&mut tx, &answer).map_err(fail)?;
+    changed(&mut tx).map_err(fail)?;
+    tx.commit().map_err(fail)
+}
+
+fn lock_run(c: &mut Client, run: &str, owner: &LockOwner) -> Result<()> {
+    let fail = |e| pg("cannot lock a run", e);
+    let mut tx = c.transaction().map_err(fail)?;
+    // Serialise the lockers of this run, row or no row.
+    tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&run])
+        .map_err(fail)?;
+    let holder = tx
+        .query_opt("SELECT pid, host, since FROM locks WHERE run = $1", &[&run])
+        .map_err(fail)?
+        .map(|r| LockOwner {
+            pid: u32::try_from(r.get::<_, i64>(0)).unwrap_or(0),
+            host: r.get(1),
+            since: r.get(2),
+        });
+    if let Some(holder) = holder {
+        let same_host = holder.host == owner.host;
+        if same_host && holder.pid == owner.pid {
+            return Ok(());
+        }
+        if !same_host || super::process_alive(holder.pid) {
+            return Err(StoreError::Refused(format!(
+                "run {run} is held by pid {} on {} since {}; wait for it to end or stop it",
+                holder.pid,
+                holder.host,
+                rfc3339(holder.since)
+            )));
+        }
+    }
+    tx.execute(
+        "INSERT INTO locks (run, pid, host, since) VALUES ($1, $2, $3, $4) \
+         ON CONFLICT (run) DO UPDATE SET pid = excluded.pid, host = excluded.host, \
+         since = excluded.since",
+        &[&run, &i64::from(owner.pid), &owner.host, &owner.since],
+    )
+    .map_err(fail)?;
+    changed(&mut tx).map_err(fail)?;
+    tx.commit().map_err(fail)
+}
+
+impl Store for PgStore {
+    fn create_run(&mut self, run: &RunRecord) -> Result<()> {
+        let run = run.clone();
+        self.call(move |c| {
+            let params = json_text(&run.params)?;
+            let options = json_text(&run.options)?;
+            let (exit_name, exit_code) = run.exit.clone().unzip();
+            let fail = |e| pg("cannot create a run", e);
+            let mut tx = c.transaction().map_err(fail)?;
+            let inserted = tx
+                .execute(
+                    &format!(
+                        "INSERT INTO runs ({RUN_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, \
+                         $8, $9, $10, $11, $12) ON CONFLICT (id) DO NOTHING"
+                    ),
+                    &[
+                        &run.id,
+                        &run.workflow,
+                        &run.file,
+                        &run.workflow_hash,
+                        &params,
+                        &run.status.as_str(),
+                        &exit_name,
+                        &exit_code,
+                        &run.started_at,
+                        &run.updated_at,
+                        &run.dir,
+                        &options,
+                    ],
+                )
+                .map_err(fail)?;
+            if inserted == 0 {
+                return Err(StoreError::Refused(format!(
+                    "run {} already exists",
+                    run.id
+                )));
+            }
+            changed(&mut tx).map_err(fail)?;
+            tx.commit().map_err(fail)
+        })
+    }
+
+    fn run(&self, id: &str) -> Result<Option<RunRecord>> {
+        let id = id.to_string();
+        self.call(move |c| {
+            c.query_opt(
+                &format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = $1"),
+                &[&id],
+            )
+            .map_err(|e| pg("cannot read runs", e))?
+            .map(|r| run_from_row(&r))
+            .transpose()
+        })
+    }
+
+    fn runs(&self, limit: usize) -> Result<Vec<RunRecord>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.call(move |c| {
+            c.query(
+                &format!(
+                    "SELECT {RUN_COLUMNS} FROM runs ORDER BY started_at DESC, seq DESC LIMIT $1"
+                ),
+                &[&limit],
+            )
+            .map_err(|e| pg("cannot read runs", e))?
+            .iter()
+            .map(run_from_row)
+            .collect()
+        })
+    }
+
+    fn set_status(&mut self, id: &str, status: RunStatus, exit: Option<(&str, i64)>) -> Result<()> {
+        let id = id.to_string();
+        let (exit_name, exit_code) = exit.map(|(n, c)| (n.to_string(), c)).unzip();
+        self.call(move |c| {
+            let fail = |e| pg("cannot set a run's status", e);
+            let mut tx = c.transaction().map_err(fail)?;
+            let changed_rows = tx
+                .execute(
+                    "UPDATE runs SET status = $2, exit_name = $3, exit_code = $4, updated_at = $5 \
+                     WHERE id = $1",
+                    &[
+                        &id,
+                        &status.as_str(),
+                        &exit_name,
+                        &exit_code,
+                        &super::now_ms(),
+                    ],
+                )
+                .map_err(fail)?;
+            if changed_rows == 0 {
+                return Err(StoreError::Refused(format!("there is no run {id}")));
+            }
+            changed(&mut tx).map_err(fail)?;
+            tx.commit().map_err(fail)
+        })
+    }
+
+    fn commit(&mut self, writes: &[Write]) -> Result<()> {
+        let writes = writes.to_vec();
+        self.call(move |c| write_all(c, &writes))
+    }
+
+    fn nodes(&self, run: &str) -> Result<Vec<NodeRecord>> {
+        let run = run.to_string();
+        self.call(move |c| {
+            c.query(
+                &format!("SELECT {NODE_COLUMNS} FROM nodes n WHERE n.run = $1 ORDER BY n.seq"),
+                &[&run],
+            )
+            .map_err(|e| pg("cannot read nodes", e))?
+            .iter()
+            .map(node_from_row)
+            .collect()
+        })
+    }
+
+    fn attempts(&self, run: &str, node: Option<&str>) -> Result<Vec<AttemptRecord>> {
+        let run = run.to_string();
+        let node = node.map(str::to_string);
+        self.call(move |c| {
+            c.query(
+                &format!(
+                    "SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE run = $1 \
+                     AND ($2::TEXT IS NULL OR node = $2) ORDER BY started_at, scope, node, attempt"
+                ),
+                &[&run, &node],
+            )
+            .map_err(|e| pg("cannot read attempts", e))?
+            .iter()
+            .map(attempt_from_row)
+            .collect()
+        })
+    }
+
+    fn events(&self, run: &str, node: Option<&str>) -> Result<Vec<Event>> {
+        let run = run.to_string();
+        let node = node.map(str::to_string);
+        self.call(move |c| {
+            Ok(c.query(
+                "SELECT run, at, scope, node, kind, message FROM events WHERE run = $1 \
+                     AND ($2::TEXT IS NULL OR node = $2) ORDER BY seq",
+                &[&run, &node],
+            )
+            .map_err(|e| pg("cannot read events", e))?
+            .iter()
+            .map(event_from_row)
+            .collect())
+        })
+    }
+
+    fn pending_gates(&self, run: &str) -> Result<Vec<GateRequest>> {
+        let run = run.to_string();
+        self.call(move |c| pending(c, &run, false))
+    }
+
+    fn approval(&self, run: &str, scope: &str, gate: &str) -> Result<Option<Approval>> {
+        let (run, scope, gate) = (run.to_string(), scope.to_string(), gate.to_string());
+        self.call(move |c| {
+            Ok(c.query_opt(
+                "SELECT run, scope, gate, approved, comment, by_whom, at FROM approvals \
+                 WHERE run = $1 AND scope = $2 AND gate = $3",
+                &[&run, &scope, &gate],
+            )
+            .map_err(|e| pg("cannot read approvals", e))?
+            .map(|r| Approval {
+                run: r.get(0),
+                scope: r.get(1),
+                gate: r.get(2),
+                approved: r.get(3),
+                comment: r.get(4),
+                by: r.get(5),
+                at: r.get(6),
+            }))
+        })
+    }
+
+    fn answer(&mut self, approval: &Approval) -> Result<()> {
+        let approval = approval.clone();
+        self.call(move |c| answer_gate(c, &approval))
+    }
+
+    fn lock(&mut self, run: &str, owner: &LockOwner) -> Result<()> {
+        let (run, owner) = (run.to_string(), owner.clone());
+        self.call(move |c| lock_run(c, &run, &owner))
+    }
+
+    fn unlock(&mut self, run: &str, pid: u32) -> Result<()> {
+        let run = run.to_string();
+        self.call(move |c| {
+            let fail = |e| pg("cannot unlock a run", e);
+            let mut tx = c.transaction().map_err(fail)?;
+            tx.execute(
+                "DELETE FROM locks WHERE run = $1 AND pid = $2",
+                &[&run, &i64::from(pid)],
+            )
+            .map_err(fail)?;
+            changed(&mut tx).map_err(fail)?;
+            tx.commit().map_err(fail)
+        })
+    }
+
+    fn lock_holder(&self, run: &str) -> Result<Option<LockOwner>> {
+        let run = run.to_string();
+        self.call(move |c| {
+            Ok(
+                c.query_opt("SELECT pid, host, since FROM locks WHERE run = $1", &[&run])
+                    .map_err(|e| pg("cannot read locks", e))?
+                    .map(|r| LockOwner {
+                        pid: u32::try_from(r.get::<_, i64>(0)).unwrap_or(0),
+                        host: r.get(1),
+                        since: r.get(2),
+                    }),
+            )
+        })
+    }
+
+    fn changes(&self) -> Result<u64> {
+        self.call(|c| {
+            let row = c
+                .query_one("SELECT last_value, is_called FROM changes", &[])
+                .map_err(|e| pg("cannot read the store's changes", e))?;
+            let called: bool = row.get(1);
+            Ok(if called { uint(row.get(0)) } else { 0 })
+        })
+    }
+
+    fn history(
+        &self,
+        workflow: &str,
+        node: &str,
+        except_run: &str,
+        limit: usize,
+    ) -> Result<Vec<(String, NodeRecord)>> {
+        let (workflow, node, except) = (
+            workflow.to_string(),
+            node.to_string(),
+            except_run.to_string(),
+        );
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.call(move |c| {
+            c.query(
+                &format!(
+                    "SELECT {NODE_COLUMNS} FROM nodes n JOIN runs r ON n.run = r.id \
+                     WHERE r.workflow = $1 AND n.node = $2 AND r.id <> $3 \
+                     ORDER BY r.started_at DESC, r.seq DESC, n.seq DESC LIMIT $4"
+                ),
+                &[&workflow, &node, &except, &limit],
+            )
+            .map_err(|e| pg("cannot read the history", e))?
+            .iter()
+            .map(|r| node_from_row(r).map(|n| (n.run.clone(), n)))
+            .collect()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_shown_without_their_password() {
+        let s = shown("postgres://ana:s3cret-pw@db.example:6543/runs");
+        assert_eq!(s, "postgres://ana@db.example:6543/runs");
+        assert!(!shown("host=/tmp user=x password=hunter22 dbname=d").contains("hunter22"));
+    }
+}
