@@ -385,3 +385,51 @@ fn graph_draws_the_same_plan_as_svg_without_graphviz() {
     }
     assert!(!svg.contains("<a href"), "no links outside the monitor");
 }
+
+#[test]
+fn a_run_whose_process_is_gone_shows_as_orphaned_until_it_is_resumed() {
+    let c = Checkout::new();
+    let s = Server::start(c.path(), &[]);
+    // SPIDER polls its spec gate: a live executor holds the run.
+    let mut spider = c
+        .command(&Checkout::spider_args(&[]))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let id = c.newest_run();
+    let state = || {
+        s.json("/api/runs")[0]["state"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    };
+    let t = std::time::Instant::now();
+    while state() != "waiting" {
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(30),
+            "{}",
+            state()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    spider.kill().unwrap();
+    spider.wait().unwrap();
+    let run = &s.json("/api/runs")[0];
+    assert_eq!(run["state"], "orphaned", "{run}");
+    assert!(
+        run["state_text"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("ralph-flow resume {id}")),
+        "{run}"
+    );
+    let metrics = s.get("/metrics").body;
+    assert!(
+        metrics.contains("ralph_flow_runs{state=\"orphaned\"} 1"),
+        "{metrics}"
+    );
+    let (code, _, err) = c.run(&["resume", &id, "--no-wait"]);
+    assert_eq!(code, 75, "{err}");
+    assert_eq!(state(), "waiting");
+}

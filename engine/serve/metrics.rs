@@ -22,10 +22,11 @@ fn label(v: &str) -> String {
 
 /// The metrics text of a store.
 pub fn text(store: &mut dyn Store) -> Result<String, StoreError> {
-    let mut runs: BTreeMap<&'static str, u64> = ["running", "waiting", "interrupted", "finished"]
-        .into_iter()
-        .map(|s| (s, 0))
-        .collect();
+    let mut runs: BTreeMap<&'static str, u64> =
+        ["running", "waiting", "interrupted", "orphaned", "finished"]
+            .into_iter()
+            .map(|s| (s, 0))
+            .collect();
     let mut stages: BTreeMap<String, u64> = BTreeMap::new();
     let mut by_agent: BTreeMap<String, Usage> = BTreeMap::new();
     let mut gates_waiting = 0u64;
@@ -34,7 +35,10 @@ pub fn text(store: &mut dyn Store) -> Result<String, StoreError> {
     let now = now_ms();
     for run in store.runs(usize::MAX >> 1)? {
         let gates = store.pending_gates(&run.id)?;
-        let state = if !gates.is_empty() && run.status != RunStatus::Finished {
+        let lost = super::view::orphaned(store, &run)?;
+        let state = if lost {
+            "orphaned"
+        } else if !gates.is_empty() && run.status != RunStatus::Finished {
             "waiting"
         } else {
             run.status.as_str()
@@ -51,7 +55,7 @@ pub fn text(store: &mut dyn Store) -> Result<String, StoreError> {
             }
         }
         for a in store.attempts(&run.id, None)? {
-            if a.state == AttemptState::Running && run.status == RunStatus::Running {
+            if a.state == AttemptState::Running && run.status == RunStatus::Running && !lost {
                 *stages.entry("running".into()).or_default() += 1;
             }
             if let Some(agent) = &a.agent {

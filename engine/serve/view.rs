@@ -82,29 +82,50 @@ fn tone(state: &str, exit_code: Option<i64>) -> &'static str {
     match state {
         "running" => "live",
         "waiting" => "wait",
+        "orphaned" => "bad",
         "finished" if exit_code == Some(0) => "ok",
         "finished" => "bad",
         _ => "idle",
     }
 }
 
-/// Summarises a run from what the store holds of it.
+/// Whether a run marked running has lost its executor: its lock's holder was a process on
+/// this host that is gone (a `kill -9`, a crash; a clean exit changes the status first). No
+/// holder yet means the run is starting; a holder on another host cannot be checked from
+/// here and counts as alive.
+pub fn orphaned(store: &dyn Store, run: &RunRecord) -> Result<bool, StoreError> {
+    if run.status != RunStatus::Running {
+        return Ok(false);
+    }
+    Ok(match store.lock_holder(&run.id)? {
+        None => false,
+        Some(holder) => {
+            holder.host == crate::store::current_owner().host
+                && !crate::store::process_alive(holder.pid)
+        }
+    })
+}
+
+/// Summarises a run from what the store holds of it; `orphaned` from [`orphaned`].
 pub fn summary(
     run: &RunRecord,
     nodes: &[NodeRecord],
     attempts: &[AttemptRecord],
     gates: usize,
+    orphaned: bool,
 ) -> RunSummary {
     let mut usage = Usage::default();
     for a in attempts {
         usage.add(&a.usage);
     }
-    let state = if gates > 0 && run.status != RunStatus::Finished {
+    let state = if orphaned {
+        "orphaned"
+    } else if gates > 0 && run.status != RunStatus::Finished {
         "waiting"
     } else {
         run.status.as_str()
     };
-    let end = if matches!(run.status, RunStatus::Running) || state == "waiting" {
+    let end = if (matches!(run.status, RunStatus::Running) && !orphaned) || state == "waiting" {
         now_ms()
     } else {
         run.updated_at
@@ -116,11 +137,16 @@ pub fn summary(
             "waiting on {gates} gate{}",
             if gates == 1 { "" } else { "s" }
         ),
+        (None, "orphaned") => format!(
+            "stopped: its process is gone; `ralph-flow resume {}`",
+            run.id
+        ),
         (None, s) => s.to_string(),
     };
     let running = attempts
         .iter()
         .filter(|a| a.state == AttemptState::Running && run.status == RunStatus::Running)
+        .filter(|_| !orphaned)
         .map(|a| format!("{} (attempt {})", qualified(&a.scope, &a.node), a.attempt))
         .collect();
     let real = |n: &&NodeRecord| !n.node.starts_with('@');
@@ -185,7 +211,8 @@ pub fn runs(store: &mut dyn Store) -> Result<Vec<RunSummary>, StoreError> {
         let nodes = store.nodes(&run.id)?;
         let attempts = store.attempts(&run.id, None)?;
         let gates = store.pending_gates(&run.id)?.len();
-        out.push(summary(&run, &nodes, &attempts, gates));
+        let lost = orphaned(store, &run)?;
+        out.push(summary(&run, &nodes, &attempts, gates, lost));
     }
     Ok(out)
 }
@@ -199,8 +226,9 @@ pub fn run(store: &mut dyn Store, id: &str) -> Result<Option<RunDetail>, StoreEr
     let attempts = store.attempts(&record.id, None)?;
     let gates = store.pending_gates(&record.id)?;
     let events = store.events(&record.id, None)?;
-    let summary = summary(&record, &all, &attempts, gates.len());
-    let live = live_states(&record, &all, &attempts, &gates);
+    let lost = orphaned(store, &record)?;
+    let summary = summary(&record, &all, &attempts, gates.len(), lost);
+    let live = live_states(&record, lost, &all, &attempts, &gates);
     let nodes = all
         .into_iter()
         .filter(|n| !n.node.starts_with('@'))
@@ -240,11 +268,12 @@ fn scope_segments(scope: &str) -> impl Iterator<Item = (&str, &str)> {
 /// while anything inside it runs.
 pub fn live_states(
     run: &RunRecord,
+    orphaned: bool,
     nodes: &[NodeRecord],
     attempts: &[AttemptRecord],
     gates: &[GateRequest],
 ) -> BTreeMap<String, NodeLive> {
-    let live_run = run.status == RunStatus::Running;
+    let live_run = run.status == RunStatus::Running && !orphaned;
     let mut latest: HashMap<&str, &NodeRecord> = HashMap::new();
     let mut settled_count: HashMap<&str, usize> = HashMap::new();
     let mut items_total: HashMap<&str, usize> = HashMap::new();
@@ -649,7 +678,13 @@ mod tests {
             started_at: 40,
             finished_at: None,
         };
-        let live = live_states(&run(RunStatus::Running), &nodes, &[attempt], &[]);
+        let live = live_states(
+            &run(RunStatus::Running),
+            false,
+            &nodes,
+            std::slice::from_ref(&attempt),
+            &[],
+        );
         assert_eq!(live["review"].state, "done");
         assert_eq!(live["review"].badge, "×2");
         assert_eq!(live["attempts"].badge, "iteration 2");
@@ -657,8 +692,25 @@ mod tests {
         assert_eq!(live["tickets"].state, "running");
         assert_eq!(live["tickets"].badge, "1/3 items");
         // A dead run shows nothing as running.
-        let live = live_states(&run(RunStatus::Interrupted), &nodes, &[], &[]);
+        let live = live_states(&run(RunStatus::Interrupted), false, &nodes, &[], &[]);
         assert_eq!(live["work"].state, "done");
+        // Nor does a run whose executor is gone.
+        let live = live_states(
+            &run(RunStatus::Running),
+            true,
+            &nodes,
+            std::slice::from_ref(&attempt),
+            &[],
+        );
+        assert_eq!(live["work"].state, "done");
+        let s = summary(&run(RunStatus::Running), &nodes, &[attempt], 0, true);
+        assert_eq!(s.state, "orphaned");
+        assert!(
+            s.state_text.contains("ralph-flow resume r"),
+            "{}",
+            s.state_text
+        );
+        assert!(s.running.is_empty());
     }
 
     #[test]
