@@ -113,7 +113,10 @@ impl Location {
                 store.on_busy(|m| eprintln!("! store: {}", crate::text::printable(m)));
                 Ok(Box::new(store))
             }
-            Location::Postgres(url) => Ok(Box::new(postgres::PgStore::connect(url)?)),
+            Location::Postgres(url) => Ok(Box::new(postgres::PgStore::connect_reporting(
+                url,
+                Box::new(|m| eprintln!("! store: {}", crate::text::printable(m))),
+            )?)),
         }
     }
 

@@ -12,6 +12,7 @@
 //! advisory lock, so that processes starting together do not race.
 
 use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use ::postgres::{Client, GenericClient, NoTls, Row};
 
@@ -21,10 +22,18 @@ use super::{
 };
 
 /// The schema this version reads and writes.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
+
+/// How long a lost connection is retried before the call fails (a restart of the server, a
+/// failover, a network cut).
+const RECONNECT_FOR: Duration = Duration::from_secs(10 * 60);
+
+/// The longest pause between two attempts to reconnect.
+const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(5);
 
 /// The migrations, in order: migration N brings the schema from version N-1 to N.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE SEQUENCE changes;
 CREATE TABLE runs (
     id            TEXT PRIMARY KEY,
@@ -117,12 +126,27 @@ CREATE TABLE locks (
     host  TEXT NOT NULL,
     since BIGINT NOT NULL
 );
-"#];
+"#,
+    r#"
+-- The writes applied, by the key their caller drew: a write retried after a lost connection
+-- (which may or may not have committed) is applied once.
+CREATE TABLE applied (
+    key BIGINT PRIMARY KEY,
+    at  BIGINT NOT NULL
+);
+"#,
+];
 
 /// A key of the advisory lock that migrations take ("ralph" in ASCII).
 const MIGRATION_LOCK: i64 = 0x0072_616c_7068;
 
-type Job = Box<dyn FnOnce(&mut Client) + Send>;
+/// A call on the connection's thread: given the connection it runs and answers (`true`), or
+/// finds the connection lost (`false`, and it is run again once reconnected); given `None`
+/// (no connection for [`RECONNECT_FOR`]) it answers with an error.
+type Job = Box<dyn FnMut(Option<&mut Client>) -> bool + Send>;
+
+/// Told when a call waits for a lost connection.
+pub type WaitReport = Box<dyn Fn(&str) + Send>;
 
 /// A run store in a PostgreSQL database.
 pub struct PgStore {
@@ -192,6 +216,11 @@ fn uint(v: i64) -> u64 {
 impl PgStore {
     /// Connects to the database at `url` and brings its schema up to [`SCHEMA_VERSION`].
     pub fn connect(url: &str) -> Result<PgStore> {
+        Self::connect_reporting(url, Box::new(|m| tracing::warn!("{m}")))
+    }
+
+    /// [`PgStore::connect`], telling `report` when a call waits for a lost connection.
+    pub fn connect_reporting(url: &str, report: WaitReport) -> Result<PgStore> {
         let shown = shown(url);
         let (jobs, inbox) = mpsc::channel::<Job>();
         let (ready, started) = mpsc::channel::<Result<()>>();
@@ -212,8 +241,29 @@ impl PgStore {
                     return;
                 }
                 let _ = ready.send(Ok(()));
-                for job in inbox {
-                    job(&mut client);
+                let mut client = Some(client);
+                for mut job in inbox {
+                    let started = Instant::now();
+                    let mut delay = Duration::from_millis(100);
+                    loop {
+                        if let Some(c) = client.as_mut() {
+                            if job(Some(c)) {
+                                break;
+                            }
+                            client = None;
+                        }
+                        if started.elapsed() > RECONNECT_FOR {
+                            job(None);
+                            break;
+                        }
+                        report(&format!(
+                            "lost the connection to {name}; connecting again in {}",
+                            crate::text::duration(delay)
+                        ));
+                        std::thread::sleep(delay);
+                        delay = (delay * 2).min(RECONNECT_MAX_DELAY);
+                        client = Client::connect(&url, NoTls).ok();
+                    }
                 }
             })
             .map_err(|e| StoreError::State(format!("cannot start the store's thread: {e}")))?;
@@ -233,18 +283,34 @@ impl PgStore {
         }
     }
 
-    /// Runs `f` on the connection's thread and waits for its result.
+    /// Runs `f` on the connection's thread and waits for its result. When the connection is
+    /// lost, `f` runs again once it is back (so a write must be safe to run twice: see
+    /// [`applied_before`]), for up to [`RECONNECT_FOR`].
     fn call<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&mut Client) -> Result<T> + Send + 'static,
+        mut f: impl FnMut(&mut Client) -> Result<T> + Send + 'static,
     ) -> Result<T> {
         let gone = || StoreError::State(format!("the connection to {} is closed", self.shown));
+        let lost = format!(
+            "lost the connection to {} and could not connect again for {}",
+            self.shown,
+            crate::text::duration(RECONNECT_FOR)
+        );
         let (tx, rx) = mpsc::sync_channel(1);
         self.jobs
             .as_ref()
             .ok_or_else(gone)?
-            .send(Box::new(move |c: &mut Client| {
-                let _ = tx.send(f(c));
+            .send(Box::new(move |c: Option<&mut Client>| {
+                let Some(c) = c else {
+                    let _ = tx.send(Err(StoreError::State(lost.clone())));
+                    return true;
+                };
+                let result = f(c);
+                if result.is_err() && c.is_closed() {
+                    return false;
+                }
+                let _ = tx.send(result);
+                true
             }))
             .map_err(|_| gone())?;
         rx.recv().map_err(|_| gone())?
@@ -281,6 +347,37 @@ fn migrate(client: &mut Client, shown: &str) -> Result<()> {
             .map_err(fail)?;
     }
     tx.commit().map_err(fail)
+}
+
+/// A key for a write that may be retried after a lost connection.
+fn write_key() -> i64 {
+    let mut bytes = [0u8; 8];
+    // Without the system's generator, the time and the pid make a key unique enough.
+    if getrandom::fill(&mut bytes).is_err() {
+        let mix = (super::now_ms() as u64) ^ (u64::from(std::process::id()) << 40);
+        bytes = mix.to_le_bytes();
+    }
+    i64::from_le_bytes(bytes)
+}
+
+/// Whether the write with this key was applied already (its first try committed, and only
+/// its answer was lost); else records the key, in the write's own transaction.
+fn applied_before(
+    c: &mut impl GenericClient,
+    key: i64,
+) -> std::result::Result<bool, ::postgres::Error> {
+    let inserted = c.execute(
+        "INSERT INTO applied (key, at) VALUES ($1, $2) ON CONFLICT (key) DO NOTHING",
+        &[&key, &super::now_ms()],
+    )?;
+    // Now and then, forget the keys of a day ago.
+    if key % 1024 == 0 {
+        c.execute(
+            "DELETE FROM applied WHERE at < $1",
+            &[&(super::now_ms() - 86_400_000)],
+        )?;
+    }
+    Ok(inserted == 0)
 }
 
 /// Counts a change (in the transaction that makes it).
@@ -430,9 +527,12 @@ fn insert_approval(
 }
 
 /// Writes the records of a commit in one transaction.
-fn write_all(c: &mut Client, writes: &[Write]) -> Result<()> {
+fn write_all(c: &mut Client, writes: &[Write], key: i64) -> Result<()> {
     let fail = |e| pg("cannot commit to the store", e);
     let mut tx = c.transaction().map_err(fail)?;
+    if applied_before(&mut tx, key).map_err(fail)? {
+        return Ok(());
+    }
     for w in writes {
         match w {
             Write::Node(n) => {
@@ -544,9 +644,12 @@ fn describe_scope(scope: &str) -> String {
     }
 }
 
-fn answer_gate(c: &mut Client, approval: &Approval) -> Result<()> {
+fn answer_gate(c: &mut Client, approval: &Approval, key: i64) -> Result<()> {
     let fail = |e| pg("cannot answer a gate", e);
     let mut tx = c.transaction().map_err(fail)?;
+    if applied_before(&mut tx, key).map_err(fail)? {
+        return Ok(());
+    }
     let waiting = pending(&mut tx, &approval.run, true)?;
     let named: Vec<&GateRequest> = waiting.iter().filter(|g| g.gate == approval.gate).collect();
     let target = if approval.scope.is_empty() {
@@ -649,12 +752,16 @@ fn lock_run(c: &mut Client, run: &str, owner: &LockOwner) -> Result<()> {
 impl Store for PgStore {
     fn create_run(&mut self, run: &RunRecord) -> Result<()> {
         let run = run.clone();
+        let key = write_key();
         self.call(move |c| {
             let params = json_text(&run.params)?;
             let options = json_text(&run.options)?;
             let (exit_name, exit_code) = run.exit.clone().unzip();
             let fail = |e| pg("cannot create a run", e);
             let mut tx = c.transaction().map_err(fail)?;
+            if applied_before(&mut tx, key).map_err(fail)? {
+                return Ok(());
+            }
             let inserted = tx
                 .execute(
                     &format!(
@@ -746,7 +853,8 @@ impl Store for PgStore {
 
     fn commit(&mut self, writes: &[Write]) -> Result<()> {
         let writes = writes.to_vec();
-        self.call(move |c| write_all(c, &writes))
+        let key = write_key();
+        self.call(move |c| write_all(c, &writes, key))
     }
 
     fn nodes(&self, run: &str) -> Result<Vec<NodeRecord>> {
@@ -825,7 +933,8 @@ impl Store for PgStore {
 
     fn answer(&mut self, approval: &Approval) -> Result<()> {
         let approval = approval.clone();
-        self.call(move |c| answer_gate(c, &approval))
+        let key = write_key();
+        self.call(move |c| answer_gate(c, &approval, key))
     }
 
     fn lock(&mut self, run: &str, owner: &LockOwner) -> Result<()> {

@@ -14,6 +14,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 struct Server {
     port: u16,
+    pg_ctl: PathBuf,
+    data: PathBuf,
+    log: PathBuf,
 }
 
 static SERVER: OnceLock<Option<Server>> = OnceLock::new();
@@ -134,7 +137,12 @@ fn start() -> Option<Server> {
                 .stderr(std::process::Stdio::null())
                 .spawn()
                 .unwrap();
-            return Some(Server { port });
+            return Some(Server {
+                port,
+                pg_ctl: pg_ctl.clone(),
+                data: data.clone(),
+                log: dir.join("log"),
+            });
         }
         assert!(
             attempt < 2,
@@ -157,4 +165,31 @@ pub fn database() -> Option<String> {
     let mut c = postgres::Client::connect(&admin, postgres::NoTls).unwrap();
     c.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
     Some(format!("postgres://rf@127.0.0.1:{}/{name}", server.port))
+}
+
+/// Restarts the server (every connection is cut; the port stays), as a failover or an
+/// upgrade would. Only for a test binary whose tests all expect it.
+pub fn restart() {
+    let server = SERVER
+        .get()
+        .and_then(Option::as_ref)
+        .expect("a server is running");
+    // The server's output goes to its log: a pipe it held would never close.
+    let ok = as_server_user(&server.pg_ctl)
+        .arg("-D")
+        .arg(&server.data)
+        .arg("-l")
+        .arg(&server.log)
+        .args(["-m", "fast", "-w", "restart"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap()
+        .success();
+    assert!(
+        ok,
+        "pg_ctl restart: {}",
+        std::fs::read_to_string(&server.log).unwrap_or_default()
+    );
 }
