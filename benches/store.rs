@@ -1,4 +1,5 @@
-//! What a durable commit of the SQLite store costs: `cargo bench --bench store`.
+//! What a durable commit of the SQLite store costs: `cargo bench --bench store`; with
+//! `RALPH_FLOW_BENCH_POSTGRES=postgres://...` (an empty database), the PostgreSQL store's too.
 //!
 //! `cargo bench --bench store -- full` runs only the cases whose name (or durability) contains
 //! `full`. Each case opens a fresh store in a temporary directory, does some warm-up commits, then
@@ -87,6 +88,63 @@ fn main() {
             }
         }
     }
+    if let Ok(url) = std::env::var("RALPH_FLOW_BENCH_POSTGRES") {
+        postgres_cases(&url, &filter, scale);
+    }
+}
+
+/// The same cases on the PostgreSQL store (the server's own durability settings), and the
+/// floor: one 2 KiB row per transaction through the same client.
+fn postgres_cases(url: &str, filter: &str, scale: usize) {
+    use ralph_flow::store::postgres::PgStore;
+    if "floor postgres".contains(filter) {
+        let mut c = postgres::Client::connect(url, postgres::NoTls).expect("connect");
+        c.batch_execute(
+            "CREATE TABLE IF NOT EXISTS bench_floor (id BIGSERIAL PRIMARY KEY, body TEXT NOT NULL)",
+        )
+        .expect("schema");
+        let body = "x".repeat(2048);
+        let n = 5000 / scale;
+        let mut times = Vec::with_capacity(n);
+        for i in 0..WARMUP + n {
+            let start = Instant::now();
+            let mut tx = c.transaction().expect("begin");
+            tx.execute("INSERT INTO bench_floor (body) VALUES ($1)", &[&body])
+                .expect("insert");
+            tx.commit().expect("commit");
+            if i >= WARMUP {
+                times.push(start.elapsed());
+            }
+        }
+        let stats = Stats::of(times);
+        println!(
+            "| floor: raw PostgreSQL client, one 2 KiB row per transaction | postgres | {n} | {} | {} | {} | - |",
+            us(stats.mean),
+            us(stats.p50),
+            us(stats.p99),
+        );
+    }
+    let cases: [(&str, usize, usize); 2] = [
+        ("1 node (2 KiB output + attempt end + event)", 5000, 1),
+        ("8 nodes in one group commit", 1000, 8),
+    ];
+    for (i, (name, commits, per_commit)) in cases.into_iter().enumerate() {
+        let commits = commits / scale;
+        if !format!("{name} postgres").to_lowercase().contains(filter) {
+            continue;
+        }
+        let store = PgStore::connect(url).expect("connect");
+        let run = format!("{RUN}-{i}-{}", std::process::id());
+        let (times, _) = bench_store(Box::new(store), &run, commits, per_commit, 2 * 1024);
+        let stats = Stats::of(times);
+        println!(
+            "| {name} | postgres | {commits} | {} | {} | {} | {} |",
+            us(stats.mean),
+            us(stats.p50),
+            us(stats.p99),
+            us(stats.mean / u32::try_from(per_commit).expect("small")),
+        );
+    }
 }
 
 /// Commits `commits` groups of `per_commit` nodes (each with its attempt's end and an event)
@@ -98,10 +156,21 @@ fn bench(
     per_commit: usize,
     size: usize,
 ) -> (Vec<Duration>, Option<(u64, u64)>) {
-    let mut store = SqliteStore::open_with(path, durability).expect("open the store");
+    let store = SqliteStore::open_with(path, durability).expect("open the store");
+    bench_store(Box::new(store), RUN, commits, per_commit, size)
+}
+
+/// [`bench`] on any store, in run `run`.
+fn bench_store(
+    mut store: Box<dyn Store>,
+    run: &str,
+    commits: usize,
+    per_commit: usize,
+    size: usize,
+) -> (Vec<Duration>, Option<(u64, u64)>) {
     store
         .create_run(&RunRecord {
-            id: RUN.to_string(),
+            id: run.to_string(),
             workflow: "bench".to_string(),
             file: "bench.toml".to_string(),
             workflow_hash: "0".repeat(64),
@@ -122,7 +191,7 @@ fn bench(
             rss_before = rss_kib();
         }
         let writes: Vec<Write> = (0..per_commit)
-            .flat_map(|j| group(i, j, &filler[..size - 40]))
+            .flat_map(|j| group(run, i, j, &filler[..size - 40]))
             .collect();
         let start = Instant::now();
         store.commit(&writes).expect("commit");
@@ -164,7 +233,7 @@ fn raw_floor(path: &Path, durability: Durability, commits: usize) -> Vec<Duratio
 }
 
 /// The writes of one settled node: the node, its attempt's end, an event.
-fn group(i: usize, j: usize, text: &str) -> [Write; 3] {
+fn group(run: &str, i: usize, j: usize, text: &str) -> [Write; 3] {
     let scope = format!("loop#{i}");
     let node = format!("stage{j}");
     let usage = Usage {
@@ -175,7 +244,7 @@ fn group(i: usize, j: usize, text: &str) -> [Write; 3] {
     };
     [
         Write::Node(NodeRecord {
-            run: RUN.to_string(),
+            run: run.to_string(),
             scope: scope.clone(),
             node: node.clone(),
             state: NodeState::Done,
@@ -189,7 +258,7 @@ fn group(i: usize, j: usize, text: &str) -> [Write; 3] {
             finished_at: 2_000,
         }),
         Write::Attempt(AttemptRecord {
-            run: RUN.to_string(),
+            run: run.to_string(),
             scope: scope.clone(),
             node: node.clone(),
             attempt: 1,
@@ -202,7 +271,7 @@ fn group(i: usize, j: usize, text: &str) -> [Write; 3] {
             finished_at: Some(2_000),
         }),
         Write::Event(Event {
-            run: RUN.to_string(),
+            run: run.to_string(),
             at: 2_000,
             scope,
             node,

@@ -263,6 +263,7 @@ impl PgStore {
                         std::thread::sleep(delay);
                         delay = (delay * 2).min(RECONNECT_MAX_DELAY);
                         client = Client::connect(&url, NoTls).ok();
+                        PREPARED.with(|p| p.borrow_mut().clear());
                     }
                 }
             })
@@ -526,29 +527,82 @@ fn insert_approval(
     Ok(())
 }
 
-/// Writes the records of a commit in one transaction.
+const APPLY_KEY: &str = "INSERT INTO applied (key, at) SELECT $1, $2 \
+     WHERE nextval('changes') IS NOT NULL ON CONFLICT (key) DO NOTHING";
+
+/// A settlement written again replaces the first and moves to the end of the write order.
+const UPSERT_NODE: &str = "INSERT INTO nodes (run, scope, node, state, output, action, \
+     feedback, attempts, input_tokens, output_tokens, cached_tokens, cost_usd, started_at, \
+     finished_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
+     ON CONFLICT (run, scope, node) DO UPDATE SET state = excluded.state, \
+     output = excluded.output, action = excluded.action, feedback = excluded.feedback, \
+     attempts = excluded.attempts, input_tokens = excluded.input_tokens, \
+     output_tokens = excluded.output_tokens, cached_tokens = excluded.cached_tokens, \
+     cost_usd = excluded.cost_usd, started_at = excluded.started_at, \
+     finished_at = excluded.finished_at, seq = nextval('nodes_seq_seq')";
+
+const UPSERT_ATTEMPT: &str = "INSERT INTO attempts (run, scope, node, attempt, state, agent, \
+     dir, error, input_tokens, output_tokens, cached_tokens, cost_usd, started_at, finished_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
+     ON CONFLICT (run, scope, node, attempt) DO UPDATE SET state = excluded.state, \
+     agent = excluded.agent, dir = excluded.dir, error = excluded.error, \
+     input_tokens = excluded.input_tokens, output_tokens = excluded.output_tokens, \
+     cached_tokens = excluded.cached_tokens, cost_usd = excluded.cost_usd, \
+     started_at = excluded.started_at, finished_at = excluded.finished_at";
+
+const INSERT_EVENT: &str = "INSERT INTO events (run, at, scope, node, kind, message) \
+     VALUES ($1, $2, $3, $4, $5, $6)";
+
+const UPSERT_GATE: &str = "INSERT INTO gates (run, scope, gate, message, show, requested_at, \
+     deadline) VALUES ($1, $2, $3, $4, $5, $6, $7) \
+     ON CONFLICT (run, scope, gate) DO UPDATE SET message = excluded.message, \
+     show = excluded.show, requested_at = excluded.requested_at, \
+     deadline = excluded.deadline, seq = nextval('gates_seq_seq')";
+
+thread_local! {
+    /// The statements prepared on this thread's connection (each store has a thread of its
+    /// own); emptied when it connects again.
+    static PREPARED: std::cell::RefCell<std::collections::HashMap<&'static str, ::postgres::Statement>> =
+        std::cell::RefCell::default();
+}
+
+/// A statement of the commit's, prepared once per connection: one round trip a write
+/// instead of two.
+fn prepared(
+    c: &mut Client,
+    sql: &'static str,
+) -> std::result::Result<::postgres::Statement, ::postgres::Error> {
+    if let Some(st) = PREPARED.with(|p| p.borrow().get(sql).cloned()) {
+        return Ok(st);
+    }
+    let st = c.prepare(sql)?;
+    PREPARED.with(|p| p.borrow_mut().insert(sql, st.clone()));
+    Ok(st)
+}
+
+/// Writes the records of a commit in one transaction: one round trip for the key and the
+/// change count, then one a record.
 fn write_all(c: &mut Client, writes: &[Write], key: i64) -> Result<()> {
     let fail = |e| pg("cannot commit to the store", e);
+    let apply = prepared(c, APPLY_KEY).map_err(fail)?;
+    let node = prepared(c, UPSERT_NODE).map_err(fail)?;
+    let attempt = prepared(c, UPSERT_ATTEMPT).map_err(fail)?;
+    let event = prepared(c, INSERT_EVENT).map_err(fail)?;
+    let gate = prepared(c, UPSERT_GATE).map_err(fail)?;
     let mut tx = c.transaction().map_err(fail)?;
-    if applied_before(&mut tx, key).map_err(fail)? {
+    if tx
+        .execute(&apply, &[&key, &super::now_ms()])
+        .map_err(fail)?
+        == 0
+    {
         return Ok(());
     }
     for w in writes {
         match w {
             Write::Node(n) => {
                 let output = json_text(&n.output)?;
-                let attempts = i64::from(n.attempts);
-                // A settlement written again replaces the first, last in write order.
                 tx.execute(
-                    "DELETE FROM nodes WHERE run = $1 AND scope = $2 AND node = $3",
-                    &[&n.run, &n.scope, &n.node],
-                )
-                .map_err(fail)?;
-                tx.execute(
-                    "INSERT INTO nodes (run, scope, node, state, output, action, feedback, \
-                     attempts, input_tokens, output_tokens, cached_tokens, cost_usd, \
-                     started_at, finished_at) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+                    &node,
                     &[
                         &n.run,
                         &n.scope,
@@ -557,7 +611,7 @@ fn write_all(c: &mut Client, writes: &[Write], key: i64) -> Result<()> {
                         &output,
                         &n.action,
                         &n.feedback,
-                        &attempts,
+                        &i64::from(n.attempts),
                         &int(n.usage.input_tokens),
                         &int(n.usage.output_tokens),
                         &int(n.usage.cached_tokens),
@@ -569,21 +623,13 @@ fn write_all(c: &mut Client, writes: &[Write], key: i64) -> Result<()> {
                 .map_err(fail)?;
             }
             Write::Attempt(a) => {
-                let attempt = i64::from(a.attempt);
                 tx.execute(
-                    "INSERT INTO attempts (run, scope, node, attempt, state, agent, dir, error, \
-                     input_tokens, output_tokens, cached_tokens, cost_usd, started_at, finished_at) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
-                     ON CONFLICT (run, scope, node, attempt) DO UPDATE SET state = excluded.state, \
-                     agent = excluded.agent, dir = excluded.dir, error = excluded.error, \
-                     input_tokens = excluded.input_tokens, output_tokens = excluded.output_tokens, \
-                     cached_tokens = excluded.cached_tokens, cost_usd = excluded.cost_usd, \
-                     started_at = excluded.started_at, finished_at = excluded.finished_at",
+                    &attempt,
                     &[
                         &a.run,
                         &a.scope,
                         &a.node,
-                        &attempt,
+                        &i64::from(a.attempt),
                         &a.state.as_str(),
                         &a.agent,
                         &a.dir,
@@ -600,8 +646,7 @@ fn write_all(c: &mut Client, writes: &[Write], key: i64) -> Result<()> {
             }
             Write::Event(e) => {
                 tx.execute(
-                    "INSERT INTO events (run, at, scope, node, kind, message) \
-                     VALUES ($1, $2, $3, $4, $5, $6)",
+                    &event,
                     &[&e.run, &e.at, &e.scope, &e.node, &e.kind, &e.message],
                 )
                 .map_err(fail)?;
@@ -610,13 +655,7 @@ fn write_all(c: &mut Client, writes: &[Write], key: i64) -> Result<()> {
                 let show = serde_json::to_string(&g.show)
                     .map_err(|e| StoreError::json("cannot write a gate's files", e))?;
                 tx.execute(
-                    "DELETE FROM gates WHERE run = $1 AND scope = $2 AND gate = $3",
-                    &[&g.run, &g.scope, &g.gate],
-                )
-                .map_err(fail)?;
-                tx.execute(
-                    "INSERT INTO gates (run, scope, gate, message, show, requested_at, deadline) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                    &gate,
                     &[
                         &g.run,
                         &g.scope,
@@ -632,7 +671,6 @@ fn write_all(c: &mut Client, writes: &[Write], key: i64) -> Result<()> {
             Write::Approval(a) => insert_approval(&mut tx, a).map_err(fail)?,
         }
     }
-    changed(&mut tx).map_err(fail)?;
     tx.commit().map_err(fail)
 }
 
