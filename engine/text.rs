@@ -54,6 +54,29 @@ pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
+/// The end of a text of which `cut` bytes before `bytes` are already gone, in at most
+/// `max` bytes, with a marker that says how many bytes in all were cut.
+pub fn text_of(bytes: &[u8], cut: u64, max: usize) -> String {
+    let s = String::from_utf8_lossy(bytes);
+    if s.len() <= max && cut == 0 {
+        return s.into_owned();
+    }
+    let mut start = s.len().saturating_sub(max);
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    format!(
+        "[... {} bytes cut ...]\n{}",
+        cut + start as u64,
+        &s[start..]
+    )
+}
+
+/// The end of a text, at most `max` bytes, saying how many were cut.
+pub fn tail(s: &str, max: usize) -> String {
+    text_of(s.as_bytes(), 0, max)
+}
+
 #[cfg(test)]
 mod tests {
     use super::{duration, duration_ms};

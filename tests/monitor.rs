@@ -2,6 +2,7 @@
 //! secrets. The browser tests are in tests/monitor_browser.rs.
 #![allow(clippy::unwrap_used)]
 
+mod common;
 mod monitor_support;
 
 use monitor_support::{Checkout, Server};

@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod browser;
+mod common;
 mod monitor_support;
 
 use std::process::Stdio;

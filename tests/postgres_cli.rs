@@ -3,6 +3,7 @@
 //! RALPH_FLOW_STORE, and no SQLite file made.
 #![allow(clippy::unwrap_used)]
 
+mod common;
 mod monitor_support;
 mod pg;
 

@@ -3,6 +3,7 @@
 //! answered. (Its own test binary: the restart cuts every connection to the shared server.)
 #![allow(clippy::unwrap_used)]
 
+mod common;
 mod monitor_support;
 mod pg;
 

@@ -335,21 +335,7 @@ pub fn resume(args: &ResumeArgs) -> i32 {
             record.file
         ));
     }
-    let sets: Vec<(String, String)> = record
-        .params
-        .as_object()
-        .map(|m| {
-            m.iter()
-                .map(|(k, v)| {
-                    let s = match v {
-                        serde_json::Value::String(s) => s.clone(),
-                        other => other.to_string(),
-                    };
-                    (k.clone(), s)
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let sets = record.param_sets();
     let prepared = match prepare_fetching(Path::new(&record.file), &sets, &mut super::report_fetch)
     {
         Ok(p) => p,
@@ -394,6 +380,7 @@ pub fn resume(args: &ResumeArgs) -> i32 {
 /// `ralph-flow approve` and `ralph-flow reject`.
 pub fn answer(args: &AnswerArgs, approved: bool) -> i32 {
     use ralph_flow::run::answer::{AnswerError, answer};
+    // Said before the store is opened, in the words of the command line.
     if !approved && args.comment.is_none() {
         return fail("a rejection needs --comment: it is the feedback of the next attempt");
     }

@@ -35,27 +35,7 @@ pub(super) const MAX_STREAM_IN_OUTPUT: usize = 256 * 1024;
 /// The most bytes of feedback handed to the next iteration.
 pub(super) const MAX_FEEDBACK: usize = 16 * 1024;
 
-/// The end of a text of which `cut` bytes before `bytes` are already gone, in at most
-/// `max` bytes, with a marker that says how many bytes in all were cut.
-pub(super) fn text_of(bytes: &[u8], cut: u64, max: usize) -> String {
-    let s = String::from_utf8_lossy(bytes);
-    if s.len() <= max && cut == 0 {
-        return s.into_owned();
-    }
-    let mut start = s.len().saturating_sub(max);
-    while !s.is_char_boundary(start) {
-        start += 1;
-    }
-    format!(
-        "[... {} bytes cut ...]\n{}",
-        cut + start as u64,
-        &s[start..]
-    )
-}
-
-pub(super) fn tail(s: &str, max: usize) -> String {
-    text_of(s.as_bytes(), 0, max)
-}
+pub(super) use crate::text::{tail, text_of};
 
 impl Exec<'_> {
     /// Starts an attempt: its artifact directory, and the template context with `attempt`

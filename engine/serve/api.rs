@@ -110,25 +110,26 @@ pub(crate) async fn event_stream(
         .and_then(|v| v.parse::<usize>().ok())
         .map(|last| last + 1);
     let start = resume.unwrap_or(q.since);
+    // The first read answers 404 for an unknown run, and is the stream's first batch.
     let first = {
         let id = id.clone();
-        blocking(&m, move |m| read_events(m, &id)).await
+        match blocking(&m, move |m| read_events(m, &id)).await {
+            Ok(events) => events,
+            Err(f) => return f.into_response(),
+        }
     };
-    if let Err(f) = first {
-        return f.into_response();
-    }
     let rx = m.changed.subscribe();
     let stream = futures_util::stream::unfold(
-        (m, id, start, rx, true),
-        |(m, id, mut sent, mut rx, mut first)| async move {
+        (m, id, start, rx, Some(first)),
+        |(m, id, mut sent, mut rx, mut read)| async move {
             loop {
-                if !first && rx.changed().await.is_err() {
-                    return None;
-                }
-                first = false;
-                let events = {
-                    let id = id.clone();
-                    blocking(&m, move |m| read_events(m, &id)).await.ok()?
+                let events = match read.take() {
+                    Some(events) => events,
+                    None => {
+                        rx.changed().await.ok()?;
+                        let id = id.clone();
+                        blocking(&m, move |m| read_events(m, &id)).await.ok()?
+                    }
                 };
                 let new: Vec<SseEvent> = events
                     .iter()
@@ -145,7 +146,7 @@ pub(crate) async fn event_stream(
                 if !new.is_empty() {
                     sent = events.len();
                     let batch = futures_util::stream::iter(new.into_iter().map(Ok));
-                    return Some((batch, (m, id, sent, rx, first)));
+                    return Some((batch, (m, id, sent, rx, None)));
                 }
             }
         },

@@ -33,7 +33,7 @@ impl Token {
         Token { secret, csrf }
     }
 
-    /// A random token (32 bytes from the system's generator, as hex).
+    /// A random token (24 bytes from the system's generator, as hex).
     pub(crate) fn random() -> Result<Token, getrandom::Error> {
         let mut bytes = [0u8; 24];
         getrandom::fill(&mut bytes)?;

@@ -212,21 +212,7 @@ impl Monitor {
         if let Some(d) = cached {
             return d;
         }
-        let sets: Vec<(String, String)> = run
-            .params
-            .as_object()
-            .map(|m| {
-                m.iter()
-                    .map(|(k, v)| {
-                        let s = match v {
-                            serde_json::Value::String(s) => s.clone(),
-                            other => other.to_string(),
-                        };
-                        (k.clone(), s)
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        let sets = run.param_sets();
         let path = workflow_path(self, &run.file);
         let drawing = match crate::run::prepare(&path, &sets) {
             Ok(prepared) => {

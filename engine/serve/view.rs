@@ -429,15 +429,7 @@ pub struct Instance {
 const MAX_TEXT: usize = 256 * 1024;
 
 fn file_view(name: &str, text: &str) -> FileView {
-    let text = if text.len() > MAX_TEXT {
-        let mut start = text.len() - MAX_TEXT;
-        while !text.is_char_boundary(start) {
-            start += 1;
-        }
-        format!("[... {start} bytes cut ...]\n{}", &text[start..])
-    } else {
-        text.to_string()
-    };
+    let text = crate::text::tail(text, MAX_TEXT);
     let lines = text.lines().count();
     FileView {
         name: name.to_string(),

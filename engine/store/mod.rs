@@ -243,6 +243,27 @@ pub struct RunRecord {
     pub options: serde_json::Value,
 }
 
+impl RunRecord {
+    /// The run's params as `--set` pairs (text as is, other values as JSON): what `resume`
+    /// prepares the workflow with again.
+    pub fn param_sets(&self) -> Vec<(String, String)> {
+        self.params
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| {
+                        let s = match v {
+                            serde_json::Value::String(s) => s.clone(),
+                            other => other.to_string(),
+                        };
+                        (k.clone(), s)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
 /// How a node settled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -538,6 +559,71 @@ pub fn rfc3339(ms: i64) -> String {
     const LAST_SECOND: u64 = 253_402_300_799;
     let secs = (u64::try_from(ms).unwrap_or(0) / 1000).min(LAST_SECOND);
     humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(secs)).to_string()
+}
+
+/// The waiting gate an answer is for: the gate of that name in the answer's scope, or, when
+/// the answer names no scope, the one place where a gate of that name waits. `run_exists`
+/// is asked only to say why there is none.
+pub(crate) fn answered_gate<'a>(
+    approval: &Approval,
+    waiting: &'a [GateRequest],
+    run_exists: impl FnOnce() -> Result<bool>,
+) -> Result<&'a GateRequest> {
+    let named: Vec<&GateRequest> = waiting.iter().filter(|g| g.gate == approval.gate).collect();
+    let target = if approval.scope.is_empty() {
+        match named.as_slice() {
+            [one] => Some(*one),
+            [] => None,
+            several => {
+                let scopes: Vec<String> =
+                    several.iter().map(|g| describe_scope(&g.scope)).collect();
+                return Err(StoreError::Refused(format!(
+                    "gate {} of run {} waits in {} scopes ({}); say which one",
+                    approval.gate,
+                    approval.run,
+                    several.len(),
+                    scopes.join(", ")
+                )));
+            }
+        }
+    } else {
+        named.into_iter().find(|g| g.scope == approval.scope)
+    };
+    if let Some(target) = target {
+        return Ok(target);
+    }
+    let at = if approval.scope.is_empty() {
+        String::new()
+    } else {
+        format!(" in scope {}", approval.scope)
+    };
+    Err(StoreError::State(if !run_exists()? {
+        format!("no run {}", approval.run)
+    } else if waiting.is_empty() {
+        format!(
+            "gate {}{at} of run {} is not waiting for an answer; the run waits on no gate",
+            approval.gate, approval.run
+        )
+    } else {
+        let list: Vec<String> = waiting
+            .iter()
+            .map(|g| format!("{} ({})", g.gate, describe_scope(&g.scope)))
+            .collect();
+        format!(
+            "gate {}{at} of run {} is not waiting for an answer; waiting: {}",
+            approval.gate,
+            approval.run,
+            list.join(", ")
+        )
+    }))
+}
+
+fn describe_scope(scope: &str) -> String {
+    if scope.is_empty() {
+        String::from("top level")
+    } else {
+        format!("scope {scope}")
+    }
 }
 
 /// Tells whether a process with this id exists on this host.

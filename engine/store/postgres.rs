@@ -361,16 +361,19 @@ fn write_key() -> i64 {
     i64::from_le_bytes(bytes)
 }
 
+/// Records a write's key, and counts a change, in the write's own transaction.
+const APPLY_KEY: &str = "INSERT INTO applied (key, at) SELECT $1, $2 \
+     WHERE nextval('changes') IS NOT NULL ON CONFLICT (key) DO NOTHING";
+
 /// Whether the write with this key was applied already (its first try committed, and only
-/// its answer was lost); else records the key, in the write's own transaction.
+/// its answer was lost); else records the key and counts the change, in the write's own
+/// transaction. `apply` is [`APPLY_KEY`], as text or prepared.
 fn applied_before(
     c: &mut impl GenericClient,
+    apply: &(impl ::postgres::ToStatement + ?Sized),
     key: i64,
 ) -> std::result::Result<bool, ::postgres::Error> {
-    let inserted = c.execute(
-        "INSERT INTO applied (key, at) VALUES ($1, $2) ON CONFLICT (key) DO NOTHING",
-        &[&key, &super::now_ms()],
-    )?;
+    let inserted = c.execute(apply, &[&key, &super::now_ms()])?;
     // Now and then, forget the keys of a day ago.
     if key % 1024 == 0 {
         c.execute(
@@ -527,9 +530,6 @@ fn insert_approval(
     Ok(())
 }
 
-const APPLY_KEY: &str = "INSERT INTO applied (key, at) SELECT $1, $2 \
-     WHERE nextval('changes') IS NOT NULL ON CONFLICT (key) DO NOTHING";
-
 /// A settlement written again replaces the first and moves to the end of the write order.
 const UPSERT_NODE: &str = "INSERT INTO nodes (run, scope, node, state, output, action, \
      feedback, attempts, input_tokens, output_tokens, cached_tokens, cost_usd, started_at, \
@@ -590,11 +590,7 @@ fn write_all(c: &mut Client, writes: &[Write], key: i64) -> Result<()> {
     let event = prepared(c, INSERT_EVENT).map_err(fail)?;
     let gate = prepared(c, UPSERT_GATE).map_err(fail)?;
     let mut tx = c.transaction().map_err(fail)?;
-    if tx
-        .execute(&apply, &[&key, &super::now_ms()])
-        .map_err(fail)?
-        == 0
-    {
+    if applied_before(&mut tx, &apply, key).map_err(fail)? {
         return Ok(());
     }
     for w in writes {
@@ -674,77 +670,23 @@ fn write_all(c: &mut Client, writes: &[Write], key: i64) -> Result<()> {
     tx.commit().map_err(fail)
 }
 
-fn describe_scope(scope: &str) -> String {
-    if scope.is_empty() {
-        String::from("top level")
-    } else {
-        format!("scope {scope}")
-    }
-}
-
 fn answer_gate(c: &mut Client, approval: &Approval, key: i64) -> Result<()> {
     let fail = |e| pg("cannot answer a gate", e);
     let mut tx = c.transaction().map_err(fail)?;
-    if applied_before(&mut tx, key).map_err(fail)? {
+    if applied_before(&mut tx, APPLY_KEY, key).map_err(fail)? {
         return Ok(());
     }
     let waiting = pending(&mut tx, &approval.run, true)?;
-    let named: Vec<&GateRequest> = waiting.iter().filter(|g| g.gate == approval.gate).collect();
-    let target = if approval.scope.is_empty() {
-        match named.as_slice() {
-            [one] => Some(*one),
-            [] => None,
-            several => {
-                let scopes: Vec<String> =
-                    several.iter().map(|g| describe_scope(&g.scope)).collect();
-                return Err(StoreError::Refused(format!(
-                    "gate {} of run {} waits in {} scopes ({}); say which one",
-                    approval.gate,
-                    approval.run,
-                    several.len(),
-                    scopes.join(", ")
-                )));
-            }
-        }
-    } else {
-        named.iter().copied().find(|g| g.scope == approval.scope)
-    };
-    let Some(target) = target else {
-        let exists = tx
-            .query_opt("SELECT 1 FROM runs WHERE id = $1", &[&approval.run])
-            .map_err(fail)?
-            .is_some();
-        let at = if approval.scope.is_empty() {
-            String::new()
-        } else {
-            format!(" in scope {}", approval.scope)
-        };
-        return Err(StoreError::State(if !exists {
-            format!("no run {}", approval.run)
-        } else if waiting.is_empty() {
-            format!(
-                "gate {}{at} of run {} is not waiting for an answer; the run waits on no gate",
-                approval.gate, approval.run
-            )
-        } else {
-            let list: Vec<String> = waiting
-                .iter()
-                .map(|g| format!("{} ({})", g.gate, describe_scope(&g.scope)))
-                .collect();
-            format!(
-                "gate {}{at} of run {} is not waiting for an answer; waiting: {}",
-                approval.gate,
-                approval.run,
-                list.join(", ")
-            )
-        }));
-    };
+    let target = super::answered_gate(approval, &waiting, || {
+        tx.query_opt("SELECT 1 FROM runs WHERE id = $1", &[&approval.run])
+            .map(|row| row.is_some())
+            .map_err(fail)
+    })?;
     let answer = Approval {
         scope: target.scope.clone(),
         ..approval.clone()
     };
     insert_approval(&mut tx, &answer).map_err(fail)?;
-    changed(&mut tx).map_err(fail)?;
     tx.commit().map_err(fail)
 }
 
@@ -797,7 +739,7 @@ impl Store for PgStore {
             let (exit_name, exit_code) = run.exit.clone().unzip();
             let fail = |e| pg("cannot create a run", e);
             let mut tx = c.transaction().map_err(fail)?;
-            if applied_before(&mut tx, key).map_err(fail)? {
+            if applied_before(&mut tx, APPLY_KEY, key).map_err(fail)? {
                 return Ok(());
             }
             let inserted = tx
@@ -828,7 +770,6 @@ impl Store for PgStore {
                     run.id
                 )));
             }
-            changed(&mut tx).map_err(fail)?;
             tx.commit().map_err(fail)
         })
     }

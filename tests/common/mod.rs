@@ -320,12 +320,24 @@ pub fn commit_all(dir: &Path) {
 /// A clean git checkout of what the README's demo needs: the presets, their prompts and
 /// schemas, and the examples (`.ralph-flow/` ignored).
 pub fn demo_checkout() -> tempfile::TempDir {
+    checkout_with(&[])
+}
+
+/// [`demo_checkout`] with more files (path, text), committed with the rest.
+pub fn checkout_with(files: &[(&str, &str)]) -> tempfile::TempDir {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = tempfile::tempdir().unwrap();
     for d in ["workflows", "prompts", "schemas", "examples"] {
         copy_dir(&root.join(d), &dir.path().join(d));
     }
     std::fs::write(dir.path().join(".gitignore"), ".ralph-flow/\n").unwrap();
+    for (path, text) in files {
+        let path = dir.path().join(path);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).unwrap();
+        }
+        std::fs::write(path, text).unwrap();
+    }
     commit_all(dir.path());
     dir
 }

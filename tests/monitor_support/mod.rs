@@ -1,5 +1,5 @@
 //! A project with the presets and their recordings, a `ralph-flow serve` over it, and a
-//! small HTTP client: what the monitor's tests share.
+//! small HTTP client: what the monitor's tests share (with `mod common;` beside it).
 #![allow(dead_code, clippy::unwrap_used)]
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -19,43 +19,13 @@ pub fn bin() -> &'static str {
 
 impl Checkout {
     pub fn new() -> Checkout {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let dir = tempfile::tempdir().unwrap();
-        for d in ["workflows", "prompts", "schemas", "examples"] {
-            copy_dir(&root.join(d), &dir.path().join(d));
+        Checkout {
+            dir: crate::common::checkout_with(&[
+                ("BRIEF.md", "A CLI that counts words in its input.\n"),
+                ("docs/spec.md", "# Word count spec\n"),
+                ("docs/plan.md", "# Plan\n"),
+            ]),
         }
-        std::fs::create_dir_all(dir.path().join("docs")).unwrap();
-        std::fs::write(
-            dir.path().join("BRIEF.md"),
-            "A CLI that counts words in its input.\n",
-        )
-        .unwrap();
-        std::fs::write(dir.path().join("docs/spec.md"), "# Word count spec\n").unwrap();
-        std::fs::write(dir.path().join("docs/plan.md"), "# Plan\n").unwrap();
-        std::fs::write(dir.path().join(".gitignore"), ".ralph-flow/\n").unwrap();
-        for args in [
-            &["init", "-q", "-b", "main"][..],
-            &["add", "-A"],
-            &[
-                "-c",
-                "user.email=t@example.com",
-                "-c",
-                "user.name=t",
-                "commit",
-                "-qm",
-                "scratch",
-            ],
-        ] {
-            let ok = Command::new("git")
-                .args(args)
-                .current_dir(dir.path())
-                .output()
-                .unwrap()
-                .status
-                .success();
-            assert!(ok, "git {args:?}");
-        }
-        Checkout { dir }
     }
 
     pub fn path(&self) -> &Path {
@@ -136,19 +106,6 @@ impl Checkout {
             }
             assert!(t.elapsed() < Duration::from_secs(30), "no run appeared");
             std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-pub fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap().flatten() {
-        let p = e.path();
-        let dest = to.join(e.file_name());
-        if p.is_dir() {
-            copy_dir(&p, &dest);
-        } else {
-            std::fs::copy(&p, &dest).unwrap();
         }
     }
 }

@@ -5,7 +5,7 @@ use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 
 use super::rows::json_col;
 use super::{SqliteStore, sql_error};
-use crate::store::{Approval, GateRequest, Result, Store, StoreError};
+use crate::store::{Approval, GateRequest, Result, Store};
 
 const GATE_COLUMNS: &str = "run, scope, gate, message, show, requested_at, deadline";
 
@@ -59,59 +59,14 @@ impl SqliteStore {
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(fail)?;
         let waiting = pending(&tx, &approval.run).map_err(fail)?;
-        let named: Vec<&GateRequest> = waiting.iter().filter(|g| g.gate == approval.gate).collect();
-        let target = if approval.scope.is_empty() {
-            match named.as_slice() {
-                [one] => Some(*one),
-                [] => None,
-                several => {
-                    let scopes: Vec<String> =
-                        several.iter().map(|g| describe_scope(&g.scope)).collect();
-                    return Err(StoreError::Refused(format!(
-                        "gate {} of run {} waits in {} scopes ({}); say which one",
-                        approval.gate,
-                        approval.run,
-                        several.len(),
-                        scopes.join(", ")
-                    )));
-                }
-            }
-        } else {
-            named.iter().copied().find(|g| g.scope == approval.scope)
-        };
-        let Some(target) = target else {
-            let exists: bool = tx
-                .query_row("SELECT 1 FROM runs WHERE id = ?1", [&approval.run], |_| {
-                    Ok(())
-                })
-                .optional()
-                .map_err(fail)?
-                .is_some();
-            let at = if approval.scope.is_empty() {
-                String::new()
-            } else {
-                format!(" in scope {}", approval.scope)
-            };
-            return Err(StoreError::State(if !exists {
-                format!("no run {}", approval.run)
-            } else if waiting.is_empty() {
-                format!(
-                    "gate {}{at} of run {} is not waiting for an answer; the run waits on no gate",
-                    approval.gate, approval.run
-                )
-            } else {
-                let list: Vec<String> = waiting
-                    .iter()
-                    .map(|g| format!("{} ({})", g.gate, describe_scope(&g.scope)))
-                    .collect();
-                format!(
-                    "gate {}{at} of run {} is not waiting for an answer; waiting: {}",
-                    approval.gate,
-                    approval.run,
-                    list.join(", ")
-                )
-            }));
-        };
+        let target = crate::store::answered_gate(approval, &waiting, || {
+            tx.query_row("SELECT 1 FROM runs WHERE id = ?1", [&approval.run], |_| {
+                Ok(())
+            })
+            .optional()
+            .map(|row| row.is_some())
+            .map_err(fail)
+        })?;
         let answer = Approval {
             scope: target.scope.clone(),
             ..approval.clone()
@@ -136,14 +91,6 @@ fn pending(conn: &Connection, run: &str) -> rusqlite::Result<Vec<GateRequest>> {
     conn.prepare_cached(&sql)?
         .query_map([run], gate_from_row)?
         .collect()
-}
-
-fn describe_scope(scope: &str) -> String {
-    if scope.is_empty() {
-        String::from("top level")
-    } else {
-        format!("scope {scope}")
-    }
 }
 
 fn gate_from_row(row: &Row<'_>) -> rusqlite::Result<GateRequest> {
