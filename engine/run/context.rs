@@ -81,7 +81,13 @@ impl Exec<'_> {
             .templates
             .get(name)
             .ok_or_else(|| TemplateError::Missing(name.to_string()))?;
-        let text = self.env.render_named_str(name, src, ctx)?;
+        // Text with no template syntax renders as itself (minijinja would drop one newline
+        // at the end, so such text goes through it): no parse, no render.
+        let text = if src.contains('{') || src.ends_with('\n') {
+            self.env.render_named_str(name, src, ctx)?
+        } else {
+            src.clone()
+        };
         if !name.contains("/argv/") && crate::template::spread_items(&text).is_some() {
             return Err(TemplateError::SpreadOutsideArgv);
         }

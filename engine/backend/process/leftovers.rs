@@ -35,6 +35,55 @@ pub fn start_ticks(pid: i32) -> Option<u64> {
     rest.split_whitespace().nth(19)?.parse().ok()
 }
 
+/// The boot clock now, in the clock ticks of `/proc/PID/stat` (USER_HZ, 100 a second on
+/// Linux): read from the vDSO, no system call.
+pub fn boot_ticks() -> u64 {
+    /// USER_HZ: the unit of the start time in `/proc/PID/stat`, fixed by the kernel's ABI.
+    const TICKS_PER_SECOND: u64 = 100;
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).map_or(0, |t| {
+        u64::try_from(t.tv_sec()).unwrap_or(0) * TICKS_PER_SECOND
+            + u64::try_from(t.tv_nsec()).unwrap_or(0) / (1_000_000_000 / TICKS_PER_SECOND)
+    })
+}
+
+/// When a program started, as the boot-clock ticks read just before and just after its
+/// spawn: the kernel's start time of the process (`/proc/PID/stat`, which counts from boot
+/// too) lies between them. Recording this window instead of reading `/proc/PID/stat` after
+/// every spawn (an open, two reads and a close: about a tenth of a command stage's cost)
+/// still names one process: a pid reused later started after the window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StartWindow {
+    pub from: u64,
+    pub to: u64,
+}
+
+impl StartWindow {
+    /// Tells whether the process `pid` is the one that started in this window.
+    fn matches(self, pid: i32) -> bool {
+        start_ticks(pid).is_some_and(|t| self.from <= t && t <= self.to)
+    }
+
+    /// The window as recorded: `FROM TO`, or one number when both are the same (as the
+    /// start time alone was recorded before).
+    fn record(self) -> String {
+        if self.from == self.to {
+            self.from.to_string()
+        } else {
+            format!("{} {}", self.from, self.to)
+        }
+    }
+
+    /// Reads a recorded window (`FROM [TO]`) from the parts of a line.
+    fn parse<'a>(mut parts: impl Iterator<Item = &'a str>) -> Option<StartWindow> {
+        let from = parts.next()?.parse().ok()?;
+        let to = match parts.next() {
+            Some(t) => t.parse().ok()?,
+            None => from,
+        };
+        Some(StartWindow { from, to })
+    }
+}
+
 /// Tells whether a process is alive (a zombie is not).
 fn alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -50,9 +99,8 @@ fn alive(pid: i32) -> bool {
 pub(super) struct PidFile(PathBuf);
 
 impl PidFile {
-    pub(super) fn write(path: &Path, pid: i32) -> PidFile {
-        let ticks = start_ticks(pid).unwrap_or(0);
-        if let Err(e) = std::fs::write(path, format!("{pid} {ticks}\n")) {
+    pub(super) fn write(path: &Path, pid: i32, started: StartWindow) -> PidFile {
+        if let Err(e) = std::fs::write(path, format!("{pid} {}\n", started.record())) {
             tracing::warn!("cannot write {}: {e}", path.display());
         }
         PidFile(path.to_path_buf())
@@ -104,10 +152,10 @@ pub(super) struct ProcessLogEntry {
 }
 
 impl ProcessLogEntry {
-    pub(super) fn start(path: &Path, pid: i32) -> ProcessLogEntry {
+    pub(super) fn start(path: &Path, pid: i32, started: StartWindow) -> ProcessLogEntry {
         let entry = ProcessLogEntry {
             path: path.to_path_buf(),
-            line: format!("{pid} {}", start_ticks(pid).unwrap_or(0)),
+            line: format!("{pid} {}", started.record()),
         };
         entry.append("start");
         entry
@@ -127,24 +175,27 @@ impl Drop for ProcessLogEntry {
     }
 }
 
-/// The groups a process log says were started and have not ended (`PGID TICKS` each).
-fn unended(log: &Path) -> Vec<(i32, u64)> {
+/// The groups a process log says were started and have not ended (`PGID FROM [TO]` each:
+/// the pid and the [`StartWindow`]).
+fn unended(log: &Path) -> Vec<(i32, StartWindow)> {
     let Ok(text) = std::fs::read_to_string(log) else {
         return Vec::new();
     };
-    let mut open: Vec<(i32, u64)> = Vec::new();
+    let mut open: Vec<(i32, StartWindow)> = Vec::new();
     for line in text.lines() {
         let mut parts = line.split_whitespace();
-        let (Some(what), Some(pid), Some(ticks)) = (
+        let (Some(what), Some(pid)) = (
             parts.next(),
             parts.next().and_then(|p| p.parse::<i32>().ok()),
-            parts.next().and_then(|t| t.parse::<u64>().ok()),
         ) else {
             continue;
         };
+        let Some(window) = StartWindow::parse(parts) else {
+            continue;
+        };
         match what {
-            "start" => open.push((pid, ticks)),
-            "end" => open.retain(|g| *g != (pid, ticks)),
+            "start" => open.push((pid, window)),
+            "end" => open.retain(|g| *g != (pid, window)),
             _ => {}
         }
     }
@@ -160,8 +211,8 @@ fn unended(log: &Path) -> Vec<(i32, u64)> {
 pub fn stop_leftovers(run: &str, pid_files: &[PathBuf], logs: &[PathBuf]) -> usize {
     let mut groups = Vec::new();
     for log in logs {
-        for (pid, ticks) in unended(log) {
-            if start_ticks(pid) == Some(ticks) {
+        for (pid, window) in unended(log) {
+            if window.matches(pid) {
                 groups.push(pid);
             }
         }
@@ -172,14 +223,14 @@ pub fn stop_leftovers(run: &str, pid_files: &[PathBuf], logs: &[PathBuf]) -> usi
             continue;
         };
         let mut parts = text.split_whitespace();
-        let (Some(pid), Some(ticks)) = (
+        let (Some(pid), Some(window)) = (
             parts.next().and_then(|p| p.parse::<i32>().ok()),
-            parts.next().and_then(|t| t.parse::<u64>().ok()),
+            StartWindow::parse(&mut parts),
         ) else {
             continue;
         };
         // Only the process that was recorded: a pid reused since then is someone else's.
-        if start_ticks(pid) == Some(ticks) {
+        if window.matches(pid) {
             groups.push(pid);
         }
         let _ = std::fs::remove_file(file);
@@ -240,7 +291,12 @@ mod tests {
         )
         .unwrap_or_else(|e| panic!("{e}"));
         // Group 10 ended once and started again (a reused pid, another start time).
-        assert_eq!(unended(&log), vec![(11, 110), (10, 200)]);
+        let at = |t| StartWindow { from: t, to: t };
+        assert_eq!(unended(&log), vec![(11, at(110)), (10, at(200))]);
+        // A window of two numbers, as recorded now.
+        std::fs::write(&log, "start 13 5 7\nstart 14 9 9\nend 14 9\n")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(unended(&log), vec![(13, StartWindow { from: 5, to: 7 })]);
         assert!(unended(&tmp.path().join("none")).is_empty());
     }
 
@@ -254,6 +310,29 @@ mod tests {
         assert!(expected.is_some(), "{text}");
         assert_eq!(start_ticks(pid), expected);
         assert_eq!(start_ticks(-1), None);
+    }
+
+    #[test]
+    fn a_program_started_inside_its_window_and_another_moment_is_not_it() {
+        let from = boot_ticks();
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let to = boot_ticks();
+        let pid = i32::try_from(child.id()).unwrap_or(0);
+        let window = StartWindow { from, to };
+        let started = start_ticks(pid);
+        assert!(window.matches(pid), "{window:?} against {started:?}");
+        // The same pid recorded as started a second later (a reused pid) is someone else.
+        let later = StartWindow {
+            from: to + 100,
+            to: to + 101,
+        };
+        assert!(!later.matches(pid));
+        assert!(!window.matches(-1));
+        let _ = child.kill();
+        let _ = child.wait();
     }
 
     #[test]

@@ -12,11 +12,21 @@ use tokio::process::Command;
 use tokio::time::Instant;
 
 use super::group::{GroupGuard, kill_tagged, new_tag};
-use super::leftovers::{PidFile, ProcessLogEntry};
+use super::leftovers::{PidFile, ProcessLogEntry, StartWindow, boot_ticks};
 use super::sink::Sink;
 use super::{
     EOF_GRACE, Ended, KILL_GRACE, ProcOutput, ProcSpec, SpawnError, SpawnFailure, TAG_ENV,
 };
+
+/// `/dev/null` for a program's input: one descriptor opened once and duplicated for each
+/// program (a `dup` instead of an `open` of the path every time).
+fn dev_null() -> Stdio {
+    static NULL: std::sync::OnceLock<Option<std::fs::File>> = std::sync::OnceLock::new();
+    NULL.get_or_init(|| std::fs::File::open("/dev/null").ok())
+        .as_ref()
+        .and_then(|f| f.try_clone().ok())
+        .map_or_else(Stdio::null, Stdio::from)
+}
 
 /// Runs a program to its end (or its timeout). Dropping the future kills its process group.
 ///
@@ -48,22 +58,31 @@ pub async fn run(spec: &ProcSpec) -> Result<ProcOutput, SpawnError> {
         .stdin(if spec.stdin.is_some() {
             Stdio::piped()
         } else {
-            Stdio::null()
+            dev_null()
         })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
     if !spec.cwd.as_os_str().is_empty() {
-        if !spec.cwd.is_dir() {
-            return Err(SpawnFailure::NoWorkingDirectory(spec.cwd.clone()).into());
-        }
+        // Whether it exists is asked only when the start fails (one system call less for
+        // every program).
         command.current_dir(&spec.cwd);
     }
     let mut stdout_sink = Sink::new(spec.stdout_path.as_deref());
     let mut stderr_sink = Sink::new(spec.stderr_path.as_deref());
 
     let start = Instant::now();
-    let mut child = command.spawn().map_err(|e| match e.kind() {
+    let before = boot_ticks();
+    let spawned = command.spawn();
+    let started = StartWindow {
+        from: before,
+        to: boot_ticks(),
+    };
+    let mut child = spawned.map_err(|e| match e.kind() {
+        // The child's `chdir` failing looks like a missing program: tell them apart.
+        _ if !spec.cwd.as_os_str().is_empty() && !spec.cwd.is_dir() => {
+            SpawnFailure::NoWorkingDirectory(spec.cwd.clone()).into()
+        }
         io::ErrorKind::NotFound | io::ErrorKind::PermissionDenied => SpawnError::NotFound {
             program: program.clone(),
         },
@@ -84,11 +103,11 @@ pub async fn run(spec: &ProcSpec) -> Result<ProcOutput, SpawnError> {
     let _pid_file = spec
         .pid_file
         .as_deref()
-        .map(|path| PidFile::write(path, pid));
+        .map(|path| PidFile::write(path, pid, started));
     let _logged = spec
         .process_log
         .as_deref()
-        .map(|path| ProcessLogEntry::start(path, pid));
+        .map(|path| ProcessLogEntry::start(path, pid, started));
 
     let mut stdout = child.stdout.take();
     let mut stderr = child.stderr.take();
