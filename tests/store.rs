@@ -664,6 +664,92 @@ fn open_creates_directories_and_reopens() {
     assert_eq!(version, ralph_flow::store::sqlite::SCHEMA_VERSION);
 }
 
+/// A store written by version 2 (nodes in a rowid table, their write order the rowid) is
+/// brought up to version 3 on open, keeping every node and its order.
+#[test]
+fn a_version_2_store_is_migrated_keeping_the_order_of_nodes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("state.db");
+    {
+        let conn = rusqlite::Connection::open(&path).expect("open");
+        conn.execute_batch(
+            "CREATE TABLE runs (id TEXT PRIMARY KEY, workflow TEXT NOT NULL, file TEXT NOT NULL,
+                 workflow_hash TEXT NOT NULL, params TEXT NOT NULL, status TEXT NOT NULL,
+                 exit_name TEXT, exit_code INTEGER, started_at INTEGER NOT NULL,
+                 updated_at INTEGER NOT NULL, dir TEXT NOT NULL,
+                 options TEXT NOT NULL DEFAULT '{}');
+             CREATE TABLE nodes (run TEXT NOT NULL, scope TEXT NOT NULL, node TEXT NOT NULL,
+                 state TEXT NOT NULL, output TEXT, output_blob TEXT, action TEXT, feedback TEXT,
+                 attempts INTEGER NOT NULL, input_tokens INTEGER NOT NULL,
+                 output_tokens INTEGER NOT NULL, cached_tokens INTEGER NOT NULL, cost_usd REAL,
+                 started_at INTEGER NOT NULL, finished_at INTEGER NOT NULL,
+                 PRIMARY KEY (run, scope, node));
+             INSERT INTO runs VALUES ('r', 'fix', 'w.toml', 'h', '{}', 'running', NULL, NULL,
+                 1, 1, 'd', '{}');
+             -- Written in the order b, a, c; then b again (a re-settled node goes last).
+             INSERT INTO nodes VALUES ('r', '', 'b', 'done', '1', NULL, NULL, NULL, 1, 0, 0, 0,
+                 NULL, 1, 1);
+             INSERT INTO nodes VALUES ('r', '', 'a', 'done', '2', NULL, NULL, NULL, 1, 0, 0, 0,
+                 NULL, 1, 1);
+             INSERT INTO nodes VALUES ('r', '', 'c', 'done', '3', NULL, NULL, NULL, 1, 0, 0, 0,
+                 NULL, 1, 1);
+             INSERT OR REPLACE INTO nodes VALUES ('r', '', 'b', 'done', '4', NULL, NULL, NULL,
+                 2, 0, 0, 0, NULL, 1, 1);
+             CREATE TABLE attempts (run TEXT NOT NULL, scope TEXT NOT NULL, node TEXT NOT NULL,
+                 attempt INTEGER NOT NULL, state TEXT NOT NULL, agent TEXT, dir TEXT NOT NULL,
+                 error TEXT, input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL,
+                 cached_tokens INTEGER NOT NULL, cost_usd REAL, started_at INTEGER NOT NULL,
+                 finished_at INTEGER, PRIMARY KEY (run, scope, node, attempt)) WITHOUT ROWID;
+             CREATE TABLE events (run TEXT NOT NULL, seq INTEGER NOT NULL, at INTEGER NOT NULL,
+                 scope TEXT NOT NULL, node TEXT NOT NULL, kind TEXT NOT NULL,
+                 message TEXT NOT NULL, PRIMARY KEY (run, seq)) WITHOUT ROWID;
+             CREATE TABLE gates (run TEXT NOT NULL, scope TEXT NOT NULL, gate TEXT NOT NULL,
+                 message TEXT NOT NULL, show TEXT NOT NULL, requested_at INTEGER NOT NULL,
+                 deadline INTEGER, PRIMARY KEY (run, scope, gate));
+             CREATE TABLE approvals (run TEXT NOT NULL, scope TEXT NOT NULL,
+                 gate TEXT NOT NULL, approved INTEGER NOT NULL, comment TEXT, by TEXT NOT NULL,
+                 at INTEGER NOT NULL, PRIMARY KEY (run, scope, gate));
+             CREATE TABLE locks (run TEXT PRIMARY KEY, pid INTEGER NOT NULL,
+                 host TEXT NOT NULL, since INTEGER NOT NULL);
+             PRAGMA user_version = 2;",
+        )
+        .expect("a version 2 store");
+    }
+    let order = |s: &SqliteStore| -> Vec<(String, serde_json::Value)> {
+        s.nodes("r")
+            .expect("nodes")
+            .into_iter()
+            .map(|n| (n.node, n.output))
+            .collect()
+    };
+    let mut s = store(dir.path());
+    assert_eq!(
+        order(&s),
+        [
+            ("a".to_string(), json!(2)),
+            ("c".to_string(), json!(3)),
+            ("b".to_string(), json!(4))
+        ]
+    );
+    // A node written now comes after them, and so does `a` settled again.
+    s.commit(&[Write::Node(node("r", "", "d", json!(5)))])
+        .expect("commit");
+    s.commit(&[Write::Node(node("r", "", "a", json!(6)))])
+        .expect("commit");
+    drop(s);
+    // Another process (a resume) goes on counting from the file.
+    let mut s = store(dir.path());
+    s.commit(&[Write::Node(node("r", "", "c", json!(7)))])
+        .expect("commit");
+    let names: Vec<String> = order(&s).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["b", "d", "a", "c"]);
+    let version: i64 = rusqlite::Connection::open(&path)
+        .expect("open")
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .expect("version");
+    assert_eq!(version, 3);
+}
+
 #[test]
 fn a_newer_schema_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");

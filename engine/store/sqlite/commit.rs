@@ -90,7 +90,7 @@ impl SqliteStore {
         let mut pause = Duration::from_millis(50);
         let mut reported: Option<Duration> = None;
         loop {
-            match write_all(&mut self.conn, writes, outputs, shows) {
+            match write_all(&mut self.conn, writes, outputs, shows, &mut self.node_seq) {
                 Ok(()) => {
                     if let Some(run) = writes.iter().rev().find_map(|w| match w {
                         Write::Event(e) => Some(e.run.as_str()),

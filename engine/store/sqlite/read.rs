@@ -56,7 +56,7 @@ impl SqliteStore {
 
     /// [`Store::nodes`](crate::store::Store::nodes).
     pub(super) fn read_nodes(&self, run: &str) -> Result<Vec<NodeRecord>> {
-        let sql = format!("SELECT {NODE_COLUMNS} FROM nodes n WHERE n.run = ?1 ORDER BY n.rowid");
+        let sql = format!("SELECT {NODE_COLUMNS} FROM nodes n WHERE n.run = ?1 ORDER BY n.seq");
         self.query_nodes(&sql, [run])
     }
 
@@ -105,7 +105,7 @@ impl SqliteStore {
         let sql = format!(
             "SELECT {NODE_COLUMNS} FROM nodes n JOIN runs r ON n.run = r.id \
              WHERE r.workflow = ?1 AND n.node = ?2 AND r.id != ?3 \
-             ORDER BY r.started_at DESC, r.rowid DESC, n.rowid DESC LIMIT ?4"
+             ORDER BY r.started_at DESC, r.rowid DESC, n.seq DESC LIMIT ?4"
         );
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let records = self.query_nodes(&sql, params![workflow, node, except_run, limit])?;

@@ -7,7 +7,7 @@ use super::{SqliteStore, sql_error};
 use crate::store::{Result, StoreError};
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 const SCHEMA_V1: &str = "
 CREATE TABLE runs (
@@ -26,7 +26,7 @@ CREATE TABLE runs (
 CREATE INDEX runs_started ON runs (started_at);
 CREATE INDEX runs_workflow ON runs (workflow, started_at);
 
--- Write order is the rowid: INSERT OR REPLACE gives a re-settled node a new one.
+-- Version 3 replaces it (NODES_V3).
 CREATE TABLE nodes (
     run           TEXT NOT NULL,
     scope         TEXT NOT NULL,
@@ -110,6 +110,34 @@ CREATE TABLE locks (
 );
 ";
 
+/// Version 3: `nodes` without a rowid, its write order in `seq` (the old rowid).
+const NODES_V3: &str = "
+CREATE TABLE nodes_v3 (
+    run           TEXT NOT NULL,
+    scope         TEXT NOT NULL,
+    node          TEXT NOT NULL,
+    state         TEXT NOT NULL,
+    output        TEXT,             -- JSON text, or NULL when spilled
+    output_blob   TEXT,             -- SHA-256 of the spilled JSON text
+    action        TEXT,
+    feedback      TEXT,
+    attempts      INTEGER NOT NULL,
+    input_tokens  INTEGER NOT NULL,
+    output_tokens INTEGER NOT NULL,
+    cached_tokens INTEGER NOT NULL,
+    cost_usd      REAL,
+    started_at    INTEGER NOT NULL,
+    finished_at   INTEGER NOT NULL,
+    seq           INTEGER NOT NULL, -- write order within the run; a re-settled node moves last
+    PRIMARY KEY (run, scope, node)
+) WITHOUT ROWID;
+INSERT INTO nodes_v3 SELECT run, scope, node, state, output, output_blob, action, feedback,
+    attempts, input_tokens, output_tokens, cached_tokens, cost_usd, started_at, finished_at,
+    rowid FROM nodes;
+DROP TABLE nodes;
+ALTER TABLE nodes_v3 RENAME TO nodes;
+";
+
 impl SqliteStore {
     /// Brings the schema up to [`SCHEMA_VERSION`], one version at a time, in one transaction
     /// (so two processes opening a new file at once do not both create it).
@@ -141,7 +169,13 @@ impl SqliteStore {
             tx.execute_batch("ALTER TABLE runs ADD COLUMN options TEXT NOT NULL DEFAULT '{}';")
                 .map_err(fail)?;
         }
-        // A later version adds `if version < 3 { ... }` here.
+        if version < 3 {
+            // Nodes in one B-tree keyed by (run, scope, node), without a rowid and so without
+            // the separate key index: a settlement writes one page less. Their write order,
+            // which was the rowid, is `seq`.
+            tx.execute_batch(NODES_V3).map_err(fail)?;
+        }
+        // A later version adds `if version < 4 { ... }` here.
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)
             .map_err(fail)?;
         tx.commit().map_err(fail)

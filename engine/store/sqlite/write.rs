@@ -10,8 +10,33 @@ use crate::store::Write;
 
 const INSERT_NODE: &str = "INSERT OR REPLACE INTO nodes (run, scope, node, state, output, \
      output_blob, action, feedback, attempts, input_tokens, output_tokens, cached_tokens, \
-     cost_usd, started_at, finished_at) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)";
+     cost_usd, started_at, finished_at, seq) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)";
+
+const LAST_NODE_SEQ: &str = "SELECT COALESCE(MAX(seq), 0) FROM nodes WHERE run = ?1";
+
+/// The write order of nodes (`seq`), counted here for each run this connection writes: the
+/// highest is read from the file once per run (one process coordinates a run at a time), and
+/// each node written after it gets the next number. A commit that fails leaves a gap, which
+/// only orders.
+#[derive(Debug, Default)]
+pub(super) struct NodeSeq(std::collections::HashMap<String, i64>);
+
+impl NodeSeq {
+    fn next(&mut self, tx: &Connection, run: &str) -> rusqlite::Result<i64> {
+        let last = match self.0.get_mut(run) {
+            Some(last) => last,
+            None => {
+                let last = tx
+                    .prepare_cached(LAST_NODE_SEQ)?
+                    .query_row([run], |row| row.get(0))?;
+                self.0.entry(run.to_string()).or_insert(last)
+            }
+        };
+        *last += 1;
+        Ok(*last)
+    }
+}
 
 const UPSERT_ATTEMPT: &str = "INSERT INTO attempts (run, scope, node, attempt, state, agent, \
      dir, error, input_tokens, output_tokens, cached_tokens, cost_usd, started_at, finished_at) \
@@ -35,6 +60,7 @@ pub(super) fn write_all(
     writes: &[Write],
     outputs: &[Output],
     shows: &[Option<String>],
+    seq: &mut NodeSeq,
 ) -> rusqlite::Result<()> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     for ((write, output), show) in writes.iter().zip(outputs).zip(shows) {
@@ -43,6 +69,7 @@ pub(super) fn write_all(
                 let Output { inline, blob } = output;
                 let (inline, blob) = (inline.as_deref(), blob.as_deref());
                 let u = UsageCols::from(&n.usage);
+                let order = seq.next(&tx, &n.run)?;
                 tx.prepare_cached(INSERT_NODE).and_then(|mut stmt| {
                     stmt.execute(params![
                         n.run,
@@ -60,6 +87,7 @@ pub(super) fn write_all(
                         u.cost,
                         n.started_at,
                         n.finished_at,
+                        order,
                     ])
                 })?;
             }
