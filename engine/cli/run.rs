@@ -223,7 +223,7 @@ fn finish(args: &ExecArgs, result: Result<ralph_flow::run::RunResult, Failed>) -
             "message": message,
             "waiting_on": match &r.end { RunEnd::Waiting(g) => g.clone(), _ => Vec::new() },
             "usage": r.usage,
-            "outputs": r.outputs,
+            "outputs": r.outputs.to_json(),
         });
         let mut doc = doc;
         ralph_flow::secrets::redact_json(&mut doc);

@@ -394,7 +394,7 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         .commit(&[Write::Event(event)])
         .and_then(|()| store.set_status(&shared.run.id, status, exit))
         .and_then(|()| store.unlock(&shared.run.id, owner.pid))?;
-    let outputs = top.outputs.ran();
+    let outputs = super::RanOutputs(top.outputs.clone());
     let usage = shared.usage.borrow().get("").cloned().unwrap_or_default();
     Ok(RunResult {
         run_id: shared.run.id.clone(),
