@@ -108,6 +108,7 @@ macro_rules! on_both_stores {
 }
 
 on_both_stores!(
+    events_of_two_writers_interleave_in_order,
     runs_round_trip_newest_first,
     records_round_trip,
     events_filter_by_stage_in_order,
@@ -603,6 +604,47 @@ fn history_across_runs_newest_first(db: &dyn Db) {
         .map(|(run, _)| run)
         .collect();
     assert_eq!(earlier, ["r2", "r1"]);
+}
+
+/// The executor and another process (an answer to a gate) add events to one run in turn:
+/// each is kept, in the order written, whichever counted the numbers.
+fn events_of_two_writers_interleave_in_order(db: &dyn Db) {
+    let mut executor = db.open();
+    executor
+        .create_run(&run_record("r", "fix", 1))
+        .expect("create");
+    let mut other = db.open_second();
+    let mut kinds = Vec::new();
+    for i in 0..3 {
+        let mine = format!("mine{i}");
+        executor
+            .commit(&[Write::Event(event("r", "a", &mine, i))])
+            .expect("commit");
+        let theirs = format!("theirs{i}");
+        other
+            .commit(&[Write::Event(event("r", "", &theirs, i))])
+            .expect("commit");
+        kinds.push(mine);
+        kinds.push(theirs);
+    }
+    // Two in one commit after the other's, and a node beside them.
+    executor
+        .commit(&[
+            Write::Event(event("r", "a", "last1", 9)),
+            Write::Node(node("r", "", "a", json!(1))),
+            Write::Event(event("r", "a", "last2", 9)),
+        ])
+        .expect("commit");
+    kinds.extend(["last1".to_string(), "last2".to_string()]);
+    for reader in [&executor, &other] {
+        let seen: Vec<String> = reader
+            .events("r", None)
+            .expect("events")
+            .into_iter()
+            .map(|e| e.kind)
+            .collect();
+        assert_eq!(seen, kinds);
+    }
 }
 
 fn two_connections_see_each_others_writes(db: &dyn Db) {

@@ -26,6 +26,15 @@ fn busy_wait() -> Duration {
         .unwrap_or(BUSY_WAIT)
 }
 
+/// Tells whether a key was taken: a number another process used since this one counted.
+fn is_taken(e: &rusqlite::Error) -> bool {
+    matches!(
+        e,
+        rusqlite::Error::SqliteFailure(f, _)
+            if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY
+    )
+}
+
 /// Tells whether SQLite said the file is locked by another connection.
 pub(super) fn is_busy(e: &rusqlite::Error) -> bool {
     matches!(
@@ -89,8 +98,9 @@ impl SqliteStore {
         let limit = busy_wait();
         let mut pause = Duration::from_millis(50);
         let mut reported: Option<Duration> = None;
+        let mut recounted = false;
         loop {
-            match write_all(&mut self.conn, writes, outputs, shows, &mut self.node_seq) {
+            match write_all(&mut self.conn, writes, outputs, shows, &mut self.seqs) {
                 Ok(()) => {
                     if let Some(run) = writes.iter().rev().find_map(|w| match w {
                         Write::Event(e) => Some(e.run.as_str()),
@@ -99,6 +109,11 @@ impl SqliteStore {
                         self.note_commit(run);
                     }
                     return Ok(());
+                }
+                Err(e) if is_taken(&e) && !recounted => {
+                    // Another process wrote an event of the run since this one counted.
+                    self.seqs.forget();
+                    recounted = true;
                 }
                 Err(e) if is_busy(&e) && started.elapsed() < limit => {
                     let waited = started.elapsed();

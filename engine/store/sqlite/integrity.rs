@@ -140,11 +140,8 @@ impl SqliteStore {
         let Some((_, file)) = &self.marker else {
             return;
         };
-        let Ok(seq) = self
-            .conn
-            .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM events WHERE run = ?1")
-            .and_then(|mut stmt| stmt.query_row([run], |row| row.get::<_, i64>(0)))
-        else {
+        // The commit counted its events: the last is the highest the file holds.
+        let Some(seq) = self.seqs.last_event(run) else {
             return;
         };
         // Fixed width, so that a shorter record overwrites a longer one whole.

@@ -63,8 +63,8 @@ pub struct SqliteStore {
     /// This process's open-marker (`state.db.open-PID-N`, holding the highest event row it
     /// committed), removed when the store is closed cleanly; `None` for a read-only store.
     marker: Option<(PathBuf, fs::File)>,
-    /// The next write order of nodes, per run.
-    node_seq: write::NodeSeq,
+    /// The next write order of nodes and number of events, per run.
+    seqs: write::Seqs,
 }
 
 impl Drop for SqliteStore {

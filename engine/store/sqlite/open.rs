@@ -49,7 +49,7 @@ impl SqliteStore {
             blobs: dir.join("blobs"),
             identity: None,
             marker: None,
-            node_seq: Default::default(),
+            seqs: Default::default(),
         };
         store.configure(durability)?;
         if !unclean.is_empty() {
@@ -91,7 +91,7 @@ impl SqliteStore {
             blobs: path.parent().unwrap_or(Path::new(".")).join("blobs"),
             identity: identity(path),
             marker: None,
-            node_seq: Default::default(),
+            seqs: Default::default(),
         };
         store
             .conn

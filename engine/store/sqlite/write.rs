@@ -15,27 +15,59 @@ const INSERT_NODE: &str = "INSERT OR REPLACE INTO nodes (run, scope, node, state
 
 const LAST_NODE_SEQ: &str = "SELECT COALESCE(MAX(seq), 0) FROM nodes WHERE run = ?1";
 
-/// The write order of nodes (`seq`), counted here for each run this connection writes: the
-/// highest is read from the file once per run (one process coordinates a run at a time), and
-/// each node written after it gets the next number. A commit that fails leaves a gap, which
-/// only orders.
-#[derive(Debug, Default)]
-pub(super) struct NodeSeq(std::collections::HashMap<String, i64>);
+const LAST_EVENT_SEQ: &str = "SELECT COALESCE(MAX(seq), 0) FROM events WHERE run = ?1";
 
-impl NodeSeq {
-    fn next(&mut self, tx: &Connection, run: &str) -> rusqlite::Result<i64> {
-        let last = match self.0.get_mut(run) {
-            Some(last) => last,
-            None => {
-                let last = tx
-                    .prepare_cached(LAST_NODE_SEQ)?
-                    .query_row([run], |row| row.get(0))?;
-                self.0.entry(run.to_string()).or_insert(last)
-            }
-        };
-        *last += 1;
-        Ok(*last)
+/// The write order of nodes and the numbers of events (`seq` of both), counted here for
+/// each run this connection writes: the highest of each is read from the file once per
+/// run, and each row written after it gets the next number, with no lookup of the highest
+/// in every commit. One process coordinates a run at a time, but others add events to it
+/// (an answer to a gate from `approve` or the monitor): a number taken meanwhile fails the
+/// commit on the key, and [`Seqs::forget`] makes the next try read the file again. A
+/// commit that fails leaves a gap, which only orders.
+#[derive(Debug, Default)]
+pub(super) struct Seqs {
+    nodes: std::collections::HashMap<String, i64>,
+    events: std::collections::HashMap<String, i64>,
+}
+
+impl Seqs {
+    fn next_node(&mut self, tx: &Connection, run: &str) -> rusqlite::Result<i64> {
+        next(&mut self.nodes, tx, LAST_NODE_SEQ, run)
     }
+
+    fn next_event(&mut self, tx: &Connection, run: &str) -> rusqlite::Result<i64> {
+        next(&mut self.events, tx, LAST_EVENT_SEQ, run)
+    }
+
+    /// The number of the run's last event this connection wrote, if it wrote one.
+    pub(super) fn last_event(&self, run: &str) -> Option<i64> {
+        self.events.get(run).copied()
+    }
+
+    /// Forgets every count: the next write reads them from the file.
+    pub(super) fn forget(&mut self) {
+        self.nodes.clear();
+        self.events.clear();
+    }
+}
+
+fn next(
+    counts: &mut std::collections::HashMap<String, i64>,
+    tx: &Connection,
+    last_sql: &str,
+    run: &str,
+) -> rusqlite::Result<i64> {
+    let last = match counts.get_mut(run) {
+        Some(last) => last,
+        None => {
+            let last = tx
+                .prepare_cached(last_sql)?
+                .query_row([run], |row| row.get(0))?;
+            counts.entry(run.to_string()).or_insert(last)
+        }
+    };
+    *last += 1;
+    Ok(*last)
 }
 
 const UPSERT_ATTEMPT: &str = "INSERT INTO attempts (run, scope, node, attempt, state, agent, \
@@ -48,8 +80,7 @@ const UPSERT_ATTEMPT: &str = "INSERT INTO attempts (run, scope, node, attempt, s
      started_at = excluded.started_at, finished_at = excluded.finished_at";
 
 const INSERT_EVENT: &str = "INSERT INTO events (run, seq, at, scope, node, kind, message) \
-     VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE run = ?1), \
-     ?2, ?3, ?4, ?5, ?6)";
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
 
 const INSERT_GATE: &str = "INSERT OR REPLACE INTO gates (run, scope, gate, message, show, \
      requested_at, deadline) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
@@ -60,7 +91,7 @@ pub(super) fn write_all(
     writes: &[Write],
     outputs: &[Output],
     shows: &[Option<String>],
-    seq: &mut NodeSeq,
+    seq: &mut Seqs,
 ) -> rusqlite::Result<()> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     for ((write, output), show) in writes.iter().zip(outputs).zip(shows) {
@@ -69,7 +100,7 @@ pub(super) fn write_all(
                 let Output { inline, blob } = output;
                 let (inline, blob) = (inline.as_deref(), blob.as_deref());
                 let u = UsageCols::from(&n.usage);
-                let order = seq.next(&tx, &n.run)?;
+                let order = seq.next_node(&tx, &n.run)?;
                 tx.prepare_cached(INSERT_NODE).and_then(|mut stmt| {
                     stmt.execute(params![
                         n.run,
@@ -113,8 +144,11 @@ pub(super) fn write_all(
                 })?;
             }
             Write::Event(e) => {
+                let number = seq.next_event(&tx, &e.run)?;
                 tx.prepare_cached(INSERT_EVENT).and_then(|mut stmt| {
-                    stmt.execute(params![e.run, e.at, e.scope, e.node, e.kind, e.message])
+                    stmt.execute(params![
+                        e.run, number, e.at, e.scope, e.node, e.kind, e.message
+                    ])
                 })?;
             }
             Write::Gate(g) => {
