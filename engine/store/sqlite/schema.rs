@@ -7,7 +7,7 @@ use super::{SqliteStore, sql_error};
 use crate::store::{Result, StoreError};
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 const SCHEMA_V1: &str = "
 CREATE TABLE runs (
@@ -141,7 +141,15 @@ impl SqliteStore {
             tx.execute_batch("ALTER TABLE runs ADD COLUMN options TEXT NOT NULL DEFAULT '{}';")
                 .map_err(fail)?;
         }
-        // A later version adds `if version < 3 { ... }` here.
+        if version < 3 {
+            // Leases: the holder's unique id and when its lease ends (see store::LockOwner).
+            tx.execute_batch(
+                "ALTER TABLE locks ADD COLUMN holder TEXT NOT NULL DEFAULT '';
+                 ALTER TABLE locks ADD COLUMN expires INTEGER;",
+            )
+            .map_err(fail)?;
+        }
+        // A later version adds `if version < 4 { ... }` here.
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)
             .map_err(fail)?;
         tx.commit().map_err(fail)
