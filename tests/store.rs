@@ -510,7 +510,8 @@ fn a_live_lease_holds_against_every_host(db: &dyn Db) {
     let mut b = db.open_second();
     let ana = leased("ana", 0, 60_000);
     a.lock("r", &ana).expect("lock with a lease");
-    // Another holder, on another host or this one, with its process alive or not, waits.
+    // Another holder waits: on another host, or on the holder's host while its process
+    // lives.
     let err = b
         .lock("r", &leased("bob", 0, 60_000))
         .expect_err("live lease");
@@ -519,8 +520,21 @@ fn a_live_lease_holds_against_every_host(db: &dyn Db) {
     assert!(msg.contains("its lease runs until"), "{msg}");
     let mut same_host = leased("bob", 0, 60_000);
     same_host.host = "ana-host".into();
-    same_host.pid = 0;
-    b.lock("r", &same_host).expect_err("same host, live lease");
+    b.lock("r", &same_host)
+        .expect_err("same host, live process, live lease");
+    // On the holder's host, a dead holder's live lease is taken over at once (`kill -9`,
+    // then `resume` on the same machine); from elsewhere it is not.
+    let mut child = std::process::Command::new("true").spawn().expect("spawn");
+    let dead = child.id();
+    child.wait().expect("wait");
+    let mut gone = leased("gone", 0, 60_000);
+    gone.pid = dead;
+    a.lock("r2", &gone).expect("lock r2");
+    b.lock("r2", &leased("elsewhere", 0, 60_000))
+        .expect_err("not from another host while the lease lives");
+    let mut here = leased("here", 0, 60_000);
+    here.host = gone.host.clone();
+    b.lock("r2", &here).expect("a dead holder on this host");
     // The holder renews it: the expiry moves on.
     let before = a.lock_holder("r").expect("read").expect("held").expires;
     std::thread::sleep(std::time::Duration::from_millis(20));

@@ -114,7 +114,9 @@ impl Project {
             .open(self.path().join(format!("workers/{n}.log")))
             .unwrap();
         let mut c = self.command(&["worker", "--poll", "500ms"]);
-        c.arg("--state-dir")
+        // Elsewhere than the submitter: the worker reads the workflow from the store.
+        c.current_dir(&state)
+            .arg("--state-dir")
             .arg(&state)
             .args(extra)
             .env("RALPH_FLOW_LEASE", lease)
@@ -458,4 +460,63 @@ fn detach_and_worker_refuse_a_store_that_is_not_shared() {
     let (code, err) = run(&["run", "bad.toml", "--detach"]);
     assert_eq!(code, Some(3), "{err}");
     assert!(err.contains("bad.toml:3:"), "{err}");
+}
+
+#[test]
+fn a_run_queued_from_a_git_checkout_runs_in_a_clone_at_its_commit() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(url) = pg::database() else {
+        return;
+    };
+    let p = Project::new(
+        url,
+        "name = \"where\"\n\n[stages.where]\nkind = \"command\"\n\
+         argv = [\"sh\", \"-c\", \"pwd > where.txt; git rev-parse --abbrev-ref HEAD >> where.txt; cat marker.txt >> where.txt\"]\n",
+    );
+    let git = |args: &[&str]| {
+        let out = Command::new("git")
+            .args(["-c", "user.email=t@example.com", "-c", "user.name=t"])
+            .args(args)
+            .current_dir(p.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    git(&["init", "-q", "-b", "main"]);
+    std::fs::write(p.path().join(".gitignore"), "workers/\n").unwrap();
+    std::fs::write(p.path().join("marker.txt"), "committed\n").unwrap();
+    git(&["add", "-A"]);
+    git(&["commit", "-qm", "one"]);
+    let head = git(&["rev-parse", "HEAD"]);
+    // A change after the commit is not what the run sees.
+    std::fs::write(p.path().join("marker.txt"), "uncommitted\n").unwrap();
+    let out = p
+        .command(&["run", "wf.toml", "--detach", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let id = serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["run"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let run = p.store().run(&id).unwrap().unwrap();
+    assert_eq!(run.status, RunStatus::Queued);
+    assert_eq!(run.options["workspace"]["git"]["commit"], head.as_str());
+    let w = p.worker(0, "30s", &[]);
+    p.wait_finished(std::slice::from_ref(&id), Duration::from_secs(30));
+    stop(vec![w]);
+    let workspace = p.path().join(format!("workers/0/workspaces/{id}"));
+    let said = std::fs::read_to_string(workspace.join("where.txt")).unwrap();
+    let real = std::fs::canonicalize(&workspace).unwrap();
+    assert_eq!(
+        said,
+        format!("{}\nralph-flow/{id}\ncommitted\n", real.display()),
+        "it ran in its clone, on its branch, at the queued commit"
+    );
+    assert!(!p.path().join("where.txt").exists());
 }

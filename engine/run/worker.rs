@@ -189,10 +189,19 @@ pub fn enqueue(
         dir: String::new(),
         options: Json::Object(options),
     };
+    // By absolute path: the loader names files relative to the current directory, which a
+    // worker does not share.
     let sources: Vec<(String, String)> = prepared
         .sources
         .iter()
-        .map(|(_, f)| (f.path.to_string_lossy().into_owned(), f.text.to_string()))
+        .map(|(_, f)| {
+            let path = if f.path.is_absolute() {
+                crate::fs::normalize(&f.path)
+            } else {
+                crate::fs::normalize(&opts.cwd.join(&f.path))
+            };
+            (path.to_string_lossy().into_owned(), f.text.to_string())
+        })
         .collect();
     store.enqueue(&run, &sources, labels)?;
     store.commit(&[Write::Event(Event {
@@ -356,12 +365,20 @@ async fn carry(
     let line = match result {
         Ok(RunEnd::Exit { name, code, .. }) => format!("run {id} ended: {name} (exit code {code})"),
         Ok(RunEnd::Waiting(gates)) => {
-            // A gate answered before the run said it waits would queue nothing: look again.
-            let left = store.borrow().pending_gates(&id).map(|g| g.len());
-            if left.is_ok_and(|n| n < gates.len()) {
-                let _ = store.borrow_mut().requeue(&id, &owner);
-            }
-            format!("run {id} waits on {}; released", gates.join(", "))
+            // A gate answered before the run said it waits queued nothing: look again.
+            let again = store.borrow_mut().requeue_if_answered(&id);
+            format!(
+                "run {id} waits on {}; released{}",
+                gates.join(", "),
+                match again {
+                    Ok(true) => " and queued again (a gate was answered meanwhile)".to_string(),
+                    Ok(false) => String::new(),
+                    Err(e) => format!(
+                        " (cannot tell whether a gate was answered meanwhile: {})",
+                        crate::diag::error_chain(&e)
+                    ),
+                }
+            )
         }
         Ok(RunEnd::Interrupted) => match store.borrow_mut().requeue(&id, &owner) {
             Ok(()) => format!("run {id} stopped and handed back to the queue"),

@@ -513,7 +513,7 @@ impl LockOwner {
     }
 
     /// Whether this owner may take the lock `held` has: it is the same holder, its lease has
-    /// expired, or (without a lease) its process on this host is dead. Else why not.
+    /// expired, or its process on this host is dead. Else why not.
     pub fn may_take(
         &self,
         held: &LockOwner,
@@ -527,10 +527,10 @@ impl LockOwner {
         if held.holder.is_empty() && same_host && held.pid == self.pid {
             return Ok(());
         }
-        let free = match held.expires {
-            Some(expires) => expires < now,
-            None => same_host && !process_alive(held.pid),
-        };
+        // A holder on this host is known dead or alive, lease or not; one elsewhere holds
+        // until its lease expires (without a lease: for good).
+        let free = (same_host && !process_alive(held.pid))
+            || held.expires.is_some_and(|expires| expires < now);
         if free {
             return Ok(());
         }
@@ -590,7 +590,7 @@ pub trait Store: Send {
     /// Takes the run's lock for `owner`, with its lease if it has one (see [`LockOwner`]).
     /// Fails, naming the holder, when another holds it: a live lease, or a lock without a
     /// lease whose process lives (or lives on another host). Takes over an expired lease
-    /// from any host, and a lock without a lease whose holder on this host is dead.
+    /// from any host, and a lock whose holder on this host is dead.
     ///
     /// Once a store has taken a run with a lease, its writes to that run are fenced: a
     /// commit (and a status change) checks, in its own transaction, that the lease is still

@@ -198,6 +198,35 @@ impl PgStore {
     }
 }
 
+impl PgStore {
+    /// Queues a detached waiting run again when one of its gates has an answer that the run
+    /// has not acted on (the gate's node is not settled): an answer that came after the
+    /// gate was requested but before the run said it waits, which the answer's own
+    /// transaction could not queue. Returns whether it did.
+    pub fn requeue_if_answered(&mut self, run: &str) -> Result<bool> {
+        let run = run.to_string();
+        self.call(move |c| {
+            let fail = |e| pg("cannot queue a run again", e);
+            let mut tx = c.transaction().map_err(fail)?;
+            let queued = tx
+                .execute(
+                    "UPDATE runs SET status = 'queued', updated_at = $2 WHERE id = $1 \
+                     AND detached AND status = 'waiting' AND EXISTS (SELECT 1 FROM approvals a \
+                     WHERE a.run = $1 AND NOT EXISTS (SELECT 1 FROM nodes n \
+                     WHERE n.run = a.run AND n.scope = a.scope AND n.node = a.gate))",
+                    &[&run, &now_ms()],
+                )
+                .map_err(fail)?;
+            if queued > 0 {
+                notify(&mut tx, &run).map_err(fail)?;
+                changed(&mut tx).map_err(fail)?;
+            }
+            tx.commit().map_err(fail)?;
+            Ok(queued > 0)
+        })
+    }
+}
+
 /// Listens on [`CHANNEL`] on a connection of its own (a thread) and calls `wake` on each
 /// notification, and once after each reconnection (notifications sent while it was away
 /// are lost: the caller polls too). Ends once `stop` is set.
