@@ -520,3 +520,113 @@ fn a_run_queued_from_a_git_checkout_runs_in_a_clone_at_its_commit() {
     );
     assert!(!p.path().join("where.txt").exists());
 }
+
+#[test]
+fn labels_choose_the_worker_and_a_stopped_worker_hands_its_run_back() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(url) = pg::database() else {
+        return;
+    };
+    let p = Project::new(url, &workflow(&[stage("slow", &[], "3")]));
+    let log = format!("log={}", p.log().display());
+    let out = p
+        .command(&[
+            "run", "wf.toml", "--detach", "--labels", "gpu", "--set", &log,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let out = p.command(&["status", &id]).output().unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(shown.contains("queued"), "{shown}");
+    // A worker without the label leaves it queued.
+    let plain = p.worker(0, "30s", &[]);
+    std::thread::sleep(Duration::from_millis(1500));
+    let store = p.store();
+    assert_eq!(store.run(&id).unwrap().unwrap().status, RunStatus::Queued);
+    // One with it (and more) claims it; SIGTERM in the middle of the stage hands it back.
+    let gpu = p.worker(1, "30s", &["--labels", "linux,gpu"]);
+    let t = Instant::now();
+    while !p
+        .executions()
+        .values()
+        .any(|l| l.iter().any(|e| e.end.is_none()))
+    {
+        assert!(t.elapsed() < Duration::from_secs(30), "{}", p.worker_logs());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let t = Instant::now();
+    stop(vec![gpu]);
+    assert!(t.elapsed() < Duration::from_secs(3), "stopped at once");
+    assert_eq!(store.run(&id).unwrap().unwrap().status, RunStatus::Queued);
+    assert_eq!(store.lock_holder(&id).unwrap(), None);
+    let logs = p.worker_logs();
+    assert!(
+        logs.contains(&format!("run {id} stopped and handed back to the queue")),
+        "{logs}"
+    );
+    // Another worker with the label carries it to its end; the cut stage ran again.
+    let again = p.worker(2, "30s", &["--labels", "gpu"]);
+    p.wait_finished(std::slice::from_ref(&id), Duration::from_secs(30));
+    stop(vec![plain, again]);
+    p.assert_settled_once(std::slice::from_ref(&id), &["slow"]);
+    let runs = p.executions();
+    let list = &runs[&(id.clone(), "slow".to_string())];
+    assert_eq!(list.len(), 2, "{list:?}");
+    assert!(list[0].end.is_none(), "the first was stopped: {list:?}");
+}
+
+#[test]
+fn a_worker_whose_lease_is_taken_stops_the_stage_and_writes_nothing_more() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(url) = pg::database() else {
+        return;
+    };
+    let p = Project::new(
+        url.clone(),
+        &workflow(&[stage("slow", &[], "3"), stage("after", &["slow"], "0")]),
+    );
+    let id = p.detach();
+    let w = p.worker(0, "1500ms", &[]);
+    let t = Instant::now();
+    while p.executions().is_empty() {
+        assert!(t.elapsed() < Duration::from_secs(30), "{}", p.worker_logs());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Another coordinator takes the run over (as if the lease had expired).
+    let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    let taken = c
+        .execute(
+            "UPDATE locks SET holder = 'thief', pid = 1, host = 'elsewhere', \
+             expires = expires + 600000 WHERE run = $1",
+            &[&id],
+        )
+        .unwrap();
+    assert_eq!(taken, 1);
+    let t = Instant::now();
+    while !p.worker_logs().contains("no longer holds run") {
+        assert!(t.elapsed() < Duration::from_secs(10), "{}", p.worker_logs());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Within a third of the lease: the stage's program was stopped, not left to end.
+    std::thread::sleep(Duration::from_secs(4));
+    let runs = p.executions();
+    let list = &runs[&(id.clone(), "slow".to_string())];
+    assert_eq!(list.len(), 1);
+    assert!(list[0].end.is_none(), "the program was stopped: {list:?}");
+    let store = p.store();
+    assert!(store.nodes(&id).unwrap().is_empty(), "nothing settled");
+    let run = store.run(&id).unwrap().unwrap();
+    assert_eq!(
+        run.status,
+        RunStatus::Running,
+        "the status is the new holder's"
+    );
+    assert_eq!(
+        store.lock_holder(&id).unwrap().unwrap().holder,
+        "thief",
+        "the lock is the new holder's"
+    );
+    stop(vec![w]);
+}
