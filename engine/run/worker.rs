@@ -267,17 +267,13 @@ pub async fn work(
         Box::new(|m| eprintln!("! store: {}", crate::text::printable(m))),
     )?));
     let wake = Arc::new(tokio::sync::Notify::new());
-    let listening = Arc::new(AtomicBool::new(false));
     let stop_listening = Arc::new(AtomicBool::new(false));
     let listener = {
-        let (wake, listening) = (wake.clone(), listening.clone());
+        let wake = wake.clone();
         crate::store::postgres::listen(
             &opts.store,
             stop_listening.clone(),
-            Box::new(move || {
-                listening.store(true, Ordering::Relaxed);
-                wake.notify_one();
-            }),
+            Box::new(move || wake.notify_one()),
         )?
     };
     let runs_dir = opts.state_dir.join("runs");
