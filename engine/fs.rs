@@ -77,6 +77,58 @@ impl FileSystem for RealFs {
     }
 }
 
+/// Files held in memory: a worker's copy of the files a detached run's workflow was built
+/// from (see `run::worker`), by absolute path; a path asked for is made absolute first
+/// ([`normalize`], against the current directory, as the loader shows paths relative to
+/// it). Paths below [`BUILTIN_ROOT`] that it does not hold are served from the binary, as
+/// [`RealFs`] serves them.
+#[derive(Default)]
+pub struct MemFs {
+    files: std::collections::HashMap<PathBuf, String>,
+}
+
+impl MemFs {
+    /// Holds these files (path, text); relative paths are taken from the current directory.
+    pub fn new(files: impl IntoIterator<Item = (PathBuf, String)>) -> Self {
+        MemFs {
+            files: files.into_iter().map(|(p, t)| (normalize(&p), t)).collect(),
+        }
+    }
+}
+
+impl FileSystem for MemFs {
+    fn read(&self, path: &Path) -> std::io::Result<String> {
+        match self.files.get(&normalize(path)) {
+            Some(text) => Ok(text.clone()),
+            None if is_builtin(path) => RealFs.read(path),
+            None => Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "not among the workflow's files stored with the run",
+            )),
+        }
+    }
+
+    fn exists(&self, path: &Path) -> bool {
+        self.files.contains_key(&normalize(path)) || (is_builtin(path) && RealFs.exists(path))
+    }
+
+    fn list(&self, dir: &Path) -> Vec<PathBuf> {
+        let dir = normalize(dir);
+        let mut out: Vec<PathBuf> = self
+            .files
+            .keys()
+            .filter(|p| p.parent() == Some(dir.as_path()))
+            .cloned()
+            .collect();
+        if is_builtin(&dir) {
+            out.extend(RealFs.list(&dir));
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+}
+
 mod builtin {
     include!(concat!(env!("OUT_DIR"), "/builtin.rs"));
 }

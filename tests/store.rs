@@ -116,6 +116,8 @@ on_both_stores!(
     lock_conflict_with_a_live_process,
     stale_lock_is_taken_over,
     lock_is_reentrant_and_unlock_releases,
+    a_live_lease_holds_against_every_host,
+    an_expired_lease_is_taken_over_from_any_host,
     answering_a_gate,
     history_across_runs_newest_first,
     two_connections_see_each_others_writes,
@@ -218,6 +220,21 @@ fn owner(pid: u32) -> LockOwner {
         pid,
         host: "test-host".to_string(),
         since: 1_700_000_000_000,
+        holder: String::new(),
+        expires: None,
+    }
+}
+
+/// A holder with a lease from `since` (ms from now) to `until` (ms from now), on a host of
+/// its own.
+fn leased(holder: &str, since: i64, until: i64) -> LockOwner {
+    let now = ralph_flow::store::now_ms();
+    LockOwner {
+        pid: std::process::id(),
+        host: format!("{holder}-host"),
+        since: now + since,
+        holder: holder.to_string(),
+        expires: Some(now + until),
     }
 }
 
@@ -450,7 +467,7 @@ fn lock_conflict_with_a_live_process(db: &dyn Db) {
     assert_eq!(s.lock_holder("r").expect("holder"), Some(owner(parent)));
 
     // Unlocking with another pid leaves the holder's row.
-    s.unlock("r", std::process::id()).expect("unlock");
+    s.unlock("r", &owner(std::process::id())).expect("unlock");
     assert_eq!(s.lock_holder("r").expect("holder"), Some(owner(parent)));
 
     // A holder on another host cannot be checked: it holds.
@@ -482,11 +499,89 @@ fn lock_is_reentrant_and_unlock_releases(db: &dyn Db) {
     let me = owner(std::process::id());
     s.lock("r", &me).expect("lock");
     s.lock("r", &me).expect("lock again");
-    s.unlock("r", me.pid).expect("unlock");
+    s.unlock("r", &me).expect("unlock");
     assert_eq!(s.lock_holder("r").expect("holder"), None);
     // Once released, a live other process may take it.
     let parent = owner(std::os::unix::process::parent_id());
     s.lock("r", &parent).expect("lock by another");
+}
+
+fn a_live_lease_holds_against_every_host(db: &dyn Db) {
+    let mut a = db.open();
+    let mut b = db.open_second();
+    let ana = leased("ana", 0, 60_000);
+    a.lock("r", &ana).expect("lock with a lease");
+    // Another holder waits: on another host, or on the holder's host while its process
+    // lives.
+    let err = b
+        .lock("r", &leased("bob", 0, 60_000))
+        .expect_err("live lease");
+    let msg = err.to_string();
+    assert!(msg.contains("on ana-host"), "{msg}");
+    assert!(msg.contains("its lease runs until"), "{msg}");
+    let mut same_host = leased("bob", 0, 60_000);
+    same_host.host = "ana-host".into();
+    b.lock("r", &same_host)
+        .expect_err("same host, live process, live lease");
+    // On the holder's host, a dead holder's live lease is taken over at once (`kill -9`,
+    // then `resume` on the same machine); from elsewhere it is not.
+    let mut child = std::process::Command::new("true").spawn().expect("spawn");
+    let dead = child.id();
+    child.wait().expect("wait");
+    let mut gone = leased("gone", 0, 60_000);
+    gone.pid = dead;
+    a.lock("r2", &gone).expect("lock r2");
+    b.lock("r2", &leased("elsewhere", 0, 60_000))
+        .expect_err("not from another host while the lease lives");
+    let mut here = leased("here", 0, 60_000);
+    here.host = gone.host.clone();
+    b.lock("r2", &here).expect("a dead holder on this host");
+    // The holder renews it: the expiry moves on.
+    let before = a.lock_holder("r").expect("read").expect("held").expires;
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    a.renew("r", &ana).expect("renew");
+    let after = b.lock_holder("r").expect("read").expect("held");
+    assert_eq!(after.holder, "ana");
+    assert!(after.expires > before, "{before:?} -> {:?}", after.expires);
+    // Its own lock again is fine; releasing it frees the run for anyone.
+    a.lock("r", &ana).expect("reentrant");
+    b.unlock("r", &leased("bob", 0, 1))
+        .expect("unlock by another: no effect");
+    assert!(a.lock_holder("r").expect("read").is_some());
+    a.unlock("r", &ana).expect("unlock");
+    assert_eq!(a.lock_holder("r").expect("read"), None);
+    b.lock("r", &leased("bob", 0, 60_000)).expect("free now");
+}
+
+fn an_expired_lease_is_taken_over_from_any_host(db: &dyn Db) {
+    let mut a = db.open();
+    let mut b = db.open_second();
+    // A short lease that its holder does not renew.
+    let ana = leased("ana", 0, 200);
+    a.lock("r", &ana).expect("lock");
+    b.lock("r", &leased("bob", 0, 60_000))
+        .expect_err("not expired yet");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let bob = leased("bob", 0, 60_000);
+    b.lock("r", &bob)
+        .expect("take over an expired lease from another host");
+    assert_eq!(
+        a.lock_holder("r").expect("read").expect("held").holder,
+        "bob"
+    );
+    // The old holder's heartbeat learns it, and its unlock leaves the new holder's lock.
+    let err = a.renew("r", &ana).expect_err("lost");
+    assert!(
+        matches!(err, ralph_flow::store::StoreError::LeaseLost { .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("bob-host holds it"), "{err}");
+    a.unlock("r", &ana).expect("unlock");
+    assert_eq!(
+        b.lock_holder("r").expect("read").expect("held").holder,
+        "bob"
+    );
+    b.renew("r", &bob).expect("the new holder renews");
 }
 
 fn answering_a_gate(db: &dyn Db) {
@@ -789,7 +884,7 @@ fn a_version_2_store_is_migrated_keeping_the_order_of_nodes() {
         .expect("open")
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .expect("version");
-    assert_eq!(version, 3);
+    assert_eq!(version, ralph_flow::store::sqlite::SCHEMA_VERSION);
 }
 
 #[test]
@@ -847,4 +942,191 @@ fn postgres_refuses_a_newer_schema_and_names_the_server_without_its_password() {
         "{text}"
     );
     assert!(!text.contains("hunter2"), "{text}");
+}
+
+/// Fencing: once another process took the run over (the lease expired), every write of the
+/// old holder is refused in its own transaction, and nothing of it is applied.
+#[test]
+fn postgres_fences_the_writes_of_a_coordinator_whose_lease_was_taken_over() {
+    let Some(url) = pg::database() else {
+        return;
+    };
+    let mut old = PgStore::connect(&url).expect("connect");
+    old.create_run(&run_record("r", "fix", 1)).expect("create");
+    let ana = leased("ana", 0, 300);
+    old.lock("r", &ana).expect("lock");
+    old.commit(&[Write::Event(event("r", "a", "started", 1))])
+        .expect("a fenced commit while the lease holds (it renews it)");
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    let mut new = PgStore::connect(&url).expect("connect");
+    let bob = leased("bob", 0, 60_000);
+    new.lock("r", &bob).expect("take over the expired lease");
+    let err = old
+        .commit(&[
+            Write::Node(node("r", "", "a", json!({"x": 1}))),
+            Write::Event(event("r", "a", "done", 2)),
+        ])
+        .expect_err("fenced");
+    assert!(
+        matches!(err, ralph_flow::store::StoreError::LeaseLost { .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("no longer holds run r"), "{err}");
+    let err = old
+        .set_status("r", RunStatus::Finished, Some(("success", 0)))
+        .expect_err("fenced status");
+    assert!(matches!(
+        err,
+        ralph_flow::store::StoreError::LeaseLost { .. }
+    ));
+    // Nothing of the refused writes is there; the new holder writes as usual.
+    assert!(new.nodes("r").expect("nodes").is_empty());
+    assert_eq!(new.events("r", None).expect("events").len(), 1);
+    assert_eq!(
+        new.run("r").expect("run").expect("r").status,
+        RunStatus::Running
+    );
+    new.commit(&[Write::Node(node("r", "", "a", json!({"x": 2})))])
+        .expect("the new holder commits");
+    new.set_status("r", RunStatus::Finished, Some(("success", 0)))
+        .expect("status");
+    assert_eq!(new.nodes("r").expect("nodes")[0].output, json!({"x": 2}));
+}
+
+/// The queue: detached runs are claimed once each (two workers claiming at once skip each
+/// other's rows), only by workers with their labels and that accept them; an expired
+/// running run is claimed again; an answered gate queues a waiting run again.
+#[test]
+fn postgres_queue_claims_each_run_once_by_labels_and_leases() {
+    use ralph_flow::store::postgres::Accept;
+    use std::sync::Arc;
+    let Some(url) = pg::database() else {
+        return;
+    };
+    let mut submit = PgStore::connect(&url).expect("connect");
+    let opts = |cwd: &str| json!({"workspace": {"cwd": cwd}});
+    for i in 0..6 {
+        let mut r = run_record(&format!("q{i}"), "fix", i);
+        r.options = opts("/here");
+        let labels: Vec<String> = if i == 5 { vec!["gpu".into()] } else { vec![] };
+        submit
+            .enqueue(
+                &r,
+                &[("/wf.toml".into(), format!("name = 'w{i}'"))],
+                &labels,
+            )
+            .expect("enqueue");
+    }
+    let mut r = run_record("elsewhere", "fix", 10);
+    r.options = opts("/not/here");
+    submit.enqueue(&r, &[], &[]).expect("enqueue");
+    assert_eq!(
+        submit.run("q0").expect("run").expect("q0").status,
+        RunStatus::Queued
+    );
+    assert_eq!(submit.sources("q3").expect("sources")[0].1, "name = 'w3'");
+    assert_eq!(submit.labels("q5").expect("labels"), ["gpu"]);
+    // A plain run (not detached) is never claimed.
+    submit
+        .create_run(&run_record("plain", "fix", 11))
+        .expect("create");
+
+    let accept: Accept = Arc::new(|r: &RunRecord| r.options["workspace"]["cwd"] == "/here");
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Four workers claim at once, each until nothing is left.
+    let claimed: Vec<Vec<String>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..4)
+            .map(|w| {
+                let (url, accept, dir) = (url.clone(), accept.clone(), dir.path());
+                scope.spawn(move || {
+                    let mut s = PgStore::connect(&url).expect("connect");
+                    let me = leased(&format!("w{w}"), 0, 60_000);
+                    let mut got = Vec::new();
+                    while let Some(r) = s.claim(&me, &[], dir, accept.clone()).expect("claim") {
+                        assert_eq!(r.status, RunStatus::Running);
+                        assert_eq!(r.dir, dir.join(&r.id).to_string_lossy());
+                        got.push(r.id);
+                    }
+                    got
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("join"))
+            .collect()
+    });
+    let mut all: Vec<String> = claimed.into_iter().flatten().collect();
+    all.sort();
+    assert_eq!(
+        all,
+        ["q0", "q1", "q2", "q3", "q4"],
+        "each once; no gpu, no elsewhere"
+    );
+    // The labelled run goes to a worker with the label (and others).
+    let mut gpu = PgStore::connect(&url).expect("connect");
+    let labels = vec!["gpu".to_string(), "linux".to_string()];
+    let cat = leased("cat", 0, 200);
+    let got = gpu
+        .claim(&cat, &labels, dir.path(), accept.clone())
+        .expect("claim")
+        .expect("the gpu run");
+    assert_eq!(got.id, "q5");
+    let dan = leased("dan", 0, 60_000);
+    assert!(
+        gpu.claim(&dan, &labels, dir.path(), accept.clone())
+            .expect("claim")
+            .is_none()
+    );
+    // Once its lease expired unrenewed (a worker that died), another claims it again, as
+    // a running run with an expired lease.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let again = gpu
+        .claim(&dan, &labels, dir.path(), accept.clone())
+        .expect("claim")
+        .expect("the dead worker's run");
+    assert_eq!(again.id, "q5");
+    assert_eq!(
+        gpu.lock_holder("q5").expect("holder").expect("held").holder,
+        "dan"
+    );
+    assert!(
+        gpu.claim(&dan, &labels, dir.path(), accept.clone())
+            .expect("claim")
+            .is_none()
+    );
+    // A worker that stops hands its run back; a waiting run comes back once answered.
+    gpu.requeue("q5", &dan).expect("requeue");
+    assert_eq!(
+        gpu.run("q5").expect("run").expect("q5").status,
+        RunStatus::Queued
+    );
+    assert_eq!(gpu.lock_holder("q5").expect("holder"), None);
+    submit
+        .set_status("q0", RunStatus::Waiting, None)
+        .expect("waiting");
+    submit
+        .commit(&[Write::Gate(gate("q0", "", "ok"))])
+        .expect("gate");
+    submit
+        .answer(&approval("q0", "", "ok", true))
+        .expect("answer");
+    assert_eq!(
+        submit.run("q0").expect("run").expect("q0").status,
+        RunStatus::Queued
+    );
+    // A plain waiting run stays waiting when answered.
+    submit
+        .set_status("plain", RunStatus::Waiting, None)
+        .expect("waiting");
+    submit
+        .commit(&[Write::Gate(gate("plain", "", "ok"))])
+        .expect("gate");
+    submit
+        .answer(&approval("plain", "", "ok", true))
+        .expect("answer");
+    assert_eq!(
+        submit.run("plain").expect("run").expect("plain").status,
+        RunStatus::Waiting
+    );
 }

@@ -9,6 +9,7 @@ mod runs;
 mod schema;
 mod serve;
 mod sync;
+mod worker;
 
 use std::io::IsTerminal;
 use std::path::Path;
@@ -69,6 +70,9 @@ enum Command {
     Init(presets::InitArgs),
     /// Serve a live web monitor of the runs (on 127.0.0.1, behind a printed access token).
     Serve(serve::Args),
+    /// Claim queued runs (`run --detach`) from a shared PostgreSQL store and carry them out,
+    /// until Ctrl-C or SIGTERM; runs whose worker died are taken over once their lease ends.
+    Worker(worker::Args),
 }
 
 /// Runs the command line and returns the process exit code.
@@ -104,6 +108,7 @@ pub fn main() -> i32 {
         Command::Presets(args) => presets::run(&args),
         Command::Init(args) => presets::init(&args),
         Command::Serve(args) => serve::run(&args),
+        Command::Worker(args) => worker::run(&args),
     }
 }
 

@@ -72,7 +72,7 @@ pub(super) struct NotADuration(String);
 
 /// Why `run` or `resume` could not go on.
 #[derive(Debug, thiserror::Error)]
-enum Failed {
+pub(super) enum Failed {
     #[error("no current directory")]
     NoCurrentDir(#[source] std::io::Error),
     #[error("cannot start the runtime")]
@@ -94,6 +94,14 @@ pub struct RunArgs {
     /// Set a param (`--set name=value`).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
+    /// Check the workflow, queue the run in the shared store (--store postgres://...) with
+    /// its files, params and where it works (this directory, or its git repository and
+    /// commit), print its id and return: a `ralph-flow worker` carries it out.
+    #[arg(long)]
+    detach: bool,
+    /// With --detach: only workers that have all these labels claim the run (`gpu,linux`).
+    #[arg(long, value_name = "A,B", value_delimiter = ',', requires = "detach")]
+    labels: Vec<String>,
     #[command(flatten)]
     exec: ExecArgs,
 }
@@ -131,7 +139,7 @@ pub struct AnswerArgs {
     store: Option<String>,
 }
 
-fn options(a: &ExecArgs) -> Result<RunOptions, Failed> {
+pub(super) fn options(a: &ExecArgs) -> Result<RunOptions, Failed> {
     let cwd = std::env::current_dir().map_err(Failed::NoCurrentDir)?;
     let mut o = RunOptions::new(cwd.clone());
     o.state_dir = if a.state_dir.is_absolute() {
@@ -159,7 +167,7 @@ fn options(a: &ExecArgs) -> Result<RunOptions, Failed> {
     Ok(o)
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, Failed> {
+pub(super) fn runtime() -> Result<tokio::runtime::Runtime, Failed> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -184,7 +192,42 @@ pub fn run(args: &RunArgs) -> i32 {
         Ok(o) => o,
         Err(e) => return fail(&error_chain(&e)),
     };
+    if args.detach {
+        return detach(args, &prepared, &opts);
+    }
     finish(&args.exec, go(&prepared, opts))
+}
+
+/// `ralph-flow run --detach`: queues the run for the workers.
+fn detach(args: &RunArgs, prepared: &ralph_flow::run::Prepared, opts: &RunOptions) -> i32 {
+    let labels: Vec<String> = args
+        .labels
+        .iter()
+        .map(|l| l.trim().to_string())
+        .filter(|l| !l.is_empty())
+        .collect();
+    let id = match ralph_flow::run::worker::enqueue(prepared, opts, &labels) {
+        Ok(id) => id,
+        Err(e) => return fail(&error_chain(&e)),
+    };
+    if args.exec.json {
+        println!(
+            "{}",
+            serde_json::json!({ "run": id, "status": "queued", "labels": labels })
+        );
+    } else {
+        println!("{id}");
+    }
+    eprintln!(
+        "queued run {id}; a worker (`ralph-flow worker --store ...`{}) carries it out; follow \
+         it with `ralph-flow status {id}` or `ralph-flow serve` on the same store",
+        if labels.is_empty() {
+            String::new()
+        } else {
+            format!(" with --labels {}", labels.join(","))
+        }
+    );
+    0
 }
 
 fn go(
@@ -194,7 +237,7 @@ fn go(
     Ok(runtime()?.block_on(execute(prepared, opts))?)
 }
 
-fn fail(msg: &str) -> i32 {
+pub(super) fn fail(msg: &str) -> i32 {
     eprintln!("error: {}", printable(&redact(msg)));
     EXIT_CONFIG
 }
@@ -420,6 +463,8 @@ pub fn answer(args: &AnswerArgs, approved: bool) -> i32 {
     let verb = if approved { "approved" } else { "rejected" };
     let next = if answered.run_running {
         "the run picks the answer up".to_string()
+    } else if answered.run_queued {
+        "the run is queued again; a worker carries it on".to_string()
     } else {
         format!(
             "continue the run with `ralph-flow resume {}`",

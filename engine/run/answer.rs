@@ -49,6 +49,8 @@ pub struct Answered {
     pub gate: GateRequest,
     /// Whether the run was being executed (an executor polls the gate) when it was answered.
     pub run_running: bool,
+    /// Whether the answer queued a detached run again (a worker carries it on).
+    pub run_queued: bool,
     /// The answer is recorded but its event is not (the log misses one line).
     pub event_error: Option<StoreError>,
 }
@@ -121,10 +123,18 @@ pub fn answer(
     let mut write = Write::Event(event);
     write.redact();
     let event_error = store.commit(&[write]).err();
+    // A detached run that waited is queued again by the answer: a worker carries it on.
+    let run_queued = record.status == crate::store::RunStatus::Waiting
+        && store
+            .run(&record.id)
+            .ok()
+            .flatten()
+            .is_some_and(|r| r.status == crate::store::RunStatus::Queued);
     Ok(Answered {
         approval,
         gate: target,
         run_running: record.status == crate::store::RunStatus::Running,
+        run_queued,
         event_error,
     })
 }

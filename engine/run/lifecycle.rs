@@ -204,8 +204,10 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
             (run, HashMap::new())
         }
     };
-    let owner = crate::store::current_owner();
+    let owner = crate::store::current_owner().with_lease(opts.lease);
     store.lock(&run.id, &owner)?;
+    // A queued run (`run --detach`) starts here, on a worker: nothing of it ran before.
+    let first_start = run.status == RunStatus::Queued && resumed.is_empty();
     // What a killed executor of this run left running is stopped before anything starts
     // again, so that no stage ever runs beside an earlier copy of itself.
     let mut leftovers = 0;
@@ -290,8 +292,25 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         shared.progress.note(&format!("! {note}"));
         shared.event("", "", "warning", note);
     }
-    if shared.opts.resume.is_some() {
-        shared.event("", "", "resumed", format!("resumed by pid {}", owner.pid));
+    if first_start {
+        shared.event(
+            "",
+            "",
+            "started",
+            format!(
+                "run of {} by pid {} on {}",
+                prepared.path.display(),
+                owner.pid,
+                owner.host
+            ),
+        );
+    } else if shared.opts.resume.is_some() {
+        shared.event(
+            "",
+            "",
+            "resumed",
+            format!("resumed by pid {} on {}", owner.pid, owner.host),
+        );
     } else {
         shared.event(
             "",
@@ -332,15 +351,34 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
             .unwrap_or_else(|| shared.opts.cwd.clone()),
         ..Frame::default()
     };
+    let stop = shared.opts.stop.clone();
     let ctrl_c = async {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            let _ = shared.interrupt.send(true);
+        let told = async {
+            match stop {
+                Some(mut s) => {
+                    let _ = s.wait_for(|v| *v).await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => if r.is_ok() {
+                let _ = shared.interrupt.send(true);
+            },
+            () = told => {
+                let _ = shared.interrupt.send(true);
+            },
         }
         std::future::pending::<()>().await;
     };
+    // On a shared store, a lease that could not be renewed in time may be another
+    // machine's now; a SQLite file serves one machine, where only a takeover ends it.
+    let shared_store = matches!(location, crate::store::Location::Postgres(_));
+    let heartbeat = heartbeat(&shared, location.open(durability)?, &owner, shared_store);
     let end = tokio::select! {
         end = exec.run_body(&top) => end,
         () = ctrl_c => BodyEnd::Stopped,
+        () = heartbeat => BodyEnd::Stopped,
     };
     shared.flush();
     // Every artifact is on disk before the run reports its end.
@@ -393,7 +431,7 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
     store
         .commit(&[Write::Event(event)])
         .and_then(|()| store.set_status(&shared.run.id, status, exit))
-        .and_then(|()| store.unlock(&shared.run.id, owner.pid))?;
+        .and_then(|()| store.unlock(&shared.run.id, &owner))?;
     let outputs = super::RanOutputs(top.outputs.clone());
     let usage = shared.usage.borrow().get("").cloned().unwrap_or_default();
     Ok(RunResult {
@@ -405,7 +443,80 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
     })
 }
 
-fn new_run_id(ms: i64) -> String {
+/// Renews the run's lease every third of it, on a connection of its own (on tokio's
+/// blocking pool, so a slow store does not hold the executor up). When the lease is lost
+/// (another process took the run over, or, with `strict`, it could not be renewed before it
+/// expired), the run stops as a failed commit stops it: its programs are stopped and
+/// nothing more is written. Never completes otherwise.
+async fn heartbeat(
+    shared: &Shared,
+    store: Box<dyn Store + Send>,
+    owner: &crate::store::LockOwner,
+    strict: bool,
+) {
+    use crate::store::StoreError;
+    let lease = Duration::from_millis(
+        owner
+            .lease()
+            .map_or(30_000, |l| u64::try_from(l).unwrap_or(1)),
+    );
+    let period = lease / 3;
+    let store = Arc::new(std::sync::Mutex::new(store));
+    let mut renewed = tokio::time::Instant::now();
+    // A renewal under way, and when it was sent (the lease runs from no earlier).
+    type Renewal = (
+        tokio::task::JoinHandle<crate::store::Result<()>>,
+        tokio::time::Instant,
+    );
+    let mut inflight: Option<Renewal> = None;
+    let lost = |e: StoreError| {
+        shared
+            .progress
+            .note(&format!("! {}", crate::diag::error_chain(&e)));
+        shared
+            .store_error
+            .borrow_mut()
+            .get_or_insert(Halt::Store(e));
+        let _ = shared.interrupt.send(true);
+    };
+    loop {
+        tokio::time::sleep(period).await;
+        let (mut call, sent) = inflight.take().unwrap_or_else(|| {
+            let (store, run, owner) = (store.clone(), shared.run.id.clone(), owner.clone());
+            let call = tokio::task::spawn_blocking(move || match store.lock() {
+                Ok(mut s) => s.renew(&run, &owner),
+                Err(_) => Err(StoreError::State("the lease's connection failed".into())),
+            });
+            (call, tokio::time::Instant::now())
+        });
+        match tokio::time::timeout(period, &mut call).await {
+            Ok(Ok(Ok(()))) => renewed = sent,
+            Ok(Ok(Err(e @ StoreError::LeaseLost { .. }))) => {
+                lost(e);
+                break;
+            }
+            Ok(Ok(Err(e))) => {
+                tracing::warn!("cannot renew the lease: {}", crate::diag::error_chain(&e))
+            }
+            Ok(Err(_)) => {}
+            Err(_) => inflight = Some((call, sent)),
+        }
+        if strict && renewed.elapsed() >= lease {
+            lost(StoreError::LeaseLost {
+                run: shared.run.id.clone(),
+                now: format!(
+                    "its lease of {} could not be renewed in time",
+                    crate::text::duration(lease)
+                ),
+            });
+            break;
+        }
+    }
+    std::future::pending::<()>().await;
+}
+
+/// A new run's id: the time, and 16 bits that differ between processes.
+pub fn new_run_id(ms: i64) -> String {
     let secs = ms / 1000;
     let t = std::time::UNIX_EPOCH + Duration::from_secs(u64::try_from(secs).unwrap_or(0));
     let stamp = humantime::format_rfc3339_seconds(t).to_string();

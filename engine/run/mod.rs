@@ -26,6 +26,7 @@ pub mod progress;
 mod resource;
 mod schedule;
 mod subflow;
+pub mod worker;
 mod worktree;
 mod worktrees;
 
@@ -42,7 +43,7 @@ use crate::params::ParamValues;
 use crate::source::Sources;
 
 pub use crate::store::now_ms;
-pub use lifecycle::{execute, register_secrets};
+pub use lifecycle::{execute, new_run_id, register_secrets};
 
 /// A workflow ready to run: its plan, the hash of its files and the files themselves.
 pub struct Prepared {
@@ -75,11 +76,20 @@ impl PrepareError {
 
 /// Loads, checks and compiles a workflow with `--set` values; every param must have a value.
 pub fn prepare(path: &Path, sets: &[(String, String)]) -> Result<Prepared, Box<PrepareError>> {
+    prepare_in(&RealFs, path, sets)
+}
+
+/// [`prepare`], reading the workflow's files through `fs` (a worker reads a detached run's
+/// files from the store).
+pub fn prepare_in(
+    fs: &dyn crate::fs::FileSystem,
+    path: &Path,
+    sets: &[(String, String)],
+) -> Result<Prepared, Box<PrepareError>> {
     let mut sources = Sources::new();
     let mut diags = Diagnostics::default();
-    let fs = RealFs;
     let (wf, mut missing) = {
-        let mut loader = Loader::new(&fs, &mut sources, &mut diags);
+        let mut loader = Loader::new(fs, &mut sources, &mut diags);
         let wf = loader.load(path, None);
         (wf, std::mem::take(&mut loader.missing))
     };
@@ -91,7 +101,7 @@ pub fn prepare(path: &Path, sets: &[(String, String)]) -> Result<Prepared, Box<P
         }));
     };
     let plan = {
-        let mut loader = Loader::new(&fs, &mut sources, &mut diags);
+        let mut loader = Loader::new(fs, &mut sources, &mut diags);
         let mut check_diags = Diagnostics::default();
         let checked = crate::check::check(&wf, &mut loader, sets, true, &mut check_diags);
         let parts = checked.as_ref().map(compile_parts);
@@ -194,6 +204,28 @@ pub struct RunOptions {
     pub progress: progress::Mode,
     /// Resume this run instead of starting one.
     pub resume: Option<String>,
+    /// How long the run's lease lasts unless renewed (a heartbeat renews it every third of
+    /// it); once expired, another process may take the run over. [`LEASE`], or
+    /// `RALPH_FLOW_LEASE` (a duration such as `2s`).
+    pub lease: Duration,
+    /// Stops the run as Ctrl-C does once it turns true (a worker that is told to stop).
+    pub stop: Option<tokio::sync::watch::Receiver<bool>>,
+}
+
+/// The default lease of a run (see [`RunOptions::lease`]).
+pub const LEASE: Duration = Duration::from_secs(30);
+
+/// The environment variable that sets the lease.
+pub const LEASE_ENV: &str = "RALPH_FLOW_LEASE";
+
+/// The lease in force: [`LEASE_ENV`] when it holds a duration of at least 100ms, else
+/// [`LEASE`].
+pub fn lease_from_env() -> Duration {
+    std::env::var(LEASE_ENV)
+        .ok()
+        .and_then(|v| crate::model::parse_duration(v.trim()))
+        .filter(|d| *d >= Duration::from_millis(100))
+        .unwrap_or(LEASE)
 }
 
 impl RunOptions {
@@ -222,6 +254,8 @@ impl RunOptions {
             full_sync: false,
             progress: progress::Mode::Plain,
             resume: None,
+            lease: lease_from_env(),
+            stop: None,
         }
     }
 }

@@ -22,11 +22,17 @@ fn label(v: &str) -> String {
 
 /// The metrics text of a store.
 pub fn text(store: &mut dyn Store) -> Result<String, StoreError> {
-    let mut runs: BTreeMap<&'static str, u64> =
-        ["running", "waiting", "interrupted", "orphaned", "finished"]
-            .into_iter()
-            .map(|s| (s, 0))
-            .collect();
+    let mut runs: BTreeMap<&'static str, u64> = [
+        "queued",
+        "running",
+        "waiting",
+        "interrupted",
+        "orphaned",
+        "finished",
+    ]
+    .into_iter()
+    .map(|s| (s, 0))
+    .collect();
     let mut stages: BTreeMap<String, u64> = BTreeMap::new();
     let mut by_agent: BTreeMap<String, Usage> = BTreeMap::new();
     let mut gates_waiting = 0u64;

@@ -159,7 +159,7 @@ pub(crate) async fn runs(State(m): State<Arc<Monitor>>, Query(q): Query<RunsQuer
         context! {
             runs => Serde(&runs), total, q => q.q, state => q.state,
             state_dir => m.location().to_string(),
-            states => ["running", "waiting", "interrupted", "orphaned", "finished"],
+            states => ["queued", "running", "waiting", "interrupted", "orphaned", "finished"],
         },
     )
 }

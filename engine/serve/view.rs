@@ -81,7 +81,7 @@ pub struct NodeLive {
 fn tone(state: &str, exit_code: Option<i64>) -> &'static str {
     match state {
         "running" => "live",
-        "waiting" => "wait",
+        "waiting" | "queued" => "wait",
         "orphaned" => "bad",
         "finished" if exit_code == Some(0) => "ok",
         "finished" => "bad",
@@ -90,9 +90,9 @@ fn tone(state: &str, exit_code: Option<i64>) -> &'static str {
 }
 
 /// Whether a run marked running has lost its executor: its lock's holder was a process on
-/// this host that is gone (a `kill -9`, a crash; a clean exit changes the status first). No
-/// holder yet means the run is starting; a holder on another host cannot be checked from
-/// here and counts as alive.
+/// this host that is gone (a `kill -9`, a crash; a clean exit changes the status first), or
+/// its lease expired unrenewed (a holder on any host). No holder yet means the run is
+/// starting; a holder on another host with a live lease counts as alive.
 pub fn orphaned(store: &dyn Store, run: &RunRecord) -> Result<bool, StoreError> {
     if run.status != RunStatus::Running {
         return Ok(false);
@@ -100,8 +100,9 @@ pub fn orphaned(store: &dyn Store, run: &RunRecord) -> Result<bool, StoreError> 
     Ok(match store.lock_holder(&run.id)? {
         None => false,
         Some(holder) => {
-            holder.host == crate::store::current_owner().host
-                && !crate::store::process_alive(holder.pid)
+            holder.expires.is_some_and(|e| e < crate::store::now_ms())
+                || (holder.host == crate::store::host_name()
+                    && !crate::store::process_alive(holder.pid))
         }
     })
 }
@@ -138,9 +139,11 @@ pub fn summary(
             if gates == 1 { "" } else { "s" }
         ),
         (None, "orphaned") => format!(
-            "stopped: its process is gone; `ralph-flow resume {}`",
+            "stopped: its process is gone; `ralph-flow resume {}`, or a worker takes it over \
+             once its lease ends if it was queued",
             run.id
         ),
+        (None, "queued") => "queued: waits for a worker".to_string(),
         (None, s) => s.to_string(),
     };
     let running = attempts

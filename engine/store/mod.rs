@@ -51,6 +51,14 @@ pub enum StoreError {
     /// wait, a run another process holds).
     #[error("{0}")]
     Refused(String),
+    /// This process's lease on a run ended and another process took the run over (or the
+    /// lease was released): the write was refused, and this process must stop working on
+    /// the run without writing anything more (the new holder carries it on).
+    #[error(
+        "this process no longer holds run {run} ({now}); it stops without writing more, and \
+         the run goes on where it is held now"
+    )]
+    LeaseLost { run: String, now: String },
 }
 
 impl StoreError {
@@ -193,6 +201,9 @@ pub enum RunStatus {
     Interrupted,
     /// Ended with an exit (success or a declared outcome).
     Finished,
+    /// Waits for a worker (`run --detach`, or a detached run whose gate was answered or
+    /// whose worker stopped): `ralph-flow worker` claims it.
+    Queued,
 }
 
 impl RunStatus {
@@ -203,6 +214,7 @@ impl RunStatus {
             RunStatus::Waiting => "waiting",
             RunStatus::Interrupted => "interrupted",
             RunStatus::Finished => "finished",
+            RunStatus::Queued => "queued",
         }
     }
 
@@ -213,6 +225,7 @@ impl RunStatus {
             "waiting" => RunStatus::Waiting,
             "interrupted" => RunStatus::Interrupted,
             "finished" => RunStatus::Finished,
+            "queued" => RunStatus::Queued,
             _ => return None,
         })
     }
@@ -463,12 +476,80 @@ impl Write {
     }
 }
 
-/// Who holds a run.
+/// Who holds a run: a process, and the lease it holds the run by.
+///
+/// A lock with a lease (`expires`) is held until it expires unless its holder renews it (a
+/// heartbeat; every fenced commit renews it too); once expired, any process on any host
+/// may take it over. A lock without a lease (written by an older ralph-flow) is held while
+/// its process lives, as only a process on the same host can tell.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LockOwner {
     pub pid: u32,
     pub host: String,
     pub since: i64,
+    /// The holder's unique id (`host:pid:random`): two processes never share one.
+    #[serde(default)]
+    pub holder: String,
+    /// When the lease ends unless renewed (milliseconds since the Unix epoch); `None` for a
+    /// lock held while its process lives. A store may time leases by its own clock (the
+    /// PostgreSQL store uses the server's): it keeps the length (`expires - since`) and
+    /// counts it from when it takes or renews the lock.
+    #[serde(default)]
+    pub expires: Option<i64>,
+}
+
+impl LockOwner {
+    /// This owner with a lease of `lease` from now.
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        let now = now_ms();
+        self.since = now;
+        self.expires = Some(now.saturating_add(ms(lease)));
+        self
+    }
+
+    /// The lease's length (`expires - since`), if it has one.
+    pub fn lease(&self) -> Option<i64> {
+        self.expires.map(|e| (e - self.since).max(1))
+    }
+
+    /// Whether this owner may take the lock `held` has: it is the same holder, its lease has
+    /// expired, or its process on this host is dead. Else why not.
+    pub fn may_take(
+        &self,
+        held: &LockOwner,
+        run: &str,
+        now: i64,
+    ) -> std::result::Result<(), String> {
+        if !held.holder.is_empty() && held.holder == self.holder {
+            return Ok(());
+        }
+        let same_host = held.host == self.host;
+        if held.holder.is_empty() && same_host && held.pid == self.pid {
+            return Ok(());
+        }
+        // A holder on this host is known dead or alive, lease or not; one elsewhere holds
+        // until its lease expires (without a lease: for good).
+        let free = (same_host && !process_alive(held.pid))
+            || held.expires.is_some_and(|expires| expires < now);
+        if free {
+            return Ok(());
+        }
+        let until = held
+            .expires
+            .map(|e| format!(", its lease runs until {}", rfc3339(e)))
+            .unwrap_or_default();
+        Err(format!(
+            "run {run} is held by pid {} on {} since {}{until}; wait for it to end or stop it",
+            held.pid,
+            held.host,
+            rfc3339(held.since)
+        ))
+    }
+}
+
+/// Milliseconds of a duration, saturating.
+pub fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// Durable run state.
@@ -506,12 +587,23 @@ pub trait Store: Send {
     /// Answers a waiting gate. Fails when the gate is not waiting.
     fn answer(&mut self, approval: &Approval) -> Result<()>;
 
-    /// Takes the run's lock for this process. Fails, naming the holder, when a live
-    /// process holds it; takes over a lock whose holder on this host is dead.
+    /// Takes the run's lock for `owner`, with its lease if it has one (see [`LockOwner`]).
+    /// Fails, naming the holder, when another holds it: a live lease, or a lock without a
+    /// lease whose process lives (or lives on another host). Takes over an expired lease
+    /// from any host, and a lock whose holder on this host is dead.
+    ///
+    /// Once a store has taken a run with a lease, its writes to that run are fenced: a
+    /// commit (and a status change) checks, in its own transaction, that the lease is still
+    /// this owner's, renewing it, and fails with [`StoreError::LeaseLost`] when it is not
+    /// (the PostgreSQL store; the SQLite store serves one machine and checks in `renew`).
     fn lock(&mut self, run: &str, owner: &LockOwner) -> Result<()>;
 
-    /// Releases the run's lock if this process holds it.
-    fn unlock(&mut self, run: &str, pid: u32) -> Result<()>;
+    /// Renews `owner`'s lease on the run for another lease length (a heartbeat). Fails with
+    /// [`StoreError::LeaseLost`] when the run is no longer held by `owner`.
+    fn renew(&mut self, run: &str, owner: &LockOwner) -> Result<()>;
+
+    /// Releases the run's lock if `owner` holds it.
+    fn unlock(&mut self, run: &str, owner: &LockOwner) -> Result<()>;
 
     /// Who holds the run's lock, if anyone.
     fn lock_holder(&self, run: &str) -> Result<Option<LockOwner>>;
@@ -532,16 +624,36 @@ pub trait Store: Send {
     ) -> Result<Vec<(String, NodeRecord)>>;
 }
 
-/// Returns the lock owner for this process, now.
+/// Returns the lock owner for this process, now, without a lease (see
+/// [`LockOwner::with_lease`]); its holder id is this process's ([`holder_id`]).
 pub fn current_owner() -> LockOwner {
-    let host = nix::unistd::gethostname()
-        .map(|h| h.to_string_lossy().into_owned())
-        .unwrap_or_else(|_| String::from("localhost"));
     LockOwner {
         pid: std::process::id(),
-        host,
+        host: host_name(),
         since: now_ms(),
+        holder: holder_id().to_string(),
+        expires: None,
     }
+}
+
+/// This machine's name.
+pub fn host_name() -> String {
+    nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| String::from("localhost"))
+}
+
+/// This process's holder id: `host:pid:random`, drawn once.
+pub fn holder_id() -> &'static str {
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(|| {
+        let mut bytes = [0u8; 6];
+        if getrandom::fill(&mut bytes).is_err() {
+            bytes[..6].copy_from_slice(&now_ms().to_le_bytes()[..6]);
+        }
+        let random: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        format!("{}:{}:{random}", host_name(), std::process::id())
+    })
 }
 
 /// Returns the milliseconds since the Unix epoch.

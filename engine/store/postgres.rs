@@ -11,6 +11,10 @@
 //! The schema is versioned (`ralph_flow_schema`); migrations run in a transaction under an
 //! advisory lock, so that processes starting together do not race.
 
+mod queue;
+
+pub use queue::{Accept, listen};
+
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -18,11 +22,11 @@ use ::postgres::{Client, GenericClient, NoTls, Row};
 
 use super::{
     Approval, AttemptRecord, AttemptState, Event, GateRequest, LockOwner, NodeRecord, NodeState,
-    Result, RunRecord, RunStatus, Store, StoreError, Usage, Write, rfc3339,
+    Result, RunRecord, RunStatus, Store, StoreError, Usage, Write,
 };
 
 /// The schema this version reads and writes.
-pub const SCHEMA_VERSION: i32 = 2;
+pub const SCHEMA_VERSION: i32 = 3;
 
 /// How long a lost connection is retried before the call fails (a restart of the server, a
 /// failover, a network cut).
@@ -135,7 +139,28 @@ CREATE TABLE applied (
     at  BIGINT NOT NULL
 );
 "#,
+    r#"
+-- Leases: the holder's unique id and when its lease ends (see store::LockOwner).
+ALTER TABLE locks ADD COLUMN holder TEXT NOT NULL DEFAULT '';
+ALTER TABLE locks ADD COLUMN expires BIGINT;
+-- The queue: a detached run (`run --detach`) is run by workers, which claim only runs whose
+-- labels are a subset of their own; its workflow's files are kept with it.
+ALTER TABLE runs ADD COLUMN detached BOOLEAN NOT NULL DEFAULT false;
+ALTER TABLE runs ADD COLUMN labels TEXT[] NOT NULL DEFAULT '{}';
+CREATE INDEX runs_claimable ON runs (seq) WHERE detached AND status IN ('queued', 'running');
+CREATE TABLE run_sources (
+    run  TEXT NOT NULL,
+    seq  INTEGER NOT NULL,
+    path TEXT NOT NULL,
+    text TEXT NOT NULL,
+    PRIMARY KEY (run, seq)
+);
+"#,
 ];
+
+/// The channel workers listen on: a run queued, a gate of a detached run answered, a lease
+/// released (the payload is the run's id).
+pub const CHANNEL: &str = "ralph_flow";
 
 /// A key of the advisory lock that migrations take ("ralph" in ASCII).
 const MIGRATION_LOCK: i64 = 0x0072_616c_7068;
@@ -154,6 +179,58 @@ pub struct PgStore {
     thread: Option<std::thread::JoinHandle<()>>,
     /// The server, as messages name it (no password).
     shown: String,
+    /// The run this store took with a lease, and by whom: its writes to the store are
+    /// fenced by that lease (see [`Store::lock`]).
+    fence: Option<Fence>,
+}
+
+/// A lease that fences a store's writes: the run, the holder, the lease's length (ms).
+#[derive(Clone, Debug)]
+struct Fence {
+    run: String,
+    holder: String,
+    lease: i64,
+}
+
+/// The server's clock in milliseconds since the Unix epoch: leases are timed by the
+/// server, so that the clocks of the machines sharing it need not agree.
+pub(crate) const NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::BIGINT";
+
+/// Renews the fencing lease ($3 ms from now), in the transaction of a write.
+const FENCE: &str = "UPDATE locks SET expires = \
+     (extract(epoch from clock_timestamp()) * 1000)::BIGINT + $3 WHERE run = $1 AND holder = $2";
+
+/// Checks (and renews) the lease in a write's transaction; fails with
+/// [`StoreError::LeaseLost`] when another holds the run now (the transaction is then
+/// dropped: nothing of the write is applied).
+fn fenced(c: &mut impl GenericClient, fence: Option<&Fence>) -> Result<()> {
+    let Some(f) = fence else {
+        return Ok(());
+    };
+    let fail = |e| pg("cannot check the run's lease", e);
+    if c.execute(FENCE, &[&f.run, &f.holder, &f.lease])
+        .map_err(fail)?
+        == 1
+    {
+        return Ok(());
+    }
+    let now = c
+        .query_opt("SELECT pid, host FROM locks WHERE run = $1", &[&f.run])
+        .map_err(fail)?
+        .map_or_else(
+            || "nobody holds it".to_string(),
+            |r| {
+                format!(
+                    "pid {} on {} holds it",
+                    r.get::<_, i64>(0),
+                    r.get::<_, String>(1)
+                )
+            },
+        );
+    Err(StoreError::LeaseLost {
+        run: f.run.clone(),
+        now,
+    })
 }
 
 impl Drop for PgStore {
@@ -273,6 +350,7 @@ impl PgStore {
                 jobs: Some(jobs),
                 thread: Some(thread),
                 shown,
+                fence: None,
             }),
             Ok(Err(e)) => {
                 let _ = thread.join();
@@ -582,7 +660,7 @@ fn prepared(
 
 /// Writes the records of a commit in one transaction: one round trip for the key and the
 /// change count, then one a record.
-fn write_all(c: &mut Client, writes: &[Write], key: i64) -> Result<()> {
+fn write_all(c: &mut Client, writes: &[Write], key: i64, fence: Option<&Fence>) -> Result<()> {
     let fail = |e| pg("cannot commit to the store", e);
     let apply = prepared(c, APPLY_KEY).map_err(fail)?;
     let node = prepared(c, UPSERT_NODE).map_err(fail)?;
@@ -593,6 +671,7 @@ fn write_all(c: &mut Client, writes: &[Write], key: i64) -> Result<()> {
     if applied_before(&mut tx, &apply, key).map_err(fail)? {
         return Ok(());
     }
+    fenced(&mut tx, fence)?;
     for w in writes {
         match w {
             Write::Node(n) => {
@@ -687,45 +766,84 @@ fn answer_gate(c: &mut Client, approval: &Approval, key: i64) -> Result<()> {
         ..approval.clone()
     };
     insert_approval(&mut tx, &answer).map_err(fail)?;
+    // A detached run that waited on this gate is queued again: a worker carries it on.
+    let requeued = tx
+        .execute(
+            "UPDATE runs SET status = 'queued', updated_at = $2 \
+             WHERE id = $1 AND detached AND status = 'waiting'",
+            &[&approval.run, &super::now_ms()],
+        )
+        .map_err(fail)?;
+    if requeued > 0 {
+        notify(&mut tx, &approval.run).map_err(fail)?;
+    }
     tx.commit().map_err(fail)
+}
+
+/// Wakes the workers that listen on [`CHANNEL`] once the transaction commits.
+fn notify(c: &mut impl GenericClient, run: &str) -> std::result::Result<(), ::postgres::Error> {
+    c.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &run])
+        .map(drop)
+}
+
+const LOCK_COLUMNS: &str = "pid, host, since, holder, expires";
+
+fn lock_from_row(r: &Row) -> LockOwner {
+    LockOwner {
+        pid: u32::try_from(r.get::<_, i64>(0)).unwrap_or(0),
+        host: r.get(1),
+        since: r.get(2),
+        holder: r.get(3),
+        expires: r.get(4),
+    }
+}
+
+/// Takes a run's lock for `owner` in a transaction, serialised with every other locker of
+/// the run by an advisory lock (row or no row).
+fn take_lock(tx: &mut ::postgres::Transaction<'_>, run: &str, owner: &LockOwner) -> Result<()> {
+    let fail = |e| pg("cannot lock a run", e);
+    tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&run])
+        .map_err(fail)?;
+    let holder = tx
+        .query_opt(
+            &format!("SELECT {LOCK_COLUMNS} FROM locks WHERE run = $1"),
+            &[&run],
+        )
+        .map_err(fail)?
+        .map(|r| lock_from_row(&r));
+    let now: i64 = tx
+        .query_one(&format!("SELECT {NOW_MS}"), &[])
+        .map_err(fail)?
+        .get(0);
+    if let Some(holder) = holder {
+        owner
+            .may_take(&holder, run, now)
+            .map_err(StoreError::Refused)?;
+    }
+    // The lease runs from now by the server's clock.
+    let expires = owner.lease().map(|l| now.saturating_add(l));
+    tx.execute(
+        "INSERT INTO locks (run, pid, host, since, holder, expires) \
+         VALUES ($1, $2, $3, $4, $5, $6) \
+         ON CONFLICT (run) DO UPDATE SET pid = excluded.pid, host = excluded.host, \
+         since = excluded.since, holder = excluded.holder, expires = excluded.expires",
+        &[
+            &run,
+            &i64::from(owner.pid),
+            &owner.host,
+            &owner.since,
+            &owner.holder,
+            &expires,
+        ],
+    )
+    .map_err(fail)?;
+    changed(tx).map_err(fail)
 }
 
 fn lock_run(c: &mut Client, run: &str, owner: &LockOwner) -> Result<()> {
     let fail = |e| pg("cannot lock a run", e);
     let mut tx = c.transaction().map_err(fail)?;
-    // Serialise the lockers of this run, row or no row.
-    tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&run])
-        .map_err(fail)?;
-    let holder = tx
-        .query_opt("SELECT pid, host, since FROM locks WHERE run = $1", &[&run])
-        .map_err(fail)?
-        .map(|r| LockOwner {
-            pid: u32::try_from(r.get::<_, i64>(0)).unwrap_or(0),
-            host: r.get(1),
-            since: r.get(2),
-        });
-    if let Some(holder) = holder {
-        let same_host = holder.host == owner.host;
-        if same_host && holder.pid == owner.pid {
-            return Ok(());
-        }
-        if !same_host || super::process_alive(holder.pid) {
-            return Err(StoreError::Refused(format!(
-                "run {run} is held by pid {} on {} since {}; wait for it to end or stop it",
-                holder.pid,
-                holder.host,
-                rfc3339(holder.since)
-            )));
-        }
-    }
-    tx.execute(
-        "INSERT INTO locks (run, pid, host, since) VALUES ($1, $2, $3, $4) \
-         ON CONFLICT (run) DO UPDATE SET pid = excluded.pid, host = excluded.host, \
-         since = excluded.since",
-        &[&run, &i64::from(owner.pid), &owner.host, &owner.since],
-    )
-    .map_err(fail)?;
-    changed(&mut tx).map_err(fail)?;
+    take_lock(&mut tx, run, owner)?;
     tx.commit().map_err(fail)
 }
 
@@ -806,9 +924,11 @@ impl Store for PgStore {
     fn set_status(&mut self, id: &str, status: RunStatus, exit: Option<(&str, i64)>) -> Result<()> {
         let id = id.to_string();
         let (exit_name, exit_code) = exit.map(|(n, c)| (n.to_string(), c)).unzip();
+        let fence = self.fence.clone().filter(|f| f.run == id);
         self.call(move |c| {
             let fail = |e| pg("cannot set a run's status", e);
             let mut tx = c.transaction().map_err(fail)?;
+            fenced(&mut tx, fence.as_ref())?;
             let changed_rows = tx
                 .execute(
                     "UPDATE runs SET status = $2, exit_name = $3, exit_code = $4, updated_at = $5 \
@@ -833,7 +953,8 @@ impl Store for PgStore {
     fn commit(&mut self, writes: &[Write]) -> Result<()> {
         let writes = writes.to_vec();
         let key = write_key();
-        self.call(move |c| write_all(c, &writes, key))
+        let fence = self.fence.clone();
+        self.call(move |c| write_all(c, &writes, key, fence.as_ref()))
     }
 
     fn nodes(&self, run: &str) -> Result<Vec<NodeRecord>> {
@@ -917,20 +1038,51 @@ impl Store for PgStore {
     }
 
     fn lock(&mut self, run: &str, owner: &LockOwner) -> Result<()> {
+        let fence = owner.lease().map(|lease| Fence {
+            run: run.to_string(),
+            holder: owner.holder.clone(),
+            lease,
+        });
         let (run, owner) = (run.to_string(), owner.clone());
-        self.call(move |c| lock_run(c, &run, &owner))
+        self.call(move |c| lock_run(c, &run, &owner))?;
+        if fence.is_some() {
+            self.fence = fence;
+        }
+        Ok(())
     }
 
-    fn unlock(&mut self, run: &str, pid: u32) -> Result<()> {
-        let run = run.to_string();
+    fn renew(&mut self, run: &str, owner: &LockOwner) -> Result<()> {
+        let fence = Fence {
+            run: run.to_string(),
+            holder: owner.holder.clone(),
+            lease: owner.lease().unwrap_or(0),
+        };
+        self.call(move |c| {
+            let fail = |e| pg("cannot renew a run's lease", e);
+            let mut tx = c.transaction().map_err(fail)?;
+            fenced(&mut tx, Some(&fence))?;
+            tx.commit().map_err(fail)
+        })
+    }
+
+    fn unlock(&mut self, run: &str, owner: &LockOwner) -> Result<()> {
+        let (run, owner) = (run.to_string(), owner.clone());
+        if self.fence.as_ref().is_some_and(|f| f.run == run) {
+            self.fence = None;
+        }
         self.call(move |c| {
             let fail = |e| pg("cannot unlock a run", e);
             let mut tx = c.transaction().map_err(fail)?;
-            tx.execute(
-                "DELETE FROM locks WHERE run = $1 AND pid = $2",
-                &[&run, &i64::from(pid)],
-            )
-            .map_err(fail)?;
+            let released = tx
+                .execute(
+                    "DELETE FROM locks WHERE run = $1 AND ((holder <> '' AND holder = $2) \
+                     OR (holder = '' AND pid = $3 AND host = $4))",
+                    &[&run, &owner.holder, &i64::from(owner.pid), &owner.host],
+                )
+                .map_err(fail)?;
+            if released > 0 {
+                notify(&mut tx, &run).map_err(fail)?;
+            }
             changed(&mut tx).map_err(fail)?;
             tx.commit().map_err(fail)
         })
@@ -939,15 +1091,12 @@ impl Store for PgStore {
     fn lock_holder(&self, run: &str) -> Result<Option<LockOwner>> {
         let run = run.to_string();
         self.call(move |c| {
-            Ok(
-                c.query_opt("SELECT pid, host, since FROM locks WHERE run = $1", &[&run])
-                    .map_err(|e| pg("cannot read locks", e))?
-                    .map(|r| LockOwner {
-                        pid: u32::try_from(r.get::<_, i64>(0)).unwrap_or(0),
-                        host: r.get(1),
-                        since: r.get(2),
-                    }),
+            Ok(c.query_opt(
+                &format!("SELECT {LOCK_COLUMNS} FROM locks WHERE run = $1"),
+                &[&run],
             )
+            .map_err(|e| pg("cannot read locks", e))?
+            .map(|r| lock_from_row(&r)))
         })
     }
 

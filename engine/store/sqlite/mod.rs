@@ -140,8 +140,12 @@ impl Store for SqliteStore {
         self.lock_run(run, owner)
     }
 
-    fn unlock(&mut self, run: &str, pid: u32) -> Result<()> {
-        self.unlock_run(run, pid)
+    fn renew(&mut self, run: &str, owner: &LockOwner) -> Result<()> {
+        self.renew_lease(run, owner)
+    }
+
+    fn unlock(&mut self, run: &str, owner: &LockOwner) -> Result<()> {
+        self.unlock_run(run, owner)
     }
 
     fn lock_holder(&self, run: &str) -> Result<Option<LockOwner>> {

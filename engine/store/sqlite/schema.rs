@@ -7,7 +7,7 @@ use super::{SqliteStore, sql_error};
 use crate::store::{Result, StoreError};
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 const SCHEMA_V1: &str = "
 CREATE TABLE runs (
@@ -175,7 +175,15 @@ impl SqliteStore {
             // which was the rowid, is `seq`.
             tx.execute_batch(NODES_V3).map_err(fail)?;
         }
-        // A later version adds `if version < 4 { ... }` here.
+        if version < 4 {
+            // Leases: the holder's unique id and when its lease ends (see store::LockOwner).
+            tx.execute_batch(
+                "ALTER TABLE locks ADD COLUMN holder TEXT NOT NULL DEFAULT '';
+                 ALTER TABLE locks ADD COLUMN expires INTEGER;",
+            )
+            .map_err(fail)?;
+        }
+        // A later version adds `if version < 5 { ... }` here.
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)
             .map_err(fail)?;
         tx.commit().map_err(fail)

@@ -1,0 +1,569 @@
+//! Many machines on one PostgreSQL store: `run --detach` queues a run ([`enqueue`]) with
+//! the files of its workflow and where it works (the directory, or the git repository and
+//! commit), and `ralph-flow worker` ([`work`]) claims queued runs, and running runs whose
+//! lease expired (a dead worker's), up to a number at once, and carries each out with
+//! [`execute`] as `resume` does: settled stages never run again, the stage that was running
+//! runs again (at least once). A run that stops on a gate is released (waiting, no lease);
+//! answering the gate queues it again. Workers wake on `LISTEN/NOTIFY` and poll as well.
+
+use std::cell::RefCell;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use serde_json::{Value as Json, json};
+use tokio::sync::watch;
+
+use super::error::{Halt, RunError};
+use super::{Prepared, RunEnd, RunOptions, execute, now_ms};
+use crate::store::postgres::{Accept, PgStore};
+use crate::store::{Event, LockOwner, RunRecord, RunStatus, Store, StoreError, Write};
+
+/// Why a run could not be queued, or a worker could not go on.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// `--detach` and `worker` need a store that other machines reach.
+    #[error(
+        "{0} needs a PostgreSQL store that the workers share: give --store postgres://... \
+         (or set RALPH_FLOW_STORE)"
+    )]
+    NotShared(&'static str),
+    /// A git command on the run's repository failed.
+    #[error("cannot {what}: git said: {said}")]
+    Git { what: String, said: String },
+    /// The workflow stored with a run does not prepare on the worker.
+    #[error("the workflow stored with run {run} does not check here:\n{diagnostics}")]
+    Prepare { run: String, diagnostics: String },
+    /// The run's working directory is not on this machine.
+    #[error(
+        "run {run} works in {dir}, which is not on this machine, and is not in a git \
+         repository a worker could check out; run a worker where that directory is"
+    )]
+    NoWorkspace { run: String, dir: String },
+    #[error(transparent)]
+    Run(#[from] RunError),
+}
+
+/// Where a detached run works: recorded by `run --detach` in the run's `options`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Workspace {
+    /// The submitter's working directory.
+    pub cwd: PathBuf,
+    /// Its git repository, if it is in one.
+    pub git: Option<GitPlace>,
+}
+
+/// A git checkout as a worker finds it again.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GitPlace {
+    /// `remote.origin.url`, else the checkout as a `file://` URL.
+    pub url: String,
+    /// The commit checked out (HEAD) when the run was queued.
+    pub commit: String,
+    /// The working directory below the checkout's top (`""` at the top).
+    pub subdir: String,
+}
+
+fn git(cwd: &Path, args: &[&str]) -> Option<String> {
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(cwd)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
+impl Workspace {
+    /// Where a run queued from `cwd` works: the directory, and its git checkout (origin's
+    /// URL, else the checkout's path as a file URL; HEAD) when it is in one.
+    pub fn of(cwd: &Path) -> Workspace {
+        let git = (|| {
+            let top = PathBuf::from(git(cwd, &["rev-parse", "--show-toplevel"])?);
+            let commit = git(cwd, &["rev-parse", "--verify", "HEAD^{commit}"])?;
+            let url = git(cwd, &["config", "--get", "remote.origin.url"])
+                .unwrap_or_else(|| format!("file://{}", top.display()));
+            let real = std::fs::canonicalize(cwd).unwrap_or_else(|_| cwd.to_path_buf());
+            let subdir = real
+                .strip_prefix(std::fs::canonicalize(&top).unwrap_or(top))
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            Some(GitPlace {
+                url,
+                commit,
+                subdir,
+            })
+        })();
+        Workspace {
+            cwd: cwd.to_path_buf(),
+            git,
+        }
+    }
+
+    /// As recorded in a run's options.
+    pub fn to_json(&self) -> Json {
+        let mut o = json!({ "cwd": self.cwd.to_string_lossy() });
+        if let Some(g) = &self.git {
+            o["git"] = json!({ "url": g.url, "commit": g.commit, "subdir": g.subdir });
+        }
+        o
+    }
+
+    /// From a run's options (`None` for a run that was not queued with `--detach`).
+    pub fn from_options(options: &Json) -> Option<Workspace> {
+        let w = options.get("workspace")?;
+        let git = w.get("git").and_then(|g| {
+            Some(GitPlace {
+                url: g.get("url")?.as_str()?.to_string(),
+                commit: g.get("commit")?.as_str()?.to_string(),
+                subdir: g
+                    .get("subdir")
+                    .and_then(Json::as_str)
+                    .unwrap_or_default()
+                    .to_string(),
+            })
+        });
+        Some(Workspace {
+            cwd: PathBuf::from(w.get("cwd")?.as_str()?),
+            git,
+        })
+    }
+
+    /// Whether a worker on this machine can work there: a git checkout it can clone, or a
+    /// directory that is here.
+    pub fn reachable(&self) -> bool {
+        self.git.is_some() || self.cwd.is_dir()
+    }
+}
+
+/// Queues a prepared workflow as a detached run in the shared store `opts.store`, with its
+/// files, its params, `--replay`/`--record`, where it works and the labels a worker needs.
+/// Returns the run's id.
+pub fn enqueue(
+    prepared: &Prepared,
+    opts: &RunOptions,
+    labels: &[String],
+) -> Result<String, WorkerError> {
+    let Some(url) = &opts.store else {
+        return Err(WorkerError::NotShared("--detach"));
+    };
+    let mut store = PgStore::connect_reporting(
+        url,
+        Box::new(|m| eprintln!("! store: {}", crate::text::printable(m))),
+    )?;
+    let started = now_ms();
+    let id = super::new_run_id(started);
+    let absolute = |p: &Option<PathBuf>| {
+        p.as_ref()
+            .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone()))
+    };
+    let mut options = serde_json::Map::new();
+    if let Some(p) = absolute(&opts.replay) {
+        options.insert("replay".into(), Json::String(p.to_string_lossy().into()));
+    }
+    if let Some(p) = absolute(&opts.record) {
+        options.insert("record".into(), Json::String(p.to_string_lossy().into()));
+    }
+    options.insert("workspace".into(), Workspace::of(&opts.cwd).to_json());
+    options.insert("labels".into(), json!(labels));
+    let path = std::path::absolute(&prepared.path).unwrap_or_else(|_| prepared.path.clone());
+    let run = RunRecord {
+        id: id.clone(),
+        workflow: prepared.plan.workflow.name.value.clone(),
+        file: path.to_string_lossy().into_owned(),
+        workflow_hash: prepared.hash.clone(),
+        params: super::params_json(&prepared.plan.params),
+        status: RunStatus::Queued,
+        exit: None,
+        started_at: started,
+        updated_at: started,
+        dir: String::new(),
+        options: Json::Object(options),
+    };
+    // By absolute path: the loader names files relative to the current directory, which a
+    // worker does not share.
+    let sources: Vec<(String, String)> = prepared
+        .sources
+        .iter()
+        .map(|(_, f)| {
+            let path = if f.path.is_absolute() {
+                crate::fs::normalize(&f.path)
+            } else {
+                crate::fs::normalize(&opts.cwd.join(&f.path))
+            };
+            (path.to_string_lossy().into_owned(), f.text.to_string())
+        })
+        .collect();
+    store.enqueue(&run, &sources, labels)?;
+    store.commit(&[Write::Event(Event {
+        run: id.clone(),
+        at: now_ms(),
+        scope: String::new(),
+        node: String::new(),
+        kind: "queued".into(),
+        message: format!(
+            "run of {} queued by pid {} on {}{}",
+            path.display(),
+            std::process::id(),
+            crate::store::host_name(),
+            if labels.is_empty() {
+                String::new()
+            } else {
+                format!(" for workers labelled {}", labels.join(", "))
+            }
+        ),
+    })])?;
+    Ok(id)
+}
+
+/// How a worker works.
+#[derive(Clone, Debug)]
+pub struct WorkerOptions {
+    /// The shared store (`postgres://...`).
+    pub store: String,
+    /// The worker's labels: it claims runs that need no label it lacks.
+    pub labels: Vec<String>,
+    /// The most runs carried out at once.
+    pub max_concurrency: usize,
+    /// The worker's state directory: runs' artifacts (`runs/ID`) and checkouts
+    /// (`workspaces/ID`).
+    pub state_dir: PathBuf,
+    /// How often it looks for runs without being woken (notifications are lost while its
+    /// listening connection is down).
+    pub poll: Duration,
+    /// The settings each run is carried out with (lease, backoff, retries, progress).
+    pub run: RunOptions,
+}
+
+/// What a worker tells as it goes (one line each).
+pub type Report = Rc<dyn Fn(&str)>;
+
+/// How a worker ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkerEnd {
+    /// Runs it carried to an end (finished, waiting, handed back).
+    pub runs: u64,
+}
+
+/// Claims and carries out runs until `stop` turns true; then stops claiming, stops its
+/// runs as Ctrl-C stops a run (each is queued again for another worker) and returns.
+/// Must run inside a [`tokio::task::LocalSet`] (the executor is not `Send`).
+pub async fn work(
+    opts: WorkerOptions,
+    mut stop: watch::Receiver<bool>,
+    report: Report,
+) -> Result<WorkerEnd, WorkerError> {
+    let store = Rc::new(RefCell::new(PgStore::connect_reporting(
+        &opts.store,
+        Box::new(|m| eprintln!("! store: {}", crate::text::printable(m))),
+    )?));
+    let wake = Arc::new(tokio::sync::Notify::new());
+    let stop_listening = Arc::new(AtomicBool::new(false));
+    let listener = {
+        let wake = wake.clone();
+        crate::store::postgres::listen(
+            &opts.store,
+            stop_listening.clone(),
+            Box::new(move || wake.notify_one()),
+        )?
+    };
+    let runs_dir = opts.state_dir.join("runs");
+    std::fs::create_dir_all(&runs_dir).map_err(|e| RunError::io("create", &runs_dir, e))?;
+    let accept: Accept = Arc::new(|run: &RunRecord| {
+        Workspace::from_options(&run.options).is_some_and(|w| w.reachable())
+    });
+    let mut running = tokio::task::JoinSet::new();
+    let mut done = 0u64;
+    report(&format!(
+        "worker {} started: at most {} run{} at once{}",
+        crate::store::holder_id(),
+        opts.max_concurrency,
+        if opts.max_concurrency == 1 { "" } else { "s" },
+        if opts.labels.is_empty() {
+            String::new()
+        } else {
+            format!(", labels {}", opts.labels.join(", "))
+        }
+    ));
+    loop {
+        if *stop.borrow() {
+            break;
+        }
+        while running.len() < opts.max_concurrency.max(1) {
+            let owner = crate::store::current_owner().with_lease(opts.run.lease);
+            let claimed = store
+                .borrow_mut()
+                .claim(&owner, &opts.labels, &runs_dir, accept.clone());
+            let run = match claimed {
+                Ok(Some(run)) => run,
+                Ok(None) => break,
+                Err(e) => {
+                    report(&format!(
+                        "! cannot claim a run: {}",
+                        crate::diag::error_chain(&e)
+                    ));
+                    break;
+                }
+            };
+            report(&format!("claimed run {} ({})", run.id, run.workflow));
+            let job = carry(
+                run,
+                owner,
+                store.clone(),
+                opts.clone(),
+                stop.clone(),
+                report.clone(),
+            );
+            running.spawn_local(job);
+        }
+        tokio::select! {
+            () = wake.notified() => {}
+            () = tokio::time::sleep(opts.poll) => {}
+            Some(_) = running.join_next(), if !running.is_empty() => done += 1,
+            r = stop.changed() => if r.is_err() { break },
+        }
+    }
+    report(&format!(
+        "stopping: {} run{} to hand back",
+        running.len(),
+        if running.len() == 1 { "" } else { "s" }
+    ));
+    while running.join_next().await.is_some() {
+        done += 1;
+    }
+    stop_listening.store(true, Ordering::Relaxed);
+    let _ = listener.join();
+    Ok(WorkerEnd { runs: done })
+}
+
+/// Carries out one claimed run to its end, reporting how it ended; a run that could not
+/// be carried out is left interrupted with why in its log (`resume` continues it where its
+/// workflow is), a run whose lease was lost is left to its new holder.
+async fn carry(
+    run: RunRecord,
+    owner: LockOwner,
+    store: Rc<RefCell<PgStore>>,
+    opts: WorkerOptions,
+    stop: watch::Receiver<bool>,
+    report: Report,
+) {
+    let id = run.id.clone();
+    let result = carry_out(&run, &store, &opts, stop).await;
+    let line = match result {
+        Ok(RunEnd::Exit { name, code, .. }) => format!("run {id} ended: {name} (exit code {code})"),
+        Ok(RunEnd::Waiting(gates)) => {
+            // A gate answered before the run said it waits queued nothing: look again.
+            let again = store.borrow_mut().requeue_if_answered(&id);
+            format!(
+                "run {id} waits on {}; released{}",
+                gates.join(", "),
+                match again {
+                    Ok(true) => " and queued again (a gate was answered meanwhile)".to_string(),
+                    Ok(false) => String::new(),
+                    Err(e) => format!(
+                        " (cannot tell whether a gate was answered meanwhile: {})",
+                        crate::diag::error_chain(&e)
+                    ),
+                }
+            )
+        }
+        Ok(RunEnd::Interrupted) => match store.borrow_mut().requeue(&id, &owner) {
+            Ok(()) => format!("run {id} stopped and handed back to the queue"),
+            Err(e) => format!(
+                "! run {id} stopped, but could not be queued again: {}",
+                crate::diag::error_chain(&e)
+            ),
+        },
+        Err(WorkerError::Run(RunError::Halted(Halt::Store(e @ StoreError::LeaseLost { .. })))) => {
+            format!("! run {id}: {}", crate::diag::error_chain(&e))
+        }
+        Err(e) => {
+            let why = crate::diag::error_chain(&e);
+            let mut s = store.borrow_mut();
+            let noted = s
+                .commit(&[Write::Event(Event {
+                    run: id.clone(),
+                    at: now_ms(),
+                    scope: String::new(),
+                    node: String::new(),
+                    kind: "error".into(),
+                    message: format!(
+                        "worker {} could not carry the run out: {why}",
+                        crate::store::holder_id()
+                    ),
+                })])
+                .and_then(|()| s.set_status(&id, RunStatus::Interrupted, None))
+                .and_then(|()| s.unlock(&id, &owner));
+            format!(
+                "! run {id} could not be carried out here: {why}{}",
+                match noted {
+                    Ok(()) => format!(
+                        "\n  it is left interrupted; `ralph-flow resume {id}` continues it where \
+                         its workflow is"
+                    ),
+                    Err(e) => format!(
+                        "\n  and that could not be recorded: {}",
+                        crate::diag::error_chain(&e)
+                    ),
+                }
+            )
+        }
+    };
+    report(&line);
+}
+
+async fn carry_out(
+    run: &RunRecord,
+    store: &Rc<RefCell<PgStore>>,
+    opts: &WorkerOptions,
+    stop: watch::Receiver<bool>,
+) -> Result<RunEnd, WorkerError> {
+    let sources = store.borrow().sources(&run.id)?;
+    let fs = crate::fs::MemFs::new(sources.into_iter().map(|(p, t)| (PathBuf::from(p), t)));
+    let prepared =
+        super::prepare_in(&fs, Path::new(&run.file), &run.param_sets()).map_err(|e| {
+            WorkerError::Prepare {
+                run: run.id.clone(),
+                diagnostics: e.render(),
+            }
+        })?;
+    let place = Workspace::from_options(&run.options).ok_or_else(|| WorkerError::NoWorkspace {
+        run: run.id.clone(),
+        dir: "(not recorded)".into(),
+    })?;
+    let cwd = match &place.git {
+        Some(g) => checkout(&opts.state_dir, &run.id, g).await?,
+        None if place.cwd.is_dir() => place.cwd.clone(),
+        None => {
+            return Err(WorkerError::NoWorkspace {
+                run: run.id.clone(),
+                dir: place.cwd.display().to_string(),
+            });
+        }
+    };
+    let mut o = opts.run.clone();
+    o.cwd = cwd;
+    o.state_dir = opts.state_dir.clone();
+    o.store = Some(opts.store.clone());
+    o.wait = false;
+    o.resume = Some(run.id.clone());
+    o.stop = Some(stop);
+    Ok(execute(&prepared, o).await?.end)
+}
+
+/// The run's checkout on this worker, `STATE_DIR/workspaces/ID` on a branch
+/// `ralph-flow/ID` at the queued commit: cloned the first time, kept as it is when the run
+/// comes back to this worker. Returns the run's working directory in it.
+async fn checkout(state_dir: &Path, id: &str, g: &GitPlace) -> Result<PathBuf, WorkerError> {
+    let dir = state_dir.join("workspaces").join(id);
+    let branch = format!("ralph-flow/{id}");
+    let run_git = |args: Vec<String>, what: String| async move {
+        let out = tokio::process::Command::new("git")
+            .args(&args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .await
+            .map_err(|e| WorkerError::Git {
+                what: what.clone(),
+                said: e.to_string(),
+            })?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(WorkerError::Git {
+                what,
+                said: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            })
+        }
+    };
+    let d = dir.to_string_lossy().into_owned();
+    if !dir.join(".git").exists() {
+        let _ = std::fs::remove_dir_all(&dir);
+        if let Some(parent) = dir.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| RunError::io("create", parent, e))?;
+        }
+        run_git(
+            vec![
+                "clone".into(),
+                "--quiet".into(),
+                "--no-checkout".into(),
+                "--".into(),
+                g.url.clone(),
+                d.clone(),
+            ],
+            format!("clone {} into {d}", g.url),
+        )
+        .await?;
+    }
+    let has_branch = run_git(
+        vec![
+            "-C".into(),
+            d.clone(),
+            "rev-parse".into(),
+            "--verify".into(),
+            "--quiet".into(),
+            format!("refs/heads/{branch}"),
+        ],
+        String::new(),
+    )
+    .await
+    .is_ok();
+    if !has_branch {
+        let present = run_git(
+            vec![
+                "-C".into(),
+                d.clone(),
+                "cat-file".into(),
+                "-e".into(),
+                format!("{}^{{commit}}", g.commit),
+            ],
+            String::new(),
+        )
+        .await
+        .is_ok();
+        if !present {
+            run_git(
+                vec![
+                    "-C".into(),
+                    d.clone(),
+                    "fetch".into(),
+                    "--quiet".into(),
+                    "origin".into(),
+                    g.commit.clone(),
+                ],
+                format!(
+                    "fetch commit {} from {} (push it, so that workers can reach it)",
+                    g.commit, g.url
+                ),
+            )
+            .await?;
+        }
+        run_git(
+            vec![
+                "-C".into(),
+                d.clone(),
+                "checkout".into(),
+                "--quiet".into(),
+                "-B".into(),
+                branch.clone(),
+                g.commit.clone(),
+            ],
+            format!("check out {} in {d}", g.commit),
+        )
+        .await?;
+    }
+    Ok(if g.subdir.is_empty() {
+        dir
+    } else {
+        dir.join(&g.subdir)
+    })
+}

@@ -1,0 +1,296 @@
+//! The queue of detached runs in the PostgreSQL store: `run --detach` enqueues a run with
+//! its workflow's files and the labels a worker needs; `ralph-flow worker` claims runs with
+//! `SELECT ... FOR UPDATE SKIP LOCKED` (queued runs, and running runs whose lease expired:
+//! a dead worker's), taking each under a lease in the claim's own transaction; and it
+//! listens on [`CHANNEL`] for wake-ups (a queued run, an answered gate, a released lease).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use ::postgres::fallible_iterator::FallibleIterator;
+use ::postgres::{Client, NoTls};
+
+use super::{
+    APPLY_KEY, CHANNEL, NOW_MS, PgStore, RUN_COLUMNS, applied_before, changed, json_text, notify,
+    pg, run_from_row, take_lock, write_key,
+};
+use crate::store::{LockOwner, Result, RunRecord, RunStatus, StoreError, now_ms};
+
+/// Whether a worker can carry a run out here (its working directory, its repository).
+pub type Accept = Arc<dyn Fn(&RunRecord) -> bool + Send + Sync>;
+
+/// How many claimable runs one claim looks at, in queue order, for one this worker accepts.
+const CANDIDATES: i64 = 32;
+
+impl PgStore {
+    /// Records a detached run, queued, with the files its workflow was built from (path and
+    /// text, as the loader read them) and the labels a worker must have; wakes the workers.
+    pub fn enqueue(
+        &mut self,
+        run: &RunRecord,
+        sources: &[(String, String)],
+        labels: &[String],
+    ) -> Result<()> {
+        let (run, sources, labels) = (run.clone(), sources.to_vec(), labels.to_vec());
+        let key = write_key();
+        self.call(move |c| {
+            let params = json_text(&run.params)?;
+            let options = json_text(&run.options)?;
+            let fail = |e| pg("cannot queue a run", e);
+            let mut tx = c.transaction().map_err(fail)?;
+            if applied_before(&mut tx, APPLY_KEY, key).map_err(fail)? {
+                return Ok(());
+            }
+            let inserted = tx
+                .execute(
+                    &format!(
+                        "INSERT INTO runs ({RUN_COLUMNS}, detached, labels) VALUES ($1, $2, $3, \
+                         $4, $5, $6, NULL, NULL, $7, $8, $9, $10, true, $11) \
+                         ON CONFLICT (id) DO NOTHING"
+                    ),
+                    &[
+                        &run.id,
+                        &run.workflow,
+                        &run.file,
+                        &run.workflow_hash,
+                        &params,
+                        &RunStatus::Queued.as_str(),
+                        &run.started_at,
+                        &run.updated_at,
+                        &run.dir,
+                        &options,
+                        &labels,
+                    ],
+                )
+                .map_err(fail)?;
+            if inserted == 0 {
+                return Err(StoreError::Refused(format!(
+                    "run {} already exists",
+                    run.id
+                )));
+            }
+            let insert = tx
+                .prepare("INSERT INTO run_sources (run, seq, path, text) VALUES ($1, $2, $3, $4)")
+                .map_err(fail)?;
+            for (i, (path, text)) in sources.iter().enumerate() {
+                let seq = i32::try_from(i).unwrap_or(i32::MAX);
+                tx.execute(&insert, &[&run.id, &seq, path, text])
+                    .map_err(fail)?;
+            }
+            notify(&mut tx, &run.id).map_err(fail)?;
+            tx.commit().map_err(fail)
+        })
+    }
+
+    /// Claims one run for `owner` (who must have a lease): the oldest queued run, or running
+    /// run whose lease has expired, of the detached runs whose labels are all in `labels`
+    /// and that `accept` takes, skipping those another worker is claiming. The claim takes
+    /// the run's lease and marks it running, with its artifacts in `runs_dir/ID`, in one
+    /// transaction. `None` when there is nothing to claim.
+    pub fn claim(
+        &mut self,
+        owner: &LockOwner,
+        labels: &[String],
+        runs_dir: &Path,
+        accept: Accept,
+    ) -> Result<Option<RunRecord>> {
+        if owner.expires.is_none() {
+            return Err(StoreError::State(
+                "a worker claims runs with a lease; give the owner one".into(),
+            ));
+        }
+        let (owner, labels) = (owner.clone(), labels.to_vec());
+        let runs_dir = runs_dir.to_path_buf();
+        self.call(move |c| {
+            let fail = |e| pg("cannot claim a run", e);
+            let mut tx = c.transaction().map_err(fail)?;
+            let rows = tx
+                .query(
+                    &format!(
+                        "SELECT {RUN_COLUMNS} FROM runs r WHERE r.detached \
+                         AND r.labels <@ $1::TEXT[] AND (r.status = 'queued' \
+                         OR (r.status = 'running' AND NOT EXISTS (SELECT 1 FROM locks l \
+                         WHERE l.run = r.id AND (l.expires IS NULL OR l.expires >= {NOW_MS})))) \
+                         ORDER BY r.seq LIMIT $2 FOR UPDATE OF r SKIP LOCKED"
+                    ),
+                    &[&labels, &CANDIDATES],
+                )
+                .map_err(fail)?;
+            for row in rows {
+                let mut run = run_from_row(&row)?;
+                if !accept(&run) {
+                    continue;
+                }
+                // A `resume` from a command line may hold it: then it is not claimable.
+                match take_lock(&mut tx, &run.id, &owner) {
+                    Ok(()) => {}
+                    Err(StoreError::Refused(_)) => continue,
+                    Err(e) => return Err(e),
+                }
+                run.dir = runs_dir.join(&run.id).to_string_lossy().into_owned();
+                run.status = RunStatus::Running;
+                run.updated_at = now_ms();
+                tx.execute(
+                    "UPDATE runs SET status = 'running', dir = $2, updated_at = $3 WHERE id = $1",
+                    &[&run.id, &run.dir, &run.updated_at],
+                )
+                .map_err(fail)?;
+                changed(&mut tx).map_err(fail)?;
+                tx.commit().map_err(fail)?;
+                return Ok(Some(run));
+            }
+            Ok(None)
+        })
+    }
+
+    /// The files a detached run's workflow was built from (path, text), in the order read.
+    pub fn sources(&self, run: &str) -> Result<Vec<(String, String)>> {
+        let run = run.to_string();
+        self.call(move |c| {
+            Ok(c.query(
+                "SELECT path, text FROM run_sources WHERE run = $1 ORDER BY seq",
+                &[&run],
+            )
+            .map_err(|e| pg("cannot read a run's workflow files", e))?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect())
+        })
+    }
+
+    /// The labels a worker needs to claim a run.
+    pub fn labels(&self, run: &str) -> Result<Vec<String>> {
+        let run = run.to_string();
+        self.call(move |c| {
+            Ok(
+                c.query_opt("SELECT labels FROM runs WHERE id = $1", &[&run])
+                    .map_err(|e| pg("cannot read runs", e))?
+                    .map(|r| r.get(0))
+                    .unwrap_or_default(),
+            )
+        })
+    }
+
+    /// Hands a detached run back to the queue (a worker that stops): queued again unless it
+    /// finished or waits on a gate, its lock released if `owner` holds it, the workers woken.
+    pub fn requeue(&mut self, run: &str, owner: &LockOwner) -> Result<()> {
+        let (run, owner) = (run.to_string(), owner.clone());
+        self.call(move |c| {
+            let fail = |e| pg("cannot queue a run again", e);
+            let mut tx = c.transaction().map_err(fail)?;
+            tx.execute(
+                "UPDATE runs SET status = 'queued', updated_at = $2 WHERE id = $1 AND detached \
+                 AND status IN ('running', 'interrupted')",
+                &[&run, &now_ms()],
+            )
+            .map_err(fail)?;
+            tx.execute(
+                "DELETE FROM locks WHERE run = $1 AND holder = $2",
+                &[&run, &owner.holder],
+            )
+            .map_err(fail)?;
+            notify(&mut tx, &run).map_err(fail)?;
+            changed(&mut tx).map_err(fail)?;
+            tx.commit().map_err(fail)
+        })
+    }
+}
+
+impl PgStore {
+    /// Queues a detached waiting run again when one of its gates has an answer that the run
+    /// has not acted on (the gate's node is not settled): an answer that came after the
+    /// gate was requested but before the run said it waits, which the answer's own
+    /// transaction could not queue. Returns whether it did.
+    pub fn requeue_if_answered(&mut self, run: &str) -> Result<bool> {
+        let run = run.to_string();
+        self.call(move |c| {
+            let fail = |e| pg("cannot queue a run again", e);
+            let mut tx = c.transaction().map_err(fail)?;
+            let queued = tx
+                .execute(
+                    "UPDATE runs SET status = 'queued', updated_at = $2 WHERE id = $1 \
+                     AND detached AND status = 'waiting' AND EXISTS (SELECT 1 FROM approvals a \
+                     WHERE a.run = $1 AND NOT EXISTS (SELECT 1 FROM nodes n \
+                     WHERE n.run = a.run AND n.scope = a.scope AND n.node = a.gate))",
+                    &[&run, &now_ms()],
+                )
+                .map_err(fail)?;
+            if queued > 0 {
+                notify(&mut tx, &run).map_err(fail)?;
+                changed(&mut tx).map_err(fail)?;
+            }
+            tx.commit().map_err(fail)?;
+            Ok(queued > 0)
+        })
+    }
+}
+
+/// Listens on [`CHANNEL`] on a connection of its own (a thread) and calls `wake` on each
+/// notification, and once after each reconnection (notifications sent while it was away
+/// are lost: the caller polls too). Ends once `stop` is set.
+pub fn listen(
+    url: &str,
+    stop: Arc<AtomicBool>,
+    wake: Box<dyn Fn() + Send>,
+) -> Result<std::thread::JoinHandle<()>> {
+    let url = url.to_string();
+    let shown = super::shown(&url);
+    let connect = move || -> std::result::Result<Client, ::postgres::Error> {
+        let mut c = Client::connect(&url, NoTls)?;
+        c.batch_execute(&format!("LISTEN {CHANNEL}"))?;
+        Ok(c)
+    };
+    // The client runs a runtime of its own: it connects on its own thread.
+    let (ready, started) = std::sync::mpsc::channel::<Result<()>>();
+    let thread = std::thread::Builder::new()
+        .name("ralph-flow-listen".into())
+        .spawn(move || {
+            let mut client = match connect() {
+                Ok(c) => {
+                    let _ = ready.send(Ok(()));
+                    Some(c)
+                }
+                Err(e) => {
+                    let _ = ready.send(Err(pg(format!("cannot listen on {shown}"), e)));
+                    return;
+                }
+            };
+            let mut delay = Duration::from_millis(100);
+            while !stop.load(Ordering::Relaxed) {
+                let Some(c) = client.as_mut() else {
+                    std::thread::sleep(delay);
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                    client = connect().ok();
+                    if client.is_some() {
+                        delay = Duration::from_millis(100);
+                        wake();
+                    }
+                    continue;
+                };
+                let got = c
+                    .notifications()
+                    .timeout_iter(Duration::from_millis(500))
+                    .next()
+                    .map(|n| n.is_some());
+                match got {
+                    Ok(true) => wake(),
+                    // A timeout: also the moment to notice a closed connection.
+                    Ok(false) if !c.is_closed() => {}
+                    Ok(false) | Err(_) => client = None,
+                }
+            }
+        })
+        .map_err(|e| StoreError::State(format!("cannot start the listening thread: {e}")))?;
+    match started.recv() {
+        Ok(Ok(())) => Ok(thread),
+        Ok(Err(e)) => {
+            let _ = thread.join();
+            Err(e)
+        }
+        Err(_) => Err(StoreError::State(
+            "the listening connection ended before it was ready".into(),
+        )),
+    }
+}

@@ -1,0 +1,632 @@
+//! Many workers on one PostgreSQL store (tests/pg): `run --detach` queues runs and
+//! `ralph-flow worker` processes, each with a state directory of its own, carry them out.
+//! Every stage is a command that appends `start`/`end` lines (run, stage, worker pid, time)
+//! to a log, so the tests count executions and check that no two overlap.
+//!
+//! - 1, 2, 4 and 8 workers finish 16 runs, each run and stage once, 8 much faster than 1;
+//! - workers killed with SIGKILL in the middle of stages, 20 times: every run finishes,
+//!   every stage settles once, an interrupted stage runs again (twice at most here), and no
+//!   two executions of a stage overlap;
+//! - a run that waits on a gate is released, approved from another process, and carried on
+//!   by a worker.
+#![allow(clippy::unwrap_used)]
+
+mod pg;
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use ralph_flow::store::postgres::PgStore;
+use ralph_flow::store::{RunStatus, Store};
+
+/// The tests here measure time and kill processes: one at a time.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_ralph-flow")
+}
+
+/// A stage that logs its start, sleeps, and logs its end (a fixed script; the values come
+/// as arguments).
+fn stage(name: &str, needs: &[&str], sleep: &str) -> String {
+    let needs = if needs.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "needs = [{}]\n",
+            needs
+                .iter()
+                .map(|n| format!("\"{n}\""))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    };
+    format!(
+        r#"
+[stages.{name}]
+kind = "command"
+{needs}argv = ["sh", "-c", "echo \"start $1 $2 $PPID $(date +%s%N)\" >> \"$3\"; sleep $4; echo \"end $1 $2 $PPID $(date +%s%N)\" >> \"$3\"", "sh", "{{{{ run.id }}}}", "{name}", "{{{{ params.log }}}}", "{sleep}"]
+"#
+    )
+}
+
+fn workflow(stages: &[String]) -> String {
+    format!(
+        "name = \"sleepy\"\n\n[params.log]\ntype = \"string\"\n{}",
+        stages.concat()
+    )
+}
+
+struct Project {
+    dir: tempfile::TempDir,
+    url: String,
+}
+
+impl Project {
+    fn new(url: String, workflow: &str) -> Project {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("wf.toml"), workflow).unwrap();
+        Project { dir, url }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn log(&self) -> PathBuf {
+        self.path().join("stages.log")
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(bin());
+        c.args(args)
+            .current_dir(self.path())
+            .env("RALPH_FLOW_STORE", &self.url)
+            .env_remove("RALPH_FLOW_LEASE")
+            .stdin(Stdio::null());
+        c
+    }
+
+    /// Queues a run with `run --detach`; returns its id.
+    fn detach(&self) -> String {
+        let log = format!("log={}", self.log().display());
+        let out = self
+            .command(&["run", "wf.toml", "--detach", "--set", &log])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{err}");
+        assert!(err.contains("queued run"), "{err}");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// Starts a worker with a state directory of its own (`workers/N`); its output goes to
+    /// `workers/N.log`.
+    fn worker(&self, n: usize, lease: &str, extra: &[&str]) -> Child {
+        let state = self.path().join(format!("workers/{n}"));
+        std::fs::create_dir_all(&state).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.path().join(format!("workers/{n}.log")))
+            .unwrap();
+        let mut c = self.command(&["worker", "--poll", "500ms"]);
+        // Elsewhere than the submitter: the worker reads the workflow from the store.
+        c.current_dir(&state)
+            .arg("--state-dir")
+            .arg(&state)
+            .args(extra)
+            .env("RALPH_FLOW_LEASE", lease)
+            .stdout(Stdio::null())
+            .stderr(log);
+        c.spawn().unwrap()
+    }
+
+    fn worker_logs(&self) -> String {
+        let mut out = String::new();
+        for e in std::fs::read_dir(self.path().join("workers"))
+            .unwrap()
+            .flatten()
+        {
+            if e.path().extension().is_some_and(|x| x == "log") {
+                out.push_str(&std::fs::read_to_string(e.path()).unwrap_or_default());
+            }
+        }
+        out
+    }
+
+    fn store(&self) -> PgStore {
+        PgStore::connect(&self.url).unwrap()
+    }
+
+    /// Waits until every run in `ids` is finished (or the time is up, failing with the
+    /// workers' output).
+    fn wait_finished(&self, ids: &[String], limit: Duration) {
+        let store = self.store();
+        let t = Instant::now();
+        loop {
+            let left = ids
+                .iter()
+                .filter(|id| store.run(id).unwrap().map(|r| r.status) != Some(RunStatus::Finished))
+                .count();
+            if left == 0 {
+                return;
+            }
+            assert!(
+                t.elapsed() < limit,
+                "{left} runs unfinished after {limit:?}; workers said:\n{}",
+                self.worker_logs()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The executions in the log: (run, stage) -> [(pid, start ns, end ns if it ended)].
+    fn executions(&self) -> BTreeMap<(String, String), Vec<Execution>> {
+        let text = std::fs::read_to_string(self.log()).unwrap_or_default();
+        let mut out: BTreeMap<(String, String), Vec<Execution>> = BTreeMap::new();
+        for line in text.lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let [what, run, stage, pid, at] = f[..] else {
+                panic!("a torn log line: {line:?}");
+            };
+            let (pid, at): (i32, u128) = (pid.parse().unwrap(), at.parse().unwrap());
+            let list = out.entry((run.into(), stage.into())).or_default();
+            match what {
+                "start" => list.push(Execution {
+                    pid,
+                    start: at,
+                    end: None,
+                }),
+                "end" => {
+                    let e = list
+                        .iter_mut()
+                        .rev()
+                        .find(|e| e.pid == pid && e.end.is_none())
+                        .unwrap();
+                    e.end = Some(at);
+                }
+                other => panic!("{other}"),
+            }
+        }
+        out
+    }
+
+    /// Every run finished with `success`, each stage settled (and said done) once.
+    fn assert_settled_once(&self, ids: &[String], stages: &[&str]) {
+        let store = self.store();
+        for id in ids {
+            let run = store.run(id).unwrap().unwrap();
+            assert_eq!(run.exit, Some(("success".into(), 0)), "{id}");
+            let nodes = store.nodes(id).unwrap();
+            let names: Vec<&str> = nodes.iter().map(|n| n.node.as_str()).collect();
+            assert_eq!(names, stages, "{id}");
+            let events = store.events(id, None).unwrap();
+            for s in stages {
+                let done = events
+                    .iter()
+                    .filter(|e| e.node == *s && e.kind == "done")
+                    .count();
+                assert_eq!(done, 1, "{id} {s}: {events:#?}");
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Execution {
+    pid: i32,
+    start: u128,
+    end: Option<u128>,
+}
+
+fn stop(mut workers: Vec<Child>) {
+    for w in &workers {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(w.id()).unwrap());
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+    }
+    for w in &mut workers {
+        let status = w.wait().unwrap();
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "a worker stopped by SIGTERM exits 0"
+        );
+    }
+}
+
+#[test]
+fn more_workers_finish_sleep_bound_runs_faster_and_each_run_once() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(url) = pg::database() else {
+        return;
+    };
+    let p = Project::new(
+        url,
+        &workflow(&[stage("a", &[], "0.5"), stage("b", &["a"], "0")]),
+    );
+    let mut times = Vec::new();
+    let mut all = Vec::new();
+    for workers in [1, 2, 4, 8] {
+        let ids: Vec<String> = (0..16).map(|_| p.detach()).collect();
+        let t = Instant::now();
+        let pool: Vec<Child> = (0..workers)
+            .map(|n| p.worker(all.len() * 10 + n, "30s", &[]))
+            .collect();
+        p.wait_finished(&ids, Duration::from_secs(90));
+        let took = t.elapsed();
+        stop(pool);
+        eprintln!("{workers} workers: 16 runs in {took:?}");
+        times.push(took);
+        all.extend(ids);
+    }
+    p.assert_settled_once(&all, &["a", "b"]);
+    let runs = p.executions();
+    assert_eq!(runs.len(), all.len() * 2);
+    for ((run, stage), list) in &runs {
+        assert_eq!(list.len(), 1, "{run} {stage} ran {} times", list.len());
+    }
+    // Sleep-bound work scales with the workers whatever the cores: loose, for CI.
+    assert!(
+        times[3] * 3 < times[0],
+        "8 workers took {:?}, 1 worker {:?}",
+        times[3],
+        times[0]
+    );
+    assert!(times[1] < times[0], "{times:?}");
+}
+
+#[test]
+fn workers_killed_in_the_middle_of_stages_lose_no_run_and_repeat_only_what_was_cut() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(url) = pg::database() else {
+        return;
+    };
+    let p = Project::new(
+        url,
+        &workflow(&[
+            stage("a", &[], "0.3"),
+            stage("b", &["a"], "0.3"),
+            stage("c", &["b"], "0.3"),
+        ]),
+    );
+    let ids: Vec<String> = (0..10).map(|_| p.detach()).collect();
+    let lease = "2s";
+    let args = ["--max-concurrency", "2"];
+    let mut pool: Vec<Child> = (0..3).map(|n| p.worker(n, lease, &args)).collect();
+    let mut kills = 0;
+    let mut killed: HashSet<i32> = HashSet::new();
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    let t = Instant::now();
+    while kills < 20 {
+        assert!(
+            t.elapsed() < Duration::from_secs(90),
+            "only {kills} kills; workers said:\n{}",
+            p.worker_logs()
+        );
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        std::thread::sleep(Duration::from_millis(150 + seed % 400));
+        // A worker in the middle of a stage that has not been cut before (so that a stage
+        // is cut once at most, and runs twice at most).
+        let runs = p.executions();
+        let victim = pool.iter().position(|w| {
+            let pid = i32::try_from(w.id()).unwrap();
+            let busy: Vec<_> = runs
+                .values()
+                .filter(|l| l.iter().any(|e| e.pid == pid && e.end.is_none()))
+                .collect();
+            !busy.is_empty() && busy.iter().all(|l| l.len() == 1)
+        });
+        let Some(i) = victim else {
+            if ids
+                .iter()
+                .all(|id| p.store().run(id).unwrap().unwrap().status == RunStatus::Finished)
+            {
+                // Everything finished before 20 kills: queue more.
+                let more: Vec<String> = (0..3).map(|_| p.detach()).collect();
+                assert!(!more.is_empty());
+            }
+            continue;
+        };
+        let mut w = pool.remove(i);
+        killed.insert(i32::try_from(w.id()).unwrap());
+        w.kill().unwrap();
+        w.wait().unwrap();
+        kills += 1;
+        pool.push(p.worker(100 + kills, lease, &args));
+    }
+    let ids: Vec<String> = p
+        .store()
+        .runs(1000)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    p.wait_finished(&ids, Duration::from_secs(90));
+    stop(pool);
+    p.assert_settled_once(&ids, &["a", "b", "c"]);
+    let runs = p.executions();
+    let mut again = 0;
+    for ((run, stage), list) in &runs {
+        // Only a killed worker's execution is repeated, and (as the victims are chosen) a
+        // stage is cut once: it runs twice at most. (Should a worker start a second
+        // execution between the choice and the kill, the stage is cut twice, and may run
+        // three times.)
+        let cut: HashSet<i32> = list[..list.len() - 1].iter().map(|e| e.pid).collect();
+        for e in &list[..list.len() - 1] {
+            assert!(killed.contains(&e.pid), "{run} {stage}: {list:?}");
+        }
+        assert!(
+            list.len() <= 2 || list.len() <= 1 + cut.len(),
+            "{run} {stage} ran {} times: {list:?}",
+            list.len()
+        );
+        again += list.len() - 1;
+        // Two executions of a stage never overlap: the second starts after the first's
+        // program ended (its worker was killed, the program finished on its own).
+        let mut sorted = list.clone();
+        sorted.sort_by_key(|e| e.start);
+        for pair in sorted.windows(2) {
+            let end = pair[0].end.unwrap_or(u128::MAX);
+            assert!(end <= pair[1].start, "{run} {stage} overlapped: {sorted:?}");
+        }
+    }
+    assert!(again > 0, "some cut stage ran again");
+    eprintln!("20 kills: {again} stages ran again, {} runs", ids.len());
+}
+
+#[test]
+fn a_waiting_run_is_released_and_carried_on_after_an_approval_elsewhere() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(url) = pg::database() else {
+        return;
+    };
+    let p = Project::new(
+        url,
+        &format!(
+            "{}\n[stages.ok]\nkind = \"gate\"\nneeds = [\"a\"]\nmessage = \"Go on?\"\n{}",
+            workflow(&[stage("a", &[], "0")]),
+            stage("b", &["ok"], "0")
+        ),
+    );
+    let id = p.detach();
+    let w = p.worker(0, "30s", &[]);
+    let store = p.store();
+    let t = Instant::now();
+    while store.run(&id).unwrap().unwrap().status != RunStatus::Waiting {
+        assert!(t.elapsed() < Duration::from_secs(30), "{}", p.worker_logs());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Released: no lease while it waits.
+    assert_eq!(store.lock_holder(&id).unwrap(), None);
+    let out = p
+        .command(&["approve", &id, "ok", "--by", "ana"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("a worker carries it on"), "{err}");
+    p.wait_finished(std::slice::from_ref(&id), Duration::from_secs(30));
+    stop(vec![w]);
+    p.assert_settled_once(std::slice::from_ref(&id), &["a", "ok", "b"]);
+    let logs = p.worker_logs();
+    assert!(
+        logs.contains(&format!("run {id} waits on ok; released")),
+        "{logs}"
+    );
+    assert!(logs.contains(&format!("run {id} ended: success")), "{logs}");
+    // `status` shows the run and `runs` lists it, on the shared store.
+    let out = p.command(&["runs"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&id));
+}
+
+#[test]
+fn detach_and_worker_refuse_a_store_that_is_not_shared() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("wf.toml"),
+        workflow(&[stage("a", &[], "0")]),
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        let out = Command::new(bin())
+            .args(args)
+            .current_dir(dir.path())
+            .env_remove("RALPH_FLOW_STORE")
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = run(&["run", "wf.toml", "--detach", "--set", "log=x"]);
+    assert_eq!(code, Some(3), "{err}");
+    assert!(err.contains("--detach needs a PostgreSQL store"), "{err}");
+    let (code, err) = run(&["worker"]);
+    assert_eq!(code, Some(3), "{err}");
+    assert!(err.contains("a worker needs a PostgreSQL store"), "{err}");
+    // A broken workflow is reported at once, with its place, and nothing is queued.
+    std::fs::write(
+        dir.path().join("bad.toml"),
+        "name = \"x\"\n[stages.a]\nkind = \"nope\"\n",
+    )
+    .unwrap();
+    let (code, err) = run(&["run", "bad.toml", "--detach"]);
+    assert_eq!(code, Some(3), "{err}");
+    assert!(err.contains("bad.toml:3:"), "{err}");
+}
+
+#[test]
+fn a_run_queued_from_a_git_checkout_runs_in_a_clone_at_its_commit() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(url) = pg::database() else {
+        return;
+    };
+    let p = Project::new(
+        url,
+        "name = \"where\"\n\n[stages.where]\nkind = \"command\"\n\
+         argv = [\"sh\", \"-c\", \"pwd > where.txt; git rev-parse --abbrev-ref HEAD >> where.txt; cat marker.txt >> where.txt\"]\n",
+    );
+    let git = |args: &[&str]| {
+        let out = Command::new("git")
+            .args(["-c", "user.email=t@example.com", "-c", "user.name=t"])
+            .args(args)
+            .current_dir(p.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    git(&["init", "-q", "-b", "main"]);
+    std::fs::write(p.path().join(".gitignore"), "workers/\n").unwrap();
+    std::fs::write(p.path().join("marker.txt"), "committed\n").unwrap();
+    git(&["add", "-A"]);
+    git(&["commit", "-qm", "one"]);
+    let head = git(&["rev-parse", "HEAD"]);
+    // A change after the commit is not what the run sees.
+    std::fs::write(p.path().join("marker.txt"), "uncommitted\n").unwrap();
+    let out = p
+        .command(&["run", "wf.toml", "--detach", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let id = serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["run"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let run = p.store().run(&id).unwrap().unwrap();
+    assert_eq!(run.status, RunStatus::Queued);
+    assert_eq!(run.options["workspace"]["git"]["commit"], head.as_str());
+    let w = p.worker(0, "30s", &[]);
+    p.wait_finished(std::slice::from_ref(&id), Duration::from_secs(30));
+    stop(vec![w]);
+    let workspace = p.path().join(format!("workers/0/workspaces/{id}"));
+    let said = std::fs::read_to_string(workspace.join("where.txt")).unwrap();
+    let real = std::fs::canonicalize(&workspace).unwrap();
+    assert_eq!(
+        said,
+        format!("{}\nralph-flow/{id}\ncommitted\n", real.display()),
+        "it ran in its clone, on its branch, at the queued commit"
+    );
+    assert!(!p.path().join("where.txt").exists());
+}
+
+#[test]
+fn labels_choose_the_worker_and_a_stopped_worker_hands_its_run_back() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(url) = pg::database() else {
+        return;
+    };
+    let p = Project::new(url, &workflow(&[stage("slow", &[], "3")]));
+    let log = format!("log={}", p.log().display());
+    let out = p
+        .command(&[
+            "run", "wf.toml", "--detach", "--labels", "gpu", "--set", &log,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let out = p.command(&["status", &id]).output().unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(shown.contains("queued"), "{shown}");
+    // A worker without the label leaves it queued.
+    let plain = p.worker(0, "30s", &[]);
+    std::thread::sleep(Duration::from_millis(1500));
+    let store = p.store();
+    assert_eq!(store.run(&id).unwrap().unwrap().status, RunStatus::Queued);
+    // One with it (and more) claims it; SIGTERM in the middle of the stage hands it back.
+    let gpu = p.worker(1, "30s", &["--labels", "linux,gpu"]);
+    let t = Instant::now();
+    while !p
+        .executions()
+        .values()
+        .any(|l| l.iter().any(|e| e.end.is_none()))
+    {
+        assert!(t.elapsed() < Duration::from_secs(30), "{}", p.worker_logs());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let t = Instant::now();
+    stop(vec![gpu]);
+    assert!(t.elapsed() < Duration::from_secs(3), "stopped at once");
+    assert_eq!(store.run(&id).unwrap().unwrap().status, RunStatus::Queued);
+    assert_eq!(store.lock_holder(&id).unwrap(), None);
+    let logs = p.worker_logs();
+    assert!(
+        logs.contains(&format!("run {id} stopped and handed back to the queue")),
+        "{logs}"
+    );
+    // Another worker with the label carries it to its end; the cut stage ran again.
+    let again = p.worker(2, "30s", &["--labels", "gpu"]);
+    p.wait_finished(std::slice::from_ref(&id), Duration::from_secs(30));
+    stop(vec![plain, again]);
+    p.assert_settled_once(std::slice::from_ref(&id), &["slow"]);
+    let runs = p.executions();
+    let list = &runs[&(id.clone(), "slow".to_string())];
+    assert_eq!(list.len(), 2, "{list:?}");
+    assert!(list[0].end.is_none(), "the first was stopped: {list:?}");
+}
+
+#[test]
+fn a_worker_whose_lease_is_taken_stops_the_stage_and_writes_nothing_more() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(url) = pg::database() else {
+        return;
+    };
+    let p = Project::new(
+        url.clone(),
+        &workflow(&[stage("slow", &[], "3"), stage("after", &["slow"], "0")]),
+    );
+    let id = p.detach();
+    let w = p.worker(0, "1500ms", &[]);
+    let t = Instant::now();
+    while p.executions().is_empty() {
+        assert!(t.elapsed() < Duration::from_secs(30), "{}", p.worker_logs());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Another coordinator takes the run over (as if the lease had expired).
+    let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    let taken = c
+        .execute(
+            "UPDATE locks SET holder = 'thief', pid = 1, host = 'elsewhere', \
+             expires = expires + 600000 WHERE run = $1",
+            &[&id],
+        )
+        .unwrap();
+    assert_eq!(taken, 1);
+    let t = Instant::now();
+    while !p.worker_logs().contains("no longer holds run") {
+        assert!(t.elapsed() < Duration::from_secs(10), "{}", p.worker_logs());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Within a third of the lease: the stage's program was stopped, not left to end.
+    std::thread::sleep(Duration::from_secs(4));
+    let runs = p.executions();
+    let list = &runs[&(id.clone(), "slow".to_string())];
+    assert_eq!(list.len(), 1);
+    assert!(list[0].end.is_none(), "the program was stopped: {list:?}");
+    let store = p.store();
+    assert!(store.nodes(&id).unwrap().is_empty(), "nothing settled");
+    let run = store.run(&id).unwrap().unwrap();
+    assert_eq!(
+        run.status,
+        RunStatus::Running,
+        "the status is the new holder's"
+    );
+    assert_eq!(
+        store.lock_holder(&id).unwrap().unwrap().holder,
+        "thief",
+        "the lock is the new holder's"
+    );
+    stop(vec![w]);
+}
