@@ -562,6 +562,12 @@ fn an_expired_lease_is_taken_over_from_any_host(db: &dyn Db) {
     b.lock("r", &leased("bob", 0, 60_000))
         .expect_err("not expired yet");
     std::thread::sleep(std::time::Duration::from_millis(300));
+    // On the holder's own host its process is asked instead: alive, it keeps the run even
+    // with its lease lapsed (a SQLite store does not fence a holder that lost its lock).
+    let mut neighbour = leased("neighbour", 0, 60_000);
+    neighbour.host = ana.host.clone();
+    b.lock("r", &neighbour)
+        .expect_err("a live holder on this host keeps its run");
     let bob = leased("bob", 0, 60_000);
     b.lock("r", &bob)
         .expect("take over an expired lease from another host");

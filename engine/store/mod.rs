@@ -512,8 +512,8 @@ impl LockOwner {
         self.expires.map(|e| (e - self.since).max(1))
     }
 
-    /// Whether this owner may take the lock `held` has: it is the same holder, its lease has
-    /// expired, or its process on this host is dead. Else why not.
+    /// Whether this owner may take the lock `held` has: it is the same holder, its process on
+    /// this host is dead, or, on another host, its lease has expired. Else why not.
     pub fn may_take(
         &self,
         held: &LockOwner,
@@ -527,10 +527,15 @@ impl LockOwner {
         if held.holder.is_empty() && same_host && held.pid == self.pid {
             return Ok(());
         }
-        // A holder on this host is known dead or alive, lease or not; one elsewhere holds
-        // until its lease expires (without a lease: for good).
-        let free = (same_host && !process_alive(held.pid))
-            || held.expires.is_some_and(|expires| expires < now);
+        // A holder on this host is known dead or alive, lease or not: a live one keeps the
+        // run even when its lease has lapsed (a laptop that slept, a stalled heartbeat), since
+        // a SQLite store does not fence the writes of a holder that lost its lock. One
+        // elsewhere holds until its lease expires (without a lease: for good).
+        let free = if same_host {
+            !process_alive(held.pid)
+        } else {
+            held.expires.is_some_and(|expires| expires < now)
+        };
         if free {
             return Ok(());
         }
