@@ -99,33 +99,34 @@ struct Recorded {
 impl ReplayBackend {
     /// Reads a recording.
     pub fn open(path: &Path) -> Result<Self, ReplayError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ReplayError::Read {
+        use std::io::BufRead;
+        let read_error = |source| ReplayError::Read {
             path: path.to_path_buf(),
             source,
-        })?;
+        };
+        // A line at a time: a long recording is not held whole beside what it holds.
+        let file = std::io::BufReader::new(std::fs::File::open(path).map_err(read_error)?);
         let mut answers: HashMap<Key, VecDeque<Recorded>> = HashMap::new();
-        for (i, line) in text.lines().enumerate() {
+        for (i, line) in file.lines().enumerate() {
+            let line = line.map_err(read_error)?;
             if line.trim().is_empty() {
                 continue;
             }
             let ex: Exchange =
-                serde_json::from_str(line).map_err(|source| ReplayError::Exchange {
+                serde_json::from_str(&line).map_err(|source| ReplayError::Exchange {
                     path: path.to_path_buf(),
                     line: i + 1,
                     source,
                 })?;
             answers
                 .entry((ex.scope, ex.stage, ex.attempt))
-                .or_default()
+                // Most places were called once (a queue would keep room for four).
+                .or_insert_with(|| VecDeque::with_capacity(1))
                 .push_back(Recorded {
                     answer: ex.result,
                     prompt_bytes: ex.prompt_bytes,
                     prompt_sha256: ex.prompt_sha256,
                 });
-        }
-        // Most places were called once: a queue keeps room for four by default.
-        for queue in answers.values_mut() {
-            queue.shrink_to_fit();
         }
         answers.shrink_to_fit();
         Ok(ReplayBackend {

@@ -286,13 +286,16 @@ impl<'p> Exec<'p> {
         for a in &plan.workflow.agents {
             agents.push(agent_config(a, plan, sources)?);
         }
+        // Only stages with an `output` table get one: without it, an agent's output is
+        // `{text}` and a command's the built-in object, with no extractor to hold.
         let mut extractors = HashMap::new();
         for (i, node) in plan.nodes.iter().enumerate() {
             let id = NodeId(i);
             if matches!(
                 node.kind,
                 StageKind::Agent | StageKind::Command | StageKind::Check
-            ) {
+            ) && plan.stage(id).output.is_some()
+            {
                 let st = plan.stage(id);
                 let declared = st.output.as_ref().and_then(|o| o.schema.as_ref());
                 let schema = declared.and(plan.schemas.get(&id).map(|s| s.as_ref()));

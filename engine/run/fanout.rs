@@ -174,7 +174,7 @@ impl Exec<'_> {
                         .borrow()
                         .get(&self.plan.node(r).name)
                         .filter(|v| v.state == NodeState::Done)
-                        .map(|v| v.output.clone())
+                        .map(|v| v.output())
                 });
                 // The items that start from now on see this one.
                 if !matches!(end, BodyEnd::Waiting | BodyEnd::Stopped) {
@@ -289,7 +289,7 @@ impl Exec<'_> {
         for c in st.children() {
             if let Some(v) = outs.get(&c.id.value) {
                 if v.state == NodeState::Done {
-                    results.push(v.output.clone());
+                    results.push(v.output());
                 }
             }
         }

@@ -68,7 +68,10 @@ impl Frame<'_> {
 /// What templates see of a settled stage.
 #[derive(Clone, Debug)]
 pub(crate) struct View {
-    pub output: Json,
+    /// The output as compact JSON text, read back when asked for ([`View::output`]): a
+    /// `serde_json::Value` tree costs several allocations a node (about 300 bytes for
+    /// `{"text": "ok"}`), and most outputs are never read again by the run that made them.
+    output: Box<str>,
     pub state: NodeState,
     pub feedback: Option<String>,
     attempts: u32,
@@ -87,7 +90,9 @@ impl View {
         usage: Usage,
     ) -> View {
         View {
-            output,
+            output: serde_json::to_string(&output)
+                .unwrap_or_else(|_| String::from("null"))
+                .into_boxed_str(),
             state,
             feedback,
             attempts,
@@ -96,13 +101,18 @@ impl View {
         }
     }
 
+    /// The output.
+    pub fn output(&self) -> Json {
+        serde_json::from_str(&self.output).unwrap_or(Json::Null)
+    }
+
     /// `stages.ID` as templates see it: `output`, `status`, `ran`, `feedback`, `attempts`,
     /// `usage`.
     pub fn value(&self) -> Value {
         self.value
             .get_or_init(|| {
                 let mut e: BTreeMap<&'static str, Value> = BTreeMap::new();
-                e.insert("output", super::context::to_value(&self.output));
+                e.insert("output", super::context::to_value(&self.output()));
                 e.insert("status", Value::from(self.state.as_str()));
                 e.insert("ran", Value::from(self.state != NodeState::Skipped));
                 e.insert(
@@ -140,7 +150,7 @@ impl Outputs {
         self.borrow()
             .iter()
             .filter(|(_, v)| v.state != NodeState::Skipped)
-            .map(|(k, v)| (k.clone(), v.output.clone()))
+            .map(|(k, v)| (k.clone(), v.output()))
             .collect()
     }
 

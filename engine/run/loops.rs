@@ -119,7 +119,7 @@ impl Exec<'_> {
             let mut snapshot = BTreeMap::new();
             for (k, v) in &outs {
                 if v.state != NodeState::Skipped {
-                    snapshot.insert(k.clone(), v.output.clone());
+                    snapshot.insert(k.clone(), v.output());
                 }
                 if v.state != NodeState::Skipped || !latest.contains_key(k) {
                     latest.insert(k.clone(), v.clone());
