@@ -90,20 +90,11 @@ fn demo_run() -> (tempfile::TempDir, String) {
     let out = ralph(
         dir.path(),
         &[
-            "run",
-            "workflows/wiggum-review.toml",
-            "--replay",
-            "examples/wiggum-review.replay.jsonl",
-            "--set",
-            "criteria=examples/demo/criteria.md",
-            "--set",
-            "paths=examples/demo",
-            "--max-concurrency",
-            "1",
-            "--json",
-            "--progress",
-            "quiet",
-        ],
+            &["run"][..],
+            &common::WIGGUM_REPLAY,
+            &["--max-concurrency", "1", "--progress", "quiet"],
+        ]
+        .concat(),
     );
     assert_eq!(
         out.status.code(),

@@ -16,24 +16,7 @@ fn every_command_works_on_a_postgres_store() {
     };
     let c = Checkout::new();
     // The Wiggum review replay, with --store.
-    let (code, out, err) = c.run(&[
-        "run",
-        "workflows/wiggum-review.toml",
-        "--replay",
-        "examples/wiggum-review.replay.jsonl",
-        "--set",
-        "criteria=examples/demo/criteria.md",
-        "--set",
-        "paths=examples/demo",
-        "--json",
-        "--store",
-        &url,
-    ]);
-    assert_eq!(code, 0, "{err}");
-    let wiggum = serde_json::from_str::<serde_json::Value>(&out).unwrap()["run"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let wiggum = c.wiggum_with(&["--store", &url]);
     assert!(
         !c.path().join(".ralph-flow/state.db").exists(),
         "no SQLite store was made"

@@ -781,6 +781,55 @@ fn answer_gate(c: &mut Client, approval: &Approval, key: i64) -> Result<()> {
 }
 
 /// Wakes the workers that listen on [`CHANNEL`] once the transaction commits.
+/// Inserts a run, refused when one has its id; `queue` makes it a detached run, queued for
+/// the workers that have all these labels (`run --detach`). `what` names the write in an
+/// error (`cannot create a run`).
+fn insert_run(
+    c: &mut impl GenericClient,
+    run: &RunRecord,
+    queue: Option<&[String]>,
+    what: &str,
+) -> Result<()> {
+    let params = json_text(&run.params)?;
+    let options = json_text(&run.options)?;
+    let (status, (exit_name, exit_code)) = match queue {
+        Some(_) => (RunStatus::Queued, (None, None)),
+        None => (run.status, run.exit.clone().unzip()),
+    };
+    let labels: Vec<String> = queue.map(<[String]>::to_vec).unwrap_or_default();
+    let inserted = c
+        .execute(
+            &format!(
+                "INSERT INTO runs ({RUN_COLUMNS}, detached, labels) VALUES ($1, $2, $3, $4, $5, \
+                 $6, $7, $8, $9, $10, $11, $12, $13, $14) ON CONFLICT (id) DO NOTHING"
+            ),
+            &[
+                &run.id,
+                &run.workflow,
+                &run.file,
+                &run.workflow_hash,
+                &params,
+                &status.as_str(),
+                &exit_name,
+                &exit_code,
+                &run.started_at,
+                &run.updated_at,
+                &run.dir,
+                &options,
+                &queue.is_some(),
+                &labels,
+            ],
+        )
+        .map_err(|e| pg(what, e))?;
+    if inserted == 0 {
+        return Err(StoreError::Refused(format!(
+            "run {} already exists",
+            run.id
+        )));
+    }
+    Ok(())
+}
+
 fn notify(c: &mut impl GenericClient, run: &str) -> std::result::Result<(), ::postgres::Error> {
     c.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &run])
         .map(drop)
@@ -852,42 +901,12 @@ impl Store for PgStore {
         let run = run.clone();
         let key = write_key();
         self.call(move |c| {
-            let params = json_text(&run.params)?;
-            let options = json_text(&run.options)?;
-            let (exit_name, exit_code) = run.exit.clone().unzip();
             let fail = |e| pg("cannot create a run", e);
             let mut tx = c.transaction().map_err(fail)?;
             if applied_before(&mut tx, APPLY_KEY, key).map_err(fail)? {
                 return Ok(());
             }
-            let inserted = tx
-                .execute(
-                    &format!(
-                        "INSERT INTO runs ({RUN_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, \
-                         $8, $9, $10, $11, $12) ON CONFLICT (id) DO NOTHING"
-                    ),
-                    &[
-                        &run.id,
-                        &run.workflow,
-                        &run.file,
-                        &run.workflow_hash,
-                        &params,
-                        &run.status.as_str(),
-                        &exit_name,
-                        &exit_code,
-                        &run.started_at,
-                        &run.updated_at,
-                        &run.dir,
-                        &options,
-                    ],
-                )
-                .map_err(fail)?;
-            if inserted == 0 {
-                return Err(StoreError::Refused(format!(
-                    "run {} already exists",
-                    run.id
-                )));
-            }
+            insert_run(&mut tx, &run, None, "cannot create a run")?;
             tx.commit().map_err(fail)
         })
     }

@@ -9,6 +9,19 @@ use std::time::{Duration, Instant};
 use ralph_flow::store::Store;
 use ralph_flow::store::sqlite::{SqliteStore, default_path};
 
+/// The shipped Wiggum review preset, replayed offline on the demo (the README's main job):
+/// the arguments of `ralph-flow run` in a checkout made by `demo_checkout`/`checkout_with`.
+pub const WIGGUM_REPLAY: [&str; 8] = [
+    "workflows/wiggum-review.toml",
+    "--replay",
+    "examples/wiggum-review.replay.jsonl",
+    "--set",
+    "criteria=examples/demo/criteria.md",
+    "--set",
+    "paths=examples/demo",
+    "--json",
+];
+
 pub struct Project {
     dir: tempfile::TempDir,
 }

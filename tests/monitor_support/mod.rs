@@ -53,17 +53,15 @@ impl Checkout {
 
     /// The shipped Wiggum review preset, replayed to its end; returns the run id.
     pub fn wiggum(&self) -> String {
-        let (code, out, err) = self.run(&[
-            "run",
-            "workflows/wiggum-review.toml",
-            "--replay",
-            "examples/wiggum-review.replay.jsonl",
-            "--set",
-            "criteria=examples/demo/criteria.md",
-            "--set",
-            "paths=examples/demo",
-            "--json",
-        ]);
+        self.wiggum_with(&[])
+    }
+
+    /// [`Checkout::wiggum`] with more arguments (`--store URL`).
+    pub fn wiggum_with(&self, more: &[&str]) -> String {
+        let mut args = vec!["run"];
+        args.extend(crate::common::WIGGUM_REPLAY);
+        args.extend(more);
+        let (code, out, err) = self.run(&args);
         assert_eq!(code, 0, "{err}");
         let json: serde_json::Value = serde_json::from_str(&out).unwrap();
         json["run"].as_str().unwrap().to_string()

@@ -13,7 +13,7 @@ use ::postgres::fallible_iterator::FallibleIterator;
 use ::postgres::{Client, NoTls};
 
 use super::{
-    APPLY_KEY, CHANNEL, NOW_MS, PgStore, RUN_COLUMNS, applied_before, changed, json_text, notify,
+    APPLY_KEY, CHANNEL, NOW_MS, PgStore, RUN_COLUMNS, applied_before, changed, insert_run, notify,
     pg, run_from_row, take_lock, write_key,
 };
 use crate::store::{LockOwner, Result, RunRecord, RunStatus, StoreError, now_ms};
@@ -36,41 +36,12 @@ impl PgStore {
         let (run, sources, labels) = (run.clone(), sources.to_vec(), labels.to_vec());
         let key = write_key();
         self.call(move |c| {
-            let params = json_text(&run.params)?;
-            let options = json_text(&run.options)?;
             let fail = |e| pg("cannot queue a run", e);
             let mut tx = c.transaction().map_err(fail)?;
             if applied_before(&mut tx, APPLY_KEY, key).map_err(fail)? {
                 return Ok(());
             }
-            let inserted = tx
-                .execute(
-                    &format!(
-                        "INSERT INTO runs ({RUN_COLUMNS}, detached, labels) VALUES ($1, $2, $3, \
-                         $4, $5, $6, NULL, NULL, $7, $8, $9, $10, true, $11) \
-                         ON CONFLICT (id) DO NOTHING"
-                    ),
-                    &[
-                        &run.id,
-                        &run.workflow,
-                        &run.file,
-                        &run.workflow_hash,
-                        &params,
-                        &RunStatus::Queued.as_str(),
-                        &run.started_at,
-                        &run.updated_at,
-                        &run.dir,
-                        &options,
-                        &labels,
-                    ],
-                )
-                .map_err(fail)?;
-            if inserted == 0 {
-                return Err(StoreError::Refused(format!(
-                    "run {} already exists",
-                    run.id
-                )));
-            }
+            insert_run(&mut tx, &run, Some(&labels), "cannot queue a run")?;
             let insert = tx
                 .prepare("INSERT INTO run_sources (run, seq, path, text) VALUES ($1, $2, $3, $4)")
                 .map_err(fail)?;
