@@ -371,10 +371,19 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         }
         std::future::pending::<()>().await;
     };
-    // On a shared store, a lease that could not be renewed in time may be another
-    // machine's now; a SQLite file serves one machine, where only a takeover ends it.
-    let shared_store = matches!(location, crate::store::Location::Postgres(_));
-    let heartbeat = heartbeat(&shared, location.open(durability)?, &owner, shared_store);
+    // Only a store other machines reach needs the lease renewed: a SQLite file serves one
+    // machine, where a live holder keeps its run whatever its lease says
+    // (`LockOwner::lapsed`), so no second connection is opened for it.
+    let lease_store = match location {
+        crate::store::Location::Postgres(_) => Some(location.open(durability)?),
+        crate::store::Location::Sqlite(_) => None,
+    };
+    let heartbeat = async {
+        match lease_store {
+            Some(store) => heartbeat(&shared, store, &owner).await,
+            None => std::future::pending().await,
+        }
+    };
     let end = tokio::select! {
         end = exec.run_body(&top) => end,
         () = ctrl_c => BodyEnd::Stopped,
@@ -445,15 +454,10 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
 
 /// Renews the run's lease every third of it, on a connection of its own (on tokio's
 /// blocking pool, so a slow store does not hold the executor up). When the lease is lost
-/// (another process took the run over, or, with `strict`, it could not be renewed before it
-/// expired), the run stops as a failed commit stops it: its programs are stopped and
+/// (another process took the run over, or it could not be renewed before it expired: the
+/// run may be another machine's now), the run stops as a failed commit stops it: its programs are stopped and
 /// nothing more is written. Never completes otherwise.
-async fn heartbeat(
-    shared: &Shared,
-    store: Box<dyn Store + Send>,
-    owner: &crate::store::LockOwner,
-    strict: bool,
-) {
+async fn heartbeat(shared: &Shared, store: Box<dyn Store + Send>, owner: &crate::store::LockOwner) {
     use crate::store::StoreError;
     let lease = Duration::from_millis(
         owner
@@ -501,7 +505,7 @@ async fn heartbeat(
             Ok(Err(_)) => {}
             Err(_) => inflight = Some((call, sent)),
         }
-        if strict && renewed.elapsed() >= lease {
+        if renewed.elapsed() >= lease {
             lost(StoreError::LeaseLost {
                 run: shared.run.id.clone(),
                 now: format!(

@@ -99,11 +99,7 @@ pub fn orphaned(store: &dyn Store, run: &RunRecord) -> Result<bool, StoreError> 
     }
     Ok(match store.lock_holder(&run.id)? {
         None => false,
-        Some(holder) => {
-            holder.expires.is_some_and(|e| e < crate::store::now_ms())
-                || (holder.host == crate::store::host_name()
-                    && !crate::store::process_alive(holder.pid))
-        }
+        Some(holder) => holder.lapsed(&crate::store::host_name(), crate::store::now_ms()),
     })
 }
 

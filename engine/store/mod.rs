@@ -512,6 +512,21 @@ impl LockOwner {
         self.expires.map(|e| (e - self.since).max(1))
     }
 
+    /// Whether this lock is free for a process on `host` to take at `now`. A holder on that
+    /// host is known dead or alive, lease or not: a live one keeps the run even when its
+    /// lease has lapsed (a laptop that slept), since a SQLite store does not fence the writes
+    /// of a holder that lost its lock (and its executor renews no lease: only PostgreSQL is
+    /// reached from other hosts). A holder elsewhere holds until its lease expires (without
+    /// a lease: for good). Both taking a lock ([`LockOwner::may_take`]) and calling a run
+    /// orphaned (the monitor, `status`) go by this.
+    pub fn lapsed(&self, host: &str, now: i64) -> bool {
+        if self.host == host {
+            !process_alive(self.pid)
+        } else {
+            self.expires.is_some_and(|expires| expires < now)
+        }
+    }
+
     /// Whether this owner may take the lock `held` has: it is the same holder, its process on
     /// this host is dead, or, on another host, its lease has expired. Else why not.
     pub fn may_take(
@@ -523,20 +538,10 @@ impl LockOwner {
         if !held.holder.is_empty() && held.holder == self.holder {
             return Ok(());
         }
-        let same_host = held.host == self.host;
-        if held.holder.is_empty() && same_host && held.pid == self.pid {
+        if held.holder.is_empty() && held.host == self.host && held.pid == self.pid {
             return Ok(());
         }
-        // A holder on this host is known dead or alive, lease or not: a live one keeps the
-        // run even when its lease has lapsed (a laptop that slept, a stalled heartbeat), since
-        // a SQLite store does not fence the writes of a holder that lost its lock. One
-        // elsewhere holds until its lease expires (without a lease: for good).
-        let free = if same_host {
-            !process_alive(held.pid)
-        } else {
-            held.expires.is_some_and(|expires| expires < now)
-        };
-        if free {
+        if held.lapsed(&self.host, now) {
             return Ok(());
         }
         let until = held
