@@ -33,21 +33,32 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("stage.html", include_str!("assets/stage.html")),
 ];
 
+/// The pages' template environment: the filters and every template, with the templates
+/// that do not compile.
+fn environment() -> (Environment<'static>, Vec<(&'static str, minijinja::Error)>) {
+    let mut env = Environment::new();
+    env.add_filter("time", |ms: i64| {
+        crate::store::rfc3339(ms)
+            .get(11..19)
+            .unwrap_or_default()
+            .to_string()
+    });
+    env.add_filter("urlencode", |s: &str| super::layout::url_part(s));
+    let mut broken = Vec::new();
+    for (name, source) in TEMPLATES {
+        if let Err(e) = env.add_template(name, source) {
+            broken.push((*name, e));
+        }
+    }
+    (env, broken)
+}
+
 impl Pages {
     pub(crate) fn new() -> Pages {
-        let mut env = Environment::new();
-        env.add_filter("time", |ms: i64| {
-            crate::store::rfc3339(ms)
-                .get(11..19)
-                .unwrap_or_default()
-                .to_string()
-        });
-        env.add_filter("urlencode", |s: &str| super::layout::url_part(s));
-        for (name, source) in TEMPLATES {
-            if let Err(e) = env.add_template(name, source) {
-                // The templates are part of the binary; tests render each.
-                tracing::error!("monitor template {name}: {e}");
-            }
+        let (env, broken) = environment();
+        for (name, e) in broken {
+            // The templates are part of the binary; a test compiles each.
+            tracing::error!("monitor template {name}: {e}");
         }
         Pages { env }
     }
@@ -476,16 +487,7 @@ mod tests {
 
     #[test]
     fn every_template_compiles() {
-        let mut env = Environment::new();
-        env.add_filter("time", |ms: i64| {
-            crate::store::rfc3339(ms)
-                .get(11..19)
-                .unwrap_or_default()
-                .to_string()
-        });
-        for (name, source) in TEMPLATES {
-            env.add_template(name, source)
-                .unwrap_or_else(|e| panic!("{name}: {e:#}"));
-        }
+        let (_, broken) = environment();
+        assert!(broken.is_empty(), "{broken:?}");
     }
 }
