@@ -630,3 +630,186 @@ fn a_worker_whose_lease_is_taken_stops_the_stage_and_writes_nothing_more() {
     );
     stop(vec![w]);
 }
+
+/// A run in a git repository, its worker killed with SIGKILL in the middle of its second
+/// stage, goes on on another "machine" (a worker with a state directory, so a clone, of its
+/// own) from what its first stage left: the commit it made and the file it did not commit,
+/// both published to the run's repository before the stage's settlement was committed. The
+/// first stage does not run again, and the run's branch is on the repository at the end.
+#[test]
+fn a_git_run_taken_over_elsewhere_goes_on_from_what_its_settled_stages_left() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(url) = pg::database() else {
+        return;
+    };
+    // The scripts are TOML literal strings; the values come as arguments.
+    let stage = |name: &str, needs: &str, script: &str| {
+        format!(
+            "\n[stages.{name}]\nkind = \"command\"\n{needs}argv = [\"sh\", \"-c\", \
+             'echo \"start $1 $2 $PPID $(date +%s%N)\" >> \"$3\"; {script}; \
+             echo \"end $1 $2 $PPID $(date +%s%N)\" >> \"$3\"', \
+             \"sh\", \"{{{{ run.id }}}}\", \"{name}\", \"{{{{ params.log }}}}\"]\n"
+        )
+    };
+    let wf = workflow(&[
+        stage(
+            "one",
+            "",
+            "echo one >> notes.txt; git add notes.txt; \
+             git -c user.name=t -c user.email=t@t commit -qm one; echo draft > draft.txt",
+        ),
+        stage(
+            "two",
+            "needs = [\"one\"]\n",
+            "sleep 3; echo two >> notes.txt",
+        ),
+        stage(
+            "three",
+            "needs = [\"two\"]\n",
+            "cat notes.txt draft.txt > seen.txt; git log --format=%s >> seen.txt",
+        ),
+    ]);
+    let p = Project::new(url, &wf);
+    let git = |dir: &Path, args: &[&str]| {
+        let out = Command::new("git")
+            .args(["-c", "user.email=t@example.com", "-c", "user.name=t"])
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let origin = p.path().join("origin.git");
+    git(
+        p.path(),
+        &["init", "-q", "--bare", &origin.to_string_lossy()],
+    );
+    git(p.path(), &["init", "-q", "-b", "main"]);
+    std::fs::write(
+        p.path().join(".gitignore"),
+        "workers/\norigin.git/\nstages.log\n",
+    )
+    .unwrap();
+    git(p.path(), &["add", "-A"]);
+    git(p.path(), &["commit", "-qm", "base"]);
+    let origin_url = format!("file://{}", origin.display());
+    git(p.path(), &["remote", "add", "origin", &origin_url]);
+    git(p.path(), &["push", "-q", "origin", "main"]);
+    let id = p.detach();
+    let mut first = p.worker(0, "2s", &[]);
+    let t = Instant::now();
+    while p
+        .executions()
+        .get(&(id.clone(), "two".to_string()))
+        .is_none_or(Vec::is_empty)
+    {
+        assert!(t.elapsed() < Duration::from_secs(30), "{}", p.worker_logs());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let second = p.worker(1, "2s", &[]);
+    p.wait_finished(std::slice::from_ref(&id), Duration::from_secs(60));
+    stop(vec![second]);
+    p.assert_settled_once(std::slice::from_ref(&id), &["one", "two", "three"]);
+    let runs = p.executions();
+    assert_eq!(runs[&(id.clone(), "one".to_string())].len(), 1, "{runs:?}");
+    assert_eq!(runs[&(id.clone(), "two".to_string())].len(), 2, "{runs:?}");
+    // The second machine's clone: stage one's commit and its uncommitted file, stage two's
+    // line once (its cut execution wrote nothing here).
+    let seen =
+        std::fs::read_to_string(p.path().join(format!("workers/1/workspaces/{id}/seen.txt")))
+            .unwrap();
+    assert_eq!(seen, "one\ntwo\ndraft\none\nbase\n");
+    // The repository has the run's branch with stage one's commit, and the last stage's
+    // uncommitted files on top of it.
+    let branch = format!("ralph-flow/{id}");
+    assert_eq!(git(&origin, &["log", "--format=%s", &branch]), "one\nbase");
+    let wip = format!("refs/ralph-flow/wip/{branch}");
+    assert_eq!(
+        git(&origin, &["show", &format!("{wip}:seen.txt")]),
+        seen.trim_end()
+    );
+    assert_eq!(
+        git(&origin, &["show", &format!("{wip}:draft.txt")]),
+        "draft"
+    );
+}
+
+/// The items of a fan-out on a worker work in worktrees of its clone, on their own
+/// branches; each branch, with what the item's stages committed, is pushed to the run's
+/// repository: the result of a run on workers travels as branches.
+#[test]
+fn the_branches_of_a_fan_out_on_a_worker_are_pushed_to_the_repository() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(url) = pg::database() else {
+        return;
+    };
+    let wf = r#"name = "fan"
+
+[stages.items]
+kind = "for_each"
+over = "['a', 'b']"
+as = "x"
+worktree = { branch = "item/{{ x }}", base = "main" }
+
+[stages.items.stages.work]
+kind = "command"
+argv = ["sh", "-c", 'echo "$1" > "$1.txt"; git add "$1.txt"; git -c user.name=t -c user.email=t@t commit -qm "item $1"', "sh", "{{ x }}"]
+"#;
+    let p = Project::new(url, wf);
+    let git = |dir: &Path, args: &[&str]| {
+        let out = Command::new("git")
+            .args(["-c", "user.email=t@example.com", "-c", "user.name=t"])
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let origin = p.path().join("origin.git");
+    git(
+        p.path(),
+        &["init", "-q", "--bare", &origin.to_string_lossy()],
+    );
+    git(p.path(), &["init", "-q", "-b", "main"]);
+    std::fs::write(p.path().join(".gitignore"), "workers/\norigin.git/\n").unwrap();
+    git(p.path(), &["add", "-A"]);
+    git(p.path(), &["commit", "-qm", "base"]);
+    git(
+        p.path(),
+        &[
+            "remote",
+            "add",
+            "origin",
+            &format!("file://{}", origin.display()),
+        ],
+    );
+    git(p.path(), &["push", "-q", "origin", "main"]);
+    let out = p.command(&["run", "wf.toml", "--detach"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let w = p.worker(0, "30s", &[]);
+    p.wait_finished(std::slice::from_ref(&id), Duration::from_secs(60));
+    stop(vec![w]);
+    let run = p.store().run(&id).unwrap().unwrap();
+    assert_eq!(run.exit, Some(("success".into(), 0)), "{}", p.worker_logs());
+    for x in ["a", "b"] {
+        let branch = format!("item/{x}");
+        assert_eq!(
+            git(&origin, &["log", "--format=%s", &branch]),
+            format!("item {x}\nbase")
+        );
+        assert_eq!(git(&origin, &["show", &format!("{branch}:{x}.txt")]), x);
+    }
+}

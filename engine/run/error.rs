@@ -73,6 +73,14 @@ pub enum StageError {
         #[source]
         source: WorktreeError,
     },
+    /// A worktree of a run on workers that could not be brought to what the run's
+    /// repository holds of its branch.
+    #[error("cannot restore the worktree for `{stage}` from the run's repository")]
+    Publish {
+        stage: String,
+        #[source]
+        source: super::publish::PublishError,
+    },
 }
 
 /// Why a git worktree could not be made or removed.
@@ -83,6 +91,12 @@ pub enum WorktreeError {
         "the worktree's {what} `{value}` is not a valid git name (empty, or starting with `-`)"
     )]
     BadName { what: &'static str, value: String },
+    /// A base that names no commit in the repository.
+    #[error(
+        "the worktree's base `{0}` names no commit in the repository (a branch, a tag or a \
+         commit; a remote's branch as `origin/NAME`)"
+    )]
+    NoBase(String),
     /// git could not be started.
     #[error("cannot run git")]
     Spawn(#[source] std::io::Error),
@@ -165,7 +179,7 @@ pub enum RunError {
     #[error(transparent)]
     Template(#[from] TemplateError),
     /// A commit failed, or the state directory could not be written, while the run went on.
-    #[error("the store failed, so the run stopped (resume it once the cause is fixed)")]
+    #[error("the run could not keep its work, so it stopped (resume it once the cause is fixed)")]
     Halted(#[source] Halt),
 }
 
@@ -176,6 +190,14 @@ pub enum Halt {
     Store(StoreError),
     #[error("the state directory cannot be written")]
     Artifacts(#[source] std::sync::Arc<IoFailure>),
+    /// A run on workers could not publish a workspace (see `publish`).
+    #[error("cannot publish the workspace {} to {url}", path.display())]
+    Publish {
+        path: PathBuf,
+        url: String,
+        #[source]
+        source: super::publish::PublishError,
+    },
 }
 
 impl From<minijinja::Error> for TemplateError {

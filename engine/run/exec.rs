@@ -70,6 +70,8 @@ pub(crate) struct Shared {
     /// A second connection to the store, for `earlier_runs()` in templates (template
     /// functions must be `Send + Sync`; the executor's own connection is not shared).
     pub memory: Arc<std::sync::Mutex<Box<dyn crate::store::Store + Send>>>,
+    /// Where a run on workers publishes its git workspaces (see [`super::publish`]).
+    pub publisher: Option<super::publish::Publisher>,
 }
 
 /// A subflow's workflow file and its params.
@@ -138,6 +140,15 @@ impl Shared {
         if self.committed.get() < mine {
             self.flush();
         }
+    }
+
+    /// Stops the run for a failure that is not the stage's (a workspace that cannot be
+    /// published): like a failed commit, nothing new starts and `resume` continues.
+    pub fn halt(&self, halt: Halt) -> Outcome {
+        tracing::error!("{}", crate::diag::error_chain(&halt));
+        self.store_error.borrow_mut().get_or_insert(halt);
+        let _ = self.interrupt.send(true);
+        Outcome::Stopped
     }
 
     /// A failure to write the state directory (artifacts): handled like a failed commit, so

@@ -128,6 +128,7 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         crate::store::sqlite::Durability::Normal
     };
     let location = opts.location();
+    let publish = opts.publish.clone();
     let mut store: Box<dyn Store> = location.open(durability)?;
     let plan = &prepared.plan;
     let (run, resumed) = match &opts.resume {
@@ -279,6 +280,7 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         memory: Arc::new(std::sync::Mutex::new(
             location.open(crate::store::sqlite::Durability::Normal)?,
         )),
+        publisher: publish.map(super::publish::Publisher::new),
     };
     if leftovers > 0 {
         let text = format!(

@@ -23,6 +23,7 @@ mod loops;
 pub mod memory;
 mod policy;
 pub mod progress;
+mod publish;
 mod resource;
 mod schedule;
 mod subflow;
@@ -210,6 +211,9 @@ pub struct RunOptions {
     pub lease: Duration,
     /// Stops the run as Ctrl-C does once it turns true (a worker that is told to stop).
     pub stop: Option<tokio::sync::watch::Receiver<bool>>,
+    /// Publish the run's git workspaces to this repository after every agent, command and
+    /// check stage (a run on workers: see `publish`), and restore its worktrees from it.
+    pub publish: Option<String>,
 }
 
 /// The default lease of a run (see [`RunOptions::lease`]).
@@ -256,6 +260,7 @@ impl RunOptions {
             resume: None,
             lease: lease_from_env(),
             stop: None,
+            publish: None,
         }
     }
 }

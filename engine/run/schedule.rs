@@ -460,11 +460,24 @@ impl Exec<'_> {
         if self.halted() {
             return Outcome::Stopped;
         }
-        match self.plan.node(n).kind {
+        let outcome = match self.plan.node(n).kind {
             StageKind::Agent => self.run_agent(frame, n).await,
             StageKind::Command | StageKind::Check => self.run_command(frame, n).await,
-            _ => Outcome::Settled(Settled::new(NodeState::Done, Json::Null, now_ms())),
+            _ => return Outcome::Settled(Settled::new(NodeState::Done, Json::Null, now_ms())),
+        };
+        // A run on workers: what the stage left in its workspace goes to the run's
+        // repository before its settlement is committed, so that whichever machine goes on
+        // (after this one dies) starts from it. The resource (a merge queue) is still held.
+        if let (Outcome::Settled(_), Some(p)) = (&outcome, &self.shared.publisher) {
+            if let Err(source) = p.publish(&frame.cwd).await {
+                return self.shared.halt(super::error::Halt::Publish {
+                    path: frame.cwd.clone(),
+                    url: p.url().to_string(),
+                    source,
+                });
+            }
         }
+        outcome
     }
 
     /// Ranks a stage waiting for a resource: by the resource's `order`, else higher first.

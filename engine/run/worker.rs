@@ -457,6 +457,7 @@ async fn carry_out(
     o.wait = false;
     o.resume = Some(run.id.clone());
     o.stop = Some(stop);
+    o.publish = place.git.as_ref().map(|g| g.url.clone());
     Ok(execute(&prepared, o).await?.end)
 }
 
@@ -503,6 +504,40 @@ async fn checkout(state_dir: &Path, id: &str, g: &GitPlace) -> Result<PathBuf, W
             format!("clone {} into {d}", g.url),
         )
         .await?;
+    }
+    // The repository's branches as local branches, as in the checkout the run was queued
+    // from: a worktree's `base = "main"` names one, and a branch that exists is reused.
+    run_git(
+        vec![
+            "-C".into(),
+            d.clone(),
+            "fetch".into(),
+            "--quiet".into(),
+            "--no-tags".into(),
+            "--update-head-ok".into(),
+            "origin".into(),
+            "+refs/heads/*:refs/heads/*".into(),
+        ],
+        format!("fetch the branches of {}", g.url),
+    )
+    .await?;
+    // The branch as the last worker that carried the run out published it (after its last
+    // settled stage), uncommitted changes included; else the queued commit.
+    let published = super::publish::restore(&dir, &g.url, &branch)
+        .await
+        .map_err(|e| WorkerError::Git {
+            what: format!("restore branch {branch} from {}", g.url),
+            said: crate::diag::error_chain(&e),
+        })?;
+    let at = |dir: PathBuf| {
+        if g.subdir.is_empty() {
+            dir
+        } else {
+            dir.join(&g.subdir)
+        }
+    };
+    if published.head.is_some() {
+        return Ok(at(dir));
     }
     let has_branch = run_git(
         vec![
@@ -561,9 +596,5 @@ async fn checkout(state_dir: &Path, id: &str, g: &GitPlace) -> Result<PathBuf, W
         )
         .await?;
     }
-    Ok(if g.subdir.is_empty() {
-        dir
-    } else {
-        dir.join(&g.subdir)
-    })
+    Ok(at(dir))
 }

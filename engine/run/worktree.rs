@@ -19,11 +19,21 @@ static WORKTREES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// The longest a git command of a worktree may take (a hook, a lock held elsewhere).
 const GIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 
-async fn git(repo: &Path, args: &[&str]) -> Result<String, WorktreeError> {
+pub(super) async fn git(repo: &Path, args: &[&str]) -> Result<String, WorktreeError> {
+    git_with(repo, args, &[]).await
+}
+
+/// [`git`] with variables added to its environment.
+pub(super) async fn git_with(
+    repo: &Path,
+    args: &[&str],
+    env: &[(&str, &std::ffi::OsStr)],
+) -> Result<String, WorktreeError> {
     let run = Command::new("git")
         .arg("-C")
         .arg(repo)
         .args(args)
+        .envs(env.iter().copied())
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true)
         .output();
@@ -120,6 +130,21 @@ pub async fn ensure(
     if exists {
         git(repo, &["worktree", "add", "--end-of-options", &p, branch]).await?;
     } else {
+        // The base as a commit: given a name that is only a remote's branch (`main` in a
+        // fresh clone), `worktree add` would make and check out a local branch of that name
+        // instead of the new branch, and the item's commits would land on it.
+        let commit = git(
+            repo,
+            &[
+                "rev-parse",
+                "--verify",
+                "--quiet",
+                "--end-of-options",
+                &format!("{base}^{{commit}}"),
+            ],
+        )
+        .await
+        .map_err(|_| WorktreeError::NoBase(base.to_string()))?;
         git(
             repo,
             &[
@@ -129,7 +154,7 @@ pub async fn ensure(
                 branch,
                 "--end-of-options",
                 &p,
-                base,
+                commit.trim(),
             ],
         )
         .await?;
@@ -175,5 +200,74 @@ mod tests {
             assert!(err.contains("is not a valid git name"), "{err}");
         }
         assert!(!path.exists(), "nothing was made");
+    }
+
+    fn sh(dir: &Path, args: &[&str]) -> String {
+        let out = std::process::Command::new("git")
+            .arg("-C")
+            .arg(dir)
+            .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// In a fresh clone `main` is only the remote's branch: the worktree is still made on
+    /// its own branch from `origin/main` (git's `worktree add PATH main` would have made
+    /// and checked out a local `main` instead), and a bare `main` is refused plainly.
+    #[tokio::test]
+    async fn the_worktree_is_on_its_branch_whatever_the_base_names() {
+        let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let src = tmp.path().join("src");
+        std::fs::create_dir_all(&src).unwrap_or_else(|e| panic!("{e}"));
+        sh(&src, &["init", "--quiet", "-b", "main"]);
+        sh(&src, &["commit", "--quiet", "--allow-empty", "-m", "base"]);
+        // A remote whose HEAD names another branch: its clone has no local branch at all.
+        let bare = tmp.path().join("bare.git");
+        sh(
+            tmp.path(),
+            &[
+                "init",
+                "--quiet",
+                "--bare",
+                "-b",
+                "trunk",
+                &bare.to_string_lossy(),
+            ],
+        );
+        sh(&src, &["push", "--quiet", &bare.to_string_lossy(), "main"]);
+        let clone = tmp.path().join("clone");
+        sh(
+            tmp.path(),
+            &[
+                "clone",
+                "--quiet",
+                "--no-checkout",
+                &bare.to_string_lossy(),
+                "clone",
+            ],
+        );
+        sh(
+            &clone,
+            &["checkout", "--quiet", "-B", "work", "origin/main"],
+        );
+        let wt = tmp.path().join("wt");
+        let err = ensure(&clone, &wt, "item/a", "main")
+            .await
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("names no commit"), "{err}");
+        ensure(&clone, &wt, "item/a", "origin/main")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(sh(&wt, &["symbolic-ref", "--short", "HEAD"]), "item/a");
+        assert_eq!(sh(&clone, &["branch", "--list", "main"]), "");
     }
 }

@@ -64,6 +64,15 @@ impl Exec<'_> {
                 stage: name.clone(),
                 source,
             })?;
+        // A run on workers: the branch as the last machine that worked on it left it.
+        if let Some(p) = &self.shared.publisher {
+            p.restore(&path, branch.trim())
+                .await
+                .map_err(|source| StageError::Publish {
+                    stage: name.clone(),
+                    source,
+                })?;
+        }
         self.shared.event(
             scope,
             name,
@@ -104,6 +113,15 @@ impl Exec<'_> {
         super::worktree::ensure(&self.shared.opts.cwd, &path, branch.trim(), base.trim())
             .await
             .map_err(RunError::RunWorktree)?;
+        if let Some(p) = &self.shared.publisher {
+            p.restore(&path, branch.trim()).await.map_err(|source| {
+                RunError::Halted(super::error::Halt::Publish {
+                    path: path.clone(),
+                    url: p.url().to_string(),
+                    source,
+                })
+            })?;
+        }
         self.shared.event(
             "",
             "",
