@@ -5,7 +5,10 @@
 //!   time from `enqueue` to the run's `finished` status (the queue's notification wakes the
 //!   worker), and per stage in a chain of 20 such stages;
 //! - throughput: 32 runs of one `sleep 1` stage with 1, 2, 4 and 8 worker processes (one
-//!   run at a time each), the workers started (and listening) before the runs are queued.
+//!   unit of work at a time each), the workers started (and listening) before the runs are
+//!   queued;
+//! - one run's fan-out: a for_each of 32 `sleep 1` items (all at once) in one run, its
+//!   programs spread as units over 1, 2, 4 and 8 workers.
 //!
 //! `cargo test --all-targets` runs this without `--bench`: it does nothing then.
 
@@ -43,6 +46,13 @@ fn main() {
     std::fs::write(
         dir.path().join("sleep.toml"),
         chain(1, "[\"sleep\", \"1\"]"),
+    )
+    .expect("write");
+    std::fs::write(
+        dir.path().join("fanout.toml"),
+        "name = \"fanout\"\n\n[stages.items]\nkind = \"for_each\"\n\
+         over = \"range(32) | list\"\n\n[stages.items.stages.work]\nkind = \"command\"\n\
+         argv = [\"sleep\", \"1\"]\n",
     )
     .expect("write");
     let store = PgStore::connect(&url).expect("connect");
@@ -118,6 +128,28 @@ fn main() {
         let ids: Vec<String> = (0..32).map(|_| queue("sleep.toml")).collect();
         // Not too often: the reads would take the cores the workers need.
         wait(&ids, Duration::from_millis(20));
+        let took = t.elapsed().as_secs_f64();
+        stop(&mut pool);
+        let base = *one.get_or_insert(took);
+        println!(
+            "| {workers} | 32 | {took:.2} s | {:.1} | {:.1}x |",
+            32.0 / took,
+            base / took
+        );
+    }
+
+    println!(
+        "\n| workers | one run, for_each of 32 `sleep 1` | wall time | items/s | against 1 worker |\n|---:|---:|---:|---:|---:|"
+    );
+    let mut one = None;
+    for workers in [1, 2, 4, 8] {
+        let mut pool: Vec<Child> = (0..workers)
+            .map(|i| worker(&url, dir.path(), 100 + 10 * workers + i))
+            .collect();
+        std::thread::sleep(Duration::from_secs(2));
+        let t = Instant::now();
+        let id = queue("fanout.toml");
+        wait(&[id], Duration::from_millis(20));
         let took = t.elapsed().as_secs_f64();
         stop(&mut pool);
         let base = *one.get_or_insert(took);

@@ -6,6 +6,13 @@
 //! WORKFLOW-SPEC.md.
 
 /// The type a key accepts.
+/// Whether a string is a worker label (see [`Ty::Label`]).
+pub fn is_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':' | b'/'))
+}
+
 #[derive(Debug)]
 pub enum Ty {
     /// Any string.
@@ -14,6 +21,8 @@ pub enum Ty {
     Template,
     /// A string that is a minijinja expression.
     Expr,
+    /// A worker label: ASCII letters, digits and `-`, `_`, `.`, `:`, `/`.
+    Label,
     /// A string chosen from a fixed set.
     Enum(&'static [&'static str]),
     /// A non-negative integer, or a template over params that renders to one.
@@ -486,6 +495,12 @@ pub static STAGE: TableSpec = TableSpec {
             "when",
             Ty::Expr,
             "A condition; when false the stage is skipped.",
+        ),
+        k(
+            "labels",
+            &["agent", "command", "check"],
+            Ty::List(&Ty::Label),
+            "Labels a worker must have to carry out the stage's work, in a run on workers (`ralph-flow worker --labels`): an agent's CLI, a toolchain, a GPU. Elsewhere they are not used.",
         ),
         f(
             "route",

@@ -1136,3 +1136,194 @@ fn postgres_queue_claims_each_run_once_by_labels_and_leases() {
         RunStatus::Waiting
     );
 }
+
+#[test]
+fn postgres_units_are_claimed_once_by_labels_adopted_by_key_and_fenced_by_lease() {
+    use ralph_flow::store::postgres::{AcceptUnit, UnitState};
+    use std::sync::Arc;
+    let Some(url) = pg::database() else {
+        return;
+    };
+    let mut coord = PgStore::connect(&url).expect("connect");
+    let here = json!({"dir": "/here"});
+    let mut ids = Vec::new();
+    for i in 0..8 {
+        let labels: Vec<String> = if i == 7 { vec!["gpu".into()] } else { vec![] };
+        let key = format!("items#{i}/work#1.1@h");
+        let id = coord
+            .dispatch(
+                "r",
+                &key,
+                &format!("items#{i}/work#"),
+                "command",
+                &json!({"i": i}),
+                &labels,
+                &here,
+                None,
+            )
+            .expect("dispatch");
+        // Asking again for the same thing adopts the unit.
+        let again = coord
+            .dispatch(
+                "r",
+                &key,
+                &format!("items#{i}/work#"),
+                "command",
+                &json!({"i": i}),
+                &labels,
+                &here,
+                None,
+            )
+            .expect("dispatch");
+        assert_eq!(id, again);
+        ids.push(id);
+    }
+    let elsewhere = coord
+        .dispatch(
+            "r",
+            "far/work#1.1@h",
+            "far/work#",
+            "command",
+            &json!({}),
+            &[],
+            &json!({"dir": "/not/here"}),
+            None,
+        )
+        .expect("dispatch");
+    let accept: AcceptUnit = Arc::new(|place: &serde_json::Value| place["dir"] == "/here");
+    // Four workers claim at once, each until nothing is left: each unit once, none with a
+    // label they lack or a place they cannot reach.
+    let claimed: Vec<Vec<i64>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..4)
+            .map(|w| {
+                let (url, accept) = (url.clone(), accept.clone());
+                scope.spawn(move || {
+                    let mut s = PgStore::connect(&url).expect("connect");
+                    let me = leased(&format!("w{w}"), 0, 60_000);
+                    let mut got = Vec::new();
+                    while let Some(u) = s.claim_unit(&me, &[], accept.clone()).expect("claim") {
+                        assert_eq!(u.state, UnitState::Running);
+                        got.push(u.id);
+                    }
+                    got
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("join"))
+            .collect()
+    });
+    let mut all: Vec<i64> = claimed.into_iter().flatten().collect();
+    all.sort_unstable();
+    assert_eq!(all, ids[..7], "each once; not the gpu one, not the far one");
+    assert_eq!(
+        coord.unit(elsewhere).expect("unit").expect("there").state,
+        UnitState::Queued
+    );
+    // The gpu unit, to a worker with the label; its lease lapses unrenewed, and another
+    // takes it over: the first may neither renew nor finish it any more.
+    let mut gpu = PgStore::connect(&url).expect("connect");
+    let labels = vec!["gpu".to_string()];
+    let cat = leased("cat", 0, 200);
+    let u = gpu
+        .claim_unit(&cat, &labels, accept.clone())
+        .expect("claim")
+        .expect("gpu unit");
+    assert_eq!(u.id, ids[7]);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let dan = leased("dan", 0, 60_000);
+    let again = gpu
+        .claim_unit(&dan, &labels, accept.clone())
+        .expect("claim")
+        .expect("taken over");
+    assert_eq!(again.id, ids[7]);
+    assert!(!gpu.renew_unit(ids[7], &cat).expect("renew"));
+    assert!(
+        !gpu.finish_unit(ids[7], &cat, &json!("late"))
+            .expect("finish")
+    );
+    assert!(gpu.renew_unit(ids[7], &dan).expect("renew"));
+    assert!(gpu.finish_unit(ids[7], &dan, &json!("ok")).expect("finish"));
+    // A retried finish that was applied already counts as done.
+    assert!(gpu.finish_unit(ids[7], &dan, &json!("ok")).expect("finish"));
+    let done = coord.unit(ids[7]).expect("unit").expect("there");
+    assert_eq!(
+        (done.state, done.result),
+        (UnitState::Done, Some(json!("ok")))
+    );
+    // Asking for something else for the same stage cancels what is unfinished of it; its
+    // holder learns it when it renews, and a handed-back unit is queued again.
+    let other = coord
+        .dispatch(
+            "r",
+            "items#0/work#2.1@h2",
+            "items#0/work#",
+            "command",
+            &json!({}),
+            &[],
+            &here,
+            None,
+        )
+        .expect("dispatch");
+    assert_ne!(other, ids[0]);
+    assert_eq!(
+        coord.unit(ids[0]).expect("unit").expect("there").state,
+        UnitState::Cancelled
+    );
+    let mut mine = None;
+    for w in 0..4 {
+        let h = leased(&format!("w{w}"), 0, 60_000);
+        if gpu.renew_unit(ids[1], &h).expect("renew") {
+            mine = Some(h);
+        }
+    }
+    let mine = mine.expect("one of the four holds unit 1");
+    gpu.release_unit(ids[1], &mine).expect("release");
+    assert_eq!(
+        coord.unit(ids[1]).expect("unit").expect("there").state,
+        UnitState::Queued
+    );
+    coord.forget_unit(ids[7]).expect("forget");
+    assert!(coord.unit(ids[7]).expect("unit").is_none());
+    // A resource of capacity 1 (a merge queue): while one unit that holds it runs under a
+    // live lease, no worker claims another; once it is done, the next goes.
+    let lands: Vec<i64> = (0..2)
+        .map(|i| {
+            coord
+                .dispatch(
+                    "r",
+                    &format!("t#{i}/land#1.1@h"),
+                    &format!("t#{i}/land#"),
+                    "command",
+                    &json!({}),
+                    &[],
+                    &json!({"dir": "/land"}),
+                    Some(("/merge_queue", 1)),
+                )
+                .expect("dispatch")
+        })
+        .collect();
+    let eve = leased("eve", 0, 60_000);
+    let accept: AcceptUnit = Arc::new(|place: &serde_json::Value| place["dir"] == "/land");
+    let first = gpu
+        .claim_unit(&eve, &[], accept.clone())
+        .expect("claim")
+        .expect("a land");
+    assert!(lands.contains(&first.id));
+    assert!(
+        gpu.claim_unit(&eve, &[], accept.clone())
+            .expect("claim")
+            .is_none(),
+        "the queue is taken"
+    );
+    assert!(
+        gpu.finish_unit(first.id, &eve, &json!("landed"))
+            .expect("finish")
+    );
+    let second = gpu
+        .claim_unit(&eve, &[], accept.clone())
+        .expect("claim")
+        .expect("the next land");
+    assert!(lands.contains(&second.id) && second.id != first.id);
+}

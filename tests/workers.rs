@@ -200,7 +200,18 @@ impl Project {
         let store = self.store();
         for id in ids {
             let run = store.run(id).unwrap().unwrap();
-            assert_eq!(run.exit, Some(("success".into(), 0)), "{id}");
+            assert_eq!(
+                run.exit,
+                Some(("success".into(), 0)),
+                "{id}: {:#?}\nworkers said:\n{}",
+                store
+                    .events(id, None)
+                    .unwrap()
+                    .iter()
+                    .map(|e| format!("{} {} {}: {}", e.scope, e.node, e.kind, e.message))
+                    .collect::<Vec<_>>(),
+                self.worker_logs()
+            );
             let nodes = store.nodes(id).unwrap();
             let names: Vec<&str> = nodes.iter().map(|n| n.node.as_str()).collect();
             assert_eq!(names, stages, "{id}");
@@ -510,13 +521,19 @@ fn a_run_queued_from_a_git_checkout_runs_in_a_clone_at_its_commit() {
     let w = p.worker(0, "30s", &[]);
     p.wait_finished(std::slice::from_ref(&id), Duration::from_secs(30));
     stop(vec![w]);
+    // The stage's program ran as a unit of work in the worker's clone for units, on the
+    // run's branch at the queued commit; the file it left was published and restored into
+    // the run's own clone.
     let workspace = p.path().join(format!("workers/0/workspaces/{id}"));
     let said = std::fs::read_to_string(workspace.join("where.txt")).unwrap();
-    let real = std::fs::canonicalize(&workspace).unwrap();
+    let units = std::fs::canonicalize(p.path().join("workers/0/units/clones")).unwrap();
+    let lines: Vec<&str> = said.lines().collect();
+    assert_eq!(lines.len(), 3, "{said}");
+    assert!(Path::new(lines[0]).starts_with(&units), "{said}");
     assert_eq!(
-        said,
-        format!("{}\nralph-flow/{id}\ncommitted\n", real.display()),
-        "it ran in its clone, on its branch, at the queued commit"
+        lines[1..],
+        [format!("ralph-flow/{id}").as_str(), "committed"],
+        "{said}"
     );
     assert!(!p.path().join("where.txt").exists());
 }
@@ -812,4 +829,66 @@ argv = ["sh", "-c", 'echo "$1" > "$1.txt"; git add "$1.txt"; git -c user.name=t 
         );
         assert_eq!(git(&origin, &["show", &format!("{branch}:{x}.txt")]), x);
     }
+}
+
+/// One run's fan-out spreads over the workers: its items' programs are units of work that
+/// any worker takes, so both workers run some of the four items at once (each takes two at
+/// most); a stage that needs a label runs only on the worker that has it.
+#[test]
+fn one_runs_fan_out_spreads_over_workers_and_a_labelled_stage_goes_to_its_label() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(url) = pg::database() else {
+        return;
+    };
+    let log_argv = |name: &str, key: &str, sleep: &str| {
+        format!(
+            "argv = [\"sh\", \"-c\", 'echo \"start $1 $2 $PPID $(date +%s%N)\" >> \"$3\"; \
+             sleep $4; echo \"end $1 $2 $PPID $(date +%s%N)\" >> \"$3\"', \"sh\", \
+             \"{{{{ run.id }}}}\", \"{name}{key}\", \"{{{{ params.log }}}}\", \"{sleep}\"]\n"
+        )
+    };
+    let wf = format!(
+        "name = \"spread\"\n\n[params.log]\ntype = \"string\"\n\n\
+         [stages.items]\nkind = \"for_each\"\nover = \"[1, 2, 3, 4]\"\nas = \"n\"\n\n\
+         [stages.items.stages.work]\nkind = \"command\"\n{}\n\
+         [stages.gpu]\nkind = \"command\"\nneeds = [\"items\"]\nlabels = [\"gpu\"]\n{}",
+        log_argv("work", "-{{ n }}", "1"),
+        log_argv("gpu", "", "0"),
+    );
+    let p = Project::new(url, &wf);
+    let id = p.detach();
+    let plain = p.worker(0, "30s", &["--max-concurrency", "2"]);
+    let gpu = p.worker(1, "30s", &["--max-concurrency", "2", "--labels", "gpu"]);
+    p.wait_finished(std::slice::from_ref(&id), Duration::from_secs(60));
+    let (plain_pid, gpu_pid) = (
+        i32::try_from(plain.id()).unwrap(),
+        i32::try_from(gpu.id()).unwrap(),
+    );
+    stop(vec![plain, gpu]);
+    let runs = p.executions();
+    let mut by_worker: BTreeMap<i32, usize> = BTreeMap::new();
+    for n in 1..=4 {
+        let list = &runs[&(id.clone(), format!("work-{n}"))];
+        assert_eq!(list.len(), 1, "item {n} ran once: {runs:?}");
+        *by_worker.entry(list[0].pid).or_default() += 1;
+    }
+    assert_eq!(
+        by_worker.keys().copied().collect::<Vec<_>>(),
+        {
+            let mut both = vec![plain_pid, gpu_pid];
+            both.sort_unstable();
+            both
+        },
+        "the items ran on both workers: {runs:?}\n{}",
+        p.worker_logs()
+    );
+    let gpu_runs = &runs[&(id.clone(), "gpu".to_string())];
+    assert_eq!(gpu_runs.len(), 1);
+    assert_eq!(
+        gpu_runs[0].pid, gpu_pid,
+        "the labelled stage ran where the label is"
+    );
+    let store = p.store();
+    let run = store.run(&id).unwrap().unwrap();
+    assert_eq!(run.exit, Some(("success".into(), 0)), "{}", p.worker_logs());
 }

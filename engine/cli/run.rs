@@ -206,6 +206,11 @@ fn detach(args: &RunArgs, prepared: &ralph_flow::run::Prepared, opts: &RunOption
         .map(|l| l.trim().to_string())
         .filter(|l| !l.is_empty())
         .collect();
+    if let Some(bad) = labels.iter().find(|l| !ralph_flow::spec::is_label(l)) {
+        return fail(&format!(
+            "--labels: `{bad}` is not a label (ASCII letters, digits and `-`, `_`, `.`, `:`, `/`)"
+        ));
+    }
     let id = match ralph_flow::run::worker::enqueue(prepared, opts, &labels) {
         Ok(id) => id,
         Err(e) => return fail(&error_chain(&e)),

@@ -19,12 +19,17 @@ pub struct Args {
     /// The shared PostgreSQL store (`postgres://...`; also RALPH_FLOW_STORE).
     #[arg(long, value_name = "URL")]
     store: Option<String>,
-    /// This worker's labels (`gpu,linux`): it claims only runs whose labels it all has.
+    /// This worker's labels (`gpu,linux`): it claims only runs, and units of work, whose
+    /// labels it all has.
     #[arg(long, value_name = "A,B", value_delimiter = ',')]
     labels: Vec<String>,
-    /// The most runs carried out at once.
+    /// The most units of work (agent calls, programs) carried out at once.
     #[arg(long, value_name = "N", default_value_t = 1)]
     max_concurrency: usize,
+    /// The most runs coordinated at once (default: 4 times --max-concurrency). A run's
+    /// coordinator renders, decides and commits; its work goes to whichever worker has room.
+    #[arg(long, value_name = "N")]
+    max_runs: Option<usize>,
     /// The worker's state directory: its runs' artifacts (`runs/ID`) and git checkouts
     /// (`workspaces/ID`).
     #[arg(long, value_name = "DIR", default_value = ".ralph-flow")]
@@ -86,6 +91,16 @@ pub fn run(args: &Args) -> i32 {
     } else {
         Mode::Quiet
     };
+    if let Some(bad) = args
+        .labels
+        .iter()
+        .map(|l| l.trim())
+        .find(|l| !l.is_empty() && !ralph_flow::spec::is_label(l))
+    {
+        return fail(&format!(
+            "--labels: `{bad}` is not a label (ASCII letters, digits and `-`, `_`, `.`, `:`, `/`)"
+        ));
+    }
     let opts = WorkerOptions {
         store: url,
         labels: args
@@ -95,6 +110,9 @@ pub fn run(args: &Args) -> i32 {
             .filter(|l| !l.is_empty())
             .collect(),
         max_concurrency: args.max_concurrency,
+        max_runs: args
+            .max_runs
+            .unwrap_or_else(|| args.max_concurrency.saturating_mul(4)),
         state_dir,
         poll: args.poll,
         run,

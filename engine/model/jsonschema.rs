@@ -18,6 +18,9 @@ const DIALECT: &str = "https://json-schema.org/draft/2020-12/schema";
 /// An id: a letter or `_`, then letters, digits, `_` or `-` (see [`crate::model::is_ident`]).
 const IDENT: &str = "[A-Za-z_][A-Za-z0-9_-]*";
 
+/// A worker label (`spec::is_label`).
+const LABEL_PATTERN: &str = "^[A-Za-z0-9_.:/-]+$";
+
 /// Matches any string that contains a template (`{{`).
 const TEMPLATE_PATTERN: &str = r"\{\{";
 
@@ -47,6 +50,7 @@ fn walk_ty(ty: &'static Ty, out: &mut Vec<&'static TableSpec>) {
         Ty::Str
         | Ty::Template
         | Ty::Expr
+        | Ty::Label
         | Ty::Enum(_)
         | Ty::Count
         | Ty::Int
@@ -178,6 +182,7 @@ fn field_schema(field: &Field) -> Value {
 fn ty_schema(ty: &Ty) -> Value {
     match ty {
         Ty::Str | Ty::Template | Ty::Expr => json!({ "type": "string" }),
+        Ty::Label => json!({ "type": "string", "pattern": LABEL_PATTERN }),
         Ty::Enum(options) => json!({ "type": "string", "enum": options }),
         Ty::Count => json!({
             "anyOf": [
@@ -274,6 +279,7 @@ fn type_name(ty: &Ty) -> String {
         Ty::Str => "string".into(),
         Ty::Template => "template".into(),
         Ty::Expr => "expression".into(),
+        Ty::Label => "label".into(),
         Ty::Enum(options) => {
             let options: Vec<String> = options.iter().map(|o| format!("`{o}`")).collect();
             format!("one of: {}", options.join(", "))

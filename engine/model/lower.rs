@@ -456,6 +456,7 @@ fn stage(id: Text, t: &Table, span: Span) -> Option<Stage> {
         description: text(t, "description"),
         needs: texts(t, "needs"),
         when: text(t, "when"),
+        labels: texts(t, "labels"),
         route: table(t, "route").and_then(|(r, span)| {
             let cases = table(r, "cases")
                 .map(|(c, _)| {

@@ -122,6 +122,15 @@ fn check_value(value: &Value, ty: &Ty, key: &str, diags: &mut Diagnostics) {
                 diags.push(wrong_type(value, "a string", key));
             }
         }
+        Ty::Label => match value.as_str() {
+            Some(s) if crate::spec::is_label(s) => {}
+            Some(s) => diags.push(
+                Diagnostic::new(Code::InvalidValue, value.span, format!("`{s}` is not a label"))
+                    .label("expected a label")
+                    .help("a label is ASCII letters, digits and `-`, `_`, `.`, `:`, `/`, as a worker's `--labels` gives them"),
+            ),
+            None => diags.push(wrong_type(value, "a string", key)),
+        },
         Ty::Enum(options) => match value.as_str() {
             Some(s) if options.contains(&s) => {}
             Some(s) => diags.push(

@@ -65,6 +65,8 @@ pub struct Stage {
     pub description: Option<Text>,
     pub needs: Vec<Text>,
     pub when: Option<Text>,
+    /// What a worker must have to carry out the stage's work (a run on workers).
+    pub labels: Vec<Text>,
     pub route: Option<Box<Route>>,
     pub on_fail: Option<Spanned<Action>>,
     pub on_error: Option<Spanned<Action>>,

@@ -145,7 +145,7 @@ impl Exec<'_> {
                     .filter(|_| st.output.as_ref().is_some_and(|o| o.schema.is_some())),
                 max_tokens: None,
             };
-            let result = self.call_with_policy(frame, &chain, call).await;
+            let result = self.call_with_policy(frame, n, &chain, call).await;
             let (reply, agent_name) = match result {
                 Ok(r) => r,
                 Err((e, agent_name, spent)) => {
@@ -285,6 +285,7 @@ impl Exec<'_> {
     pub(super) async fn call_with_policy(
         &self,
         frame: &Frame<'_>,
+        n: NodeId,
         chain: &[usize],
         call: AgentCall,
     ) -> Result<(AgentReply, String), (CallError, String, Usage)> {
@@ -298,6 +299,13 @@ impl Exec<'_> {
         let call = &call;
         let attempt = |i: usize| async move {
             let cfg = &self.agents[chain[i]];
+            if self.spreads_agents() {
+                let result = self.call_elsewhere(n, cfg, call).await;
+                if let Ok(reply) = &result {
+                    self.add_usage(frame, &reply.usage);
+                }
+                return result;
+            }
             let backend = self.backend(chain[i]).map_err(|e| CallError::Missing {
                 message: crate::diag::error_chain(&e),
             })?;
@@ -360,6 +368,63 @@ impl Exec<'_> {
         match result {
             Ok(reply) => Ok((reply, name)),
             Err(e) => Err((e, name, Usage::default())),
+        }
+    }
+
+    /// Whether agent calls are units of work for the workers (a run on workers that
+    /// neither replays nor records: those backends are this process's).
+    fn spreads_agents(&self) -> bool {
+        self.shared.units.is_some()
+            && self.shared.replay.is_none()
+            && self.shared.recorder.is_none()
+    }
+
+    /// Has a worker make an agent call (see [`super::units`]); the worker builds the agent's
+    /// backend from the run's workflow, and drops the schema where it has no native use.
+    async fn call_elsewhere(
+        &self,
+        n: NodeId,
+        cfg: &crate::backend::AgentConfig,
+        call: &AgentCall,
+    ) -> Result<AgentReply, CallError> {
+        let Some(units) = &self.shared.units else {
+            return Err(CallError::Missing {
+                message: "no store to hand the call to".into(),
+            });
+        };
+        let mut this = call.clone();
+        this.model = cfg.model.clone();
+        this.max_tokens = cfg.max_tokens;
+        let stage_key = format!("{}/{}#", call.scope, call.stage);
+        let nth = units.next_call(&format!("{stage_key}{}", call.attempt));
+        let payload = serde_json::to_value(super::units::AgentWork::of(&cfg.name, &this))
+            .unwrap_or(serde_json::Value::Null);
+        tracing::debug!(stage = %call.stage, scope = %call.scope, attempt = call.attempt, agent = %cfg.name, "calling agent on a worker");
+        let done = units
+            .work(
+                self.shared.publisher.as_ref(),
+                &call.cwd,
+                &stage_key,
+                &format!("{}.{nth}", call.attempt),
+                "agent",
+                payload,
+                &self.stage_labels(n),
+                self.held_resource(n)
+                    .as_ref()
+                    .map(|(r, c)| (r.as_str(), *c)),
+            )
+            .await;
+        match done {
+            Ok(super::units::UnitResult::Agent(r)) => r.map(redact_reply).map_err(redact_error),
+            Ok(super::units::UnitResult::Failed(message)) | Err(message) => {
+                Err(redact_error(CallError::Transient {
+                    message,
+                    retry_after: None,
+                }))
+            }
+            Ok(super::units::UnitResult::Program(_)) => Err(CallError::Failed {
+                message: "a worker answered an agent call with a program's output".into(),
+            }),
         }
     }
 

@@ -97,16 +97,9 @@ impl Exec<'_> {
                     attempt,
                     &format!("$ {}", crate::shell::join(&spec.argv)),
                 );
-                let out = match process::run(&spec).await {
+                let out = match self.run_program(n, &scope, attempt, &spec).await {
                     Ok(o) => o,
-                    Err(e) => {
-                        let why = crate::diag::error_chain(&e);
-                        let msg = if e.names_program() {
-                            why
-                        } else {
-                            let program = spec.argv.first().cloned().unwrap_or_default();
-                            format!("`{program}` could not start: {why}")
-                        };
+                    Err(msg) => {
                         self.attempt_record(
                             &at,
                             AttemptState::Failed,
@@ -271,6 +264,60 @@ impl Exec<'_> {
                 .with_feedback(Some(feedback))
                 .spent(max_attempts, Usage::default()),
         )
+    }
+
+    /// Runs a stage's program: here, or as a unit of work that any worker may take (a run
+    /// on workers, unless the stage names its attempt's directory, which is here). Fails
+    /// with why it could not run.
+    async fn run_program(
+        &self,
+        n: NodeId,
+        scope: &str,
+        attempt: u32,
+        spec: &ProcSpec,
+    ) -> Result<process::ProcOutput, String> {
+        if let Some(units) = self
+            .shared
+            .units
+            .as_ref()
+            .filter(|_| !self.plan.node(n).uses_stage_dir)
+        {
+            let name = &self.plan.node(n).name;
+            let stage_key = format!("{scope}/{name}#");
+            let call = units.next_call(&format!("{stage_key}{attempt}"));
+            let payload =
+                serde_json::to_value(super::units::CommandWork::of(spec)).unwrap_or(Json::Null);
+            let done = units
+                .work(
+                    self.shared.publisher.as_ref(),
+                    &spec.cwd,
+                    &stage_key,
+                    &format!("{attempt}.{call}"),
+                    "command",
+                    payload,
+                    &self.stage_labels(n),
+                    self.held_resource(n)
+                        .as_ref()
+                        .map(|(r, c)| (r.as_str(), *c)),
+                )
+                .await?;
+            return match done {
+                super::units::UnitResult::Program(p) => Ok(p.output()),
+                super::units::UnitResult::Failed(why) => Err(why),
+                super::units::UnitResult::Agent(_) => {
+                    Err("a worker answered a program with an agent's reply".into())
+                }
+            };
+        }
+        process::run(spec).await.map_err(|e| {
+            let why = crate::diag::error_chain(&e);
+            if e.names_program() {
+                why
+            } else {
+                let program = spec.argv.first().cloned().unwrap_or_default();
+                format!("`{program}` could not start: {why}")
+            }
+        })
     }
 
     #[allow(clippy::too_many_arguments)]

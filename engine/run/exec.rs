@@ -72,6 +72,9 @@ pub(crate) struct Shared {
     pub memory: Arc<std::sync::Mutex<Box<dyn crate::store::Store + Send>>>,
     /// Where a run on workers publishes its git workspaces (see [`super::publish`]).
     pub publisher: Option<super::publish::Publisher>,
+    /// A run on workers: its agent calls and programs are units of work that any worker
+    /// may take (see [`super::units`]).
+    pub units: Option<super::units::Units>,
 }
 
 /// A subflow's workflow file and its params.
@@ -401,6 +404,25 @@ impl<'p> Exec<'p> {
     /// Resolves an action of the model.
     pub fn target_of(&self, a: &Action) -> Target {
         self.plan.target(a).unwrap_or(Target::Fail)
+    }
+
+    /// The labels a worker needs to carry out a stage's work, besides the run's.
+    pub fn stage_labels(&self, n: NodeId) -> Vec<String> {
+        self.plan
+            .stage(n)
+            .labels
+            .iter()
+            .map(|l| l.value.clone())
+            .collect()
+    }
+
+    /// The resource a stage holds while it runs, as the store names it (the subflow's
+    /// prefix, the resource), with its capacity.
+    pub fn held_resource(&self, n: NodeId) -> Option<(String, i64)> {
+        let r = &self.plan.workflow.resources[self.plan.node(n).resource?];
+        let capacity = resolve_count(&r.capacity.value, &self.plan.params).unwrap_or(1);
+        let capacity = i64::try_from(capacity).unwrap_or(i64::MAX);
+        Some((format!("{}/{}", self.prefix, r.name.value), capacity))
     }
 
     /// A node that fails before it starts (a limit that cannot be resolved, a template).

@@ -110,8 +110,10 @@ fn ignore_in_git(state_dir: &Path) -> Result<(), RunError> {
 pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunResult, RunError> {
     // Before anything runs or is recorded, every agent must be usable (a replayed run calls
     // none).
+    // A run on workers that spreads its agent calls leaves the check to the workers that
+    // take them (a worker without an agent's CLI should lack its label).
     let check_agents = |opts: &RunOptions| {
-        if opts.replay.is_none() {
+        if opts.replay.is_none() && (opts.spread.is_none() || opts.record.is_some()) {
             preflight(prepared, opts)
         } else {
             Ok(Vec::new())
@@ -129,6 +131,10 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
     };
     let location = opts.location();
     let publish = opts.publish.clone();
+    let spread = match (&opts.spread, &opts.store) {
+        (Some(labels), Some(url)) => Some((url.clone(), labels.clone())),
+        _ => None,
+    };
     let mut store: Box<dyn Store> = location.open(durability)?;
     let plan = &prepared.plan;
     let (run, resumed) = match &opts.resume {
@@ -223,7 +229,13 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
             .map(|a| PathBuf::from(&a.dir).join("process"))
             .collect();
         let logs = [Path::new(&run.dir).join(super::command::PROCESS_LOG)];
-        leftovers = crate::backend::process::stop_leftovers(&run.id, &pid_files, &logs);
+        // Programs tagged with the run: all of them were this run's executor's, unless its
+        // work is spread as units, whose programs the workers holding them stop.
+        let tag = opts
+            .spread
+            .is_none()
+            .then_some(("RALPH_FLOW_RUN", run.id.as_str()));
+        leftovers = crate::backend::process::stop_leftovers(tag, &pid_files, &logs);
         // Those attempts are over: say so, so that `status` and `logs` do not show them as
         // running beside the new ones.
         let writes: Vec<Write> = interrupted
@@ -258,6 +270,10 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
     };
     let (interrupt, _) = watch::channel(false);
     let artifacts = super::artifacts::Artifacts::start(Path::new(&run.dir));
+    let units = match spread {
+        Some((url, labels)) => Some(super::units::Units::connect(&url, &run.id, labels)?),
+        None => None,
+    };
     let shared = Shared {
         global: opts.max_concurrency.map(super::resource::limit),
         progress: Progress::new(opts.progress),
@@ -281,6 +297,7 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
             location.open(crate::store::sqlite::Durability::Normal)?,
         )),
         publisher: publish.map(super::publish::Publisher::new),
+        units,
     };
     if leftovers > 0 {
         let text = format!(

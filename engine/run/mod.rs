@@ -27,6 +27,7 @@ mod publish;
 mod resource;
 mod schedule;
 mod subflow;
+mod units;
 pub mod worker;
 mod worktree;
 mod worktrees;
@@ -214,6 +215,9 @@ pub struct RunOptions {
     /// Publish the run's git workspaces to this repository after every agent, command and
     /// check stage (a run on workers: see `publish`), and restore its worktrees from it.
     pub publish: Option<String>,
+    /// Spread the run's agent calls and programs over the workers as units of work, each
+    /// needing these labels (the run's) besides its stage's (a run on workers; PostgreSQL).
+    pub spread: Option<Vec<String>>,
 }
 
 /// The default lease of a run (see [`RunOptions::lease`]).
@@ -261,6 +265,7 @@ impl RunOptions {
             lease: lease_from_env(),
             stop: None,
             publish: None,
+            spread: None,
         }
     }
 }

@@ -27,12 +27,16 @@ use super::worktree::{git, git_with};
 /// The namespace of the uncommitted changes' commits on the remote.
 pub const WIP_REFS: &str = "refs/ralph-flow/wip";
 
-/// Who the commits of uncommitted changes are by (a worker may have no git identity).
-const IDENTITY: [(&str, &str); 4] = [
+/// Who the commits of uncommitted changes are by (a worker may have no git identity), and
+/// when: a fixed date, so that the same changes on the same commit make the same commit
+/// wherever they are snapshot (a workspace restored and unchanged is not pushed again).
+const IDENTITY: [(&str, &str); 6] = [
     ("GIT_AUTHOR_NAME", "ralph-flow"),
     ("GIT_AUTHOR_EMAIL", "ralph-flow@localhost"),
+    ("GIT_AUTHOR_DATE", "2000-01-01T00:00:00Z"),
     ("GIT_COMMITTER_NAME", "ralph-flow"),
     ("GIT_COMMITTER_EMAIL", "ralph-flow@localhost"),
+    ("GIT_COMMITTER_DATE", "2000-01-01T00:00:00Z"),
 ];
 
 /// What a workspace holds: its branch, the branch's commit, and the commit of what is not
@@ -104,7 +108,8 @@ impl Publisher {
         &self.url
     }
 
-    async fn top(&self, dir: &Path) -> Option<PathBuf> {
+    /// The top of the git worktree `dir` is in (`None`: it is in none).
+    pub async fn top(&self, dir: &Path) -> Option<PathBuf> {
         if let Some(t) = self.tops.borrow().get(dir) {
             return t.clone();
         }
@@ -120,8 +125,8 @@ impl Publisher {
     }
 
     /// Publishes the git workspace `dir` is in (nothing when it is in none, or when
-    /// nothing changed since the last publish). Returns the workspace's top.
-    pub async fn publish(&self, dir: &Path) -> Result<Option<PathBuf>, PublishError> {
+    /// nothing changed since the last publish). Returns the workspace's top and branch.
+    pub async fn publish(&self, dir: &Path) -> Result<Option<(PathBuf, String)>, PublishError> {
         let _turn = self.turn.lock().await;
         let Some(top) = self.top(dir).await else {
             return Ok(None);
@@ -135,7 +140,7 @@ impl Publisher {
             None => ls_remote(&top, &self.url, &snap.branch).await?,
         };
         if known.head.as_deref() == Some(snap.head.as_str()) && known.wip == snap.wip {
-            return Ok(Some(top));
+            return Ok(Some((top, snap.branch)));
         }
         let branch_ref = format!("refs/heads/{}", snap.branch);
         let wip_ref = format!("{WIP_REFS}/{}", snap.branch);
@@ -166,7 +171,7 @@ impl Publisher {
                 wip: snap.wip,
             },
         );
-        Ok(Some(top))
+        Ok(Some((top, snap.branch)))
     }
 
     /// [`restore`]s a worktree of the run on `branch` from the remote, and remembers what
@@ -350,7 +355,10 @@ mod tests {
 
         let p = Publisher::new(url.clone());
         let top = p.publish(&a).await.unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(top.as_deref().map(|t| t.ends_with("a")), Some(true));
+        assert_eq!(
+            top.map(|(t, b)| (t.ends_with("a"), b)),
+            Some((true, "ralph-flow/r1".to_string()))
+        );
         assert_eq!(
             sh(&a, &["status", "--porcelain"]),
             status_a,

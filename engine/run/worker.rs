@@ -232,8 +232,10 @@ pub struct WorkerOptions {
     pub store: String,
     /// The worker's labels: it claims runs that need no label it lacks.
     pub labels: Vec<String>,
-    /// The most runs carried out at once.
+    /// The most units of work (agent calls, programs) carried out at once.
     pub max_concurrency: usize,
+    /// The most runs coordinated at once.
+    pub max_runs: usize,
     /// The worker's state directory: runs' artifacts (`runs/ID`) and checkouts
     /// (`workspaces/ID`).
     pub state_dir: PathBuf,
@@ -281,13 +283,20 @@ pub async fn work(
     let accept: Accept = Arc::new(|run: &RunRecord| {
         Workspace::from_options(&run.options).is_some_and(|w| w.reachable())
     });
+    let accept_unit: crate::store::postgres::AcceptUnit = Arc::new(|place: &Json| {
+        super::units::Place::from_json(place).is_some_and(|p| p.reachable())
+    });
+    let prepared: PreparedRuns = Rc::default();
     let mut running = tokio::task::JoinSet::new();
+    let mut units = tokio::task::JoinSet::new();
     let mut done = 0u64;
     report(&format!(
-        "worker {} started: at most {} run{} at once{}",
+        "worker {} started: at most {} unit{} of work and {} run{} at once{}",
         crate::store::holder_id(),
         opts.max_concurrency,
         if opts.max_concurrency == 1 { "" } else { "s" },
+        opts.max_runs,
+        if opts.max_runs == 1 { "" } else { "s" },
         if opts.labels.is_empty() {
             String::new()
         } else {
@@ -298,7 +307,37 @@ pub async fn work(
         if *stop.borrow() {
             break;
         }
-        while running.len() < opts.max_concurrency.max(1) {
+        while units.len() < opts.max_concurrency.max(1) {
+            let owner = crate::store::current_owner().with_lease(opts.run.lease);
+            let claimed = store
+                .borrow_mut()
+                .claim_unit(&owner, &opts.labels, accept_unit.clone());
+            let unit = match claimed {
+                Ok(Some(u)) => u,
+                Ok(None) => break,
+                Err(e) => {
+                    report(&format!(
+                        "! cannot claim a unit of work: {}",
+                        crate::diag::error_chain(&e)
+                    ));
+                    break;
+                }
+            };
+            report(&format!(
+                "claimed unit {} ({}) of run {}",
+                unit.id, unit.key, unit.run
+            ));
+            units.spawn_local(carry_unit(
+                unit,
+                owner,
+                store.clone(),
+                opts.clone(),
+                stop.clone(),
+                prepared.clone(),
+                report.clone(),
+            ));
+        }
+        while running.len() < opts.max_runs.max(1) {
             let owner = crate::store::current_owner().with_lease(opts.run.lease);
             let claimed = store
                 .borrow_mut()
@@ -329,6 +368,7 @@ pub async fn work(
             () = wake.notified() => {}
             () = tokio::time::sleep(opts.poll) => {}
             Some(_) = running.join_next(), if !running.is_empty() => done += 1,
+            Some(_) = units.join_next(), if !units.is_empty() => {}
             r = stop.changed() => if r.is_err() { break },
         }
     }
@@ -340,6 +380,7 @@ pub async fn work(
     while running.join_next().await.is_some() {
         done += 1;
     }
+    while units.join_next().await.is_some() {}
     stop_listening.store(true, Ordering::Relaxed);
     let _ = listener.join();
     Ok(WorkerEnd { runs: done })
@@ -458,6 +499,7 @@ async fn carry_out(
     o.resume = Some(run.id.clone());
     o.stop = Some(stop);
     o.publish = place.git.as_ref().map(|g| g.url.clone());
+    o.spread = Some(store.borrow().labels(&run.id)?);
     Ok(execute(&prepared, o).await?.end)
 }
 
@@ -597,4 +639,284 @@ async fn checkout(state_dir: &Path, id: &str, g: &GitPlace) -> Result<PathBuf, W
         .await?;
     }
     Ok(at(dir))
+}
+
+/// The variable that tags a unit's programs with its id (see `stop_leftovers`).
+const UNIT_ENV: &str = "RALPH_FLOW_UNIT";
+
+/// The runs whose workflows this worker has prepared (for their agents' settings), by id.
+type PreparedRuns = Rc<RefCell<std::collections::HashMap<String, Rc<Prepared>>>>;
+
+/// A run's workflow as stored with it, prepared once per worker.
+fn prepared_run(
+    store: &Rc<RefCell<PgStore>>,
+    cache: &PreparedRuns,
+    run: &str,
+) -> Result<Rc<Prepared>, String> {
+    if let Some(p) = cache.borrow().get(run) {
+        return Ok(p.clone());
+    }
+    let record = store
+        .borrow()
+        .run(run)
+        .map_err(|e| crate::diag::error_chain(&e))?
+        .ok_or_else(|| format!("there is no run {run}"))?;
+    let sources = store
+        .borrow()
+        .sources(run)
+        .map_err(|e| crate::diag::error_chain(&e))?;
+    let fs = crate::fs::MemFs::new(sources.into_iter().map(|(p, t)| (PathBuf::from(p), t)));
+    let prepared = super::prepare_in(&fs, Path::new(&record.file), &record.param_sets())
+        .map_err(|e| format!("the run's workflow does not check here:\n{}", e.render()))?;
+    super::register_secrets(&prepared);
+    let prepared = Rc::new(prepared);
+    cache.borrow_mut().insert(run.to_string(), prepared.clone());
+    Ok(prepared)
+}
+
+/// Carries out one claimed unit of work, renewing its lease, and records what came of it.
+/// A unit whose lease is lost (cancelled, taken over) is dropped, which stops its program
+/// or call; one whose worker is told to stop is handed back to the queue.
+async fn carry_unit(
+    unit: crate::store::postgres::Unit,
+    owner: LockOwner,
+    store: Rc<RefCell<PgStore>>,
+    opts: WorkerOptions,
+    mut stop: watch::Receiver<bool>,
+    prepared: PreparedRuns,
+    report: Report,
+) {
+    let id = unit.id;
+    let lease = opts.run.lease;
+    let renew = async {
+        let mut last_ok = std::time::Instant::now();
+        loop {
+            tokio::time::sleep(lease / 3).await;
+            match store.borrow_mut().renew_unit(id, &owner) {
+                Ok(true) => last_ok = std::time::Instant::now(),
+                Ok(false) => return "it was cancelled or taken over".to_string(),
+                Err(e) if last_ok.elapsed() >= lease => {
+                    return format!(
+                        "its lease could not be renewed: {}",
+                        crate::diag::error_chain(&e)
+                    );
+                }
+                Err(_) => {}
+            }
+        }
+    };
+    let result = tokio::select! {
+        r = unit_work(&unit, &store, &opts, &prepared) => r,
+        why = renew => {
+            report(&format!("unit {id} ({}) stopped: {why}", unit.key));
+            return;
+        }
+        _ = stop.wait_for(|s| *s) => {
+            let back = store.borrow_mut().release_unit(id, &owner);
+            report(&format!(
+                "unit {id} ({}) stopped{}",
+                unit.key,
+                match back {
+                    Ok(()) => " and handed back to the queue".to_string(),
+                    Err(e) => format!(", but could not be handed back: {}", crate::diag::error_chain(&e)),
+                }
+            ));
+            return;
+        }
+    };
+    let value = serde_json::to_value(&result).unwrap_or(Json::Null);
+    match store.borrow_mut().finish_unit(id, &owner, &value) {
+        Ok(true) => report(&format!("unit {id} ({}) done", unit.key)),
+        Ok(false) => report(&format!(
+            "unit {id} ({}) done, but another worker holds it now: its result is dropped",
+            unit.key
+        )),
+        Err(e) => report(&format!(
+            "! unit {id} ({}): cannot record its result: {}",
+            unit.key,
+            crate::diag::error_chain(&e)
+        )),
+    }
+}
+
+/// Does a unit's work where it says: a clone of its repository on its branch as published
+/// (`STATE_DIR/units/clones/HASH`), published again afterwards; or its directory.
+async fn unit_work(
+    unit: &crate::store::postgres::Unit,
+    store: &Rc<RefCell<PgStore>>,
+    opts: &WorkerOptions,
+    prepared: &PreparedRuns,
+) -> super::units::UnitResult {
+    use super::units::{AgentWork, CommandWork, Place, ProgramDone, UnitResult};
+    let Some(place) = Place::from_json(&unit.place) else {
+        return UnitResult::Failed(format!("unit {}: an unreadable place", unit.id));
+    };
+    let (cwd, publisher) = match &place {
+        Place::Git {
+            url,
+            branch,
+            subdir,
+        } => {
+            let hash: String = <sha2::Sha256 as sha2::Digest>::digest(
+                format!("{}\n{url}\n{branch}", unit.run).as_bytes(),
+            )[..8]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            let dir = opts.state_dir.join("units").join("clones").join(hash);
+            if let Err(e) = clone_into(url, &dir).await {
+                return UnitResult::Failed(e.to_string());
+            }
+            let p = super::publish::Publisher::new(url.clone());
+            match p.restore(&dir, branch).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    return UnitResult::Failed(format!(
+                        "the branch {branch} is not on {url}: the run did not publish it"
+                    ));
+                }
+                Err(e) => {
+                    return UnitResult::Failed(format!(
+                        "cannot check out {branch} from {url}: {}",
+                        crate::diag::error_chain(&e)
+                    ));
+                }
+            }
+            (dir.join(subdir), Some(p))
+        }
+        Place::Dir(d) => (d.clone(), None),
+    };
+    let files = opts
+        .state_dir
+        .join("units")
+        .join("attempts")
+        .join(&unit.run)
+        .join(unit.id.to_string());
+    if let Err(e) = std::fs::create_dir_all(&files) {
+        return UnitResult::Failed(format!("cannot create {}: {e}", files.display()));
+    }
+    // A unit taken over on this machine: what its earlier holder (killed) left running of
+    // it is stopped first, so that its work never runs beside an earlier copy of itself.
+    let tag = unit.id.to_string();
+    {
+        let tag = tag.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            crate::backend::process::stop_leftovers(Some((UNIT_ENV, &tag)), &[], &[])
+        })
+        .await;
+    }
+    let result = match unit.kind.as_str() {
+        "command" => {
+            let w: CommandWork = match serde_json::from_value(unit.payload.clone()) {
+                Ok(w) => w,
+                Err(e) => return UnitResult::Failed(format!("an unreadable program: {e}")),
+            };
+            let mut env = w.env;
+            env.push((UNIT_ENV.to_string(), tag.clone()));
+            let spec = crate::backend::process::ProcSpec {
+                argv: w.argv,
+                cwd: cwd.clone(),
+                env,
+                stdin: w.stdin.map(String::into_bytes),
+                timeout: w.timeout_ms.map(Duration::from_millis),
+                idle_timeout: w.idle_ms.map(Duration::from_millis),
+                stdout_path: Some(files.join("stdout")),
+                stderr_path: Some(files.join("stderr")),
+                ..Default::default()
+            };
+            match crate::backend::process::run(&spec).await {
+                Ok(out) => UnitResult::Program(ProgramDone::of(&out)),
+                Err(e) => {
+                    let why = crate::diag::error_chain(&e);
+                    UnitResult::Failed(if e.names_program() {
+                        why
+                    } else {
+                        let program = spec.argv.first().cloned().unwrap_or_default();
+                        format!("`{program}` could not start: {why}")
+                    })
+                }
+            }
+        }
+        "agent" => {
+            let w: AgentWork = match serde_json::from_value(unit.payload.clone()) {
+                Ok(w) => w,
+                Err(e) => return UnitResult::Failed(format!("an unreadable agent call: {e}")),
+            };
+            let prepared = match prepared_run(store, prepared, &unit.run) {
+                Ok(p) => p,
+                Err(e) => return UnitResult::Failed(e),
+            };
+            let plan = &prepared.plan;
+            let Some(agent) = plan
+                .workflow
+                .agents
+                .iter()
+                .find(|a| a.name.value == w.agent)
+            else {
+                return UnitResult::Failed(format!(
+                    "the run's workflow has no agent `{}`",
+                    w.agent
+                ));
+            };
+            let cfg = match super::exec::agent_config(agent, plan, &prepared.sources) {
+                Ok(c) => c,
+                Err(e) => return UnitResult::Failed(e.message()),
+            };
+            let backend = match crate::backend::build(&cfg) {
+                Ok(b) => b,
+                Err(e) => {
+                    return UnitResult::Agent(Err(crate::backend::CallError::Missing {
+                        message: crate::diag::error_chain(&e),
+                    }));
+                }
+            };
+            let mut call = w.call(cwd.clone(), files.clone());
+            call.env.push((UNIT_ENV.to_string(), tag.clone()));
+            if !backend.capabilities().json_schema {
+                call.schema = None;
+            }
+            UnitResult::Agent(backend.call(&call).await)
+        }
+        other => UnitResult::Failed(format!("a unit of an unknown kind `{other}`")),
+    };
+    if let Some(p) = publisher {
+        if let Err(e) = p.publish(&cwd).await {
+            return UnitResult::Failed(format!(
+                "the work was done, but what it left cannot be published to {}: {}",
+                p.url(),
+                crate::diag::error_chain(&e)
+            ));
+        }
+    }
+    result
+}
+
+/// A clone of `url` at `dir` (without a checkout), unless there is one.
+async fn clone_into(url: &str, dir: &Path) -> Result<(), WorkerError> {
+    if dir.join(".git").exists() {
+        return Ok(());
+    }
+    let _ = std::fs::remove_dir_all(dir);
+    if let Some(parent) = dir.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| RunError::io("create", parent, e))?;
+    }
+    let out = tokio::process::Command::new("git")
+        .args(["clone", "--quiet", "--no-checkout", "--"])
+        .arg(url)
+        .arg(dir)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .map_err(|e| WorkerError::Git {
+            what: format!("clone {url}"),
+            said: e.to_string(),
+        })?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(WorkerError::Git {
+            what: format!("clone {url} into {}", dir.display()),
+            said: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        })
+    }
 }

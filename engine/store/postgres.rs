@@ -12,8 +12,10 @@
 //! advisory lock, so that processes starting together do not race.
 
 mod queue;
+mod units;
 
 pub use queue::{Accept, listen};
+pub use units::{AcceptUnit, Unit, UnitState};
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -26,7 +28,7 @@ use super::{
 };
 
 /// The schema this version reads and writes.
-pub const SCHEMA_VERSION: i32 = 3;
+pub const SCHEMA_VERSION: i32 = 4;
 
 /// How long a lost connection is retried before the call fails (a restart of the server, a
 /// failover, a network cut).
@@ -155,6 +157,30 @@ CREATE TABLE run_sources (
     text TEXT NOT NULL,
     PRIMARY KEY (run, seq)
 );
+"#,
+    r#"
+-- Units of work: the agent calls and programs of runs on workers, which any worker whose
+-- labels suffice may carry out (see postgres/units.rs).
+CREATE TABLE units (
+    id         BIGSERIAL PRIMARY KEY,
+    run        TEXT NOT NULL,
+    key        TEXT NOT NULL,
+    kind       TEXT NOT NULL,
+    payload    TEXT NOT NULL,
+    labels     TEXT[] NOT NULL DEFAULT '{}',
+    place      TEXT NOT NULL,
+    state      TEXT NOT NULL,
+    holder     TEXT,
+    host       TEXT,
+    pid        BIGINT,
+    expires    BIGINT,
+    result     TEXT,
+    resource   TEXT,
+    capacity   BIGINT,
+    created_at BIGINT NOT NULL,
+    UNIQUE (run, key)
+);
+CREATE INDEX units_claimable ON units (id) WHERE state IN ('queued', 'running');
 "#,
 ];
 

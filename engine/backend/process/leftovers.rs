@@ -205,10 +205,12 @@ fn unended(log: &Path) -> Vec<(i32, StartWindow)> {
 /// Stops what an earlier executor of a run left running, before the run goes on: the
 /// process groups recorded in `pid_files` and in the process logs `logs` (when the
 /// recorded start time still matches; the logs are emptied), and
-/// every process whose environment names the run (`RALPH_FLOW_RUN=RUN`, which catches
-/// descendants that left their group). SIGTERM, then SIGKILL after [`KILL_GRACE`]; it
+/// every process whose environment has the variable `tag` names with its value (the run's
+/// `RALPH_FLOW_RUN=RUN`, a unit's `RALPH_FLOW_UNIT=ID`), which catches descendants that
+/// left their group. SIGTERM, then SIGKILL after [`KILL_GRACE`]; it
 /// returns once they are gone (or after a few seconds more), with how many there were.
-pub fn stop_leftovers(run: &str, pid_files: &[PathBuf], logs: &[PathBuf]) -> usize {
+pub fn stop_leftovers(tag: Option<(&str, &str)>, pid_files: &[PathBuf], logs: &[PathBuf]) -> usize {
+    let tagged_now = || tag.map_or_else(Vec::new, |(k, v)| processes_with_env(k, v));
     let mut groups = Vec::new();
     for log in logs {
         for (pid, window) in unended(log) {
@@ -235,7 +237,7 @@ pub fn stop_leftovers(run: &str, pid_files: &[PathBuf], logs: &[PathBuf]) -> usi
         }
         let _ = std::fs::remove_file(file);
     }
-    let tagged = processes_with_env("RALPH_FLOW_RUN", run);
+    let tagged = tagged_now();
     let mut all: Vec<i32> = groups.clone();
     all.extend(&tagged);
     all.sort_unstable();
@@ -252,8 +254,7 @@ pub fn stop_leftovers(run: &str, pid_files: &[PathBuf], logs: &[PathBuf]) -> usi
     let wait = |limit: Duration| {
         let start = std::time::Instant::now();
         while start.elapsed() < limit {
-            let left = all.iter().any(|&p| alive(p))
-                || !processes_with_env("RALPH_FLOW_RUN", run).is_empty();
+            let left = all.iter().any(|&p| alive(p)) || !tagged_now().is_empty();
             if !left {
                 return true;
             }
@@ -265,10 +266,7 @@ pub fn stop_leftovers(run: &str, pid_files: &[PathBuf], logs: &[PathBuf]) -> usi
         for &g in &groups {
             let _ = killpg(Pid::from_raw(g), Signal::SIGKILL);
         }
-        for p in processes_with_env("RALPH_FLOW_RUN", run)
-            .into_iter()
-            .chain(all.iter().copied())
-        {
+        for p in tagged_now().into_iter().chain(all.iter().copied()) {
             let _ = nix::sys::signal::kill(Pid::from_raw(p), Signal::SIGKILL);
         }
         wait(Duration::from_secs(5));

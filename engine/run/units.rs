@@ -1,0 +1,396 @@
+//! Units of work: how one run's agent calls and programs spread over many machines.
+//!
+//! A run that workers carry out (`run --detach`) is coordinated by one worker, which holds
+//! its lease, renders every prompt and argv, keeps the frames and commits every settlement.
+//! The work itself, each agent call and each program of a command or check stage, becomes
+//! a *unit* in the store that any worker whose labels suffice claims, carries out in its
+//! own copy of the stage's workspace and answers (see `store::postgres::units`). So a
+//! fan-out's items, a subflow's stages and single stages run wherever there is room, and a
+//! stage that needs labels (an agent's CLI, a toolchain) runs only where they are.
+//!
+//! Where a unit works:
+//! - in a git run, on the branch of the stage's workspace as the run published it (see
+//!   [`super::publish`]): the claiming worker restores it in a clone of its own, runs the
+//!   work, and publishes what the work left; the coordinator then restores its own copy.
+//!   Units of one workspace run one at a time (each starts from what the last left);
+//! - otherwise in the stage's directory, which must be on the claiming machine (the same
+//!   machine, or a shared file system).
+//!
+//! A unit is keyed by the stage, attempt and call and a hash of what it asks for: a
+//! coordinator that takes a run over and asks for the same thing adopts the unit (waits
+//! for it while it runs, uses its result when done) instead of starting the work again.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value as Json, json};
+use sha2::{Digest, Sha256};
+
+use crate::backend::process::{Ended, ProcOutput, ProcSpec};
+use crate::backend::{AgentCall, AgentReply, CallError};
+use crate::store::postgres::{PgStore, UnitState};
+
+/// The program of a command or check stage, as a unit asks for it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CommandWork {
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub stdin: Option<String>,
+    pub timeout_ms: Option<u64>,
+    pub idle_ms: Option<u64>,
+}
+
+/// An agent call, as a unit asks for it: the agent by name (the worker builds its backend
+/// from the run's workflow, with its own environment's keys) and the call.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AgentWork {
+    pub agent: String,
+    pub stage: String,
+    pub scope: String,
+    pub attempt: u32,
+    pub prompt: String,
+    pub model: Option<String>,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub timeout_ms: Option<u64>,
+    pub idle_ms: Option<u64>,
+    pub schema: Option<Json>,
+    pub max_tokens: Option<u64>,
+}
+
+/// What a program did, as a unit answers.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ProgramDone {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    pub stdout_cut: u64,
+    pub stderr_cut: u64,
+    pub ended: String,
+    pub elapsed_ms: u64,
+}
+
+/// What came of a unit.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UnitResult {
+    Program(ProgramDone),
+    Agent(Result<AgentReply, CallError>),
+    /// The work could not be done there (its workspace, its program could not start).
+    Failed(String),
+}
+
+impl ProgramDone {
+    pub fn of(out: &ProcOutput) -> ProgramDone {
+        ProgramDone {
+            code: out.code,
+            signal: out.signal,
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            stdout_cut: out.stdout_cut,
+            stderr_cut: out.stderr_cut,
+            ended: match out.ended {
+                Ended::Exited => "exited",
+                Ended::Timeout => "timeout",
+                Ended::Idle => "idle",
+                Ended::AfterResult => "after_result",
+            }
+            .into(),
+            elapsed_ms: out.elapsed.as_millis().try_into().unwrap_or(u64::MAX),
+        }
+    }
+
+    pub fn output(self) -> ProcOutput {
+        ProcOutput {
+            code: self.code,
+            signal: self.signal,
+            stdout: self.stdout.into_bytes(),
+            stderr: self.stderr.into_bytes(),
+            stdout_cut: self.stdout_cut,
+            stderr_cut: self.stderr_cut,
+            ended: match self.ended.as_str() {
+                "timeout" => Ended::Timeout,
+                "idle" => Ended::Idle,
+                "after_result" => Ended::AfterResult,
+                _ => Ended::Exited,
+            },
+            elapsed: Duration::from_millis(self.elapsed_ms),
+        }
+    }
+}
+
+impl CommandWork {
+    pub fn of(spec: &ProcSpec) -> CommandWork {
+        CommandWork {
+            argv: spec.argv.clone(),
+            env: spec.env.clone(),
+            stdin: spec
+                .stdin
+                .as_ref()
+                .map(|b| String::from_utf8_lossy(b).into_owned()),
+            timeout_ms: spec.timeout.map(ms),
+            idle_ms: spec.idle_timeout.map(ms),
+        }
+    }
+}
+
+impl AgentWork {
+    pub fn of(agent: &str, call: &AgentCall) -> AgentWork {
+        AgentWork {
+            agent: agent.to_string(),
+            stage: call.stage.clone(),
+            scope: call.scope.clone(),
+            attempt: call.attempt,
+            prompt: call.prompt.clone(),
+            model: call.model.clone(),
+            args: call.args.clone(),
+            env: call.env.clone(),
+            timeout_ms: call.timeout.map(ms),
+            idle_ms: call.idle_timeout.map(ms),
+            schema: call.schema.clone(),
+            max_tokens: call.max_tokens,
+        }
+    }
+
+    /// The call, made in `cwd` with its files in `dir`.
+    pub fn call(&self, cwd: PathBuf, dir: PathBuf) -> AgentCall {
+        AgentCall {
+            stage: self.stage.clone(),
+            scope: self.scope.clone(),
+            attempt: self.attempt,
+            prompt: self.prompt.clone(),
+            model: self.model.clone(),
+            args: self.args.clone(),
+            env: self.env.clone(),
+            cwd,
+            dir,
+            timeout: self.timeout_ms.map(Duration::from_millis),
+            idle_timeout: self.idle_ms.map(Duration::from_millis),
+            schema: self.schema.clone(),
+            max_tokens: self.max_tokens,
+        }
+    }
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis().try_into().unwrap_or(u64::MAX)
+}
+
+/// Where a unit works.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Place {
+    /// A branch of a git repository, and the directory below its top.
+    Git {
+        url: String,
+        branch: String,
+        subdir: String,
+    },
+    /// A directory (on the claiming machine).
+    Dir(PathBuf),
+}
+
+impl Place {
+    pub fn to_json(&self) -> Json {
+        match self {
+            Place::Git {
+                url,
+                branch,
+                subdir,
+            } => json!({"git": {"url": url, "branch": branch, "subdir": subdir}}),
+            Place::Dir(d) => json!({"dir": d.to_string_lossy()}),
+        }
+    }
+
+    pub fn from_json(j: &Json) -> Option<Place> {
+        if let Some(g) = j.get("git") {
+            return Some(Place::Git {
+                url: g.get("url")?.as_str()?.to_string(),
+                branch: g.get("branch")?.as_str()?.to_string(),
+                subdir: g.get("subdir")?.as_str()?.to_string(),
+            });
+        }
+        Some(Place::Dir(PathBuf::from(j.get("dir")?.as_str()?)))
+    }
+
+    /// Whether a worker on this machine can work there.
+    pub fn reachable(&self) -> bool {
+        match self {
+            Place::Git { .. } => true,
+            Place::Dir(d) => d.is_dir(),
+        }
+    }
+}
+
+/// The coordinator's side: dispatches units and waits for their results.
+pub(crate) struct Units {
+    /// A connection of its own (the executor's is busy with commits).
+    store: RefCell<PgStore>,
+    run: String,
+    /// The labels every unit of the run needs (the run's own).
+    labels: Vec<String>,
+    /// One unit at a time per git workspace (by its top).
+    turns: RefCell<HashMap<PathBuf, Rc<tokio::sync::Mutex<()>>>>,
+    /// Calls made so far per stage attempt (their keys).
+    calls: RefCell<HashMap<String, u32>>,
+}
+
+/// Cancels a unit whose waiter went away (a timeout, Ctrl-C, a run that stops).
+struct CancelOnDrop<'a> {
+    units: &'a Units,
+    id: Option<i64>,
+}
+
+impl Drop for CancelOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.id {
+            if let Err(e) = self.units.store.borrow_mut().cancel_unit(id) {
+                tracing::warn!("cannot cancel unit {id}: {}", crate::diag::error_chain(&e));
+            }
+        }
+    }
+}
+
+impl Units {
+    pub fn connect(url: &str, run: &str, labels: Vec<String>) -> crate::store::Result<Units> {
+        Ok(Units {
+            store: RefCell::new(PgStore::connect(url)?),
+            run: run.to_string(),
+            labels,
+            turns: RefCell::default(),
+            calls: RefCell::default(),
+        })
+    }
+
+    /// The next call's number in a stage's attempt.
+    pub fn next_call(&self, attempt_key: &str) -> u32 {
+        let mut calls = self.calls.borrow_mut();
+        let n = calls.entry(attempt_key.to_string()).or_insert(0);
+        *n += 1;
+        *n
+    }
+
+    /// Has a unit of work done where `cwd` is and returns its result: `stage_key` names the
+    /// stage (`SCOPE/STAGE#`), `call_key` the call within it (`ATTEMPT.CALL`), `labels` what
+    /// the stage needs besides the run's labels.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn work(
+        &self,
+        publisher: Option<&super::publish::Publisher>,
+        cwd: &Path,
+        stage_key: &str,
+        call_key: &str,
+        kind: &str,
+        payload: Json,
+        labels: &[String],
+        hold: Option<(&str, i64)>,
+    ) -> Result<UnitResult, String> {
+        // One unit at a time per git workspace: each starts from what the last left.
+        let top = match publisher {
+            Some(p) => p.top(cwd).await,
+            None => None,
+        };
+        let turn = top.as_ref().map(|t| {
+            self.turns
+                .borrow_mut()
+                .entry(t.clone())
+                .or_default()
+                .clone()
+        });
+        let _turn = match &turn {
+            Some(t) => Some(t.lock().await),
+            None => None,
+        };
+        // Where: the workspace's branch as published now, or the directory.
+        let place = match (publisher, &top) {
+            (Some(p), Some(_)) => match p.publish(cwd).await {
+                Ok(Some((top, branch))) => Place::Git {
+                    url: p.url().to_string(),
+                    branch,
+                    subdir: cwd
+                        .strip_prefix(&top)
+                        .map(|s| s.to_string_lossy().into_owned())
+                        .unwrap_or_default(),
+                },
+                Ok(None) => Place::Dir(cwd.to_path_buf()),
+                Err(e) => {
+                    return Err(format!(
+                        "cannot publish the workspace {} for another machine: {}",
+                        cwd.display(),
+                        crate::diag::error_chain(&e)
+                    ));
+                }
+            },
+            _ => Place::Dir(cwd.to_path_buf()),
+        };
+        let place = place.to_json();
+        let mut labels: Vec<String> = self.labels.iter().chain(labels).cloned().collect();
+        labels.sort();
+        labels.dedup();
+        let mut h = Sha256::new();
+        h.update(kind.as_bytes());
+        h.update(payload.to_string().as_bytes());
+        h.update(place.to_string().as_bytes());
+        let hash: String = h.finalize()[..8]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let key = format!("{stage_key}{call_key}@{hash}");
+        let id = self
+            .store
+            .borrow_mut()
+            .dispatch(
+                &self.run, &key, stage_key, kind, &payload, &labels, &place, hold,
+            )
+            .map_err(|e| crate::diag::error_chain(&e))?;
+        let mut guard = CancelOnDrop {
+            units: self,
+            id: Some(id),
+        };
+        let mut delay = Duration::from_millis(5);
+        let result = loop {
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_millis(250));
+            let unit = self
+                .store
+                .borrow()
+                .unit(id)
+                .map_err(|e| crate::diag::error_chain(&e))?;
+            let Some(unit) = unit else {
+                guard.id = None;
+                return Err(format!("unit {id} vanished from the store"));
+            };
+            match unit.state {
+                UnitState::Done => break unit.result.unwrap_or(Json::Null),
+                UnitState::Cancelled => {
+                    guard.id = None;
+                    return Err(format!("unit {id} was cancelled"));
+                }
+                UnitState::Queued | UnitState::Running => {}
+            }
+        };
+        guard.id = None;
+        if let Err(e) = self.store.borrow_mut().forget_unit(id) {
+            tracing::warn!("cannot forget unit {id}: {}", crate::diag::error_chain(&e));
+        }
+        // The coordinator's copy of the workspace: what the unit left.
+        if let (Some(p), Some(top), Place::Git { branch, .. }) = (
+            publisher,
+            top,
+            Place::from_json(&place).unwrap_or(Place::Dir(PathBuf::new())),
+        ) {
+            p.restore(&top, &branch).await.map_err(|e| {
+                format!(
+                    "cannot bring {} up to what another machine left: {}",
+                    top.display(),
+                    crate::diag::error_chain(&e)
+                )
+            })?;
+        }
+        serde_json::from_value(result).map_err(|e| format!("unit {id}: an unreadable result: {e}"))
+    }
+}

@@ -1,0 +1,383 @@
+//! Units of work in the PostgreSQL store: the agent calls and programs of a run on workers,
+//! which any worker may carry out. The run's coordinator [`PgStore::dispatch`]es a unit
+//! (idempotent by the run and a key naming the stage, attempt, call and what is asked);
+//! workers [`PgStore::claim_unit`] queued units, and running units whose lease expired,
+//! with `SELECT ... FOR UPDATE SKIP LOCKED`, renew their lease while they work, and
+//! [`PgStore::finish_unit`] with the result, fenced by that lease; the coordinator reads
+//! the result ([`PgStore::unit`]) and [`PgStore::forget_unit`]s it once used.
+
+use ::postgres::Row;
+
+use super::{CHANNEL, NOW_MS, PgStore, changed, pg};
+use crate::store::{LockOwner, Result, StoreError, now_ms};
+
+/// How many claimable units one claim looks at, in queue order, for one this worker takes.
+const CANDIDATES: i64 = 32;
+
+/// Where a unit is: queued, running on a worker, done (with its result) or cancelled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnitState {
+    Queued,
+    Running,
+    Done,
+    Cancelled,
+}
+
+impl UnitState {
+    fn parse(s: &str) -> UnitState {
+        match s {
+            "running" => UnitState::Running,
+            "done" => UnitState::Done,
+            "cancelled" => UnitState::Cancelled,
+            _ => UnitState::Queued,
+        }
+    }
+}
+
+/// A unit of work as the store holds it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Unit {
+    pub id: i64,
+    pub run: String,
+    /// What the coordinator asked for: `SCOPE/STAGE#ATTEMPT.CALL@HASH`.
+    pub key: String,
+    /// `agent` or `command`.
+    pub kind: String,
+    /// What to do (JSON; see `run::units`).
+    pub payload: serde_json::Value,
+    /// The labels a worker needs to take it.
+    pub labels: Vec<String>,
+    /// Where it works (JSON: a git repository and branch, or a directory).
+    pub place: serde_json::Value,
+    pub state: UnitState,
+    /// The worker that holds it (`host:pid:random`), while it runs.
+    pub holder: Option<String>,
+    /// What came of it (JSON), once done.
+    pub result: Option<serde_json::Value>,
+}
+
+const UNIT_COLUMNS: &str = "id, run, key, kind, payload, labels, place, state, holder, result";
+
+fn unit_from_row(r: &Row) -> Result<Unit> {
+    let json =
+        |i: usize| -> Result<serde_json::Value> { super::json_value(&r.get::<_, String>(i)) };
+    let result: Option<String> = r.get(9);
+    Ok(Unit {
+        id: r.get(0),
+        run: r.get(1),
+        key: r.get(2),
+        kind: r.get(3),
+        payload: json(4)?,
+        labels: r.get(5),
+        place: json(6)?,
+        state: UnitState::parse(&r.get::<_, String>(7)),
+        holder: r.get(8),
+        result: result.map(|t| super::json_value(&t)).transpose()?,
+    })
+}
+
+/// Whether a worker can carry a unit out here (its place).
+pub type AcceptUnit = std::sync::Arc<dyn Fn(&serde_json::Value) -> bool + Send + Sync>;
+
+impl PgStore {
+    /// Asks for a unit of work: queues it, or finds the one already asked for under the
+    /// same run and key (a coordinator that took the run over adopts what its predecessor
+    /// dispatched: a running unit is waited for, a done one's result used). Units of the
+    /// same stage under another key (asked for something else) that have not finished are
+    /// cancelled. Returns the unit's id.
+    /// `hold` names the run's resource the unit holds while it runs, with its capacity: no
+    /// more units holding it run at once, across every worker (a merge queue lands one
+    /// ticket at a time even while a new coordinator takes over from a dead one).
+    #[allow(clippy::too_many_arguments)]
+    pub fn dispatch(
+        &mut self,
+        run: &str,
+        key: &str,
+        stage_prefix: &str,
+        kind: &str,
+        payload: &serde_json::Value,
+        labels: &[String],
+        place: &serde_json::Value,
+        hold: Option<(&str, i64)>,
+    ) -> Result<i64> {
+        let (resource, capacity) = match hold {
+            Some((r, c)) => (Some(r.to_string()), Some(c.max(1))),
+            None => (None, None),
+        };
+        let (run, key, prefix, kind) = (
+            run.to_string(),
+            key.to_string(),
+            stage_prefix.to_string(),
+            kind.to_string(),
+        );
+        let payload = super::json_text(payload)?;
+        let place = super::json_text(place)?;
+        let labels = labels.to_vec();
+        self.call(move |c| {
+            let fail = |e| pg("cannot queue a unit of work", e);
+            let mut tx = c.transaction().map_err(fail)?;
+            let id: i64 = match tx
+                .query_opt(
+                    "SELECT id, state FROM units WHERE run = $1 AND key = $2 FOR UPDATE",
+                    &[&run, &key],
+                )
+                .map_err(fail)?
+            {
+                Some(row) => {
+                    let id: i64 = row.get(0);
+                    if row.get::<_, String>(1) == "cancelled" {
+                        tx.execute(
+                            "UPDATE units SET state = 'queued', holder = NULL, expires = NULL \
+                             WHERE id = $1",
+                            &[&id],
+                        )
+                        .map_err(fail)?;
+                    }
+                    id
+                }
+                None => tx
+                    .query_one(
+                        "INSERT INTO units (run, key, kind, payload, labels, place, state, \
+                         created_at, resource, capacity) \
+                         VALUES ($1, $2, $3, $4, $5, $6, 'queued', $7, $8, $9) RETURNING id",
+                        &[
+                            &run,
+                            &key,
+                            &kind,
+                            &payload,
+                            &labels,
+                            &place,
+                            &now_ms(),
+                            &resource,
+                            &capacity,
+                        ],
+                    )
+                    .map_err(fail)?
+                    .get(0),
+            };
+            tx.execute(
+                "UPDATE units SET state = 'cancelled' WHERE run = $1 AND starts_with(key, $2) \
+                 AND key <> $3 AND state IN ('queued', 'running')",
+                &[&run, &prefix, &key],
+            )
+            .map_err(fail)?;
+            tx.execute(
+                "SELECT pg_notify($1, $2)",
+                &[&CHANNEL, &format!("unit:{id}")],
+            )
+            .map_err(fail)?;
+            changed(&mut tx).map_err(fail)?;
+            tx.commit().map_err(fail)?;
+            Ok(id)
+        })
+    }
+
+    /// A unit, as the store holds it now.
+    pub fn unit(&self, id: i64) -> Result<Option<Unit>> {
+        self.call(move |c| {
+            c.query_opt(
+                &format!("SELECT {UNIT_COLUMNS} FROM units WHERE id = $1"),
+                &[&id],
+            )
+            .map_err(|e| pg("cannot read a unit of work", e))?
+            .map(|r| unit_from_row(&r))
+            .transpose()
+        })
+    }
+
+    /// Cancels a unit that has not finished (its worker stops it when it next renews).
+    pub fn cancel_unit(&mut self, id: i64) -> Result<()> {
+        self.call(move |c| {
+            c.execute(
+                "UPDATE units SET state = 'cancelled' WHERE id = $1 \
+                 AND state IN ('queued', 'running')",
+                &[&id],
+            )
+            .map(drop)
+            .map_err(|e| pg("cannot cancel a unit of work", e))
+        })
+    }
+
+    /// Forgets a unit whose result the coordinator has used.
+    pub fn forget_unit(&mut self, id: i64) -> Result<()> {
+        self.call(move |c| {
+            c.execute("DELETE FROM units WHERE id = $1", &[&id])
+                .map(drop)
+                .map_err(|e| pg("cannot forget a unit of work", e))
+        })
+    }
+
+    /// Claims one unit for `owner` (who must have a lease): the oldest queued unit, or
+    /// running unit whose lease expired, whose labels are all in `labels` and whose place
+    /// `accept` takes, skipping those another worker is claiming.
+    pub fn claim_unit(
+        &mut self,
+        owner: &LockOwner,
+        labels: &[String],
+        accept: AcceptUnit,
+    ) -> Result<Option<Unit>> {
+        let Some(lease) = owner.lease() else {
+            return Err(StoreError::State(
+                "a worker claims units with a lease; give the owner one".into(),
+            ));
+        };
+        let (owner, labels) = (owner.clone(), labels.to_vec());
+        self.call(move |c| {
+            let fail = |e| pg("cannot claim a unit of work", e);
+            let mut tx = c.transaction().map_err(fail)?;
+            let rows = tx
+                .query(
+                    &format!(
+                        "SELECT {UNIT_COLUMNS} FROM units WHERE labels <@ $1::TEXT[] \
+                         AND (state = 'queued' OR (state = 'running' AND expires < {NOW_MS})) \
+                         ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED"
+                    ),
+                    &[&labels, &CANDIDATES],
+                )
+                .map_err(fail)?;
+            for row in rows {
+                let mut unit = unit_from_row(&row)?;
+                if !accept(&unit.place) {
+                    continue;
+                }
+                // A unit that holds a resource waits while its capacity is taken by units
+                // running under a live lease; the count is made under a lock of the run's
+                // resource, so two workers claiming at once do not both see room.
+                let hold: Option<(String, i64)> = tx
+                    .query_one(
+                        "SELECT resource, capacity FROM units WHERE id = $1",
+                        &[&unit.id],
+                    )
+                    .map_err(fail)
+                    .map(|r| {
+                        r.get::<_, Option<String>>(0)
+                            .map(|res| (res, r.get::<_, Option<i64>>(1).unwrap_or(1)))
+                    })?;
+                if let Some((resource, capacity)) = hold {
+                    tx.execute(
+                        "SELECT pg_advisory_xact_lock(hashtext($1))",
+                        &[&format!("{}/{resource}", unit.run)],
+                    )
+                    .map_err(fail)?;
+                    let busy: i64 = tx
+                        .query_one(
+                            &format!(
+                                "SELECT count(*) FROM units WHERE run = $1 AND resource = $2 \
+                                 AND id <> $3 AND state = 'running' AND expires >= {NOW_MS}"
+                            ),
+                            &[&unit.run, &resource, &unit.id],
+                        )
+                        .map_err(fail)?
+                        .get(0);
+                    if busy >= capacity {
+                        continue;
+                    }
+                }
+                tx.execute(
+                    &format!(
+                        "UPDATE units SET state = 'running', holder = $2, host = $3, pid = $4, \
+                         expires = {NOW_MS} + $5 WHERE id = $1"
+                    ),
+                    &[
+                        &unit.id,
+                        &owner.holder,
+                        &owner.host,
+                        &i64::from(owner.pid),
+                        &lease,
+                    ],
+                )
+                .map_err(fail)?;
+                changed(&mut tx).map_err(fail)?;
+                tx.commit().map_err(fail)?;
+                unit.state = UnitState::Running;
+                unit.holder = Some(owner.holder.clone());
+                return Ok(Some(unit));
+            }
+            Ok(None)
+        })
+    }
+
+    /// Hands a unit back to the queue (a worker that stops), if `owner` holds it.
+    pub fn release_unit(&mut self, id: i64, owner: &LockOwner) -> Result<()> {
+        let holder = owner.holder.clone();
+        self.call(move |c| {
+            let fail = |e| pg("cannot hand a unit of work back", e);
+            let mut tx = c.transaction().map_err(fail)?;
+            let n = tx
+                .execute(
+                    "UPDATE units SET state = 'queued', holder = NULL, host = NULL, pid = NULL, \
+                     expires = NULL WHERE id = $1 AND holder = $2 AND state = 'running'",
+                    &[&id, &holder],
+                )
+                .map_err(fail)?;
+            if n == 1 {
+                tx.execute(
+                    "SELECT pg_notify($1, $2)",
+                    &[&CHANNEL, &format!("unit:{id}")],
+                )
+                .map_err(fail)?;
+            }
+            tx.commit().map_err(fail)
+        })
+    }
+
+    /// Renews the lease on a unit; `false` when the holder lost it (cancelled, or taken over
+    /// after its lease expired): then it must stop the unit's work.
+    pub fn renew_unit(&mut self, id: i64, owner: &LockOwner) -> Result<bool> {
+        let lease = owner.lease().unwrap_or(30_000);
+        let holder = owner.holder.clone();
+        self.call(move |c| {
+            Ok(c.execute(
+                &format!(
+                    "UPDATE units SET expires = {NOW_MS} + $3 WHERE id = $1 AND holder = $2 \
+                     AND state = 'running'"
+                ),
+                &[&id, &holder, &lease],
+            )
+            .map_err(|e| pg("cannot renew a unit's lease", e))?
+                == 1)
+        })
+    }
+
+    /// Records a unit's result, if `owner` still holds it (a retried write that was applied
+    /// already counts as done); wakes the workers and the coordinator. `false` when the
+    /// holder had lost the unit: the result is dropped.
+    pub fn finish_unit(
+        &mut self,
+        id: i64,
+        owner: &LockOwner,
+        result: &serde_json::Value,
+    ) -> Result<bool> {
+        let result = super::json_text(result)?;
+        let holder = owner.holder.clone();
+        self.call(move |c| {
+            let fail = |e| pg("cannot record a unit's result", e);
+            let mut tx = c.transaction().map_err(fail)?;
+            let n = tx
+                .execute(
+                    "UPDATE units SET state = 'done', result = $3, expires = NULL \
+                     WHERE id = $1 AND holder = $2 AND state = 'running'",
+                    &[&id, &holder, &result],
+                )
+                .map_err(fail)?;
+            let done = n == 1
+                || tx
+                    .query_opt(
+                        "SELECT 1 FROM units WHERE id = $1 AND holder = $2 AND state = 'done'",
+                        &[&id, &holder],
+                    )
+                    .map_err(fail)?
+                    .is_some();
+            if n == 1 {
+                tx.execute(
+                    "SELECT pg_notify($1, $2)",
+                    &[&CHANNEL, &format!("unit:{id}")],
+                )
+                .map_err(fail)?;
+                changed(&mut tx).map_err(fail)?;
+            }
+            tx.commit().map_err(fail)?;
+            Ok(done)
+        })
+    }
+}
