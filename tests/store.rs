@@ -1145,6 +1145,23 @@ fn postgres_units_are_claimed_once_by_labels_adopted_by_key_and_fenced_by_lease(
         return;
     };
     let mut coord = PgStore::connect(&url).expect("connect");
+    // Only the run's coordinator asks for units.
+    let boss = leased("boss", 0, 600_000);
+    assert!(matches!(
+        coord.dispatch(
+            "boss",
+            "r",
+            "a#1.1@h",
+            "a#",
+            "command",
+            &json!({}),
+            &[],
+            &json!({}),
+            None
+        ),
+        Err(ralph_flow::store::StoreError::LeaseLost { .. })
+    ));
+    coord.lock("r", &boss).expect("lock");
     let here = json!({"dir": "/here"});
     let mut ids = Vec::new();
     for i in 0..8 {
@@ -1152,6 +1169,7 @@ fn postgres_units_are_claimed_once_by_labels_adopted_by_key_and_fenced_by_lease(
         let key = format!("items#{i}/work#1.1@h");
         let id = coord
             .dispatch(
+                "boss",
                 "r",
                 &key,
                 &format!("items#{i}/work#"),
@@ -1165,6 +1183,7 @@ fn postgres_units_are_claimed_once_by_labels_adopted_by_key_and_fenced_by_lease(
         // Asking again for the same thing adopts the unit.
         let again = coord
             .dispatch(
+                "boss",
                 "r",
                 &key,
                 &format!("items#{i}/work#"),
@@ -1180,6 +1199,7 @@ fn postgres_units_are_claimed_once_by_labels_adopted_by_key_and_fenced_by_lease(
     }
     let elsewhere = coord
         .dispatch(
+            "boss",
             "r",
             "far/work#1.1@h",
             "far/work#",
@@ -1256,6 +1276,7 @@ fn postgres_units_are_claimed_once_by_labels_adopted_by_key_and_fenced_by_lease(
     // holder learns it when it renews, and a handed-back unit is queued again.
     let other = coord
         .dispatch(
+            "boss",
             "r",
             "items#0/work#2.1@h2",
             "items#0/work#",
@@ -1267,10 +1288,28 @@ fn postgres_units_are_claimed_once_by_labels_adopted_by_key_and_fenced_by_lease(
         )
         .expect("dispatch");
     assert_ne!(other, ids[0]);
-    assert_eq!(
-        coord.unit(ids[0]).expect("unit").expect("there").state,
-        UnitState::Cancelled
+    let cancelled = coord.unit(ids[0]).expect("unit").expect("there");
+    assert_eq!(cancelled.state, UnitState::Cancelled);
+    // The new unit of that stage waits until the old one's holder has stopped its work:
+    // two copies of a stage never run at once.
+    let fay = leased("fay", 0, 60_000);
+    assert!(
+        gpu.claim_unit(&fay, &[], accept.clone())
+            .expect("claim")
+            .is_none(),
+        "the stage's cancelled unit still runs"
     );
+    let old = leased(&cancelled.holder.expect("held"), 0, 60_000);
+    assert!(
+        !gpu.renew_unit(ids[0], &old).expect("renew"),
+        "its holder learns"
+    );
+    gpu.unit_stopped(ids[0], &old).expect("stopped");
+    let next = gpu
+        .claim_unit(&fay, &[], accept.clone())
+        .expect("claim")
+        .expect("now");
+    assert_eq!(next.id, other);
     let mut mine = None;
     for w in 0..4 {
         let h = leased(&format!("w{w}"), 0, 60_000);
@@ -1292,6 +1331,7 @@ fn postgres_units_are_claimed_once_by_labels_adopted_by_key_and_fenced_by_lease(
         .map(|i| {
             coord
                 .dispatch(
+                    "boss",
                     "r",
                     &format!("t#{i}/land#1.1@h"),
                     &format!("t#{i}/land#"),

@@ -892,3 +892,65 @@ fn one_runs_fan_out_spreads_over_workers_and_a_labelled_stage_goes_to_its_label(
     let run = store.run(&id).unwrap().unwrap();
     assert_eq!(run.exit, Some(("success".into(), 0)), "{}", p.worker_logs());
 }
+
+/// A run's agent calls are units of work too: a `command` agent's program runs on a worker
+/// that has the stage's label (with the unit's tag in its environment), its answer goes
+/// back to the coordinator, which extracts and validates the output and routes on it.
+#[test]
+fn agent_calls_are_units_that_answer_the_coordinator() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(url) = pg::database() else {
+        return;
+    };
+    let wf = r#"name = "ask"
+
+[agents.echo]
+kind = "command"
+command = ["sh", "-c", 'read -r prompt; printf "{\"said\": \"%s\", \"unit\": \"%s\", \"worker\": %s}" "$prompt" "$RALPH_FLOW_UNIT" "$PPID"']
+
+[stages.ask]
+kind = "agent"
+agent = "echo"
+labels = ["llm"]
+prompt = "hello {{ run.id }}"
+output = { extract = "json", schema = { type = "object", required = ["said", "unit", "worker"] } }
+
+[stages.after]
+kind = "command"
+needs = ["ask"]
+argv = ["echo", "{{ stages.ask.output.said }}"]
+"#;
+    let p = Project::new(url, wf);
+    let out = p.command(&["run", "wf.toml", "--detach"]).output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let plain = p.worker(0, "30s", &[]);
+    let llm = p.worker(1, "30s", &["--labels", "llm"]);
+    p.wait_finished(std::slice::from_ref(&id), Duration::from_secs(60));
+    let llm_pid = i64::from(llm.id());
+    stop(vec![plain, llm]);
+    let store = p.store();
+    let run = store.run(&id).unwrap().unwrap();
+    assert_eq!(run.exit, Some(("success".into(), 0)), "{}", p.worker_logs());
+    let nodes = store.nodes(&id).unwrap();
+    let ask = nodes.iter().find(|n| n.node == "ask").unwrap();
+    assert_eq!(ask.output["said"], format!("hello {id}"));
+    assert!(
+        ask.output["unit"]
+            .as_str()
+            .is_some_and(|u| u.parse::<i64>().is_ok()),
+        "{:?}",
+        ask.output
+    );
+    assert_eq!(
+        ask.output["worker"], llm_pid,
+        "the call ran where the label is"
+    );
+    let after = nodes.iter().find(|n| n.node == "after").unwrap();
+    assert_eq!(after.output["stdout"], format!("hello {id}\n"));
+}

@@ -135,7 +135,18 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         (Some(labels), Some(url)) => Some((url.clone(), labels.clone())),
         _ => None,
     };
-    let mut store: Box<dyn Store> = location.open(durability)?;
+    // A run on workers hands its units of work through the store's own connection.
+    let (mut store, units_store): (Box<dyn Store>, _) = match (&location, &spread) {
+        (crate::store::Location::Postgres(url), Some(_)) => {
+            let pg = crate::store::postgres::PgStore::connect_reporting(
+                url,
+                Box::new(|m| eprintln!("! store: {}", crate::text::printable(m))),
+            )?;
+            let units = pg.share();
+            (Box::new(pg), Some(units))
+        }
+        _ => (location.open(durability)?, None),
+    };
     let plan = &prepared.plan;
     let (run, resumed) = match &opts.resume {
         Some(id) => {
@@ -270,9 +281,20 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
     };
     let (interrupt, _) = watch::channel(false);
     let artifacts = super::artifacts::Artifacts::start(Path::new(&run.dir));
-    let units = match spread {
-        Some((url, labels)) => Some(super::units::Units::connect(&url, &run.id, labels)?),
-        None => None,
+    let units = match (spread, units_store) {
+        (Some((_, labels)), Some(pg)) => {
+            Some(super::units::Units::new(pg, &run.id, &owner.holder, labels))
+        }
+        _ => None,
+    };
+    // `earlier_runs` reads through the store's connection where it can be shared, and the
+    // lease is renewed through it (only a store other machines reach needs that: a SQLite
+    // file serves one machine, where a live holder keeps its run whatever its lease says,
+    // `LockOwner::lapsed`).
+    let lease_store = store.share();
+    let memory = match store.share() {
+        Some(s) => s,
+        None => location.open(crate::store::sqlite::Durability::Normal)?,
     };
     let shared = Shared {
         global: opts.max_concurrency.map(super::resource::limit),
@@ -293,9 +315,7 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         replay,
         recorder,
         store_error: RefCell::new(None),
-        memory: Arc::new(std::sync::Mutex::new(
-            location.open(crate::store::sqlite::Durability::Normal)?,
-        )),
+        memory: Arc::new(std::sync::Mutex::new(memory)),
         publisher: publish.map(super::publish::Publisher::new),
         units,
     };
@@ -389,13 +409,6 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
             },
         }
         std::future::pending::<()>().await;
-    };
-    // Only a store other machines reach needs the lease renewed: a SQLite file serves one
-    // machine, where a live holder keeps its run whatever its lease says
-    // (`LockOwner::lapsed`), so no second connection is opened for it.
-    let lease_store = match location {
-        crate::store::Location::Postgres(_) => Some(location.open(durability)?),
-        crate::store::Location::Sqlite(_) => None,
     };
     let heartbeat = async {
         match lease_store {

@@ -177,6 +177,18 @@ impl AgentWork {
     }
 }
 
+/// Whether a repository URL can be reached from this machine, as far as can be told
+/// without the network: a `file://` URL or a path must exist here.
+pub fn repository_here(url: &str) -> bool {
+    if let Some(path) = url.strip_prefix("file://") {
+        return Path::new(path).exists();
+    }
+    if url.starts_with('/') {
+        return Path::new(url).exists();
+    }
+    true
+}
+
 fn ms(d: Duration) -> u64 {
     d.as_millis().try_into().unwrap_or(u64::MAX)
 }
@@ -217,10 +229,12 @@ impl Place {
         Some(Place::Dir(PathBuf::from(j.get("dir")?.as_str()?)))
     }
 
-    /// Whether a worker on this machine can work there.
+    /// Whether a worker on this machine can work there: a directory that is here, or a
+    /// repository it can reach (one on the file system must be here; a network one is
+    /// assumed reachable, and a failed clone fails the unit).
     pub fn reachable(&self) -> bool {
         match self {
-            Place::Git { .. } => true,
+            Place::Git { url, .. } => repository_here(url),
             Place::Dir(d) => d.is_dir(),
         }
     }
@@ -228,9 +242,11 @@ impl Place {
 
 /// The coordinator's side: dispatches units and waits for their results.
 pub(crate) struct Units {
-    /// A connection of its own (the executor's is busy with commits).
+    /// A handle on the executor's connection (`PgStore::share`).
     store: RefCell<PgStore>,
     run: String,
+    /// The coordinator's lease holder id: only it may ask for units of the run.
+    holder: String,
     /// The labels every unit of the run needs (the run's own).
     labels: Vec<String>,
     /// One unit at a time per git workspace (by its top).
@@ -248,7 +264,12 @@ struct CancelOnDrop<'a> {
 impl Drop for CancelOnDrop<'_> {
     fn drop(&mut self) {
         if let Some(id) = self.id {
-            if let Err(e) = self.units.store.borrow_mut().cancel_unit(id) {
+            let cancelled = self
+                .units
+                .store
+                .borrow_mut()
+                .cancel_unit(id, &self.units.holder);
+            if let Err(e) = cancelled {
                 tracing::warn!("cannot cancel unit {id}: {}", crate::diag::error_chain(&e));
             }
         }
@@ -256,14 +277,16 @@ impl Drop for CancelOnDrop<'_> {
 }
 
 impl Units {
-    pub fn connect(url: &str, run: &str, labels: Vec<String>) -> crate::store::Result<Units> {
-        Ok(Units {
-            store: RefCell::new(PgStore::connect(url)?),
+    /// Units of `run` through `store` (a handle on the executor's connection).
+    pub fn new(store: PgStore, run: &str, holder: &str, labels: Vec<String>) -> Units {
+        Units {
+            store: RefCell::new(store),
             run: run.to_string(),
+            holder: holder.to_string(),
             labels,
             turns: RefCell::default(),
             calls: RefCell::default(),
-        })
+        }
     }
 
     /// The next call's number in a stage's attempt.
@@ -340,13 +363,23 @@ impl Units {
             .map(|b| format!("{b:02x}"))
             .collect();
         let key = format!("{stage_key}{call_key}@{hash}");
-        let id = self
-            .store
-            .borrow_mut()
-            .dispatch(
-                &self.run, &key, stage_key, kind, &payload, &labels, &place, hold,
-            )
-            .map_err(|e| crate::diag::error_chain(&e))?;
+        let dispatch = || {
+            self.store
+                .borrow_mut()
+                .dispatch(
+                    &self.holder,
+                    &self.run,
+                    &key,
+                    stage_key,
+                    kind,
+                    &payload,
+                    &labels,
+                    &place,
+                    hold,
+                )
+                .map_err(|e| crate::diag::error_chain(&e))
+        };
+        let id = dispatch()?;
         let mut guard = CancelOnDrop {
             units: self,
             id: Some(id),
@@ -366,9 +399,10 @@ impl Units {
             };
             match unit.state {
                 UnitState::Done => break unit.result.unwrap_or(Json::Null),
+                // Cancelled by an earlier coordinator of the run that stopped (its holder
+                // may still be stopping it): asked for again, it is queued once stopped.
                 UnitState::Cancelled => {
-                    guard.id = None;
-                    return Err(format!("unit {id} was cancelled"));
+                    dispatch()?;
                 }
                 UnitState::Queued | UnitState::Running => {}
             }

@@ -141,7 +141,10 @@ impl Workspace {
     /// Whether a worker on this machine can work there: a git checkout it can clone, or a
     /// directory that is here.
     pub fn reachable(&self) -> bool {
-        self.git.is_some() || self.cwd.is_dir()
+        match &self.git {
+            Some(g) => super::units::repository_here(&g.url),
+            None => self.cwd.is_dir(),
+        }
     }
 }
 
@@ -708,7 +711,16 @@ async fn carry_unit(
     let result = tokio::select! {
         r = unit_work(&unit, &store, &opts, &prepared) => r,
         why = renew => {
-            report(&format!("unit {id} ({}) stopped: {why}", unit.key));
+            // The work was dropped with its future: its programs are stopped.
+            let noted = store.borrow_mut().unit_stopped(id, &owner);
+            report(&format!(
+                "unit {id} ({}) stopped: {why}{}",
+                unit.key,
+                match noted {
+                    Ok(()) => String::new(),
+                    Err(e) => format!(" (not recorded: {})", crate::diag::error_chain(&e)),
+                }
+            ));
             return;
         }
         _ = stop.wait_for(|s| *s) => {

@@ -618,6 +618,12 @@ pub trait Store: Send {
     /// Who holds the run's lock, if anyone.
     fn lock_holder(&self, run: &str) -> Result<Option<LockOwner>>;
 
+    /// Another handle on the same connection, for a store whose connection can serve
+    /// several users (PostgreSQL's: see `PgStore::share`); `None` otherwise.
+    fn share(&self) -> Option<Box<dyn Store + Send>> {
+        None
+    }
+
     /// A number that changes whenever another process commits to the store: a monitor polls
     /// it to learn that something happened, without reading anything else.
     fn changes(&self) -> Result<u64>;

@@ -177,6 +177,7 @@ CREATE TABLE units (
     result     TEXT,
     resource   TEXT,
     capacity   BIGINT,
+    stage      TEXT NOT NULL,
     created_at BIGINT NOT NULL,
     UNIQUE (run, key)
 );
@@ -202,7 +203,9 @@ pub type WaitReport = Box<dyn Fn(&str) + Send>;
 /// A run store in a PostgreSQL database.
 pub struct PgStore {
     jobs: Option<mpsc::Sender<Job>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    /// The connection's thread, shared by the handles of [`PgStore::share`]: the last one
+    /// dropped joins it.
+    thread: std::sync::Arc<std::sync::Mutex<Option<std::thread::JoinHandle<()>>>>,
     /// The server, as messages name it (no password).
     shown: String,
     /// The run this store took with a lease, and by whom: its writes to the store are
@@ -261,10 +264,13 @@ fn fenced(c: &mut impl GenericClient, fence: Option<&Fence>) -> Result<()> {
 
 impl Drop for PgStore {
     fn drop(&mut self) {
-        // Closing the channel ends the connection's thread.
+        // Closing the channel ends the connection's thread once every handle closed it.
         self.jobs.take();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        if std::sync::Arc::strong_count(&self.thread) == 1 {
+            let t = self.thread.lock().ok().and_then(|mut t| t.take());
+            if let Some(t) = t {
+                let _ = t.join();
+            }
         }
     }
 }
@@ -374,7 +380,7 @@ impl PgStore {
         match started.recv() {
             Ok(Ok(())) => Ok(PgStore {
                 jobs: Some(jobs),
-                thread: Some(thread),
+                thread: std::sync::Arc::new(std::sync::Mutex::new(Some(thread))),
                 shown,
                 fence: None,
             }),
@@ -385,6 +391,18 @@ impl PgStore {
             Err(_) => Err(StoreError::State(format!(
                 "the connection to {shown} ended before it was ready"
             ))),
+        }
+    }
+
+    /// Another handle on the same connection (its calls are queued with this one's, each a
+    /// transaction of its own): a run's lease renewals, `earlier_runs` and units of work need
+    /// no connection of their own. The handle has no fencing lease.
+    pub fn share(&self) -> PgStore {
+        PgStore {
+            jobs: self.jobs.clone(),
+            thread: self.thread.clone(),
+            shown: self.shown.clone(),
+            fence: None,
         }
     }
 
@@ -1143,6 +1161,10 @@ impl Store for PgStore {
             .map_err(|e| pg("cannot read locks", e))?
             .map(|r| lock_from_row(&r)))
         })
+    }
+
+    fn share(&self) -> Option<Box<dyn Store + Send>> {
+        Some(Box::new(PgStore::share(self)))
     }
 
     fn changes(&self) -> Result<u64> {

@@ -14,6 +14,10 @@ use crate::store::{LockOwner, Result, StoreError, now_ms};
 /// How many claimable units one claim looks at, in queue order, for one this worker takes.
 const CANDIDATES: i64 = 32;
 
+/// What a cancelled unit becomes: `cancelling` while a worker still holds it (until it has
+/// stopped the work, or its lease expired), else `cancelled`.
+const CANCEL: &str = "CASE WHEN state = 'running' THEN 'cancelling' ELSE 'cancelled' END";
+
 /// Where a unit is: queued, running on a worker, done (with its result) or cancelled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum UnitState {
@@ -28,7 +32,8 @@ impl UnitState {
         match s {
             "running" => UnitState::Running,
             "done" => UnitState::Done,
-            "cancelled" => UnitState::Cancelled,
+            // Cancelled while its holder still runs it: cancelled for the coordinator.
+            "cancelled" | "cancelling" => UnitState::Cancelled,
             _ => UnitState::Queued,
         }
     }
@@ -76,6 +81,24 @@ fn unit_from_row(r: &Row) -> Result<Unit> {
     })
 }
 
+/// Fails with [`StoreError::LeaseLost`] unless `holder` holds the run's lock.
+fn coordinates(tx: &mut ::postgres::Transaction<'_>, run: &str, holder: &str) -> Result<()> {
+    let held = tx
+        .query_opt(
+            "SELECT 1 FROM locks WHERE run = $1 AND holder = $2",
+            &[&run, &holder],
+        )
+        .map_err(|e| pg("cannot check the run's lease", e))?
+        .is_some();
+    if held {
+        return Ok(());
+    }
+    Err(StoreError::LeaseLost {
+        run: run.to_string(),
+        now: "another coordinator holds it".into(),
+    })
+}
+
 /// Whether a worker can carry a unit out here (its place).
 pub type AcceptUnit = std::sync::Arc<dyn Fn(&serde_json::Value) -> bool + Send + Sync>;
 
@@ -87,10 +110,14 @@ impl PgStore {
     /// cancelled. Returns the unit's id.
     /// `hold` names the run's resource the unit holds while it runs, with its capacity: no
     /// more units holding it run at once, across every worker (a merge queue lands one
-    /// ticket at a time even while a new coordinator takes over from a dead one).
+    /// ticket at a time even while a new coordinator takes over from a dead one). Only the
+    /// run's coordinator may ask: `coordinator` must hold the run's lock, else this fails
+    /// with [`StoreError::LeaseLost`] (a coordinator that was taken over cannot cancel what
+    /// its successor asked for).
     #[allow(clippy::too_many_arguments)]
     pub fn dispatch(
         &mut self,
+        coordinator: &str,
         run: &str,
         key: &str,
         stage_prefix: &str,
@@ -113,19 +140,26 @@ impl PgStore {
         let payload = super::json_text(payload)?;
         let place = super::json_text(place)?;
         let labels = labels.to_vec();
+        let coordinator = coordinator.to_string();
         self.call(move |c| {
             let fail = |e| pg("cannot queue a unit of work", e);
             let mut tx = c.transaction().map_err(fail)?;
+            coordinates(&mut tx, &run, &coordinator)?;
             let id: i64 = match tx
                 .query_opt(
-                    "SELECT id, state FROM units WHERE run = $1 AND key = $2 FOR UPDATE",
+                    &format!(
+                        "SELECT id, state = 'cancelled' OR (state = 'cancelling' \
+                         AND (expires IS NULL OR expires < {NOW_MS})) \
+                         FROM units WHERE run = $1 AND key = $2 FOR UPDATE"
+                    ),
                     &[&run, &key],
                 )
                 .map_err(fail)?
             {
+                // Cancelled, and stopped (or its holder died): queued again.
                 Some(row) => {
                     let id: i64 = row.get(0);
-                    if row.get::<_, String>(1) == "cancelled" {
+                    if row.get::<_, bool>(1) {
                         tx.execute(
                             "UPDATE units SET state = 'queued', holder = NULL, expires = NULL \
                              WHERE id = $1",
@@ -138,8 +172,8 @@ impl PgStore {
                 None => tx
                     .query_one(
                         "INSERT INTO units (run, key, kind, payload, labels, place, state, \
-                         created_at, resource, capacity) \
-                         VALUES ($1, $2, $3, $4, $5, $6, 'queued', $7, $8, $9) RETURNING id",
+                         created_at, resource, capacity, stage) \
+                         VALUES ($1, $2, $3, $4, $5, $6, 'queued', $7, $8, $9, $10) RETURNING id",
                         &[
                             &run,
                             &key,
@@ -150,14 +184,17 @@ impl PgStore {
                             &now_ms(),
                             &resource,
                             &capacity,
+                            &prefix,
                         ],
                     )
                     .map_err(fail)?
                     .get(0),
             };
             tx.execute(
-                "UPDATE units SET state = 'cancelled' WHERE run = $1 AND starts_with(key, $2) \
-                 AND key <> $3 AND state IN ('queued', 'running')",
+                &format!(
+                    "UPDATE units SET state = {CANCEL} WHERE run = $1 AND stage = $2 \
+                     AND key <> $3 AND state IN ('queued', 'running')"
+                ),
                 &[&run, &prefix, &key],
             )
             .map_err(fail)?;
@@ -185,13 +222,18 @@ impl PgStore {
         })
     }
 
-    /// Cancels a unit that has not finished (its worker stops it when it next renews).
-    pub fn cancel_unit(&mut self, id: i64) -> Result<()> {
+    /// Cancels a unit that has not finished (its worker stops it when it next renews), if
+    /// `coordinator` still holds the unit's run.
+    pub fn cancel_unit(&mut self, id: i64, coordinator: &str) -> Result<()> {
+        let coordinator = coordinator.to_string();
         self.call(move |c| {
             c.execute(
-                "UPDATE units SET state = 'cancelled' WHERE id = $1 \
-                 AND state IN ('queued', 'running')",
-                &[&id],
+                &format!(
+                    "UPDATE units SET state = {CANCEL} WHERE id = $1 \
+                     AND state IN ('queued', 'running') AND EXISTS (SELECT 1 FROM locks l \
+                     WHERE l.run = units.run AND l.holder = $2)"
+                ),
+                &[&id, &coordinator],
             )
             .map(drop)
             .map_err(|e| pg("cannot cancel a unit of work", e))
@@ -228,8 +270,11 @@ impl PgStore {
             let rows = tx
                 .query(
                     &format!(
-                        "SELECT {UNIT_COLUMNS} FROM units WHERE labels <@ $1::TEXT[] \
+                        "SELECT {UNIT_COLUMNS} FROM units u WHERE labels <@ $1::TEXT[] \
                          AND (state = 'queued' OR (state = 'running' AND expires < {NOW_MS})) \
+                         AND NOT EXISTS (SELECT 1 FROM units o WHERE o.run = u.run \
+                         AND o.stage = u.stage AND o.id <> u.id \
+                         AND o.state IN ('running', 'cancelling') AND o.expires >= {NOW_MS}) \
                          ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED"
                     ),
                     &[&labels, &CANDIDATES],
@@ -294,6 +339,21 @@ impl PgStore {
                 return Ok(Some(unit));
             }
             Ok(None)
+        })
+    }
+
+    /// Tells the store that `owner` has stopped the work of a unit it lost to a
+    /// cancellation: another unit of the same stage may start now.
+    pub fn unit_stopped(&mut self, id: i64, owner: &LockOwner) -> Result<()> {
+        let holder = owner.holder.clone();
+        self.call(move |c| {
+            c.execute(
+                "UPDATE units SET state = 'cancelled', expires = NULL WHERE id = $1 \
+                 AND holder = $2 AND state = 'cancelling'",
+                &[&id, &holder],
+            )
+            .map(drop)
+            .map_err(|e| pg("cannot record a stopped unit", e))
         })
     }
 
