@@ -595,7 +595,7 @@ fn labels_choose_the_worker_and_a_stopped_worker_hands_its_run_back() {
 }
 
 #[test]
-fn a_worker_whose_lease_is_taken_stops_the_stage_and_writes_nothing_more() {
+fn a_coordinator_whose_lease_is_taken_writes_nothing_more_and_leaves_the_unit_to_its_successor() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let Some(url) = pg::database() else {
         return;
@@ -626,12 +626,26 @@ fn a_worker_whose_lease_is_taken_stops_the_stage_and_writes_nothing_more() {
         assert!(t.elapsed() < Duration::from_secs(10), "{}", p.worker_logs());
         std::thread::sleep(Duration::from_millis(50));
     }
-    // Within a third of the lease: the stage's program was stopped, not left to end.
+    // The stage's program is a unit of work, which the run's new holder adopts: it is not
+    // stopped with the old coordinator (which could not cancel it any more), it ends, and
+    // its result waits in the store for the new holder; the old one settles nothing.
     std::thread::sleep(Duration::from_secs(4));
     let runs = p.executions();
     let list = &runs[&(id.clone(), "slow".to_string())];
     assert_eq!(list.len(), 1);
-    assert!(list[0].end.is_none(), "the program was stopped: {list:?}");
+    assert!(
+        list[0].end.is_some(),
+        "the program went on to its end: {list:?}"
+    );
+    let units: Vec<(String, String)> = c
+        .query("SELECT key, state FROM units WHERE run = $1", &[&id])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(units.len(), 1, "{units:?}");
+    assert!(units[0].0.starts_with("/slow#1.1@"), "{units:?}");
+    assert_eq!(units[0].1, "done", "{units:?}");
     let store = p.store();
     assert!(store.nodes(&id).unwrap().is_empty(), "nothing settled");
     let run = store.run(&id).unwrap().unwrap();

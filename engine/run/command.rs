@@ -309,6 +309,16 @@ impl Exec<'_> {
                 }
             };
         }
+        // A program kept here in a run on workers takes its workspace's turn too.
+        let _turn = match &self.shared.units {
+            Some(units) => {
+                units
+                    .turn(self.shared.publisher.as_ref(), &spec.cwd)
+                    .await
+                    .1
+            }
+            None => None,
+        };
         process::run(spec).await.map_err(|e| {
             let why = crate::diag::error_chain(&e);
             if e.names_program() {

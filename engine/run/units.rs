@@ -23,7 +23,6 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::rc::Rc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -250,7 +249,7 @@ pub(crate) struct Units {
     /// The labels every unit of the run needs (the run's own).
     labels: Vec<String>,
     /// One unit at a time per git workspace (by its top).
-    turns: RefCell<HashMap<PathBuf, Rc<tokio::sync::Mutex<()>>>>,
+    turns: RefCell<HashMap<PathBuf, std::sync::Arc<tokio::sync::Mutex<()>>>>,
     /// Calls made so far per stage attempt (their keys).
     calls: RefCell<HashMap<String, u32>>,
 }
@@ -289,6 +288,32 @@ impl Units {
         }
     }
 
+    /// Waits for the turn of the git workspace `cwd` is in (none outside git, or without a
+    /// publisher): a unit there, or a program the coordinator runs there itself, works
+    /// alone, since the workspace is brought up to what each unit left.
+    pub async fn turn(
+        &self,
+        publisher: Option<&super::publish::Publisher>,
+        cwd: &Path,
+    ) -> (Option<PathBuf>, Option<tokio::sync::OwnedMutexGuard<()>>) {
+        let top = match publisher {
+            Some(p) => p.top(cwd).await,
+            None => None,
+        };
+        let turn = top.as_ref().map(|t| {
+            self.turns
+                .borrow_mut()
+                .entry(t.clone())
+                .or_default()
+                .clone()
+        });
+        let guard = match turn {
+            Some(t) => Some(t.lock_owned().await),
+            None => None,
+        };
+        (top, guard)
+    }
+
     /// The next call's number in a stage's attempt.
     pub fn next_call(&self, attempt_key: &str) -> u32 {
         let mut calls = self.calls.borrow_mut();
@@ -313,21 +338,7 @@ impl Units {
         hold: Option<(&str, i64)>,
     ) -> Result<UnitResult, String> {
         // One unit at a time per git workspace: each starts from what the last left.
-        let top = match publisher {
-            Some(p) => p.top(cwd).await,
-            None => None,
-        };
-        let turn = top.as_ref().map(|t| {
-            self.turns
-                .borrow_mut()
-                .entry(t.clone())
-                .or_default()
-                .clone()
-        });
-        let _turn = match &turn {
-            Some(t) => Some(t.lock().await),
-            None => None,
-        };
+        let (top, _turn) = self.turn(publisher, cwd).await;
         // Where: the workspace's branch as published now, or the directory.
         let place = match (publisher, &top) {
             (Some(p), Some(_)) => match p.publish(cwd).await {

@@ -357,7 +357,8 @@ impl PgStore {
         })
     }
 
-    /// Hands a unit back to the queue (a worker that stops), if `owner` holds it.
+    /// Hands a unit back to the queue (a worker that stops, its work stopped), if `owner`
+    /// holds it; one that was cancelled meanwhile is cancelled (and stopped) now.
     pub fn release_unit(&mut self, id: i64, owner: &LockOwner) -> Result<()> {
         let holder = owner.holder.clone();
         self.call(move |c| {
@@ -365,8 +366,10 @@ impl PgStore {
             let mut tx = c.transaction().map_err(fail)?;
             let n = tx
                 .execute(
-                    "UPDATE units SET state = 'queued', holder = NULL, host = NULL, pid = NULL, \
-                     expires = NULL WHERE id = $1 AND holder = $2 AND state = 'running'",
+                    "UPDATE units SET state = CASE WHEN state = 'cancelling' THEN 'cancelled' \
+                     ELSE 'queued' END, holder = NULL, host = NULL, pid = NULL, \
+                     expires = NULL WHERE id = $1 AND holder = $2 \
+                     AND state IN ('running', 'cancelling')",
                     &[&id, &holder],
                 )
                 .map_err(fail)?;
@@ -420,6 +423,15 @@ impl PgStore {
                     &[&id, &holder, &result],
                 )
                 .map_err(fail)?;
+            if n == 0 {
+                // Cancelled while it ran: its work is over, so the cancellation is done.
+                tx.execute(
+                    "UPDATE units SET state = 'cancelled', expires = NULL WHERE id = $1 \
+                     AND holder = $2 AND state = 'cancelling'",
+                    &[&id, &holder],
+                )
+                .map_err(fail)?;
+            }
             let done = n == 1
                 || tx
                     .query_opt(
