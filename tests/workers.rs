@@ -967,4 +967,23 @@ argv = ["echo", "{{ stages.ask.output.said }}"]
     );
     let after = nodes.iter().find(|n| n.node == "after").unwrap();
     assert_eq!(after.output["stdout"], format!("hello {id}\n"));
+    // The coordinator's records of `after` have the program's stdout as the unit answered it
+    // (`artifacts.jsonl`, which `export` writes out as files).
+    let records: String = (0..2)
+        .map(|n| {
+            std::fs::read_to_string(
+                p.path()
+                    .join(format!("workers/{n}/runs/{id}/artifacts.jsonl")),
+            )
+            .unwrap_or_default()
+        })
+        .collect();
+    let stdout = records
+        .lines()
+        .filter(|l| l.contains("after") && l.contains("stdout"))
+        .collect::<Vec<_>>();
+    assert!(
+        stdout.len() == 1 && stdout[0].contains(&format!("hello {id}\\n")),
+        "{records}"
+    );
 }

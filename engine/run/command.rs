@@ -302,7 +302,22 @@ impl Exec<'_> {
                 )
                 .await?;
             return match done {
-                super::units::UnitResult::Program(p) => Ok(p.output()),
+                super::units::UnitResult::Program(p) => {
+                    // The attempt's files here, as a program run here leaves them (what the
+                    // worker kept of each stream: its end).
+                    let out = p.output();
+                    for (path, bytes) in [
+                        (&spec.stdout_path, &out.stdout),
+                        (&spec.stderr_path, &out.stderr),
+                    ] {
+                        if let Some(path) = path.as_ref().filter(|_| !bytes.is_empty()) {
+                            self.shared
+                                .artifacts
+                                .file(path, &String::from_utf8_lossy(bytes));
+                        }
+                    }
+                    Ok(out)
+                }
                 super::units::UnitResult::Failed(why) => Err(why),
                 super::units::UnitResult::Agent(_) => {
                     Err("a worker answered a program with an agent's reply".into())
