@@ -293,6 +293,7 @@ pub async fn work(
     let mut running = tokio::task::JoinSet::new();
     let mut units = tokio::task::JoinSet::new();
     let mut done = 0u64;
+    let mut pruned: Option<std::time::Instant> = None;
     report(&format!(
         "worker {} started: at most {} unit{} of work and {} run{} at once{}",
         crate::store::holder_id(),
@@ -309,6 +310,17 @@ pub async fn work(
     loop {
         if *stop.borrow() {
             break;
+        }
+        if pruned.is_none_or(|t| t.elapsed() >= PRUNE_EVERY) {
+            let gone = prune_units(&opts.state_dir, UNIT_FILES_KEPT);
+            if gone > 0 {
+                report(&format!(
+                    "removed {gone} unit clone{} and output director{} unused for a day",
+                    if gone == 1 { "" } else { "s" },
+                    if gone == 1 { "y" } else { "ies" }
+                ));
+            }
+            pruned = Some(std::time::Instant::now());
         }
         while units.len() < opts.max_concurrency.max(1) {
             let owner = crate::store::current_owner().with_lease(opts.run.lease);
@@ -644,6 +656,43 @@ async fn checkout(state_dir: &Path, id: &str, g: &GitPlace) -> Result<PathBuf, W
     Ok(at(dir))
 }
 
+/// How long a unit's clone or output directory is kept unused before a worker removes it.
+const UNIT_FILES_KEPT: Duration = Duration::from_secs(24 * 3600);
+
+/// How often a worker looks for them.
+const PRUNE_EVERY: Duration = Duration::from_secs(3600);
+
+/// Removes the unit clones (`units/clones/*`) and output directories
+/// (`units/attempts/RUN`) not used for `age`; returns how many. A clone is marked used
+/// each time a unit works in it.
+fn prune_units(state_dir: &Path, age: Duration) -> usize {
+    let mut gone = 0;
+    for sub in ["clones", "attempts"] {
+        let Ok(entries) = std::fs::read_dir(state_dir.join("units").join(sub)) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let old = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|m| m.elapsed().ok())
+                .is_some_and(|d| d >= age);
+            if old && std::fs::remove_dir_all(e.path()).is_ok() {
+                gone += 1;
+            }
+        }
+    }
+    gone
+}
+
+/// Marks a directory used now (its modification time), for [`prune_units`].
+fn touch(dir: &Path) {
+    if let Ok(f) = std::fs::File::open(dir) {
+        let _ = f.set_modified(std::time::SystemTime::now());
+    }
+}
+
 /// The variable that tags a unit's programs with its id (see `stop_leftovers`).
 const UNIT_ENV: &str = "RALPH_FLOW_UNIT";
 
@@ -779,6 +828,7 @@ async fn unit_work(
             if let Err(e) = clone_into(url, &dir).await {
                 return UnitResult::Failed(e.to_string());
             }
+            touch(&dir);
             let p = super::publish::Publisher::new(url.clone());
             match p.restore(&dir, branch).await {
                 Ok(true) => {}
@@ -806,6 +856,9 @@ async fn unit_work(
         .join(unit.id.to_string());
     if let Err(e) = std::fs::create_dir_all(&files) {
         return UnitResult::Failed(format!("cannot create {}: {e}", files.display()));
+    }
+    if let Some(run_dir) = files.parent() {
+        touch(run_dir);
     }
     // A unit taken over on this machine: what its earlier holder (killed) left running of
     // it is stopped first, so that its work never runs beside an earlier copy of itself.
@@ -930,5 +983,37 @@ async fn clone_into(url: &str, dir: &Path) -> Result<(), WorkerError> {
             what: format!("clone {url} into {}", dir.display()),
             said: String::from_utf8_lossy(&out.stderr).trim().to_string(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unit_files_unused_for_a_while_are_pruned_and_used_ones_kept() {
+        let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let clones = tmp.path().join("units/clones");
+        for d in ["old", "used"] {
+            std::fs::create_dir_all(clones.join(d).join(".git")).unwrap_or_else(|e| panic!("{e}"));
+        }
+        std::fs::create_dir_all(tmp.path().join("units/attempts/run1/7"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let past = std::time::SystemTime::now() - Duration::from_secs(3 * 24 * 3600);
+        for d in [
+            clones.join("old"),
+            clones.join("used"),
+            tmp.path().join("units/attempts/run1"),
+        ] {
+            std::fs::File::open(&d)
+                .and_then(|f| f.set_modified(past))
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        touch(&clones.join("used"));
+        assert_eq!(prune_units(tmp.path(), UNIT_FILES_KEPT), 2);
+        assert!(!clones.join("old").exists());
+        assert!(clones.join("used").exists());
+        assert!(!tmp.path().join("units/attempts/run1").exists());
+        assert_eq!(prune_units(tmp.path(), UNIT_FILES_KEPT), 0);
     }
 }
