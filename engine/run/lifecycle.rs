@@ -131,6 +131,7 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
     };
     let location = opts.location();
     let publish = opts.publish.clone();
+    let unit_wake = opts.unit_wake.clone();
     let spread = match (&opts.spread, &opts.store) {
         (Some(labels), Some(url)) => Some((url.clone(), labels.clone())),
         _ => None,
@@ -282,9 +283,13 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
     let (interrupt, _) = watch::channel(false);
     let artifacts = super::artifacts::Artifacts::start(Path::new(&run.dir));
     let units = match (spread, units_store) {
-        (Some((_, labels)), Some(pg)) => {
-            Some(super::units::Units::new(pg, &run.id, &owner.holder, labels))
-        }
+        (Some((_, labels)), Some(pg)) => Some(super::units::Units::new(
+            pg,
+            &run.id,
+            &owner.holder,
+            labels,
+            unit_wake,
+        )),
         _ => None,
     };
     // `earlier_runs` reads through the store's connection where it can be shared, and the

@@ -218,6 +218,9 @@ pub struct RunOptions {
     /// Spread the run's agent calls and programs over the workers as units of work, each
     /// needing these labels (the run's) besides its stage's (a run on workers; PostgreSQL).
     pub spread: Option<Vec<String>>,
+    /// Woken when the store says something happened (a worker's listener): a coordinator
+    /// waiting for its units looks at once instead of at its next poll.
+    pub unit_wake: Option<std::sync::Arc<tokio::sync::Notify>>,
 }
 
 /// The default lease of a run (see [`RunOptions::lease`]).
@@ -266,6 +269,7 @@ impl RunOptions {
             stop: None,
             publish: None,
             spread: None,
+            unit_wake: None,
         }
     }
 }

@@ -252,6 +252,8 @@ pub(crate) struct Units {
     turns: RefCell<HashMap<PathBuf, std::sync::Arc<tokio::sync::Mutex<()>>>>,
     /// Calls made so far per stage attempt (their keys).
     calls: RefCell<HashMap<String, u32>>,
+    /// Woken by the store's notifications (a unit done), besides the polling.
+    wake: Option<std::sync::Arc<tokio::sync::Notify>>,
 }
 
 /// Cancels a unit whose waiter went away (a timeout, Ctrl-C, a run that stops).
@@ -277,7 +279,13 @@ impl Drop for CancelOnDrop<'_> {
 
 impl Units {
     /// Units of `run` through `store` (a handle on the executor's connection).
-    pub fn new(store: PgStore, run: &str, holder: &str, labels: Vec<String>) -> Units {
+    pub fn new(
+        store: PgStore,
+        run: &str,
+        holder: &str,
+        labels: Vec<String>,
+        wake: Option<std::sync::Arc<tokio::sync::Notify>>,
+    ) -> Units {
         Units {
             store: RefCell::new(store),
             run: run.to_string(),
@@ -285,6 +293,7 @@ impl Units {
             labels,
             turns: RefCell::default(),
             calls: RefCell::default(),
+            wake,
         }
     }
 
@@ -397,7 +406,15 @@ impl Units {
         };
         let mut delay = Duration::from_millis(5);
         let result = loop {
-            tokio::time::sleep(delay).await;
+            match &self.wake {
+                Some(w) => {
+                    tokio::select! {
+                        () = w.notified() => {}
+                        () = tokio::time::sleep(delay) => {}
+                    }
+                }
+                None => tokio::time::sleep(delay).await,
+            }
             delay = (delay * 2).min(Duration::from_millis(250));
             let unit = self
                 .store

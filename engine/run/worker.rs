@@ -273,14 +273,21 @@ pub async fn work(
     )?));
     let wake = Arc::new(tokio::sync::Notify::new());
     let stop_listening = Arc::new(AtomicBool::new(false));
+    // Coordinators waiting for their units wake on the same notifications.
+    let unit_wake = Arc::new(tokio::sync::Notify::new());
     let listener = {
-        let wake = wake.clone();
+        let (wake, unit_wake) = (wake.clone(), unit_wake.clone());
         crate::store::postgres::listen(
             &opts.store,
             stop_listening.clone(),
-            Box::new(move || wake.notify_one()),
+            Box::new(move || {
+                wake.notify_one();
+                unit_wake.notify_waiters();
+            }),
         )?
     };
+    let mut opts = opts;
+    opts.run.unit_wake = Some(unit_wake);
     let runs_dir = opts.state_dir.join("runs");
     std::fs::create_dir_all(&runs_dir).map_err(|e| RunError::io("create", &runs_dir, e))?;
     let accept: Accept = Arc::new(|run: &RunRecord| {
