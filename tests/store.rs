@@ -257,6 +257,11 @@ fn runs_round_trip_newest_first(db: &dyn Db) {
 
     let err = s.create_run(&first).expect_err("duplicate");
     assert!(err.to_string().contains("run r1 already exists"), "{err}");
+    // Told apart from other refusals, so that a new run draws another id.
+    assert!(
+        matches!(&err, ralph_flow::store::StoreError::RunExists(id) if id == "r1"),
+        "{err:?}"
+    );
 
     s.set_status("r1", RunStatus::Finished, Some(("done", 0)))
         .expect("status");

@@ -201,7 +201,7 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
             if let Some(p) = absolute(&opts.record) {
                 options.insert("record".into(), Json::String(p));
             }
-            let run = RunRecord {
+            let mut run = RunRecord {
                 id: id.clone(),
                 workflow: plan.workflow.name.value.clone(),
                 file: prepared.path.to_string_lossy().into_owned(),
@@ -219,7 +219,24 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
                     .into_owned(),
                 options: Json::Object(options),
             };
-            store.create_run(&run)?;
+            // Ids are the second and 16 random bits: runs started together may draw the
+            // same one, and then draw again.
+            let mut draws = 1;
+            loop {
+                match store.create_run(&run) {
+                    Err(crate::store::StoreError::RunExists(_)) if draws < 16 => {
+                        draws += 1;
+                        run.id = new_run_id(now_ms());
+                        run.dir = opts
+                            .state_dir
+                            .join("runs")
+                            .join(&run.id)
+                            .to_string_lossy()
+                            .into_owned();
+                    }
+                    other => break other?,
+                }
+            }
             (run, HashMap::new())
         }
     };

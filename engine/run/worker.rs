@@ -206,7 +206,19 @@ pub fn enqueue(
             (path.to_string_lossy().into_owned(), f.text.to_string())
         })
         .collect();
-    store.enqueue(&run, &sources, labels)?;
+    // A drawn id may be taken (runs queued in the same second): draw again.
+    let mut run = run;
+    let mut draws = 1;
+    loop {
+        match store.enqueue(&run, &sources, labels) {
+            Err(StoreError::RunExists(_)) if draws < 16 => {
+                draws += 1;
+                run.id = super::new_run_id(now_ms());
+            }
+            other => break other?,
+        }
+    }
+    let id = run.id.clone();
     store.commit(&[Write::Event(Event {
         run: id.clone(),
         at: now_ms(),
@@ -293,9 +305,12 @@ pub async fn work(
     let accept: Accept = Arc::new(|run: &RunRecord| {
         Workspace::from_options(&run.options).is_some_and(|w| w.reachable())
     });
-    let accept_unit: crate::store::postgres::AcceptUnit = Arc::new(|place: &Json| {
-        super::units::Place::from_json(place).is_some_and(|p| p.reachable())
-    });
+    // Repositories this worker could not clone lately: it claims no unit there for a while.
+    let unreachable: Unreachable = Arc::default();
+    let accept_unit: crate::store::postgres::AcceptUnit = {
+        let unreachable = unreachable.clone();
+        Arc::new(move |place: &Json| accepts(place, &unreachable))
+    };
     let prepared: PreparedRuns = Rc::default();
     let mut running = tokio::task::JoinSet::new();
     let mut units = tokio::task::JoinSet::new();
@@ -356,6 +371,7 @@ pub async fn work(
                 opts.clone(),
                 stop.clone(),
                 prepared.clone(),
+                unreachable.clone(),
                 report.clone(),
             ));
         }
@@ -700,6 +716,31 @@ fn touch(dir: &Path) {
     }
 }
 
+/// Repositories a worker could not clone, and when.
+type Unreachable = Arc<std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>>;
+
+/// Whether a worker takes a unit that works at `place` (as JSON): it can work there, and
+/// it has not failed to clone its repository lately.
+fn accepts(place: &Json, unreachable: &Unreachable) -> bool {
+    let Some(place) = super::units::Place::from_json(place) else {
+        return false;
+    };
+    if let super::units::Place::Git { url, .. } = &place {
+        let shut = unreachable
+            .lock()
+            .ok()
+            .and_then(|m| m.get(url).copied())
+            .is_some_and(|at| at.elapsed() < UNREACHABLE_FOR);
+        if shut {
+            return false;
+        }
+    }
+    place.reachable()
+}
+
+/// How long a worker claims no unit in a repository it could not clone.
+const UNREACHABLE_FOR: Duration = Duration::from_secs(600);
+
 /// The variable that tags a unit's programs with its id (see `stop_leftovers`).
 const UNIT_ENV: &str = "RALPH_FLOW_UNIT";
 
@@ -736,6 +777,7 @@ fn prepared_run(
 /// Carries out one claimed unit of work, renewing its lease, and records what came of it.
 /// A unit whose lease is lost (cancelled, taken over) is dropped, which stops its program
 /// or call; one whose worker is told to stop is handed back to the queue.
+#[allow(clippy::too_many_arguments)]
 async fn carry_unit(
     unit: crate::store::postgres::Unit,
     owner: LockOwner,
@@ -743,6 +785,7 @@ async fn carry_unit(
     opts: WorkerOptions,
     mut stop: watch::Receiver<bool>,
     prepared: PreparedRuns,
+    unreachable: Unreachable,
     report: Report,
 ) {
     let id = unit.id;
@@ -765,7 +808,27 @@ async fn carry_unit(
         }
     };
     let result = tokio::select! {
-        r = unit_work(&unit, &store, &opts, &prepared) => r,
+        r = unit_work(&unit, &store, &opts, &prepared) => match r {
+            Ok(r) => r,
+            // No access to its repository here: another worker may have it.
+            Err((url, why)) => {
+                if let Ok(mut m) = unreachable.lock() {
+                    m.insert(url.clone(), std::time::Instant::now());
+                }
+                let back = store.borrow_mut().release_unit(id, &owner);
+                report(&format!(
+                    "! unit {id} ({}): cannot clone {url}: {why}; handed back{}, and no unit \
+                     there is claimed here for {}",
+                    unit.key,
+                    match back {
+                        Ok(()) => String::new(),
+                        Err(e) => format!(" (failed: {})", crate::diag::error_chain(&e)),
+                    },
+                    crate::text::duration(UNREACHABLE_FOR)
+                ));
+                return;
+            }
+        },
         why = renew => {
             // The work was dropped with its future: its programs are stopped.
             let noted = store.borrow_mut().unit_stopped(id, &owner);
@@ -814,10 +877,13 @@ async fn unit_work(
     store: &Rc<RefCell<PgStore>>,
     opts: &WorkerOptions,
     prepared: &PreparedRuns,
-) -> super::units::UnitResult {
+) -> Result<super::units::UnitResult, (String, String)> {
     use super::units::{AgentWork, CommandWork, Place, ProgramDone, UnitResult};
     let Some(place) = Place::from_json(&unit.place) else {
-        return UnitResult::Failed(format!("unit {}: an unreadable place", unit.id));
+        return Ok(UnitResult::Failed(format!(
+            "unit {}: an unreadable place",
+            unit.id
+        )));
     };
     let (cwd, publisher) = match &place {
         Place::Git {
@@ -833,22 +899,22 @@ async fn unit_work(
                 .collect();
             let dir = opts.state_dir.join("units").join("clones").join(hash);
             if let Err(e) = clone_into(url, &dir).await {
-                return UnitResult::Failed(e.to_string());
+                return Err((url.clone(), crate::diag::error_chain(&e)));
             }
             touch(&dir);
             let p = super::publish::Publisher::new(url.clone());
             match p.restore(&dir, branch).await {
                 Ok(true) => {}
                 Ok(false) => {
-                    return UnitResult::Failed(format!(
+                    return Ok(UnitResult::Failed(format!(
                         "the branch {branch} is not on {url}: the run did not publish it"
-                    ));
+                    )));
                 }
                 Err(e) => {
-                    return UnitResult::Failed(format!(
+                    return Ok(UnitResult::Failed(format!(
                         "cannot check out {branch} from {url}: {}",
                         crate::diag::error_chain(&e)
-                    ));
+                    )));
                 }
             }
             (dir.join(subdir), Some(p))
@@ -862,7 +928,10 @@ async fn unit_work(
         .join(&unit.run)
         .join(unit.id.to_string());
     if let Err(e) = std::fs::create_dir_all(&files) {
-        return UnitResult::Failed(format!("cannot create {}: {e}", files.display()));
+        return Ok(UnitResult::Failed(format!(
+            "cannot create {}: {e}",
+            files.display()
+        )));
     }
     if let Some(run_dir) = files.parent() {
         touch(run_dir);
@@ -881,7 +950,7 @@ async fn unit_work(
         "command" => {
             let w: CommandWork = match serde_json::from_value(unit.payload.clone()) {
                 Ok(w) => w,
-                Err(e) => return UnitResult::Failed(format!("an unreadable program: {e}")),
+                Err(e) => return Ok(UnitResult::Failed(format!("an unreadable program: {e}"))),
             };
             let mut env = w.env;
             env.push((UNIT_ENV.to_string(), tag.clone()));
@@ -912,11 +981,11 @@ async fn unit_work(
         "agent" => {
             let w: AgentWork = match serde_json::from_value(unit.payload.clone()) {
                 Ok(w) => w,
-                Err(e) => return UnitResult::Failed(format!("an unreadable agent call: {e}")),
+                Err(e) => return Ok(UnitResult::Failed(format!("an unreadable agent call: {e}"))),
             };
             let prepared = match prepared_run(store, prepared, &unit.run) {
                 Ok(p) => p,
-                Err(e) => return UnitResult::Failed(e),
+                Err(e) => return Ok(UnitResult::Failed(e)),
             };
             let plan = &prepared.plan;
             let Some(agent) = plan
@@ -925,21 +994,21 @@ async fn unit_work(
                 .iter()
                 .find(|a| a.name.value == w.agent)
             else {
-                return UnitResult::Failed(format!(
+                return Ok(UnitResult::Failed(format!(
                     "the run's workflow has no agent `{}`",
                     w.agent
-                ));
+                )));
             };
             let cfg = match super::exec::agent_config(agent, plan, &prepared.sources) {
                 Ok(c) => c,
-                Err(e) => return UnitResult::Failed(e.message()),
+                Err(e) => return Ok(UnitResult::Failed(e.message())),
             };
             let backend = match crate::backend::build(&cfg) {
                 Ok(b) => b,
                 Err(e) => {
-                    return UnitResult::Agent(Err(crate::backend::CallError::Missing {
+                    return Ok(UnitResult::Agent(Err(crate::backend::CallError::Missing {
                         message: crate::diag::error_chain(&e),
-                    }));
+                    })));
                 }
             };
             let mut call = w.call(cwd.clone(), files.clone());
@@ -953,14 +1022,14 @@ async fn unit_work(
     };
     if let Some(p) = publisher {
         if let Err(e) = p.publish(&cwd).await {
-            return UnitResult::Failed(format!(
+            return Ok(UnitResult::Failed(format!(
                 "the work was done, but what it left cannot be published to {}: {}",
                 p.url(),
                 crate::diag::error_chain(&e)
-            ));
+            )));
         }
     }
-    result
+    Ok(result)
 }
 
 /// A clone of `url` at `dir` (without a checkout), unless there is one.
@@ -996,6 +1065,30 @@ async fn clone_into(url: &str, dir: &Path) -> Result<(), WorkerError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_unit_is_taken_where_its_place_is_and_not_in_a_repository_that_failed_lately() {
+        let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let unreachable: Unreachable = Arc::default();
+        let git = |url: &str| json!({"git": {"url": url, "branch": "b", "subdir": ""}});
+        let here = format!("file://{}", tmp.path().display());
+        assert!(accepts(&git(&here), &unreachable));
+        assert!(!accepts(&git("file:///no/such/repository"), &unreachable));
+        assert!(accepts(&git("https://git.example/r.git"), &unreachable));
+        assert!(accepts(&json!({"dir": tmp.path()}), &unreachable));
+        assert!(!accepts(&json!({"dir": "/no/such/dir"}), &unreachable));
+        assert!(!accepts(&json!({"elsewhere": 1}), &unreachable));
+        unreachable.lock().unwrap_or_else(|e| panic!("{e}")).insert(
+            "https://git.example/r.git".into(),
+            std::time::Instant::now(),
+        );
+        assert!(!accepts(&git("https://git.example/r.git"), &unreachable));
+        unreachable.lock().unwrap_or_else(|e| panic!("{e}")).insert(
+            here.clone(),
+            std::time::Instant::now() - UNREACHABLE_FOR - Duration::from_secs(1),
+        );
+        assert!(accepts(&git(&here), &unreachable), "only for a while");
+    }
 
     #[test]
     fn unit_files_unused_for_a_while_are_pruned_and_used_ones_kept() {

@@ -51,6 +51,10 @@ pub enum StoreError {
     /// wait, a run another process holds).
     #[error("{0}")]
     Refused(String),
+    /// A new run's id is taken (two runs started in the same second drew the same suffix):
+    /// the caller draws another.
+    #[error("run {0} already exists")]
+    RunExists(String),
     /// This process's lease on a run ended and another process took the run over (or the
     /// lease was released): the write was refused, and this process must stop working on
     /// the run without writing anything more (the new holder carries it on).

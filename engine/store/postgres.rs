@@ -866,10 +866,7 @@ fn insert_run(
         )
         .map_err(|e| pg(what, e))?;
     if inserted == 0 {
-        return Err(StoreError::Refused(format!(
-            "run {} already exists",
-            run.id
-        )));
+        return Err(StoreError::RunExists(run.id.clone()));
     }
     Ok(())
 }

@@ -38,10 +38,7 @@ impl SqliteStore {
             Err(rusqlite::Error::SqliteFailure(e, _))
                 if e.code == rusqlite::ErrorCode::ConstraintViolation =>
             {
-                Err(StoreError::Refused(format!(
-                    "run {} already exists",
-                    run.id
-                )))
+                Err(StoreError::RunExists(run.id.clone()))
             }
             other => other
                 .map(drop)
