@@ -67,9 +67,10 @@ pub(crate) struct Shared {
     pub recorder: Option<Arc<Recorder>>,
     /// A store failure: the run cannot be trusted to be durable any more, so it stops.
     pub store_error: RefCell<Option<Halt>>,
-    /// A second connection to the store, for `earlier_runs()` in templates (template
-    /// functions must be `Send + Sync`; the executor's own connection is not shared).
-    pub memory: Arc<std::sync::Mutex<Box<dyn crate::store::Store + Send>>>,
+    /// The store `earlier_runs()` reads in templates (template functions must be `Send +
+    /// Sync`): a handle on the executor's connection on PostgreSQL, else a second
+    /// connection opened when a template first asks.
+    pub memory: Arc<std::sync::Mutex<super::memory::MemoryStore>>,
     /// Where a run on workers publishes its git workspaces (see [`super::publish`]).
     pub publisher: Option<super::publish::Publisher>,
     /// A run on workers: its agent calls and programs are units of work that any worker

@@ -315,8 +315,8 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
     // `LockOwner::lapsed`).
     let lease_store = store.share();
     let memory = match store.share() {
-        Some(s) => s,
-        None => location.open(crate::store::sqlite::Durability::Normal)?,
+        Some(s) => super::memory::MemoryStore::ready(s, location.clone()),
+        None => super::memory::MemoryStore::later(location.clone()),
     };
     let shared = Shared {
         global: opts.max_concurrency.map(super::resource::limit),
