@@ -63,13 +63,39 @@ fn workflow(stages: &[String]) -> String {
 struct Project {
     dir: tempfile::TempDir,
     url: String,
+    /// The workers started, killed when the project goes (a test that fails half-way
+    /// leaves none running).
+    started: std::cell::RefCell<Vec<u32>>,
+}
+
+impl Drop for Project {
+    fn drop(&mut self) {
+        let dir = self.dir.path().to_string_lossy().into_owned();
+        for pid in self.started.borrow().iter() {
+            // Only a worker of this project still running (a pid may have been reused).
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            if !String::from_utf8_lossy(&cmdline).contains(&dir) {
+                continue;
+            }
+            if let Ok(pid) = i32::try_from(*pid) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
 }
 
 impl Project {
     fn new(url: String, workflow: &str) -> Project {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("wf.toml"), workflow).unwrap();
-        Project { dir, url }
+        Project {
+            dir,
+            url,
+            started: std::cell::RefCell::default(),
+        }
     }
 
     fn path(&self) -> &Path {
@@ -122,7 +148,9 @@ impl Project {
             .env("RALPH_FLOW_LEASE", lease)
             .stdout(Stdio::null())
             .stderr(log);
-        c.spawn().unwrap()
+        let child = c.spawn().unwrap();
+        self.started.borrow_mut().push(child.id());
+        child
     }
 
     fn worker_logs(&self) -> String {
