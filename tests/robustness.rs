@@ -181,6 +181,29 @@ fn random_bytes_do_not_panic() {
     }
 }
 
+/// Nothing in loading, checking, compiling, explaining or drawing recurses along a chain:
+/// a chain of 20,000 stages goes through them on a thread with a 1 MiB stack (the checker's
+/// cycle search was Tarjan's recursive SCC, which overflowed the main thread's 8 MiB stack,
+/// an abort, on a chain of 100,000 stages).
+#[test]
+fn a_long_chain_needs_no_deep_stack() {
+    let mut chain = String::from("name = \"chain\"\n");
+    for i in 0..20_000 {
+        chain.push_str(&format!(
+            "[stages.s{i}]\nkind = \"command\"\nargv = [\"true\"]\n"
+        ));
+        if i > 0 {
+            chain.push_str(&format!("needs = [\"s{}\"]\n", i - 1));
+        }
+    }
+    std::thread::Builder::new()
+        .stack_size(1 << 20)
+        .spawn(move || check_text("chain.toml", chain))
+        .expect("a thread")
+        .join()
+        .expect("no panic");
+}
+
 #[test]
 fn huge_and_deep_inputs_do_not_panic() {
     let mut wide = String::from("name = \"wide\"\n");

@@ -1,6 +1,6 @@
 //! Graph checks: no dependency cycles outside loops, and no stage that can never run.
 
-use petgraph::algo::tarjan_scc;
+use petgraph::algo::kosaraju_scc;
 use petgraph::graph::DiGraph;
 
 use super::{Checked, StageId};
@@ -38,6 +38,7 @@ pub fn body_graph(c: &Checked<'_>, region: Option<StageId>) -> DiGraph<StageId, 
 pub fn route_targets(c: &Checked<'_>, id: StageId) -> Vec<StageId> {
     let stage = c.info(id).stage;
     let routes = stage
+        .keys()
         .route
         .iter()
         .flat_map(|r| r.cases.iter().map(|(_, a)| a).chain(r.default.iter()));
@@ -60,7 +61,9 @@ pub fn check(c: &Checked<'_>, diags: &mut Diagnostics) {
     );
     for region in regions {
         let g = body_graph(c, region);
-        for scc in tarjan_scc(&g) {
+        // Kosaraju's walk keeps its own stack: Tarjan's recursion overflowed the thread's stack
+        // on a chain of 100,000 stages.
+        for scc in kosaraju_scc(&g) {
             if scc.len() < 2 {
                 continue;
             }
@@ -109,7 +112,7 @@ pub fn check(c: &Checked<'_>, diags: &mut Diagnostics) {
     }
     let mut never = vec![false; c.stages.len()];
     for (i, info) in c.stages.iter().enumerate() {
-        let Some(when) = &info.stage.when else {
+        let Some(when) = &info.stage.keys().when else {
             continue;
         };
         if is_constant_false(&when.value) {
@@ -132,7 +135,7 @@ pub fn check(c: &Checked<'_>, diags: &mut Diagnostics) {
         if never[i] {
             continue;
         }
-        let Some(when) = &info.stage.when else {
+        let Some(when) = &info.stage.keys().when else {
             continue;
         };
         let Some((l, max)) = literal_loop_bound(c, StageId(i)) else {
@@ -184,7 +187,7 @@ pub fn check(c: &Checked<'_>, diags: &mut Diagnostics) {
             ),
         )
         .label("needed here");
-        if let Some(r) = &need_stage.route {
+        if let Some(r) = &need_stage.keys().route {
             d = d.related(r.span, "every route leaves");
         }
         diags.push(d.help(format!(
@@ -239,7 +242,7 @@ fn closing_edge(c: &Checked<'_>, ids: &[StageId]) -> Option<(crate::source::Span
                 }
             }
         }
-        if let Some(route) = &stage.route {
+        if let Some(route) = &stage.keys().route {
             let actions = route
                 .cases
                 .iter()
@@ -267,7 +270,7 @@ fn closing_edge(c: &Checked<'_>, ids: &[StageId]) -> Option<(crate::source::Span
 /// Tells how a stage's route always leaves its frame, when every case and the default (or
 /// the failure of an unmatched value) end the run, the loop or the iteration.
 fn always_leaves(stage: &crate::model::Stage) -> Option<&'static str> {
-    let route = stage.route.as_ref()?;
+    let route = stage.keys().route.as_ref()?;
     let actions: Vec<&Action> = route
         .cases
         .iter()
@@ -314,11 +317,11 @@ fn needs_reach(c: &Checked<'_>, from: StageId, to: StageId) -> bool {
 /// Returns the innermost loop around a stage and its `max_iterations`, when that is a literal.
 fn literal_loop_bound(c: &Checked<'_>, id: StageId) -> Option<(StageId, u64)> {
     let l = c.enclosing_loop(id)?;
-    match &c.info(l).stage.body {
-        crate::model::StageBody::Loop {
+    match c.info(l).stage.body.as_loop() {
+        Some(crate::model::LoopBody {
             max_iterations: Some(m),
             ..
-        } => match m.value {
+        }) => match m.value {
             crate::model::Count::Literal(n) if (1..=10_000).contains(&n) => Some((l, n)),
             _ => None,
         },
