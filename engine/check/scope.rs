@@ -90,7 +90,9 @@ pub fn compute_conditional(c: &Checked<'_>) -> Vec<bool> {
         }
     }
     let mut cond: Vec<bool> = (0..n)
-        .map(|i| c.stages[i].stage.when.is_some() || targets[i] || is_escalated(c, StageId(i)))
+        .map(|i| {
+            c.stages[i].stage.keys().when.is_some() || targets[i] || is_escalated(c, StageId(i))
+        })
         .collect();
     loop {
         let mut changed = false;
@@ -124,10 +126,10 @@ pub fn is_escalated(c: &Checked<'_>, id: StageId) -> bool {
     let Some(parent) = c.info(id).parent else {
         return false;
     };
-    match &c.info(parent).stage.body {
-        crate::model::StageBody::Loop { escalation, .. } => {
+    match c.info(parent).stage.body.as_loop() {
+        Some(l) => {
             let name = &c.info(id).stage.id.value;
-            escalation
+            l.escalation
                 .iter()
                 .any(|r| r.run.iter().any(|t| t.value == *name))
         }
@@ -176,7 +178,7 @@ fn skipped_locally(c: &Checked<'_>, id: StageId, seen: &mut Vec<StageId>) -> boo
     }
     seen.push(id);
     let info = c.info(id);
-    info.stage.when.is_some()
+    info.stage.keys().when.is_some()
         || is_route_target(c, id)
         || is_escalated(c, id)
         || (!info.needs.is_empty() && info.needs.iter().all(|n| skipped_locally(c, *n, seen)))

@@ -188,7 +188,7 @@ fn body(plan: &Plan, region: Option<NodeId>, depth: usize, out: &mut String) {
                 on_reject,
                 ..
             } => {
-                let t = match (&s.timeout, on_timeout) {
+                let t = match (&s.keys().timeout, on_timeout) {
                     (Some(t), Some(a)) => format!(
                         "; after {} without an answer: {}",
                         dur(plan, &t.value),
@@ -205,14 +205,15 @@ fn body(plan: &Plan, region: Option<NodeId>, depth: usize, out: &mut String) {
                 "runs the workflow {}",
                 workflow.as_ref().map_or("", |w| w.value.as_str())
             ),
-            StageBody::Loop {
-                max_iterations,
-                until,
-                stuck,
-                on_exhausted,
-                escalation,
-                ..
-            } => {
+            StageBody::Loop(l) => {
+                let crate::model::LoopBody {
+                    max_iterations,
+                    until,
+                    stuck,
+                    on_exhausted,
+                    escalation,
+                    ..
+                } = &**l;
                 let mut t = format!(
                     "repeats its body at most {} times",
                     max_iterations
@@ -256,13 +257,14 @@ fn body(plan: &Plan, region: Option<NodeId>, depth: usize, out: &mut String) {
                 }
                 t
             }
-            StageBody::ForEach {
-                over,
-                as_name,
-                max_concurrency,
-                aggregate,
-                ..
-            } => {
+            StageBody::ForEach(f) => {
+                let crate::model::ForEachBody {
+                    over,
+                    as_name,
+                    max_concurrency,
+                    aggregate,
+                    ..
+                } = &**f;
                 let mut t = format!(
                     "runs its body for each `{}` in `{}`",
                     as_name.as_ref().map_or("item", |a| a.value.as_str()),
@@ -312,15 +314,15 @@ fn body(plan: &Plan, region: Option<NodeId>, depth: usize, out: &mut String) {
                     .join(", ")
             );
         }
-        if let Some(w) = &s.when {
+        if let Some(w) = &s.keys().when {
             let _ = write!(line, ", only when `{}`", w.value);
         }
-        if let Some(r) = &s.resource {
+        if let Some(r) = &s.keys().resource {
             let _ = write!(line, ", holding `{}`", r.value);
         }
         line.push('.');
         let _ = writeln!(out, "{line}");
-        if let Some(r) = &s.route {
+        if let Some(r) = &s.keys().route {
             for (value, t) in &node.routes {
                 let _ = writeln!(
                     out,
@@ -337,13 +339,13 @@ fn body(plan: &Plan, region: Option<NodeId>, depth: usize, out: &mut String) {
                     .map_or("fail".into(), |t| target(plan, t))
             );
         }
-        if s.on_fail.is_some() {
+        if s.keys().on_fail.is_some() {
             let _ = writeln!(out, "{pad}   if it fails: {}", target(plan, &node.on_fail));
         }
         if let Some(t) = &node.then {
             let _ = writeln!(out, "{pad}   then: {}", target(plan, t));
         }
-        if s.on_error.is_some() {
+        if s.keys().on_error.is_some() {
             let _ = writeln!(
                 out,
                 "{pad}   if it cannot run (agent unreachable, timeout): {}",

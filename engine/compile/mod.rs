@@ -40,8 +40,8 @@ pub enum Edge {
 /// The DAG of one body (the top level, or a loop's, for_each's or group's body).
 #[derive(Debug)]
 pub struct Body {
+    /// The graph; a node's index in it is [`Node::local`].
     pub graph: DiGraph<NodeId, Edge>,
-    pub index: HashMap<NodeId, NodeIndex>,
     /// The body's nodes in a topological order.
     pub order: Vec<NodeId>,
     /// Each graph node's place in `order` (indexed by `NodeIndex::index()`): the executor
@@ -57,7 +57,7 @@ pub struct Node {
     pub parent: Option<NodeId>,
     pub needs: Vec<NodeId>,
     /// The body, for loops, for_each and groups.
-    pub body: Option<Body>,
+    pub body: Option<Box<Body>>,
     /// The resolved agent, when it is not chosen by a param.
     pub agent: Option<usize>,
     pub resource: Option<usize>,
@@ -86,6 +86,36 @@ pub struct Node {
     pub local: NodeIndex,
 }
 
+/// The templates of a workflow by name, sorted: for thousands of stages, a third of the
+/// memory of a hash map of `String`s.
+#[derive(Debug, Default)]
+pub struct Templates(Vec<(Box<str>, Box<str>)>);
+
+impl Templates {
+    /// Builds the map; of two templates with the same name, the later one is kept.
+    fn new(mut all: Vec<(Box<str>, Box<str>)>) -> Templates {
+        // Reversed, then a stable sort: the later of two equal names comes first and stays.
+        all.reverse();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all.dedup_by(|later, first| later.0 == first.0);
+        all.shrink_to_fit();
+        Templates(all)
+    }
+
+    /// The source of a template.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .binary_search_by(|(k, _)| (**k).cmp(name))
+            .ok()
+            .map(|i| &*self.0[i].1)
+    }
+
+    /// Tells whether there is a template of this name.
+    pub fn contains_key(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+}
+
 /// A named outcome with its exit code.
 #[derive(Clone, Debug)]
 pub struct ExitDef {
@@ -110,9 +140,10 @@ pub struct Plan {
     /// Expressions (`when`, `until`, `expect`, `over`, escalation conditions, ...) are kept
     /// as source and compiled with `compile_expression` where they are evaluated, so that
     /// their values keep their types.
-    pub templates: HashMap<String, String>,
-    /// Every node by its stage id (ids are unique in a workflow).
-    pub by_name: HashMap<String, NodeId>,
+    pub templates: Templates,
+    /// Every node, sorted by its stage id (ids are unique in a workflow), for
+    /// [`Plan::find`]: no second copy of the names.
+    pub by_name: Vec<NodeId>,
 }
 
 /// An agent stage whose agent, rendered over the params, names no agent.
@@ -179,7 +210,7 @@ impl Plan {
     /// Returns the body of a region, or the top level for `None`.
     pub fn body(&self, region: Option<NodeId>) -> &Body {
         match region {
-            Some(r) => self.nodes[r.0].body.as_ref().unwrap_or(&self.top),
+            Some(r) => self.nodes[r.0].body.as_deref().unwrap_or(&self.top),
             None => &self.top,
         }
     }
@@ -195,7 +226,10 @@ impl Plan {
 
     /// Returns the node of a stage by id.
     pub fn find(&self, name: &str) -> Option<NodeId> {
-        self.by_name.get(name).copied()
+        self.by_name
+            .binary_search_by(|id| self.nodes[id.0].name.as_str().cmp(name))
+            .ok()
+            .map(|i| self.by_name[i])
     }
 
     /// Resolves an action (as written, or as stored by a run) to where control goes.
@@ -278,12 +312,12 @@ pub fn compile_parts(checked: &Checked<'_>) -> PlanParts {
         )
         .unwrap_or(Target::Fail)
     };
-    let mut templates: HashMap<String, String> = HashMap::new();
+    let mut templates: Vec<(Box<str>, Box<str>)> = Vec::new();
     // The run's own worktree (no stage id starts with `@`).
     if let Some(w) = &wf.worktree {
-        templates.insert(RUN_WORKTREE_BRANCH.to_string(), w.branch.value.clone());
+        templates.push((RUN_WORKTREE_BRANCH.into(), w.branch.value.as_str().into()));
         if let Some(b) = &w.base {
-            templates.insert(RUN_WORKTREE_BASE.to_string(), b.value.clone());
+            templates.push((RUN_WORKTREE_BASE.into(), b.value.as_str().into()));
         }
     }
     let mut nodes = Vec::with_capacity(checked.stages.len());
@@ -294,7 +328,7 @@ pub fn compile_parts(checked: &Checked<'_>) -> PlanParts {
         let mut uses_stage_dir = false;
         let mut add = |field: &str, src: &str| {
             uses_stage_dir |= src.contains("stage_dir");
-            templates.insert(format!("{}/{field}", s.id.value), src.to_string());
+            templates.push((format!("{}/{field}", s.id.value).into(), src.into()));
         };
         if let crate::model::StageBody::Agent {
             prompt: Some(p), ..
@@ -305,10 +339,10 @@ pub fn compile_parts(checked: &Checked<'_>) -> PlanParts {
         if let Some((_, text)) = checked.prompt_files.get(&id) {
             add("prompt", text);
         }
-        if let Some(f) = &s.feedback {
+        if let Some(f) = &s.keys().feedback {
             add("feedback", &f.value);
         }
-        if let Some(o) = &s.output {
+        if let Some(o) = &s.keys().output {
             for (n, f) in o.files.iter().enumerate() {
                 add(&format!("files/{n}"), &f.value);
             }
@@ -345,15 +379,12 @@ pub fn compile_parts(checked: &Checked<'_>) -> PlanParts {
                     add(&format!("params/{}", k.value), &v.value);
                 }
             }
-            B::Loop {
-                worktree: Some(w), ..
-            }
-            | B::ForEach {
-                worktree: Some(w), ..
-            } => {
-                add("worktree/branch", &w.branch.value);
-                if let Some(b) = &w.base {
-                    add("worktree/base", &b.value);
+            B::Loop(_) | B::ForEach(_) => {
+                if let Some(w) = s.body.worktree() {
+                    add("worktree/branch", &w.branch.value);
+                    if let Some(b) = &w.base {
+                        add("worktree/base", &b.value);
+                    }
                 }
             }
             _ => {}
@@ -364,9 +395,10 @@ pub fn compile_parts(checked: &Checked<'_>) -> PlanParts {
             }
             _ => None,
         };
-        let route = s.route.as_ref();
-        let escalations = match &s.body {
-            crate::model::StageBody::Loop { escalation, .. } => escalation
+        let route = s.keys().route.as_ref();
+        let escalations = match s.body.as_loop() {
+            Some(l) => l
+                .escalation
                 .iter()
                 .map(|r| {
                     let targets = r.run.iter().filter_map(|t| checked.find(&t.value));
@@ -383,6 +415,7 @@ pub fn compile_parts(checked: &Checked<'_>) -> PlanParts {
             body: None,
             agent,
             resource: s
+                .keys()
                 .resource
                 .as_ref()
                 .and_then(|r| wf.resources.iter().position(|x| x.name.value == r.value)),
@@ -397,7 +430,7 @@ pub fn compile_parts(checked: &Checked<'_>) -> PlanParts {
             route_default: route
                 .and_then(|r| r.default.as_ref())
                 .map(|a| target(&a.value, &exits)),
-            on_fail: s.on_fail.as_ref().map_or(
+            on_fail: s.keys().on_fail.as_ref().map_or(
                 if in_loop {
                     Target::Continue
                 } else {
@@ -406,10 +439,11 @@ pub fn compile_parts(checked: &Checked<'_>) -> PlanParts {
                 |a| target(&a.value, &exits),
             ),
             on_error: s
+                .keys()
                 .on_error
                 .as_ref()
                 .map_or(Target::Fail, |a| target(&a.value, &exits)),
-            then: s.then.as_ref().map(|a| target(&a.value, &exits)),
+            then: s.keys().then.as_ref().map(|a| target(&a.value, &exits)),
             give_up: s
                 .give_up_targets()
                 .into_iter()
@@ -428,15 +462,18 @@ pub fn compile_parts(checked: &Checked<'_>) -> PlanParts {
         .map(|(i, n)| (n.name.clone(), NodeId(i)))
         .collect();
     set_paths(&wf.stages, &mut Vec::new(), &by_name, &mut nodes);
+    drop(by_name);
+    let mut by_name: Vec<NodeId> = (0..nodes.len()).map(NodeId).collect();
+    by_name.sort_unstable_by(|a, b| nodes[a.0].name.cmp(&nodes[b.0].name));
     for i in 0..nodes.len() {
         if checked.stages[i].stage.kind.value.is_region() {
-            nodes[i].body = Some(body(checked, Some(StageId(i)), &nodes));
+            nodes[i].body = Some(Box::new(body(checked, Some(StageId(i)), &nodes)));
         }
     }
     let top = body(checked, None, &nodes);
     let locals: Vec<(usize, NodeIndex)> = std::iter::once(&top)
-        .chain(nodes.iter().filter_map(|n| n.body.as_ref()))
-        .flat_map(|b| b.index.iter().map(|(id, ix)| (id.0, *ix)))
+        .chain(nodes.iter().filter_map(|n| n.body.as_deref()))
+        .flat_map(|b| b.graph.node_indices().map(|ix| (b.graph[ix].0, ix)))
         .collect();
     for (i, ix) in locals {
         nodes[i].local = ix;
@@ -448,7 +485,7 @@ pub fn compile_parts(checked: &Checked<'_>) -> PlanParts {
         exits,
         params: checked.params.clone(),
         schemas: checked.schemas.clone(),
-        templates,
+        templates: Templates::new(templates),
         by_name,
     })
 }
@@ -518,10 +555,5 @@ fn body(c: &Checked<'_>, region: Option<StageId>, nodes: &[Node]) -> Body {
             rank[ix.index()] = r;
         }
     }
-    Body {
-        graph,
-        index,
-        order,
-        rank,
-    }
+    Body { graph, order, rank }
 }

@@ -31,11 +31,12 @@ fn ident(name: &str) -> String {
 pub fn region_label(plan: &Plan, id: NodeId) -> String {
     let s = plan.stage(id);
     match &s.body {
-        StageBody::Loop {
-            max_iterations,
-            until,
-            ..
-        } => {
+        StageBody::Loop(l) => {
+            let crate::model::LoopBody {
+                max_iterations,
+                until,
+                ..
+            } = &**l;
             let max = max_iterations
                 .as_ref()
                 .map_or("?".into(), |m| plan.count_text(&m.value));
@@ -45,11 +46,12 @@ pub fn region_label(plan: &Plan, id: NodeId) -> String {
                 .unwrap_or_default();
             format!("loop {} (at most {max}){until}", s.id.value)
         }
-        StageBody::ForEach {
-            over,
-            max_concurrency,
-            ..
-        } => {
+        StageBody::ForEach(f) => {
+            let crate::model::ForEachBody {
+                over,
+                max_concurrency,
+                ..
+            } = &**f;
             let over = over.as_ref().map_or(String::new(), |o| o.value.clone());
             let conc = max_concurrency.as_ref().map_or(String::new(), |m| {
                 format!(", {} at once", plan.count_text(&m.value))
@@ -93,7 +95,7 @@ pub fn node_label(plan: &Plan, id: NodeId) -> String {
         label.push('\n');
         label.push_str(&truncate(&detail, 60));
     }
-    if let Some(r) = &s.resource {
+    if let Some(r) = &s.keys().resource {
         let _ = write!(label, "\nholds {}", r.value);
     }
     label
@@ -125,7 +127,7 @@ fn edges(plan: &Plan) -> Vec<(String, String, String, bool)> {
         }
     };
     let mut bodies: Vec<&Body> = vec![&plan.top];
-    bodies.extend(plan.nodes.iter().filter_map(|n| n.body.as_ref()));
+    bodies.extend(plan.nodes.iter().filter_map(|n| n.body.as_deref()));
     for body in bodies {
         for e in body.graph.edge_indices() {
             let Some((a, b)) = body.graph.edge_endpoints(e) else {
@@ -135,6 +137,7 @@ fn edges(plan: &Plan) -> Vec<(String, String, String, bool)> {
             let label = match &body.graph[e] {
                 Edge::Needs => plan
                     .stage(b)
+                    .keys()
                     .when
                     .as_ref()
                     .map(|w| format!("when {}", w.value))
@@ -153,10 +156,10 @@ fn edges(plan: &Plan) -> Vec<(String, String, String, bool)> {
             actions.push(("*".into(), d));
         }
         let s = plan.stage(id);
-        if s.on_fail.is_some() || node.kind == StageKind::Check {
+        if s.keys().on_fail.is_some() || node.kind == StageKind::Check {
             actions.push(("fail".into(), &node.on_fail));
         }
-        if s.on_error.is_some() {
+        if s.keys().on_error.is_some() {
             actions.push(("error".into(), &node.on_error));
         }
         for (label, t) in actions {
@@ -186,10 +189,10 @@ fn edges(plan: &Plan) -> Vec<(String, String, String, bool)> {
                 _ => {}
             }
         }
-        if let StageBody::Loop {
+        if let Some(crate::model::LoopBody {
             on_exhausted: Some(a),
             ..
-        } = &s.body
+        }) = s.body.as_loop()
         {
             if let crate::model::Action::Exit(n) = &a.value {
                 out.push((
@@ -200,9 +203,9 @@ fn edges(plan: &Plan) -> Vec<(String, String, String, bool)> {
                 ));
             }
         }
-        if let StageBody::Loop {
+        if let Some(crate::model::LoopBody {
             stuck: Some(st), ..
-        } = &s.body
+        }) = s.body.as_loop()
         {
             if let Some(crate::model::Action::Exit(n)) = st.then.as_ref().map(|t| &t.value) {
                 out.push((

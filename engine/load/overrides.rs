@@ -98,9 +98,9 @@ pub(super) fn apply_override(
         }
     }
     match &mut stage.body {
-        StageBody::Loop { max_iterations, .. } => {
+        StageBody::Loop(l) => {
             if let Some(m) = &o.max_iterations {
-                *max_iterations = Some(m.clone());
+                l.max_iterations = Some(m.clone());
             }
         }
         _ => {
@@ -110,10 +110,12 @@ pub(super) fn apply_override(
         }
     }
     match &mut stage.body {
-        StageBody::ForEach {
-            max_concurrency, ..
+        StageBody::ForEach(f) => {
+            if let Some(m) = &o.max_concurrency {
+                f.max_concurrency = Some(m.clone());
+            }
         }
-        | StageBody::Group {
+        StageBody::Group {
             max_concurrency, ..
         } => {
             if let Some(m) = &o.max_concurrency {
@@ -127,19 +129,19 @@ pub(super) fn apply_override(
         }
     }
     if o.timeout.is_some() {
-        stage.timeout = o.timeout.clone();
+        stage.keys_mut().timeout = o.timeout.clone();
     }
     if o.idle_timeout.is_some() {
-        stage.idle_timeout = o.idle_timeout.clone();
+        stage.keys_mut().idle_timeout = o.idle_timeout.clone();
     }
     if o.retries.is_some() {
-        stage.retries = o.retries.clone();
+        stage.keys_mut().retries = o.retries.clone();
     }
     if o.when.is_some() {
-        stage.when = o.when.clone();
+        stage.keys_mut().when = o.when.clone();
     }
     if o.budget.is_some() {
-        stage.budget = o.budget.clone().map(Box::new);
+        stage.keys_mut().budget = o.budget.clone().map(Box::new);
     }
 }
 

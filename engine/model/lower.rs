@@ -163,10 +163,17 @@ fn texts(t: &Table, key: &str) -> Vec<Text> {
         Some(Value {
             kind: ValueKind::Array(items),
             ..
-        }) => items
-            .iter()
-            .filter_map(|v| Some(Spanned::new(v.as_str()?.to_string(), v.span)))
-            .collect(),
+        }) => {
+            // Sized up front: `filter_map` would start at room for four (160 bytes for the
+            // usual one `needs`, on every stage of a long chain).
+            let mut out = Vec::with_capacity(items.len());
+            out.extend(
+                items
+                    .iter()
+                    .filter_map(|v| Some(Spanned::new(v.as_str()?.to_string(), v.span))),
+            );
+            out
+        }
         Some(v) => v
             .as_str()
             .map(|s| vec![Spanned::new(s.to_string(), v.span)])
@@ -394,15 +401,15 @@ fn stage(id: Text, t: &Table, span: Span) -> Option<Stage> {
             prompt: text(t, "prompt"),
             prompt_file: text(t, "prompt_file"),
         },
-        StageKind::Command => StageBody::Command(command(t).unwrap_or(CommandSpec {
+        StageKind::Command => StageBody::Command(Box::new(command(t).unwrap_or(CommandSpec {
             argv: Vec::new(),
             cwd: None,
             env: Vec::new(),
             stdin: None,
             ok_codes: Vec::new(),
-        })),
+        }))),
         StageKind::Check => StageBody::Check {
-            command: command(t),
+            command: command(t).map(Box::new),
             pass_codes: ints(t, "pass_codes"),
             expect: text(t, "expect"),
         },
@@ -416,7 +423,7 @@ fn stage(id: Text, t: &Table, span: Span) -> Option<Stage> {
             workflow: text(t, "workflow"),
             params: map_texts(t, "params"),
         },
-        StageKind::Loop => StageBody::Loop {
+        StageKind::Loop => StageBody::Loop(Box::new(LoopBody {
             max_iterations: count(t, "max_iterations"),
             until: text(t, "until"),
             on_exhausted: action(t, "on_exhausted"),
@@ -431,8 +438,8 @@ fn stage(id: Text, t: &Table, span: Span) -> Option<Stage> {
             escalation: escalations(t),
             worktree: worktree(t).map(Box::new),
             stages: named(t, "stages", stage),
-        },
-        StageKind::ForEach => StageBody::ForEach {
+        })),
+        StageKind::ForEach => StageBody::ForEach(Box::new(ForEachBody {
             over: text(t, "over"),
             as_name: text(t, "as"),
             key: text(t, "key"),
@@ -441,7 +448,7 @@ fn stage(id: Text, t: &Table, span: Span) -> Option<Stage> {
             result: text(t, "result"),
             worktree: worktree(t).map(Box::new),
             stages: named(t, "stages", stage),
-        },
+        })),
         StageKind::Group => StageBody::Group {
             max_concurrency: count(t, "max_concurrency"),
             aggregate: aggregate(t).map(Box::new),
@@ -449,12 +456,8 @@ fn stage(id: Text, t: &Table, span: Span) -> Option<Stage> {
             stages: named(t, "stages", stage),
         },
     };
-    Some(Stage {
-        id,
-        kind: Spanned::new(kind, kind_text.span),
-        span,
+    let keys = StageKeys {
         description: text(t, "description"),
-        needs: texts(t, "needs"),
         when: text(t, "when"),
         labels: texts(t, "labels"),
         route: table(t, "route").and_then(|(r, span)| {
@@ -490,8 +493,15 @@ fn stage(id: Text, t: &Table, span: Span) -> Option<Stage> {
         priority: text(t, "priority"),
         budget: budget(t).map(Box::new),
         output: table(t, "output").map(|(o, span)| Box::new(output(o, span))),
+    };
+    Some(Stage::new(
+        id,
+        Spanned::new(kind, kind_text.span),
+        span,
+        texts(t, "needs"),
         body,
-    })
+        keys,
+    ))
 }
 
 fn output(o: &Table, span: Span) -> OutputSpec {

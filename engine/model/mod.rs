@@ -17,7 +17,9 @@ mod values;
 pub use agent::{Agent, AgentKind, OpenAiApi, Permissions, PromptVia, StructuredOutput};
 pub use output::{ExtractMode, Marker, OutputSpec, SchemaRef};
 pub use regions::{Aggregate, AggregateMode, Cleanup, Escalation, Stuck, Worktree};
-pub use stage::{CommandSpec, Route, Stage, StageBody, StageKind};
+pub use stage::{
+    CommandSpec, ForEachBody, LoopBody, Route, Stage, StageBody, StageKeys, StageKind,
+};
 pub use values::{Action, Count, Dur, MAX_DURATION, RESERVED, is_ident, parse_duration};
 
 use crate::source::{FileId, Span, Spanned};

@@ -62,8 +62,18 @@ pub struct Stage {
     pub id: Text,
     pub kind: Spanned<StageKind>,
     pub span: Span,
-    pub description: Option<Text>,
     pub needs: Vec<Text>,
+    pub body: StageBody,
+    /// The keys any stage may have besides `id`, `kind` and `needs`; `None` when it has none
+    /// (read them with [`Stage::keys`]). Out of line because most stages of a long workflow
+    /// have few of them: a stage without them costs a pointer, not about 500 bytes.
+    keys: Option<Box<StageKeys>>,
+}
+
+/// The keys any stage may have besides `id`, `kind` and `needs` (see [`Stage::keys`]).
+#[derive(Clone, Debug, Default)]
+pub struct StageKeys {
+    pub description: Option<Text>,
     pub when: Option<Text>,
     /// What a worker must have to carry out the stage's work (a run on workers).
     pub labels: Vec<Text>,
@@ -77,10 +87,96 @@ pub struct Stage {
     pub retries: Option<Spanned<Count>>,
     pub resource: Option<Text>,
     pub priority: Option<Text>,
-    // Rare keys are boxed: a stage without them costs a pointer each, not the table.
     pub budget: Option<Box<Budget>>,
     pub output: Option<Box<OutputSpec>>,
-    pub body: StageBody,
+}
+
+/// What [`Stage::keys`] gives for a stage without any.
+static NO_KEYS: StageKeys = StageKeys {
+    description: None,
+    when: None,
+    labels: Vec::new(),
+    route: None,
+    on_fail: None,
+    on_error: None,
+    then: None,
+    feedback: None,
+    timeout: None,
+    idle_timeout: None,
+    retries: None,
+    resource: None,
+    priority: None,
+    budget: None,
+    output: None,
+};
+
+impl StageKeys {
+    /// Tells whether no key is set.
+    pub fn is_empty(&self) -> bool {
+        let StageKeys {
+            description,
+            when,
+            labels,
+            route,
+            on_fail,
+            on_error,
+            then,
+            feedback,
+            timeout,
+            idle_timeout,
+            retries,
+            resource,
+            priority,
+            budget,
+            output,
+        } = self;
+        description.is_none()
+            && when.is_none()
+            && labels.is_empty()
+            && route.is_none()
+            && on_fail.is_none()
+            && on_error.is_none()
+            && then.is_none()
+            && feedback.is_none()
+            && timeout.is_none()
+            && idle_timeout.is_none()
+            && retries.is_none()
+            && resource.is_none()
+            && priority.is_none()
+            && budget.is_none()
+            && output.is_none()
+    }
+}
+
+impl Stage {
+    /// Makes a stage; `keys` are kept only when one is set.
+    pub fn new(
+        id: Text,
+        kind: Spanned<StageKind>,
+        span: Span,
+        needs: Vec<Text>,
+        body: StageBody,
+        keys: StageKeys,
+    ) -> Stage {
+        Stage {
+            id,
+            kind,
+            span,
+            needs,
+            body,
+            keys: (!keys.is_empty()).then(|| Box::new(keys)),
+        }
+    }
+
+    /// The keys any stage may have besides `id`, `kind` and `needs`.
+    pub fn keys(&self) -> &StageKeys {
+        self.keys.as_deref().unwrap_or(&NO_KEYS)
+    }
+
+    /// The keys, to change.
+    pub fn keys_mut(&mut self) -> &mut StageKeys {
+        self.keys.get_or_insert_with(Box::default)
+    }
 }
 
 /// The keys of a stage that depend on its kind.
@@ -91,9 +187,9 @@ pub enum StageBody {
         prompt: Option<Text>,
         prompt_file: Option<Text>,
     },
-    Command(CommandSpec),
+    Command(Box<CommandSpec>),
     Check {
-        command: Option<CommandSpec>,
+        command: Option<Box<CommandSpec>>,
         pass_codes: Vec<Spanned<i64>>,
         expect: Option<Text>,
     },
@@ -107,25 +203,10 @@ pub enum StageBody {
         workflow: Option<Text>,
         params: Vec<(Text, Text)>,
     },
-    Loop {
-        max_iterations: Option<Spanned<Count>>,
-        until: Option<Text>,
-        on_exhausted: Option<Spanned<Action>>,
-        stuck: Option<Box<Stuck>>,
-        escalation: Vec<Escalation>,
-        worktree: Option<Box<Worktree>>,
-        stages: Vec<Stage>,
-    },
-    ForEach {
-        over: Option<Text>,
-        as_name: Option<Text>,
-        key: Option<Text>,
-        max_concurrency: Option<Spanned<Count>>,
-        aggregate: Option<Box<Aggregate>>,
-        result: Option<Text>,
-        worktree: Option<Box<Worktree>>,
-        stages: Vec<Stage>,
-    },
+    /// Out of line (as `ForEach`): a loop's keys would make every stage's body twice as
+    /// large.
+    Loop(Box<LoopBody>),
+    ForEach(Box<ForEachBody>),
     Group {
         max_concurrency: Option<Spanned<Count>>,
         aggregate: Option<Box<Aggregate>>,
@@ -134,13 +215,65 @@ pub enum StageBody {
     },
 }
 
+/// The keys of a loop stage.
+#[derive(Clone, Debug)]
+pub struct LoopBody {
+    pub max_iterations: Option<Spanned<Count>>,
+    pub until: Option<Text>,
+    pub on_exhausted: Option<Spanned<Action>>,
+    pub stuck: Option<Box<Stuck>>,
+    pub escalation: Vec<Escalation>,
+    pub worktree: Option<Box<Worktree>>,
+    pub stages: Vec<Stage>,
+}
+
+/// The keys of a for_each stage.
+#[derive(Clone, Debug)]
+pub struct ForEachBody {
+    pub over: Option<Text>,
+    pub as_name: Option<Text>,
+    pub key: Option<Text>,
+    pub max_concurrency: Option<Spanned<Count>>,
+    pub aggregate: Option<Box<Aggregate>>,
+    pub result: Option<Text>,
+    pub worktree: Option<Box<Worktree>>,
+    pub stages: Vec<Stage>,
+}
+
+impl StageBody {
+    /// The keys of a loop.
+    pub fn as_loop(&self) -> Option<&LoopBody> {
+        match self {
+            StageBody::Loop(l) => Some(l),
+            _ => None,
+        }
+    }
+
+    /// The keys of a for_each.
+    pub fn as_for_each(&self) -> Option<&ForEachBody> {
+        match self {
+            StageBody::ForEach(f) => Some(f),
+            _ => None,
+        }
+    }
+
+    /// The `worktree` of a loop or for_each.
+    pub fn worktree(&self) -> Option<&Worktree> {
+        match self {
+            StageBody::Loop(l) => l.worktree.as_deref(),
+            StageBody::ForEach(f) => f.worktree.as_deref(),
+            _ => None,
+        }
+    }
+}
+
 impl Stage {
     /// Returns the body stages of a loop, for_each or group.
     pub fn children(&self) -> &[Stage] {
         match &self.body {
-            StageBody::Loop { stages, .. }
-            | StageBody::ForEach { stages, .. }
-            | StageBody::Group { stages, .. } => stages,
+            StageBody::Loop(l) => &l.stages,
+            StageBody::ForEach(f) => &f.stages,
+            StageBody::Group { stages, .. } => stages,
             _ => &[],
         }
     }
@@ -148,9 +281,9 @@ impl Stage {
     /// Returns the body stages mutably.
     pub fn children_mut(&mut self) -> Option<&mut Vec<Stage>> {
         match &mut self.body {
-            StageBody::Loop { stages, .. }
-            | StageBody::ForEach { stages, .. }
-            | StageBody::Group { stages, .. } => Some(stages),
+            StageBody::Loop(l) => Some(&mut l.stages),
+            StageBody::ForEach(f) => Some(&mut f.stages),
+            StageBody::Group { stages, .. } => Some(stages),
             _ => None,
         }
     }
@@ -162,11 +295,12 @@ impl Stage {
     pub fn give_up_targets(&self) -> Vec<(&'static str, &Spanned<Action>)> {
         let mut out = Vec::new();
         match &self.body {
-            StageBody::Loop {
-                on_exhausted,
-                stuck,
-                ..
-            } => {
+            StageBody::Loop(l) => {
+                let LoopBody {
+                    on_exhausted,
+                    stuck,
+                    ..
+                } = &**l;
                 out.extend(on_exhausted.iter().map(|a| ("exhausted", a)));
                 out.extend(
                     stuck
@@ -213,4 +347,20 @@ pub struct Route {
     pub cases: Vec<(Text, Spanned<Action>)>,
     pub default: Option<Spanned<Action>>,
     pub span: Span,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A workflow of 10,000 stages holds 10,000 of these for the whole run: keys that most
+    /// stages lack stay out of line (see [`StageKeys`], [`LoopBody`], [`ForEachBody`]).
+    #[test]
+    fn a_stage_stays_small() {
+        let (stage, body) = (size_of::<Stage>(), size_of::<StageBody>());
+        assert!(
+            stage <= 264 && body <= 160,
+            "Stage {stage} bytes, StageBody {body}"
+        );
+    }
 }

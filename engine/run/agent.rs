@@ -41,14 +41,19 @@ impl Exec<'_> {
         };
         let chain = self.plan.fallback_chain(agent);
         let retries = st
+            .keys()
             .retries
             .as_ref()
             .and_then(|r| resolve_count(&r.value, &self.plan.params).ok())
             .unwrap_or(2);
         let max_attempts = u32::try_from(retries).unwrap_or(u32::MAX).saturating_add(1);
         let a = &self.plan.workflow.agents[agent];
-        let timeout = timeout_of(st.timeout.as_ref(), a.timeout.as_ref(), self.plan);
-        let idle = timeout_of(st.idle_timeout.as_ref(), a.idle_timeout.as_ref(), self.plan);
+        let timeout = timeout_of(st.keys().timeout.as_ref(), a.timeout.as_ref(), self.plan);
+        let idle = timeout_of(
+            st.keys().idle_timeout.as_ref(),
+            a.idle_timeout.as_ref(),
+            self.plan,
+        );
         let window = a
             .context_window
             .as_ref()
@@ -142,7 +147,12 @@ impl Exec<'_> {
                 schema: extractor
                     .filter(|e| e.wants_json())
                     .and_then(|_| self.plan.schemas.get(&n).map(|s| Json::clone(s)))
-                    .filter(|_| st.output.as_ref().is_some_and(|o| o.schema.is_some())),
+                    .filter(|_| {
+                        st.keys()
+                            .output
+                            .as_ref()
+                            .is_some_and(|o| o.schema.is_some())
+                    }),
                 max_tokens: None,
             };
             let result = self.call_with_policy(frame, n, &chain, call).await;

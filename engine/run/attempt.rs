@@ -245,7 +245,7 @@ impl Exec<'_> {
         output: &Json,
     ) -> Result<Option<(Target, String)>, StageError> {
         let node = self.plan.node(n);
-        let Some(route) = &self.plan.stage(n).route else {
+        let Some(route) = &self.plan.stage(n).keys().route else {
             return Ok(None);
         };
         let mut cur = output;

@@ -83,7 +83,7 @@ impl Exec<'_> {
                 };
                 Some((t, format!("the budget of {what} is spent ({spent})")))
             };
-        if let Some(b) = &self.plan.stage(n).budget {
+        if let Some(b) = &self.plan.stage(n).keys().budget {
             if let Some(r) = check(
                 b,
                 stage_usage,
@@ -96,7 +96,7 @@ impl Exec<'_> {
         let mut cur = Some(frame);
         while let Some(f) = cur {
             if let Some((key, l)) = &f.usage_key {
-                if let Some(b) = &self.plan.stage(*l).budget {
+                if let Some(b) = &self.plan.stage(*l).keys().budget {
                     let u = all.get(key).cloned().unwrap_or_default();
                     if let Some(r) = check(b, &u, format!("loop `{}`", self.plan.node(*l).name)) {
                         return Some(r);
@@ -119,7 +119,8 @@ impl Exec<'_> {
     /// what it counts (cost, or tokens).
     pub(super) fn warn_unenforceable_budgets(&self) -> Result<(), RunError> {
         let budgets = self.plan.workflow.budget.iter().chain(
-            (0..self.plan.nodes.len()).filter_map(|i| self.plan.stage(NodeId(i)).budget.as_deref()),
+            (0..self.plan.nodes.len())
+                .filter_map(|i| self.plan.stage(NodeId(i)).keys().budget.as_deref()),
         );
         let (mut cost, mut tokens) = (false, false);
         for b in budgets {

@@ -47,16 +47,19 @@ impl Exec<'_> {
         };
         let codes = if codes.is_empty() { vec![0] } else { codes };
         let retries = st
+            .keys()
             .retries
             .as_ref()
             .and_then(|r| resolve_count(&r.value, &self.plan.params).ok())
             .unwrap_or(0);
         let max_attempts = u32::try_from(retries).unwrap_or(u32::MAX).saturating_add(1);
         let timeout = st
+            .keys()
             .timeout
             .as_ref()
             .and_then(|d| resolve_duration(&d.value, &self.plan.params).ok());
         let idle = st
+            .keys()
             .idle_timeout
             .as_ref()
             .and_then(|d| resolve_duration(&d.value, &self.plan.params).ok());
@@ -177,16 +180,17 @@ impl Exec<'_> {
                     .started(&scope, &node.name, attempt, "check");
             }
             let mut value = match self.extractors.get(&n) {
-                Some(e) if st.output.is_some() => match e.extract(&stdout_text, Some(base.clone()))
-                {
-                    Ok(v) => v,
-                    Err(problems) => {
-                        ok = false;
-                        last_msg =
-                            format!("its output could not be read:\n{}", problems.join("\n"));
-                        base.clone()
+                Some(e) if st.keys().output.is_some() => {
+                    match e.extract(&stdout_text, Some(base.clone())) {
+                        Ok(v) => v,
+                        Err(problems) => {
+                            ok = false;
+                            last_msg =
+                                format!("its output could not be read:\n{}", problems.join("\n"));
+                            base.clone()
+                        }
                     }
-                },
+                }
                 _ => base.clone(),
             };
             if is_check {
@@ -226,7 +230,7 @@ impl Exec<'_> {
                 }
                 ok = passed;
             }
-            if is_check || st.output.is_some() {
+            if is_check || st.keys().output.is_some() {
                 self.artifact(
                     dir,
                     "output.json",

@@ -86,7 +86,7 @@ impl Exec<'_> {
         let text = if src.contains('{') || src.ends_with('\n') {
             self.env.render_named_str(name, src, ctx)?
         } else {
-            src.clone()
+            src.to_string()
         };
         if !name.contains("/argv/") && crate::template::spread_items(&text).is_some() {
             return Err(TemplateError::SpreadOutsideArgv);

@@ -309,16 +309,17 @@ impl<'p> Exec<'p> {
             if matches!(
                 node.kind,
                 StageKind::Agent | StageKind::Command | StageKind::Check
-            ) && plan.stage(id).output.is_some()
+            ) && plan.stage(id).keys().output.is_some()
             {
                 let st = plan.stage(id);
-                let declared = st.output.as_ref().and_then(|o| o.schema.as_ref());
+                let declared = st.keys().output.as_ref().and_then(|o| o.schema.as_ref());
                 let schema = declared.and(plan.schemas.get(&id).map(|s| s.as_ref()));
-                let ex =
-                    Extractor::new(st.output.as_deref(), schema).map_err(|e| RunError::Stage {
+                let ex = Extractor::new(st.keys().output.as_deref(), schema).map_err(|e| {
+                    RunError::Stage {
                         stage: node.name.clone(),
                         source: e,
-                    })?;
+                    }
+                })?;
                 extractors.insert(id, ex);
             }
         }
@@ -411,6 +412,7 @@ impl<'p> Exec<'p> {
     pub fn stage_labels(&self, n: NodeId) -> Vec<String> {
         self.plan
             .stage(n)
+            .keys()
             .labels
             .iter()
             .map(|l| l.value.clone())

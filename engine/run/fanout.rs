@@ -18,7 +18,7 @@ use super::now_ms;
 use crate::backend::Usage;
 use crate::check::StageId as NodeId;
 use crate::compile::Target;
-use crate::model::{AggregateMode, StageBody};
+use crate::model::{AggregateMode, ForEachBody, StageBody};
 use crate::params::resolve_count;
 use crate::store::{NodeRecord, NodeState, Write};
 
@@ -27,7 +27,7 @@ impl Exec<'_> {
         let started = now_ms();
         let st = self.plan.stage(n);
         let node = self.plan.node(n);
-        let StageBody::ForEach {
+        let Some(ForEachBody {
             over,
             as_name,
             key,
@@ -36,7 +36,7 @@ impl Exec<'_> {
             result,
             worktree,
             ..
-        } = &st.body
+        }) = st.body.as_for_each()
         else {
             return Outcome::Stopped;
         };

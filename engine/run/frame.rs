@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::rc::Rc;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use minijinja::Value;
 use serde_json::Value as Json;
@@ -65,39 +65,36 @@ impl Frame<'_> {
     }
 }
 
-/// What templates see of a settled stage.
+/// What templates see of a settled stage. Kept small (80 bytes): a run holds one for each
+/// stage that settled in a frame that is still running (the top level's: every stage).
 #[derive(Clone, Debug)]
 pub(crate) struct View {
     /// The output as compact JSON text, read back when asked for ([`View::output`]): a
     /// `serde_json::Value` tree costs several allocations a node (about 300 bytes for
     /// `{"text": "ok"}`), and most outputs are never read again by the run that made them.
     output: Box<str>,
-    pub state: NodeState,
-    pub feedback: Option<String>,
-    attempts: u32,
+    pub feedback: Option<Box<str>>,
     usage: Usage,
-    /// `stages.ID` as templates see it, made the first time a template asks for it (most
-    /// stages' views are never asked for) and kept.
-    value: OnceLock<Value>,
+    attempts: u32,
+    pub state: NodeState,
 }
 
 impl View {
     pub fn new(
-        output: Json,
+        output: &Json,
         state: NodeState,
-        feedback: Option<String>,
+        feedback: Option<&str>,
         attempts: u32,
         usage: Usage,
     ) -> View {
         View {
-            output: serde_json::to_string(&output)
+            output: serde_json::to_string(output)
                 .unwrap_or_else(|_| String::from("null"))
                 .into_boxed_str(),
             state,
-            feedback,
+            feedback: feedback.map(Into::into),
             attempts,
             usage,
-            value: OnceLock::new(),
         }
     }
 
@@ -107,23 +104,22 @@ impl View {
     }
 
     /// `stages.ID` as templates see it: `output`, `status`, `ran`, `feedback`, `attempts`,
-    /// `usage`.
+    /// `usage`. Made each time a template asks (most stages' views are never asked for).
     pub fn value(&self) -> Value {
-        self.value
-            .get_or_init(|| {
-                let mut e: BTreeMap<&'static str, Value> = BTreeMap::new();
-                e.insert("output", super::context::to_value(&self.output()));
-                e.insert("status", Value::from(self.state.as_str()));
-                e.insert("ran", Value::from(self.state != NodeState::Skipped));
-                e.insert(
-                    "feedback",
-                    self.feedback.clone().map(Value::from).unwrap_or_default(),
-                );
-                e.insert("attempts", Value::from(self.attempts));
-                e.insert("usage", super::context::to_value(&self.usage));
-                Value::from(e)
-            })
-            .clone()
+        let mut e: BTreeMap<&'static str, Value> = BTreeMap::new();
+        e.insert("output", super::context::to_value(&self.output()));
+        e.insert("status", Value::from(self.state.as_str()));
+        e.insert("ran", Value::from(self.state != NodeState::Skipped));
+        e.insert(
+            "feedback",
+            self.feedback
+                .as_deref()
+                .map(Value::from)
+                .unwrap_or_default(),
+        );
+        e.insert("attempts", Value::from(self.attempts));
+        e.insert("usage", super::context::to_value(&self.usage));
+        Value::from(e)
     }
 }
 

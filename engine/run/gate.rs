@@ -30,6 +30,7 @@ impl Exec<'_> {
             return self.fail_now(started, "not a gate".into());
         };
         let timeout = st
+            .keys()
             .timeout
             .as_ref()
             .and_then(|d| resolve_duration(&d.value, &self.plan.params).ok());

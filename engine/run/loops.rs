@@ -12,7 +12,7 @@ use super::frame::*;
 use super::now_ms;
 use crate::check::StageId as NodeId;
 use crate::compile::Target;
-use crate::model::StageBody;
+use crate::model::LoopBody;
 use crate::params::resolve_count;
 use crate::store::NodeState;
 
@@ -35,14 +35,14 @@ impl Exec<'_> {
         let started = now_ms();
         let st = self.plan.stage(n);
         let node = self.plan.node(n);
-        let StageBody::Loop {
+        let Some(LoopBody {
             max_iterations,
             until,
             on_exhausted,
             stuck,
             worktree,
             ..
-        } = &st.body
+        }) = st.body.as_loop()
         else {
             return Outcome::Settled(Settled::new(NodeState::Failed, Json::Null, started));
         };

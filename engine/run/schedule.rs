@@ -273,7 +273,7 @@ impl Exec<'_> {
                 .collect(),
             None => Vec::new(),
         };
-        let when = self.plan.stage(n).when.as_ref();
+        let when = self.plan.stage(n).keys().when.as_ref();
         if rules.is_empty() && when.is_none() {
             return Ok(true);
         }
@@ -316,9 +316,9 @@ impl Exec<'_> {
         frame.outputs.borrow().insert(
             name.clone(),
             View::new(
-                s.output.clone(),
+                &s.output,
                 s.state,
-                s.feedback.clone(),
+                s.feedback.as_deref(),
                 s.attempts,
                 s.usage.clone(),
             ),
@@ -482,7 +482,7 @@ impl Exec<'_> {
 
     /// Ranks a stage waiting for a resource: by the resource's `order`, else higher first.
     pub(super) fn priority(&self, frame: &Frame<'_>, n: NodeId, r: usize) -> i64 {
-        let Some(p) = &self.plan.stage(n).priority else {
+        let Some(p) = &self.plan.stage(n).keys().priority else {
             return 0;
         };
         let ctx = self.context(frame, &[]);

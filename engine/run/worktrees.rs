@@ -10,7 +10,7 @@ use super::context::*;
 use super::exec::*;
 use super::frame::*;
 use crate::check::StageId as NodeId;
-use crate::model::{Cleanup, StageBody};
+use crate::model::Cleanup;
 
 impl Exec<'_> {
     pub(super) async fn enter_worktree(
@@ -173,15 +173,10 @@ impl Exec<'_> {
     }
 
     pub(super) async fn leave_worktree_at(&self, n: NodeId, path: &Path, ok: bool) {
-        let cleanup = match &self.plan.stage(n).body {
-            StageBody::Loop {
-                worktree: Some(w), ..
-            }
-            | StageBody::ForEach {
-                worktree: Some(w), ..
-            } => w.cleanup.as_ref().map(|c| c.value).unwrap_or_default(),
-            _ => return,
+        let Some(w) = self.plan.stage(n).body.worktree() else {
+            return;
         };
+        let cleanup = w.cleanup.as_ref().map(|c| c.value).unwrap_or_default();
         let remove = match cleanup {
             Cleanup::Always => true,
             Cleanup::Never => false,

@@ -175,9 +175,7 @@ fn lay(plan: &Plan, body: &Body) -> Sub {
     // Layers by longest path from the body's sources.
     let mut layer: HashMap<NodeId, usize> = HashMap::new();
     for &n in &body.order {
-        let Some(&ix) = body.index.get(&n) else {
-            continue;
-        };
+        let ix = plan.node(n).local;
         let l = body
             .graph
             .neighbors_directed(ix, petgraph::Direction::Incoming)
@@ -197,9 +195,7 @@ fn lay(plan: &Plan, body: &Body) -> Sub {
     let mut place: HashMap<NodeId, f64> = HashMap::new();
     for row in &mut rows {
         let key = |n: &NodeId| -> f64 {
-            let Some(&ix) = body.index.get(n) else {
-                return 0.0;
-            };
+            let ix = plan.node(*n).local;
             let ps: Vec<f64> = body
                 .graph
                 .neighbors_directed(ix, petgraph::Direction::Incoming)
@@ -314,6 +310,7 @@ fn lay(plan: &Plan, body: &Body) -> Sub {
         let (label, route) = match &body.graph[e] {
             Edge::Needs => (
                 plan.stage(b)
+                    .keys()
                     .when
                     .as_ref()
                     .map(|w| format!("when {}", w.value))

@@ -11,12 +11,7 @@ use crate::model::{AggregateMode, StageBody};
 pub(super) fn aggregate(c: &Checked<'_>, id: StageId, diags: &mut Diagnostics) {
     let s = c.info(id).stage;
     let (agg, result, over) = match &s.body {
-        StageBody::ForEach {
-            aggregate,
-            result,
-            over,
-            ..
-        } => (aggregate, result, over.as_ref()),
+        StageBody::ForEach(f) => (&f.aggregate, &f.result, f.over.as_ref()),
         StageBody::Group {
             aggregate, result, ..
         } => (aggregate, result, None),

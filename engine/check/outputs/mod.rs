@@ -34,7 +34,7 @@ pub fn check(c: &mut Checked<'_>, loader: &mut Loader<'_>, diags: &mut Diagnosti
     for i in 0..c.stages.len() {
         let id = StageId(i);
         let s = c.info(id).stage;
-        let schema = match &s.output {
+        let schema = match &s.keys().output {
             Some(o) => output_schema(c, s.kind.value, o, loader, diags).map(Arc::new),
             None => {
                 let kind = s.kind.value;

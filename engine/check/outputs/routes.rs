@@ -9,7 +9,7 @@ use crate::diag::{Code, Diagnostic, Diagnostics};
 
 pub(super) fn route(c: &Checked<'_>, id: StageId, diags: &mut Diagnostics) {
     let s = c.info(id).stage;
-    let Some(r) = &s.route else { return };
+    let Some(r) = &s.keys().route else { return };
     let Some(schema) = c.schemas.get(&id) else {
         return;
     };

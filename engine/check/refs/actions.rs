@@ -132,8 +132,8 @@ pub(super) fn action_ok(
                 } else if GIVE_UP_KEYS.contains(&key)
                     && c.info(t).parent == here
                     && Some(t) != at
-                    && c.info(t).stage.route.is_none()
-                    && c.info(t).stage.then.is_none()
+                    && c.info(t).stage.keys().route.is_none()
+                    && c.info(t).stage.keys().then.is_none()
                 {
                     diags.push(
                         Diagnostic::new(

@@ -5,12 +5,12 @@ use super::actions::action_ok;
 use super::stage::{mistyped, require};
 use crate::check::{Checked, StageId};
 use crate::diag::{Code, Diagnostic, Diagnostics};
-use crate::model::{Action, Count, Stage, StageBody};
+use crate::model::{Action, Count, LoopBody, Stage, StageBody};
 
 /// Checks a loop stage.
 pub(super) fn check(c: &Checked<'_>, id: StageId, diags: &mut Diagnostics) {
     let s = c.info(id).stage;
-    let StageBody::Loop {
+    let Some(LoopBody {
         max_iterations,
         on_exhausted,
         stuck,
@@ -18,7 +18,7 @@ pub(super) fn check(c: &Checked<'_>, id: StageId, diags: &mut Diagnostics) {
         until,
         stages,
         ..
-    } = &s.body
+    }) = s.body.as_loop()
     else {
         return;
     };
@@ -117,11 +117,11 @@ pub(super) fn check(c: &Checked<'_>, id: StageId, diags: &mut Diagnostics) {
 fn body_leaves(stages: &[Stage]) -> bool {
     stages.iter().any(|s| {
         let leaves = |a: &Action| matches!(a, Action::Break | Action::Exit(_));
-        s.route.as_ref().is_some_and(|r| {
+        s.keys().route.as_ref().is_some_and(|r| {
             r.cases.iter().any(|(_, a)| leaves(&a.value))
                 || r.default.as_ref().is_some_and(|a| leaves(&a.value))
-        }) || s.on_fail.as_ref().is_some_and(|a| leaves(&a.value))
-            || s.on_error.as_ref().is_some_and(|a| leaves(&a.value))
+        }) || s.keys().on_fail.as_ref().is_some_and(|a| leaves(&a.value))
+            || s.keys().on_error.as_ref().is_some_and(|a| leaves(&a.value))
             || match &s.body {
                 StageBody::Gate {
                     on_reject,

@@ -4,20 +4,20 @@
 use super::stage::require;
 use crate::check::{Checked, StageId};
 use crate::diag::{Code, Diagnostic, Diagnostics};
-use crate::model::{Count, Stage, StageBody, is_ident};
+use crate::model::{Count, ForEachBody, Stage, is_ident};
 use crate::source::Spanned;
 
 /// Checks a for_each stage.
 pub(super) fn for_each(c: &Checked<'_>, id: StageId, diags: &mut Diagnostics) {
     let s = c.info(id).stage;
-    let StageBody::ForEach {
+    let Some(ForEachBody {
         over,
         result,
         stages,
         max_concurrency,
         as_name,
         ..
-    } = &s.body
+    }) = s.body.as_for_each()
     else {
         return;
     };

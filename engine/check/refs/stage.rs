@@ -94,7 +94,7 @@ pub(super) fn stage(c: &mut Checked<'_>, id: StageId, diags: &mut Diagnostics) {
         }
     }
     c.stages[id.0].needs = resolved;
-    if let Some(r) = &s.resource {
+    if let Some(r) = &s.keys().resource {
         if !c.workflow.resources.iter().any(|x| x.name.value == r.value) {
             diags.push(
                 Diagnostic::unknown(
@@ -111,8 +111,8 @@ pub(super) fn stage(c: &mut Checked<'_>, id: StageId, diags: &mut Diagnostics) {
             );
         }
     }
-    if s.priority.is_some() && s.resource.is_none() {
-        if let Some(p) = &s.priority {
+    if s.keys().priority.is_some() && s.keys().resource.is_none() {
+        if let Some(p) = &s.keys().priority {
             diags.push(
                 Diagnostic::new(
                     Code::KeyNotForKind,
@@ -126,13 +126,13 @@ pub(super) fn stage(c: &mut Checked<'_>, id: StageId, diags: &mut Diagnostics) {
             );
         }
     }
-    action_ok(c, Some(id), s.on_fail.as_ref(), "on_fail", diags);
-    action_ok(c, Some(id), s.on_error.as_ref(), "on_error", diags);
-    action_ok(c, Some(id), s.then.as_ref(), "then", diags);
-    if let Some(b) = &s.budget {
+    action_ok(c, Some(id), s.keys().on_fail.as_ref(), "on_fail", diags);
+    action_ok(c, Some(id), s.keys().on_error.as_ref(), "on_error", diags);
+    action_ok(c, Some(id), s.keys().then.as_ref(), "then", diags);
+    if let Some(b) = &s.keys().budget {
         action_ok(c, Some(id), b.on_exceeded.as_ref(), "on_exceeded", diags);
     }
-    if let Some(route) = &s.route {
+    if let Some(route) = &s.keys().route {
         for (_, a) in &route.cases {
             action_ok(c, Some(id), Some(a), "cases", diags);
         }
@@ -196,8 +196,8 @@ pub(super) fn stage(c: &mut Checked<'_>, id: StageId, diags: &mut Diagnostics) {
             require(c, s, "message", message.is_some(), diags);
             action_ok(c, Some(id), on_timeout.as_ref(), "on_timeout", diags);
             action_ok(c, Some(id), on_reject.as_ref(), "on_reject", diags);
-            if s.timeout.is_none() || on_timeout.is_none() {
-                let what = match (s.timeout.is_some(), on_timeout.is_some()) {
+            if s.keys().timeout.is_none() || on_timeout.is_none() {
+                let what = match (s.keys().timeout.is_some(), on_timeout.is_some()) {
                     (false, false) => "neither `timeout` nor `on_timeout`",
                     (false, true) => "`on_timeout` but no `timeout`",
                     _ => "`timeout` but no `on_timeout`",

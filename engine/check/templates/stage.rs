@@ -31,23 +31,23 @@ pub(super) fn stage(
     let e = |c: &Checked<'_>, text: &Spanned<String>, scope: Scope, diags: &mut Diagnostics| {
         inline(c, src, env, text, Kind::Expr, scope, diags)
     };
-    if let Some(w) = &s.when {
+    if let Some(w) = &s.keys().when {
         e(c, w, here, diags);
     }
-    if let Some(f) = &s.feedback {
+    if let Some(f) = &s.keys().feedback {
         t(c, f, own, diags);
     }
-    if let Some(p) = &s.priority {
+    if let Some(p) = &s.keys().priority {
         e(c, p, here, diags);
     }
-    for d in [&s.timeout, &s.idle_timeout] {
+    for d in [&s.keys().timeout, &s.keys().idle_timeout] {
         dur_like(c, src, env, d.as_ref(), diags);
     }
-    count_like(c, src, env, s.retries.as_ref(), diags);
-    if let Some(b) = &s.budget {
+    count_like(c, src, env, s.keys().retries.as_ref(), diags);
+    if let Some(b) = &s.keys().budget {
         count_like(c, src, env, b.tokens.as_ref(), diags);
     }
-    if let Some(o) = &s.output {
+    if let Some(o) = &s.keys().output {
         for f in &o.files {
             t(c, f, own, diags);
         }
@@ -104,14 +104,15 @@ pub(super) fn stage(
                 t(c, v, here, diags);
             }
         }
-        StageBody::Loop {
-            until,
-            stuck,
-            escalation,
-            max_iterations,
-            worktree,
-            ..
-        } => {
+        StageBody::Loop(l) => {
+            let crate::model::LoopBody {
+                until,
+                stuck,
+                escalation,
+                max_iterations,
+                worktree,
+                ..
+            } = &**l;
             let end = Scope::At(Site::BodyEnd(id));
             if let Some(u) = until {
                 e(c, u, end, diags);
@@ -136,13 +137,14 @@ pub(super) fn stage(
                 }
             }
         }
-        StageBody::ForEach {
-            over,
-            key,
-            max_concurrency,
-            worktree,
-            ..
-        } => {
+        StageBody::ForEach(f) => {
+            let crate::model::ForEachBody {
+                over,
+                key,
+                max_concurrency,
+                worktree,
+                ..
+            } = &**f;
             if let Some(o) = over {
                 e(c, o, Scope::At(Site::Region(id)), diags);
             }

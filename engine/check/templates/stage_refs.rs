@@ -88,6 +88,7 @@ pub(super) fn stage_ref(
             let own_when = c
                 .info(at)
                 .stage
+                .keys()
                 .when
                 .as_ref()
                 .is_some_and(|w| w.span == text.span);
@@ -138,6 +139,7 @@ fn when_mentions(c: &Checked<'_>, at: StageId, name: &str, skip_own: bool) -> bo
     own.into_iter().chain(c.ancestors(at)).any(|s| {
         c.info(s)
             .stage
+            .keys()
             .when
             .as_ref()
             .is_some_and(|w| w.value.contains(&needle))

@@ -8,7 +8,7 @@ use super::{Scope, Text};
 use crate::check::scope::Site;
 use crate::check::{Checked, StageId};
 use crate::diag::{Code, Diagnostic, Diagnostics};
-use crate::model::{StageBody, StageKind};
+use crate::model::StageKind;
 use crate::source::{Sources, Span};
 
 /// Helper functions templates may call; the run side provides them.
@@ -143,14 +143,14 @@ pub(super) fn variable(
             anc.insert(0, at);
         }
         anc.into_iter()
-            .filter_map(|a| match &c.info(a).stage.body {
-                StageBody::ForEach { as_name, .. } => Some((
-                    as_name
+            .filter_map(|a| {
+                let f = c.info(a).stage.body.as_for_each()?;
+                Some((
+                    f.as_name
                         .as_ref()
                         .map_or("item".to_string(), |n| n.value.clone()),
                     a,
-                )),
-                _ => None,
+                ))
             })
             .collect()
     };
@@ -193,9 +193,10 @@ pub(super) fn variable(
                 known.push("loops");
             }
             known.extend(items.iter().map(|(n, _)| n.as_str()));
-            let in_some_foreach = c.stages.iter().any(|s| match &s.stage.body {
-                StageBody::ForEach { as_name, .. } => as_name.as_ref().map_or("item", |n| n.value.as_str()) == r,
-                _ => false,
+            let in_some_foreach = c.stages.iter().any(|s| {
+                s.stage.body.as_for_each().is_some_and(|f| {
+                    f.as_name.as_ref().map_or("item", |n| n.value.as_str()) == r
+                })
             });
             if r == "item" && !items.is_empty() {
                 let (name, fe) = &items[0];
