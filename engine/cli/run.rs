@@ -263,19 +263,42 @@ fn finish(args: &ExecArgs, result: Result<ralph_flow::run::RunResult, Failed>) -
             RunEnd::Waiting(_) => ("waiting", None, None),
             RunEnd::Interrupted => ("interrupted", None, None),
         };
-        let doc = serde_json::json!({
-            "run": r.run_id,
-            "status": status,
-            "exit": exit,
-            "code": code,
-            "message": message,
-            "waiting_on": match &r.end { RunEnd::Waiting(g) => g.clone(), _ => Vec::new() },
-            "usage": r.usage,
-            "outputs": r.outputs.to_json(),
-        });
-        let mut doc = doc;
-        ralph_flow::secrets::redact_json(&mut doc);
-        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+        // The keys in order, as a JSON object's; the outputs are written one at a time.
+        #[derive(serde::Serialize)]
+        struct Doc<'a> {
+            code: i32,
+            exit: Option<String>,
+            message: Option<String>,
+            outputs: &'a ralph_flow::run::RanOutputs,
+            run: &'a str,
+            status: &'a str,
+            usage: &'a ralph_flow::backend::Usage,
+            waiting_on: Vec<String>,
+        }
+        let doc = Doc {
+            code,
+            exit: exit.map(|e| redact(&e).into_owned()),
+            message: message.map(|m| redact(&m).into_owned()),
+            outputs: &r.outputs,
+            run: &r.run_id,
+            status,
+            usage: &r.usage,
+            waiting_on: match &r.end {
+                RunEnd::Waiting(g) => g.iter().map(|g| redact(g).into_owned()).collect(),
+                _ => Vec::new(),
+            },
+        };
+        let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+        let written = serde_json::to_writer_pretty(&mut out, &doc)
+            .map_err(std::io::Error::from)
+            .and_then(|()| {
+                use std::io::Write as _;
+                writeln!(out)?;
+                out.flush()
+            });
+        if let Err(e) = written {
+            return fail(&format!("cannot write the result: {e}"));
+        }
     }
     match &r.end {
         RunEnd::Exit {

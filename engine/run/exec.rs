@@ -34,7 +34,7 @@ use crate::compile::{Plan, Target};
 use crate::model::{Action, StageKind};
 use crate::params::{resolve_count, resolve_duration};
 use crate::source::Sources;
-use crate::store::{NodeRecord, NodeState, RunRecord, Store, Write};
+use crate::store::{NodeState, RunRecord, Store, Write};
 use crate::template::{self, Roots};
 
 /// What is shared by a run and its subflows.
@@ -47,7 +47,7 @@ pub(crate) struct Shared {
     pub queued: Cell<u64>,
     pub committed: Cell<u64>,
     /// Settled nodes of an earlier attempt at this run, by (scope, node).
-    pub resumed: RefCell<HashMap<(String, String), NodeRecord>>,
+    pub resumed: RefCell<HashMap<(String, String), super::frame::Resumed>>,
     /// Every scope that holds a settled node of an earlier attempt, with its enclosing
     /// scopes: a loop iteration replayed on resume is not announced again.
     pub resumed_scopes: HashSet<String>,

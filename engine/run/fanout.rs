@@ -47,7 +47,10 @@ impl Exec<'_> {
             .resumed
             .borrow()
             .get(&items_key)
-            .map(|rec| rec.output.as_array().cloned().unwrap_or_default());
+            .map(|rec| match rec.output() {
+                Json::Array(items) => items,
+                _ => Vec::new(),
+            });
         let items = match recorded {
             Some(items) => items,
             None => {

@@ -123,6 +123,40 @@ impl View {
     }
 }
 
+/// A node settled by an earlier executor of the run, as a resume keeps it until the node
+/// settles again from it: the output as compact JSON text, read back when asked for.
+#[derive(Clone, Debug)]
+pub(crate) struct Resumed {
+    output: Box<str>,
+    pub action: Option<Box<str>>,
+    pub feedback: Option<Box<str>>,
+    pub usage: Usage,
+    pub started_at: i64,
+    pub attempts: u32,
+    pub state: NodeState,
+}
+
+impl Resumed {
+    pub fn new(rec: crate::store::NodeRecord) -> Resumed {
+        Resumed {
+            output: serde_json::to_string(&rec.output)
+                .unwrap_or_else(|_| String::from("null"))
+                .into_boxed_str(),
+            action: rec.action.map(Into::into),
+            feedback: rec.feedback.map(Into::into),
+            usage: rec.usage,
+            started_at: rec.started_at,
+            attempts: rec.attempts,
+            state: rec.state,
+        }
+    }
+
+    /// The output.
+    pub fn output(&self) -> Json {
+        serde_json::from_str(&self.output).unwrap_or(Json::Null)
+    }
+}
+
 /// The outputs of a frame by stage id. The executor is single-threaded; the lock is there
 /// because template values must be `Send + Sync`, and it is never contended.
 #[derive(Debug, Default)]

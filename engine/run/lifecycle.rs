@@ -175,11 +175,13 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
                 opts.record = stored("record");
             }
             preflight_notes = check_agents(&opts)?;
-            let nodes = store.nodes(id)?;
-            let map = nodes
-                .into_iter()
-                .map(|n| ((n.scope.clone(), n.node.clone()), n))
-                .collect();
+            // A compact copy of each settled node, read one at a time: a resume of 10,000
+            // settled stages held every stored record (about 800 bytes each) besides.
+            let mut map = HashMap::new();
+            store.each_node(id, &mut |mut n| {
+                let key = (std::mem::take(&mut n.scope), std::mem::take(&mut n.node));
+                map.insert(key, super::frame::Resumed::new(n));
+            })?;
             (run, map)
         }
         None => {
@@ -248,11 +250,7 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
     // again, so that no stage ever runs beside an earlier copy of itself.
     let mut leftovers = 0;
     if opts.resume.is_some() {
-        let interrupted: Vec<crate::store::AttemptRecord> = store
-            .attempts(&run.id, None)?
-            .into_iter()
-            .filter(|a| a.state == AttemptState::Running)
-            .collect();
+        let interrupted = store.running_attempts(&run.id)?;
         let pid_files: Vec<PathBuf> = interrupted
             .iter()
             .map(|a| PathBuf::from(&a.dir).join("process"))

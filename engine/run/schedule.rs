@@ -375,16 +375,16 @@ impl Exec<'_> {
     }
 
     /// Turns a stored record into a settlement.
-    pub fn settled_from(&self, rec: &NodeRecord) -> Option<Settled> {
+    pub fn settled_from(&self, rec: &super::frame::Resumed) -> Option<Settled> {
         let action = match &rec.action {
             Some(a) => Some(self.parse_action(a)?),
             None => None,
         };
         Some(Settled {
             state: rec.state,
-            output: rec.output.clone(),
+            output: rec.output(),
             action,
-            feedback: rec.feedback.clone(),
+            feedback: rec.feedback.as_deref().map(String::from),
             message: None,
             attempts: rec.attempts,
             usage: rec.usage.clone(),

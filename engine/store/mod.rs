@@ -586,8 +586,21 @@ pub trait Store: Send {
     /// Returns every settled node of a run, in the order they were written.
     fn nodes(&self, run: &str) -> Result<Vec<NodeRecord>>;
 
+    /// Hands every settled node of a run to `each`, in the order they were written, one at
+    /// a time where the store can (a resume keeps a compact copy of each: it need not hold
+    /// every record at once).
+    fn each_node(&self, run: &str, each: &mut dyn FnMut(NodeRecord)) -> Result<()> {
+        self.nodes(run)?.into_iter().for_each(each);
+        Ok(())
+    }
+
     /// Returns the attempts of a run, optionally of one stage, in order.
     fn attempts(&self, run: &str, node: Option<&str>) -> Result<Vec<AttemptRecord>>;
+
+    /// Returns the attempts of a run that are still `running` (a resume marks them
+    /// interrupted): read with a filter in the store, not by reading every attempt of a long
+    /// run.
+    fn running_attempts(&self, run: &str) -> Result<Vec<AttemptRecord>>;
 
     /// Returns the events of a run, optionally of one stage, in order.
     fn events(&self, run: &str, node: Option<&str>) -> Result<Vec<Event>>;

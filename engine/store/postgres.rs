@@ -1049,6 +1049,23 @@ impl Store for PgStore {
         })
     }
 
+    fn running_attempts(&self, run: &str) -> Result<Vec<AttemptRecord>> {
+        let run = run.to_string();
+        self.call(move |c| {
+            c.query(
+                &format!(
+                    "SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE run = $1 AND state = $2 \
+                     ORDER BY started_at, scope, node, attempt"
+                ),
+                &[&run, &AttemptState::Running.as_str()],
+            )
+            .map_err(|e| pg("cannot read attempts", e))?
+            .iter()
+            .map(attempt_from_row)
+            .collect()
+        })
+    }
+
     fn events(&self, run: &str, node: Option<&str>) -> Result<Vec<Event>> {
         let run = run.to_string();
         let node = node.map(str::to_string);

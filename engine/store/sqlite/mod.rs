@@ -120,6 +120,14 @@ impl Store for SqliteStore {
         self.read_attempts(run, node)
     }
 
+    fn each_node(&self, run: &str, each: &mut dyn FnMut(NodeRecord)) -> Result<()> {
+        self.read_each_node(run, each)
+    }
+
+    fn running_attempts(&self, run: &str) -> Result<Vec<AttemptRecord>> {
+        self.read_running_attempts(run)
+    }
+
     fn events(&self, run: &str, node: Option<&str>) -> Result<Vec<Event>> {
         self.read_events(run, node)
     }

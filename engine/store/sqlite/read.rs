@@ -40,18 +40,35 @@ impl SqliteStore {
     }
 
     fn query_nodes(&self, sql: &str, params: impl rusqlite::Params) -> Result<Vec<NodeRecord>> {
+        let mut out = Vec::new();
+        self.each_node_of(sql, params, &mut |record| out.push(record))?;
+        Ok(out)
+    }
+
+    /// Hands each node a query finds to `each`, as it is read.
+    fn each_node_of(
+        &self,
+        sql: &str,
+        params: impl rusqlite::Params,
+        each: &mut dyn FnMut(NodeRecord),
+    ) -> Result<()> {
         let fail = |e| self.error("cannot read nodes from", e);
         let mut stmt = self.conn.prepare_cached(sql).map_err(fail)?;
         let rows = stmt
             .query_map(params, |row| self.node_from_row(row))
             .map_err(fail)?;
-        let mut out = Vec::new();
         for row in rows {
             let (mut record, inline, blob) = row.map_err(fail)?;
             record.output = self.load_output(inline, blob)?;
-            out.push(record);
+            each(record);
         }
-        Ok(out)
+        Ok(())
+    }
+
+    /// [`Store::each_node`](crate::store::Store::each_node).
+    pub(super) fn read_each_node(&self, run: &str, each: &mut dyn FnMut(NodeRecord)) -> Result<()> {
+        let sql = format!("SELECT {NODE_COLUMNS} FROM nodes n WHERE n.run = ?1 ORDER BY n.seq");
+        self.each_node_of(&sql, [run], each)
     }
 
     /// [`Store::nodes`](crate::store::Store::nodes).
@@ -75,6 +92,24 @@ impl SqliteStore {
             .and_then(|mut stmt| {
                 stmt.query_map(params![run, node], attempt_from_row)?
                     .collect()
+            })
+            .map_err(|e| self.error("cannot read attempts from", e))
+    }
+
+    /// [`Store::running_attempts`](crate::store::Store::running_attempts).
+    pub(super) fn read_running_attempts(&self, run: &str) -> Result<Vec<AttemptRecord>> {
+        let sql = format!(
+            "SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE run = ?1 AND state = ?2 \
+             ORDER BY started_at, scope, node, attempt"
+        );
+        self.conn
+            .prepare_cached(&sql)
+            .and_then(|mut stmt| {
+                stmt.query_map(
+                    params![run, AttemptState::Running.as_str()],
+                    attempt_from_row,
+                )?
+                .collect()
             })
             .map_err(|e| self.error("cannot read attempts from", e))
     }
