@@ -812,6 +812,40 @@ fn open_creates_directories_and_reopens() {
     assert_eq!(version, ralph_flow::store::sqlite::SCHEMA_VERSION);
 }
 
+/// A new store has small pages (a commit writes each page it touches whole); a store made
+/// with other pages keeps them and works as before.
+#[test]
+fn new_stores_have_small_pages_and_old_ones_keep_theirs() {
+    let page_size = |path: &Path| -> i64 {
+        rusqlite::Connection::open(path)
+            .expect("open")
+            .query_row("PRAGMA page_size", [], |r| r.get(0))
+            .expect("page size")
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fresh = dir.path().join("fresh").join("state.db");
+    {
+        let mut s = SqliteStore::open(&fresh).expect("open");
+        s.create_run(&run_record("r", "fix", 1)).expect("create");
+    }
+    assert_eq!(page_size(&fresh), ralph_flow::store::sqlite::PAGE_SIZE);
+    let old = dir.path().join("old").join("state.db");
+    std::fs::create_dir_all(old.parent().expect("dir")).expect("mkdir");
+    rusqlite::Connection::open(&old)
+        .expect("open")
+        .execute_batch("PRAGMA page_size = 4096; VACUUM;")
+        .expect("page size");
+    {
+        let mut s = SqliteStore::open(&old).expect("open");
+        s.create_run(&run_record("r", "fix", 1)).expect("create");
+        s.commit(&[Write::Node(node("r", "", "a", serde_json::json!({"x": 1})))])
+            .expect("commit");
+    }
+    assert_eq!(page_size(&old), 4096);
+    let s = SqliteStore::open(&old).expect("reopen");
+    assert_eq!(s.nodes("r").expect("nodes").len(), 1);
+}
+
 /// A store written by version 2 (nodes in a rowid table, their write order the rowid) is
 /// brought up to version 3 on open, keeping every node and its order.
 #[test]

@@ -36,7 +36,7 @@ use rusqlite::Connection;
 
 pub use blobs::SPILL_BYTES;
 pub use commit::BUSY_WAIT;
-pub use open::Durability;
+pub use open::{Durability, PAGE_SIZE};
 pub use schema::SCHEMA_VERSION;
 
 use crate::store::{
