@@ -44,11 +44,27 @@ impl Inner {
         if self.pending.is_empty() {
             return;
         }
-        let mut lines = String::new();
+        /// A record's line, written straight from the strings (no JSON value copied).
+        #[derive(serde::Serialize)]
+        struct Record<'a> {
+            path: &'a str,
+            text: &'a str,
+        }
+        let mut lines: Vec<u8> = Vec::new();
         for (path, text) in self.pending.drain(..) {
             let text = crate::secrets::redact(&text);
-            lines.push_str(&serde_json::json!({"path": path, "text": text}).to_string());
-            lines.push('\n');
+            // Two strings always serialize, into memory.
+            if serde_json::to_writer(
+                &mut lines,
+                &Record {
+                    path: &path,
+                    text: &text,
+                },
+            )
+            .is_ok()
+            {
+                lines.push(b'\n');
+            }
         }
         if self.failed.is_some() {
             return;
@@ -67,7 +83,7 @@ impl Inner {
             }
         }
         if let Some(f) = &mut self.file {
-            if let Err(e) = f.write_all(lines.as_bytes()) {
+            if let Err(e) = f.write_all(&lines) {
                 self.fail(std::sync::Arc::new(IoFailure::new("write", &self.path, e)));
             }
         }
