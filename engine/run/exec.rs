@@ -46,8 +46,9 @@ pub(crate) struct Shared {
     /// How many writes were ever queued, and how many of them are committed.
     pub queued: Cell<u64>,
     pub committed: Cell<u64>,
-    /// Settled nodes of an earlier attempt at this run, by (scope, node).
-    pub resumed: RefCell<HashMap<(String, String), super::frame::Resumed>>,
+    /// Settled nodes of an earlier attempt at this run, by (scope, node), until each settles
+    /// again from its record (boxed, so that a consumed record leaves only its slot behind).
+    pub resumed: RefCell<HashMap<(String, String), Box<super::frame::Resumed>>>,
     /// Every scope that holds a settled node of an earlier attempt, with its enclosing
     /// scopes: a loop iteration replayed on resume is not announced again.
     pub resumed_scopes: HashSet<String>,

@@ -180,7 +180,7 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
             let mut map = HashMap::new();
             store.each_node(id, &mut |mut n| {
                 let key = (std::mem::take(&mut n.scope), std::mem::take(&mut n.node));
-                map.insert(key, super::frame::Resumed::new(n));
+                map.insert(key, Box::new(super::frame::Resumed::new(n)));
             })?;
             (run, map)
         }
