@@ -323,7 +323,7 @@ fn body(plan: &Plan, region: Option<NodeId>, depth: usize, out: &mut String) {
         line.push('.');
         let _ = writeln!(out, "{line}");
         if let Some(r) = &s.keys().route {
-            for (value, t) in &node.routes {
+            for (value, t) in node.routes() {
                 let _ = writeln!(
                     out,
                     "{pad}   when {} is `{value}`: {}",
@@ -334,8 +334,7 @@ fn body(plan: &Plan, region: Option<NodeId>, depth: usize, out: &mut String) {
             let _ = writeln!(
                 out,
                 "{pad}   any other value: {}",
-                node.route_default
-                    .as_ref()
+                node.route_default()
                     .map_or("fail".into(), |t| target(plan, t))
             );
         }

@@ -61,8 +61,8 @@ pub struct Node {
     /// The resolved agent, when it is not chosen by a param.
     pub agent: Option<usize>,
     pub resource: Option<usize>,
-    pub routes: Vec<(String, Target)>,
-    pub route_default: Option<Target>,
+    /// Routes, give-up stages and escalations: absent for most stages (see [`Routing`]).
+    pub routing: Option<Box<Routing>>,
     /// What happens when the stage fails (the declared action, or the default for its place).
     pub on_fail: Target,
     /// What happens when the stage cannot run for reasons outside the work (an agent that
@@ -70,13 +70,8 @@ pub struct Node {
     pub on_error: Target,
     /// What happens when the stage completes and no route took an action (`then`).
     pub then: Option<Target>,
-    /// The stages a loop or gate runs instead of giving up (`on_exhausted`, `stuck.then`,
-    /// `on_timeout`), with the key's name: edges of the body like routes.
-    pub give_up: Vec<(String, Target)>,
     /// Whether the stage may be skipped (a condition, a route or an escalation decides).
     pub conditional: bool,
-    /// Escalation rules of a loop: the condition (an expression) and the nodes it runs.
-    pub escalations: Vec<(String, Vec<NodeId>)>,
     /// Whether one of the stage's templates names `stage_dir`: its program may write in its
     /// attempt's directory, which is then made before it starts.
     pub uses_stage_dir: bool,
@@ -84,6 +79,53 @@ pub struct Node {
     pub path: Vec<usize>,
     /// The node's index in the graph of the body it belongs to.
     pub local: NodeIndex,
+}
+
+/// The rarer parts of a node, boxed together and absent when all are empty: a plan node is
+/// 192 bytes instead of 272 (a plan of 10,000 stages holds every node for the whole run).
+#[derive(Debug, Default)]
+pub struct Routing {
+    /// `route`'s cases: the value and where it goes.
+    pub routes: Vec<(String, Target)>,
+    /// `route`'s default.
+    pub route_default: Option<Target>,
+    /// The stages a loop or gate runs instead of giving up (`on_exhausted`, `stuck.then`,
+    /// `on_timeout`), with the key's name: edges of the body like routes.
+    pub give_up: Vec<(String, Target)>,
+    /// Escalation rules of a loop: the condition (an expression) and the nodes it runs.
+    pub escalations: Vec<(String, Vec<NodeId>)>,
+}
+
+impl Routing {
+    fn boxed(self) -> Option<Box<Routing>> {
+        let empty = self.routes.is_empty()
+            && self.route_default.is_none()
+            && self.give_up.is_empty()
+            && self.escalations.is_empty();
+        (!empty).then(|| Box::new(self))
+    }
+}
+
+impl Node {
+    /// `route`'s cases.
+    pub fn routes(&self) -> &[(String, Target)] {
+        self.routing.as_ref().map_or(&[], |r| &r.routes)
+    }
+
+    /// `route`'s default.
+    pub fn route_default(&self) -> Option<&Target> {
+        self.routing.as_ref().and_then(|r| r.route_default.as_ref())
+    }
+
+    /// The stages run instead of giving up, with the key's name.
+    pub fn give_up(&self) -> &[(String, Target)] {
+        self.routing.as_ref().map_or(&[], |r| &r.give_up)
+    }
+
+    /// A loop's escalation rules.
+    pub fn escalations(&self) -> &[(String, Vec<NodeId>)] {
+        self.routing.as_ref().map_or(&[], |r| &r.escalations)
+    }
 }
 
 /// The templates of a workflow by name, sorted: for thousands of stages, a third of the
@@ -419,17 +461,26 @@ pub fn compile_parts(checked: &Checked<'_>) -> PlanParts {
                 .resource
                 .as_ref()
                 .and_then(|r| wf.resources.iter().position(|x| x.name.value == r.value)),
-            routes: route
-                .map(|r| {
-                    r.cases
-                        .iter()
-                        .map(|(k, a)| (k.value.clone(), target(&a.value, &exits)))
-                        .collect()
-                })
-                .unwrap_or_default(),
-            route_default: route
-                .and_then(|r| r.default.as_ref())
-                .map(|a| target(&a.value, &exits)),
+            routing: Routing {
+                routes: route
+                    .map(|r| {
+                        r.cases
+                            .iter()
+                            .map(|(k, a)| (k.value.clone(), target(&a.value, &exits)))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                route_default: route
+                    .and_then(|r| r.default.as_ref())
+                    .map(|a| target(&a.value, &exits)),
+                give_up: s
+                    .give_up_targets()
+                    .into_iter()
+                    .map(|(k, a)| (k.to_string(), target(&a.value, &exits)))
+                    .collect(),
+                escalations,
+            }
+            .boxed(),
             on_fail: s.keys().on_fail.as_ref().map_or(
                 if in_loop {
                     Target::Continue
@@ -444,13 +495,7 @@ pub fn compile_parts(checked: &Checked<'_>) -> PlanParts {
                 .as_ref()
                 .map_or(Target::Fail, |a| target(&a.value, &exits)),
             then: s.keys().then.as_ref().map(|a| target(&a.value, &exits)),
-            give_up: s
-                .give_up_targets()
-                .into_iter()
-                .map(|(k, a)| (k.to_string(), target(&a.value, &exits)))
-                .collect(),
             conditional: conditional(checked, id),
-            escalations,
             uses_stage_dir,
             path: Vec::new(),
             local: NodeIndex::end(),
@@ -522,16 +567,16 @@ fn body(c: &Checked<'_>, region: Option<StageId>, nodes: &[Node]) -> Body {
         }
         let mut by_target: Vec<(NodeId, Vec<String>)> = Vec::new();
         let routes = nodes[m.0]
-            .routes
+            .routes()
             .iter()
             .map(|(k, t)| (k.clone(), t))
             .chain(
                 nodes[m.0]
-                    .route_default
-                    .iter()
+                    .route_default()
+                    .into_iter()
                     .map(|t| ("*".to_string(), t)),
             )
-            .chain(nodes[m.0].give_up.iter().map(|(k, t)| (k.clone(), t)));
+            .chain(nodes[m.0].give_up().iter().map(|(k, t)| (k.clone(), t)));
         for (label, t) in routes {
             if let Target::Stage(to) = t {
                 match by_target.iter_mut().find(|(x, _)| x == to) {
@@ -556,4 +601,16 @@ fn body(c: &Checked<'_>, region: Option<StageId>, nodes: &[Node]) -> Body {
         }
     }
     Body { graph, order, rank }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A plan holds a node per stage for the whole run: its rare parts stay boxed.
+    #[test]
+    fn a_node_stays_small() {
+        let node = size_of::<Node>();
+        assert!(node <= 192, "a plan node is {node} bytes");
+    }
 }

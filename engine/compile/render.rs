@@ -151,8 +151,8 @@ fn edges(plan: &Plan) -> Vec<(String, String, String, bool)> {
         let id = NodeId(i);
         let from = entry(id);
         let mut actions: Vec<(String, &Target)> =
-            node.routes.iter().map(|(k, t)| (k.clone(), t)).collect();
-        if let Some(d) = &node.route_default {
+            node.routes().iter().map(|(k, t)| (k.clone(), t)).collect();
+        if let Some(d) = node.route_default() {
             actions.push(("*".into(), d));
         }
         let s = plan.stage(id);

@@ -256,11 +256,10 @@ impl Exec<'_> {
             Json::String(s) => s.clone(),
             other => other.to_string(),
         };
-        let target = match node.routes.iter().find(|(k, _)| *k == value) {
+        let target = match node.routes().iter().find(|(k, _)| *k == value) {
             Some((_, t)) => t,
             None => node
-                .route_default
-                .as_ref()
+                .route_default()
                 .ok_or_else(|| StageError::NoRouteCase {
                     on: route.on.value.clone(),
                     value: value.clone(),

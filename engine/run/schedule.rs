@@ -266,7 +266,7 @@ impl Exec<'_> {
             Some(p) => self
                 .plan
                 .node(p)
-                .escalations
+                .escalations()
                 .iter()
                 .filter(|(_, targets)| targets.contains(&n))
                 .map(|(cond, _)| cond.as_str())
