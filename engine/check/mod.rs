@@ -53,6 +53,18 @@ pub struct Checked<'w> {
     pub params: ParamValues,
     /// Whether each stage may be skipped in a run (see [`scope::conditional`]).
     pub conditional: Vec<bool>,
+    /// Whether each stage may be skipped within its own body (see
+    /// [`scope::compute_skips`]).
+    pub skippable: Vec<bool>,
+    /// The stages of the same body whose route goes to a stage (edges of the body's graph,
+    /// followed backwards by [`scope::is_upstream`]); most stages have none.
+    pub routed_from: HashMap<StageId, Vec<StageId>>,
+    /// What [`scope::is_upstream`]'s searches learned: for a stage, whether it comes before
+    /// each stage searched from (see `scope::reaches_back`).
+    pub reaches: std::cell::RefCell<HashMap<StageId, HashMap<StageId, bool>>>,
+    /// What [`scope::runs_only_after`] learned: for a target, whether each stage asked about
+    /// runs only after it.
+    pub only_after: std::cell::RefCell<HashMap<StageId, HashMap<StageId, bool>>>,
 }
 
 impl<'w> Checked<'w> {
@@ -106,7 +118,7 @@ pub fn check<'w>(
     let mut checked = index(workflow, &mut found);
     checked.params = params::check(workflow, sets, require_params, &mut found);
     refs::check(&mut checked, &mut found);
-    checked.conditional = scope::compute_conditional(&checked);
+    (checked.conditional, checked.skippable, checked.routed_from) = scope::compute_skips(&checked);
     graph::check(&checked, &mut found);
     outputs::check(&mut checked, loader, &mut found);
     templates::check(&mut checked, loader, &mut found);
@@ -162,6 +174,10 @@ fn index<'w>(workflow: &'w Workflow, diags: &mut Diagnostics) -> Checked<'w> {
         prompt_files: HashMap::new(),
         params: ParamValues::default(),
         conditional: Vec::new(),
+        skippable: Vec::new(),
+        routed_from: HashMap::new(),
+        reaches: std::cell::RefCell::default(),
+        only_after: std::cell::RefCell::default(),
     };
     fn walk<'w>(
         stages: &'w [Stage],

@@ -1,10 +1,8 @@
 //! What a template can see: which stages have run where, and which may have been skipped.
 
-use std::collections::BTreeSet;
+use std::collections::{HashMap, HashSet};
 
-use petgraph::visit::{Bfs, Reversed};
-
-use super::graph::{body_graph, route_targets};
+use super::graph::route_targets;
 use super::{Checked, StageId};
 use crate::model::StageKind;
 
@@ -28,90 +26,214 @@ impl Site {
     }
 }
 
-/// Returns every stage whose output is ready at a site.
-pub fn upstream(c: &Checked<'_>, site: Site) -> BTreeSet<StageId> {
-    let mut out = BTreeSet::new();
+/// Tells whether a stage's output is ready at a site: whether it is among the stages before the site in
+/// its body's graph or an enclosing one (or, for a loop or group, in its body), found
+/// by searching back from the site only in the bodies where it can be, and only until it is
+/// found. (Building the whole set for every read made a chain whose stages each read the one
+/// before quadratic to check.)
+pub fn is_upstream(c: &Checked<'_>, site: Site, target: StageId) -> bool {
+    // The stages whose output stands for the target's: itself, and the loops and groups
+    // around it as far as they nest in loops and groups (their latest outputs include their
+    // bodies'; see `add_with_body`). At most one of them is in any one body.
+    let mut stands_for = vec![target];
+    let mut up = c.info(target).parent;
+    while let Some(r) = up {
+        if !matches!(
+            c.info(r).stage.kind.value,
+            StageKind::Loop | StageKind::Group
+        ) {
+            break;
+        }
+        stands_for.push(r);
+        up = c.info(r).parent;
+    }
     let mut cur = match site {
         Site::Stage(s) | Site::Region(s) => s,
         Site::BodyEnd(l) => {
-            for child in &c.info(l).children {
-                add_with_body(c, *child, &mut out);
+            // After an iteration, the whole body has run.
+            if stands_for.iter().any(|x| c.info(*x).parent == Some(l)) {
+                return true;
             }
             l
         }
     };
     loop {
         let region = c.info(cur).parent;
-        let g = body_graph(c, region);
-        if let Some(start) = g.node_indices().find(|n| g[*n] == cur) {
-            let rev = Reversed(&g);
-            let mut bfs = Bfs::new(rev, start);
-            while let Some(n) = bfs.next(rev) {
-                if n != start {
-                    add_with_body(c, g[n], &mut out);
-                }
+        let wanted = stands_for.iter().find(|x| c.info(**x).parent == region);
+        if let Some(&wanted) = wanted {
+            if reaches_back(c, cur, wanted) {
+                return true;
             }
         }
         match region {
             Some(r) => cur = r,
-            None => break,
+            None => return false,
         }
     }
-    out
 }
 
-/// Adds a stage and, for loops and groups, the stages of its body (their latest outputs).
-fn add_with_body(c: &Checked<'_>, id: StageId, out: &mut BTreeSet<StageId>) {
-    out.insert(id);
-    if matches!(
-        c.info(id).stage.kind.value,
-        StageKind::Loop | StageKind::Group
-    ) {
-        for child in &c.info(id).children {
-            add_with_body(c, *child, out);
+/// Tells whether `wanted` comes before `from` in their body's graph (through needs and
+/// routes), `from` itself excluded. What a search learns is kept for later questions about
+/// the same stage ([`Checked::reaches`]): when every stage of a long chain reads the first
+/// one, each search stops at the stage before it.
+fn reaches_back(c: &Checked<'_>, from: StageId, wanted: StageId) -> bool {
+    remembered_search(c, from, wanted).unwrap_or_else(|| plain_search(c, from, wanted))
+}
+
+/// The stages just before a stage in its body's graph: its needs and the stages whose route
+/// goes to it.
+fn before(c: &Checked<'_>, x: StageId) -> Vec<StageId> {
+    let region = c.info(x).parent;
+    let needs = c
+        .info(x)
+        .needs
+        .iter()
+        .filter(|n| c.info(**n).parent == region);
+    let routed = c.routed_from.get(&x).into_iter().flatten();
+    needs.chain(routed).copied().collect()
+}
+
+/// A depth-first search that records, for every stage it settles, whether `wanted` comes
+/// before it. `None` when it meets a cycle (reported on its own), where what it would record
+/// could be wrong: the caller then searches without records.
+fn remembered_search(c: &Checked<'_>, from: StageId, wanted: StageId) -> Option<bool> {
+    let mut all = c.reaches.borrow_mut();
+    let known = all.entry(wanted).or_default();
+    if let Some(&v) = known.get(&from) {
+        return Some(v);
+    }
+    let mut open: HashSet<StageId> = HashSet::from([from]);
+    let mut stack: Vec<(StageId, Vec<StageId>, usize)> = vec![(from, before(c, from), 0)];
+    while let Some((x, preds, i)) = stack.last_mut() {
+        let Some(&p) = preds.get(*i) else {
+            // No stage before `x` leads to `wanted`.
+            known.insert(*x, false);
+            open.remove(x);
+            stack.pop();
+            continue;
+        };
+        *i += 1;
+        if open.contains(&p) {
+            return None;
+        }
+        if p == wanted || known.get(&p) == Some(&true) {
+            // `wanted` comes before every stage on the stack.
+            for (y, _, _) in &stack {
+                known.insert(*y, true);
+            }
+            return Some(true);
+        }
+        if known.get(&p) == Some(&false) {
+            continue;
+        }
+        open.insert(p);
+        let next = before(c, p);
+        stack.push((p, next, 0));
+    }
+    Some(false)
+}
+
+/// A breadth-first search back from `from`, without records.
+fn plain_search(c: &Checked<'_>, from: StageId, wanted: StageId) -> bool {
+    let mut seen: HashSet<StageId> = HashSet::from([from]);
+    let mut queue = std::collections::VecDeque::from([from]);
+    while let Some(x) = queue.pop_front() {
+        for p in before(c, x) {
+            if !seen.insert(p) {
+                continue;
+            }
+            if p == wanted {
+                return true;
+            }
+            queue.push_back(p);
         }
     }
+    false
 }
 
 /// Tells whether a stage may be skipped in a run: it has a condition, is reached only by a
 /// route or an escalation rule, sits in a body that may be skipped, or needs only stages that
-/// may be skipped. Computed once for all stages by [`compute_conditional`].
+/// may be skipped. Computed once for all stages by [`compute_skips`].
 pub fn conditional(c: &Checked<'_>, id: StageId) -> bool {
     c.conditional.get(id.0).copied().unwrap_or(false)
 }
 
-/// Computes [`conditional`] for every stage, as a fixpoint over needs and parents.
-pub fn compute_conditional(c: &Checked<'_>) -> Vec<bool> {
+/// Computes, for every stage, [`conditional`] and whether it may be skipped within its own
+/// body (its condition, a route of its body or an escalation rule that alone starts it, or
+/// needs that may all be skipped; what [`maybe_skipped_at`] asks of each stage it passes).
+///
+/// Both are least fixpoints, found by propagating from the stages that start skippable: a
+/// stage joins when the last of its needs has joined (or, for `conditional`, when its region
+/// has), so each need and each region edge is followed once, whatever the order in which the
+/// stages are written. (A stage on a cycle joins only for a reason off the cycle; the cycle
+/// is reported on its own.)
+///
+/// It also returns, for each stage that a route of its body goes to, the stages whose route
+/// goes there (see [`Checked::routed_from`]).
+pub fn compute_skips(c: &Checked<'_>) -> (Vec<bool>, Vec<bool>, HashMap<StageId, Vec<StageId>>) {
     let n = c.stages.len();
     let mut targets = vec![false; n];
+    let mut local_targets = vec![false; n];
+    let mut routed_from: HashMap<StageId, Vec<StageId>> = HashMap::new();
     for i in 0..n {
         for t in route_targets(c, StageId(i)) {
             targets[t.0] = true;
-        }
-    }
-    let mut cond: Vec<bool> = (0..n)
-        .map(|i| {
-            c.stages[i].stage.keys().when.is_some() || targets[i] || is_escalated(c, StageId(i))
-        })
-        .collect();
-    loop {
-        let mut changed = false;
-        for i in 0..n {
-            if cond[i] {
-                continue;
-            }
-            let info = &c.stages[i];
-            let from_parent = info.parent.is_some_and(|p| cond[p.0]);
-            let from_needs = !info.needs.is_empty() && info.needs.iter().all(|x| cond[x.0]);
-            if from_parent || from_needs {
-                cond[i] = true;
-                changed = true;
+            if c.info(t).parent == c.info(StageId(i)).parent {
+                local_targets[t.0] = true;
+                if t.0 != i {
+                    routed_from.entry(t).or_default().push(StageId(i));
+                }
             }
         }
-        if !changed {
-            return cond;
+    }
+    // The stages that need each stage, in one flat array (`first[i]..first[i + 1]`).
+    let mut first = vec![0usize; n + 1];
+    for info in &c.stages {
+        for x in &info.needs {
+            first[x.0 + 1] += 1;
         }
     }
+    for i in 0..n {
+        first[i + 1] += first[i];
+    }
+    let mut next = first.clone();
+    let mut dependents = vec![0usize; first[n]];
+    for (i, info) in c.stages.iter().enumerate() {
+        for x in &info.needs {
+            dependents[next[x.0]] = i;
+            next[x.0] += 1;
+        }
+    }
+    let starts = |i: usize, routed: &[bool]| {
+        c.stages[i].stage.keys().when.is_some() || routed[i] || is_escalated(c, StageId(i))
+    };
+    let propagate = |seed: Vec<bool>, through_regions: bool| {
+        let mut set = seed;
+        // How many of each stage's needs are not (yet) in the set.
+        let mut missing: Vec<usize> = c.stages.iter().map(|s| s.needs.len()).collect();
+        let mut queue: Vec<usize> = (0..n).filter(|&i| set[i]).collect();
+        while let Some(i) = queue.pop() {
+            for &d in &dependents[first[i]..first[i + 1]] {
+                missing[d] -= 1;
+                if missing[d] == 0 && !set[d] {
+                    set[d] = true;
+                    queue.push(d);
+                }
+            }
+            if through_regions {
+                for ch in &c.stages[i].children {
+                    if !set[ch.0] {
+                        set[ch.0] = true;
+                        queue.push(ch.0);
+                    }
+                }
+            }
+        }
+        set
+    };
+    let conditional = propagate((0..n).map(|i| starts(i, &targets)).collect(), true);
+    let skippable = propagate((0..n).map(|i| starts(i, &local_targets)).collect(), false);
+    (conditional, skippable, routed_from)
 }
 
 /// Tells whether some route of the same body goes to this stage.
@@ -163,7 +285,7 @@ pub fn maybe_skipped_at(c: &Checked<'_>, target: StageId, site: Site) -> bool {
         if around.contains(&id) {
             return false;
         }
-        if skipped_locally(c, id, &mut Vec::new()) {
+        if c.skippable.get(id.0).copied().unwrap_or(false) {
             return true;
         }
         x = c.info(id).parent;
@@ -171,23 +293,60 @@ pub fn maybe_skipped_at(c: &Checked<'_>, target: StageId, site: Site) -> bool {
     false
 }
 
-/// Tells whether a stage may be skipped within its own body.
-fn skipped_locally(c: &Checked<'_>, id: StageId, seen: &mut Vec<StageId>) -> bool {
-    if seen.contains(&id) {
-        return false; // a cycle, reported on its own
-    }
-    seen.push(id);
-    let info = c.info(id);
-    info.stage.keys().when.is_some()
-        || is_route_target(c, id)
-        || is_escalated(c, id)
-        || (!info.needs.is_empty() && info.needs.iter().all(|n| skipped_locally(c, *n, seen)))
-}
-
 /// Tells whether a stage can run only after `target` ran: it is `target`, every stage it
 /// needs runs only after `target` ran (a stage whose needs were all skipped is skipped), or
 /// its enclosing region does.
+///
+/// What one question learns is kept for later ones about the same target
+/// ([`Checked::only_after`]): when every stage of a long chain reads the first one, each
+/// answer takes a step. A cycle (reported on its own) is answered without the records.
 pub fn runs_only_after(c: &Checked<'_>, at: StageId, target: StageId) -> bool {
+    let mut all = c.only_after.borrow_mut();
+    let known = all.entry(target).or_default();
+    remembered_after(c, at, target, known, &mut HashSet::new())
+        .unwrap_or_else(|| plain_after(c, at, target))
+}
+
+/// [`runs_only_after`], recording each stage's answer; `None` on a cycle.
+fn remembered_after(
+    c: &Checked<'_>,
+    x: StageId,
+    target: StageId,
+    known: &mut HashMap<StageId, bool>,
+    open: &mut HashSet<StageId>,
+) -> Option<bool> {
+    if x == target {
+        return Some(true);
+    }
+    if let Some(&v) = known.get(&x) {
+        return Some(v);
+    }
+    if !open.insert(x) {
+        return None;
+    }
+    let info = c.info(x);
+    let mut v = false;
+    if !info.needs.is_empty() {
+        v = true;
+        for n in &info.needs {
+            if !remembered_after(c, *n, target, known, open)? {
+                v = false;
+                break;
+            }
+        }
+    }
+    if !v {
+        if let Some(p) = info.parent {
+            v = remembered_after(c, p, target, known, open)?;
+        }
+    }
+    open.remove(&x);
+    known.insert(x, v);
+    Some(v)
+}
+
+/// [`runs_only_after`] without records, its walk bounded for cycles.
+fn plain_after(c: &Checked<'_>, at: StageId, target: StageId) -> bool {
     fn go(c: &Checked<'_>, at: StageId, target: StageId, depth: usize) -> bool {
         if at == target {
             return true;
@@ -200,4 +359,132 @@ pub fn runs_only_after(c: &Checked<'_>, at: StageId, target: StageId) -> bool {
             || info.parent.is_some_and(|p| go(c, p, target, depth + 1))
     }
     go(c, at, target, 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::path::{Path, PathBuf};
+
+    use petgraph::visit::{Bfs, Reversed};
+
+    use super::*;
+    use crate::check::graph::body_graph;
+
+    /// Returns every stage whose output is ready at a site.
+    pub fn upstream(c: &Checked<'_>, site: Site) -> BTreeSet<StageId> {
+        let mut out = BTreeSet::new();
+        let mut cur = match site {
+            Site::Stage(s) | Site::Region(s) => s,
+            Site::BodyEnd(l) => {
+                for child in &c.info(l).children {
+                    add_with_body(c, *child, &mut out);
+                }
+                l
+            }
+        };
+        loop {
+            let region = c.info(cur).parent;
+            let g = body_graph(c, region);
+            if let Some(start) = g.node_indices().find(|n| g[*n] == cur) {
+                let rev = Reversed(&g);
+                let mut bfs = Bfs::new(rev, start);
+                while let Some(n) = bfs.next(rev) {
+                    if n != start {
+                        add_with_body(c, g[n], &mut out);
+                    }
+                }
+            }
+            match region {
+                Some(r) => cur = r,
+                None => break,
+            }
+        }
+        out
+    }
+
+    /// Adds a stage and, for loops and groups, the stages of its body (their latest outputs).
+    fn add_with_body(c: &Checked<'_>, id: StageId, out: &mut BTreeSet<StageId>) {
+        out.insert(id);
+        if matches!(
+            c.info(id).stage.kind.value,
+            StageKind::Loop | StageKind::Group
+        ) {
+            for child in &c.info(id).children {
+                add_with_body(c, *child, out);
+            }
+        }
+    }
+
+    /// Every workflow of the project that checks without errors: the presets and the valid
+    /// fixtures.
+    fn workflows() -> Vec<PathBuf> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut out = Vec::new();
+        for dir in ["workflows", "tests/fixtures/check/valid"] {
+            let Ok(entries) = std::fs::read_dir(root.join(dir)) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let p = e.path();
+                if matches!(p.extension().and_then(|x| x.to_str()), Some("toml" | "kdl")) {
+                    out.push(p);
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// The search that stops where it finds the stage answers as the whole set did, and the
+    /// remembered answers of `runs_only_after` as the walk without records, for every site and
+    /// every pair of stages of every workflow of the project.
+    #[test]
+    fn remembered_answers_agree_with_the_plain_ones() {
+        let mut compared = 0usize;
+        for path in workflows() {
+            let fs = crate::fs::RealFs;
+            let mut sources = crate::source::Sources::new();
+            let mut diags = crate::diag::Diagnostics::default();
+            let mut loader = crate::load::Loader::new(&fs, &mut sources, &mut diags);
+            let Some(wf) = loader.load(&path, None) else {
+                continue;
+            };
+            let mut found = crate::diag::Diagnostics::default();
+            let Some(c) = crate::check::check(&wf, &mut loader, &[], false, &mut found) else {
+                continue;
+            };
+            let n = c.stages.len();
+            for s in (0..n).map(StageId) {
+                for t in (0..n).map(StageId) {
+                    assert_eq!(
+                        runs_only_after(&c, s, t),
+                        plain_after(&c, s, t),
+                        "{}: does `{}` run only after `{}`?",
+                        path.display(),
+                        c.info(s).stage.id.value,
+                        c.info(t).stage.id.value
+                    );
+                }
+                let mut sites = vec![Site::Stage(s), Site::Region(s)];
+                if c.info(s).stage.kind.value == StageKind::Loop {
+                    sites.push(Site::BodyEnd(s));
+                }
+                for site in sites {
+                    let set = upstream(&c, site);
+                    for t in (0..n).map(StageId) {
+                        assert_eq!(
+                            is_upstream(&c, site, t),
+                            set.contains(&t),
+                            "{}: {site:?} and stage `{}`",
+                            path.display(),
+                            c.info(t).stage.id.value
+                        );
+                        compared += 1;
+                    }
+                }
+            }
+        }
+        assert!(compared > 1000, "only {compared} pairs compared");
+    }
 }

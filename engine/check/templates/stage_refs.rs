@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use super::Text;
 use super::scan::locate;
 use super::variables::STAGE_ATTRS;
-use crate::check::scope::{Site, maybe_skipped_at, runs_only_after, share_loop, upstream};
+use crate::check::scope::{Site, is_upstream, maybe_skipped_at, runs_only_after, share_loop};
 use crate::check::{Checked, StageId};
 use crate::diag::{Code, Diagnostic, Diagnostics};
 use crate::model::StageKind;
@@ -48,7 +48,7 @@ pub(super) fn stage_ref(
     }
     let Some(site) = site else { return }; // exit messages see every stage
     let at = site.stage();
-    let ups = upstream(c, site);
+    let upstream = is_upstream(c, site, target);
     let in_foreach_body = |x: StageId| {
         c.ancestors(x)
             .into_iter()
@@ -66,7 +66,7 @@ pub(super) fn stage_ref(
                 );
                 return;
             }
-            if !ups.contains(&target) {
+            if !upstream {
                 let me = &c.info(at).stage.id.value;
                 let mut d = Diagnostic::new(
                     Code::NotUpstream,
@@ -123,7 +123,7 @@ pub(super) fn stage_ref(
                 .help("`settled` lists the items of a for_each that have settled, for the items that run after them; after the for_each, read `stages.NAME.output.results`"),
             );
         }
-        "history" | "last" if !ups.contains(&target) && !share_loop(c, at, target) => {
+        "history" | "last" if !upstream && !share_loop(c, at, target) => {
             diags.push(
                 Diagnostic::new(Code::NotUpstream, span, format!("stage `{name}` is not upstream and not in the same loop, so it has no {attr} here"))
                     .help("history is available for stages upstream or in an enclosing loop's body"),
