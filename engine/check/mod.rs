@@ -65,6 +65,8 @@ pub struct Checked<'w> {
     /// What [`scope::runs_only_after`] learned: for a target, whether each stage asked about
     /// runs only after it.
     pub only_after: std::cell::RefCell<HashMap<StageId, HashMap<StageId, bool>>>,
+    /// The stages those searches visited, counted (a test holds it linear in the reads).
+    pub search_steps: std::cell::Cell<u64>,
 }
 
 impl<'w> Checked<'w> {
@@ -178,6 +180,7 @@ fn index<'w>(workflow: &'w Workflow, diags: &mut Diagnostics) -> Checked<'w> {
         routed_from: HashMap::new(),
         reaches: std::cell::RefCell::default(),
         only_after: std::cell::RefCell::default(),
+        search_steps: std::cell::Cell::new(0),
     };
     fn walk<'w>(
         stages: &'w [Stage],
