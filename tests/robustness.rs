@@ -204,6 +204,32 @@ fn a_long_chain_needs_no_deep_stack() {
         .expect("no panic");
 }
 
+/// Nor does checking what templates read: a chain of 20,000 stages written last first, each
+/// reading the first stage's output, on a thread with a 1 MiB stack (the question whether a
+/// stage runs only after the one it reads walked the chain recursively, and aborted with a
+/// stack overflow on 100,000 such stages).
+#[test]
+fn reads_along_a_long_chain_need_no_deep_stack() {
+    let mut chain = String::from("name = \"reads\"\n");
+    for i in (0..20_000).rev() {
+        chain.push_str(&format!("[stages.s{i}]\nkind = \"command\"\n"));
+        if i > 0 {
+            chain.push_str(&format!(
+                "argv = [\"echo\", \"{{{{ stages.s0.output }}}}\"]\nneeds = [\"s{}\"]\n",
+                i - 1
+            ));
+        } else {
+            chain.push_str("argv = [\"true\"]\n");
+        }
+    }
+    std::thread::Builder::new()
+        .stack_size(1 << 20)
+        .spawn(move || check_text("reads.toml", chain))
+        .expect("a thread")
+        .join()
+        .expect("no panic");
+}
+
 #[test]
 fn huge_and_deep_inputs_do_not_panic() {
     let mut wide = String::from("name = \"wide\"\n");

@@ -304,47 +304,102 @@ pub fn maybe_skipped_at(c: &Checked<'_>, target: StageId, site: Site) -> bool {
 pub fn runs_only_after(c: &Checked<'_>, at: StageId, target: StageId) -> bool {
     let mut all = c.only_after.borrow_mut();
     let known = all.entry(target).or_default();
-    remembered_after(c, at, target, known, &mut HashSet::new())
-        .unwrap_or_else(|| plain_after(c, at, target))
+    remembered_after(c, at, target, known).unwrap_or_else(|| plain_after(c, at, target))
 }
 
-/// [`runs_only_after`], recording each stage's answer; `None` on a cycle.
+/// [`runs_only_after`], recording each stage's answer; `None` on a cycle. Its walk keeps
+/// its own stack: a chain of 100,000 stages, read from its last, is as deep.
 fn remembered_after(
     c: &Checked<'_>,
-    x: StageId,
+    at: StageId,
     target: StageId,
     known: &mut HashMap<StageId, bool>,
-    open: &mut HashSet<StageId>,
 ) -> Option<bool> {
-    if x == target {
-        return Some(true);
+    /// A stage whose answer waits for its region's (after its needs gave none).
+    const ASK_REGION: usize = usize::MAX - 1;
+    /// A stage waiting for its region's answer.
+    const WAIT_REGION: usize = usize::MAX;
+    enum Next {
+        Known(bool),
+        Ask,
     }
-    if let Some(&v) = known.get(&x) {
-        return Some(v);
+    let mut open: HashSet<StageId> = HashSet::new();
+    // Each stage being answered, with the index of its next need (or a sentinel above).
+    let mut stack: Vec<(StageId, usize)> = Vec::new();
+    let mut returned: Option<bool> = None;
+    // What is known of a stage, or that it must be asked; `None` on a cycle.
+    let lookup = |x: StageId, known: &HashMap<StageId, bool>, open: &HashSet<StageId>| {
+        if x == target {
+            return Some(Next::Known(true));
+        }
+        if let Some(&v) = known.get(&x) {
+            return Some(Next::Known(v));
+        }
+        if open.contains(&x) {
+            return None;
+        }
+        Some(Next::Ask)
+    };
+    match lookup(at, known, &open)? {
+        Next::Known(v) => return Some(v),
+        Next::Ask => {
+            open.insert(at);
+            stack.push((at, 0));
+        }
     }
-    if !open.insert(x) {
-        return None;
-    }
-    c.search_steps.set(c.search_steps.get() + 1);
-    let info = c.info(x);
-    let mut v = false;
-    if !info.needs.is_empty() {
-        v = true;
-        for n in &info.needs {
-            if !remembered_after(c, *n, target, known, open)? {
-                v = false;
-                break;
+    'frames: while let Some(&mut (x, ref mut k)) = stack.last_mut() {
+        c.search_steps.set(c.search_steps.get() + 1);
+        let info = c.info(x);
+        let mut answer: Option<bool> = None;
+        match returned.take() {
+            Some(v) if *k == WAIT_REGION => answer = Some(v),
+            Some(true) => *k += 1,
+            Some(false) => *k = ASK_REGION,
+            None => {}
+        }
+        // Asking its needs, or all of them answered yes.
+        if answer.is_none() && !info.needs.is_empty() && *k <= info.needs.len() {
+            while *k < info.needs.len() {
+                let n = info.needs[*k];
+                match lookup(n, known, &open)? {
+                    Next::Known(true) => *k += 1,
+                    Next::Known(false) => {
+                        *k = ASK_REGION;
+                        break;
+                    }
+                    Next::Ask => {
+                        open.insert(n);
+                        stack.push((n, 0));
+                        continue 'frames;
+                    }
+                }
+            }
+            if *k == info.needs.len() {
+                answer = Some(true);
             }
         }
-    }
-    if !v {
-        if let Some(p) = info.parent {
-            v = remembered_after(c, p, target, known, open)?;
+        if answer.is_none() && *k != WAIT_REGION {
+            // No needs, or one that does not run only after the target: the region decides.
+            match info.parent {
+                None => answer = Some(false),
+                Some(p) => match lookup(p, known, &open)? {
+                    Next::Known(v) => answer = Some(v),
+                    Next::Ask => {
+                        *k = WAIT_REGION;
+                        open.insert(p);
+                        stack.push((p, 0));
+                        continue 'frames;
+                    }
+                },
+            }
         }
+        let Some(v) = answer else { continue };
+        open.remove(&x);
+        known.insert(x, v);
+        stack.pop();
+        returned = Some(v);
     }
-    open.remove(&x);
-    known.insert(x, v);
-    Some(v)
+    returned
 }
 
 /// [`runs_only_after`] without records, its walk bounded for cycles.
