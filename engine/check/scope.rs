@@ -507,6 +507,38 @@ mod tests {
         c.search_steps.get()
     }
 
+    /// A stage reached from a skippable one through two needs (a diamond) may be skipped: the
+    /// old walk shared one list of visited stages across needs and said it could not.
+    #[test]
+    fn a_diamond_after_a_condition_may_be_skipped() {
+        let text = "name = \"diamond\"\n\
+            [stages.a]\nkind = \"command\"\nargv = [\"true\"]\nwhen = \"params.go\"\n\
+            [stages.b]\nkind = \"command\"\nargv = [\"true\"]\nneeds = [\"a\"]\n\
+            [stages.c]\nkind = \"command\"\nargv = [\"true\"]\nneeds = [\"a\"]\n\
+            [stages.d]\nkind = \"command\"\nargv = [\"true\"]\nneeds = [\"b\", \"c\"]\n\
+            [stages.e]\nkind = \"command\"\nargv = [\"true\"]\n\
+            [params.go]\ntype = \"bool\"\ndefault = true\n";
+        let path = std::env::temp_dir().join("ralph-flow-diamond.toml");
+        let fs = crate::fs::MemFs::new([(path.clone(), text.to_string())]);
+        let mut sources = crate::source::Sources::new();
+        let mut diags = crate::diag::Diagnostics::default();
+        let mut loader = crate::load::Loader::new(&fs, &mut sources, &mut diags);
+        let wf = loader.load(&path, None).expect("it loads");
+        let mut found = crate::diag::Diagnostics::default();
+        let c = crate::check::check(&wf, &mut loader, &[], false, &mut found).expect("it checks");
+        let id = |name: &str| c.find(name).expect("a stage");
+        for (name, may) in [
+            ("a", true),
+            ("b", true),
+            ("c", true),
+            ("d", true),
+            ("e", false),
+        ] {
+            assert_eq!(c.skippable[id(name).0], may, "skippable `{name}`");
+            assert_eq!(c.conditional[id(name).0], may, "conditional `{name}`");
+        }
+    }
+
     /// A chain whose stages each read the stage before and the first one, written in order
     /// or in reverse.
     fn chain_of_reads(n: usize, reversed: bool) -> String {
