@@ -196,12 +196,7 @@ fn a_long_chain_needs_no_deep_stack() {
             chain.push_str(&format!("needs = [\"s{}\"]\n", i - 1));
         }
     }
-    std::thread::Builder::new()
-        .stack_size(1 << 20)
-        .spawn(move || check_text("chain.toml", chain))
-        .expect("a thread")
-        .join()
-        .expect("no panic");
+    check_on_a_small_stack("chain.toml", chain);
 }
 
 /// Nor does checking what templates read: a chain of 20,000 stages written last first, each
@@ -222,9 +217,15 @@ fn reads_along_a_long_chain_need_no_deep_stack() {
             chain.push_str("argv = [\"true\"]\n");
         }
     }
+    check_on_a_small_stack("reads.toml", chain);
+}
+
+/// [`check_text`] on a thread with a 1 MiB stack: a walk that recurses along a long chain
+/// overflows it (an abort, which fails the test).
+fn check_on_a_small_stack(name: &'static str, text: String) {
     std::thread::Builder::new()
         .stack_size(1 << 20)
-        .spawn(move || check_text("reads.toml", chain))
+        .spawn(move || check_text(name, text))
         .expect("a thread")
         .join()
         .expect("no panic");

@@ -237,13 +237,6 @@ pub fn compute_skips(c: &Checked<'_>) -> (Vec<bool>, Vec<bool>, HashMap<StageId,
     (conditional, skippable, routed_from)
 }
 
-/// Tells whether some route of the same body goes to this stage.
-pub fn is_route_target(c: &Checked<'_>, id: StageId) -> bool {
-    c.body(c.info(id).parent)
-        .iter()
-        .any(|s| route_targets(c, *s).contains(&id))
-}
-
 /// Tells whether an escalation rule of the enclosing loop runs this stage.
 pub fn is_escalated(c: &Checked<'_>, id: StageId) -> bool {
     let Some(parent) = c.info(id).parent else {
@@ -493,18 +486,33 @@ mod tests {
         out
     }
 
+    /// Loads and checks a workflow as `ralph-flow check` does, and hands the checked
+    /// workflow to `f`; `None` when it does not load or has errors.
+    fn with_checked<R>(
+        fs: &dyn crate::fs::FileSystem,
+        path: &Path,
+        f: impl FnOnce(&Checked<'_>) -> R,
+    ) -> Option<R> {
+        let mut sources = crate::source::Sources::new();
+        let mut diags = crate::diag::Diagnostics::default();
+        let mut loader = crate::load::Loader::new(fs, &mut sources, &mut diags);
+        let wf = loader.load(path, None)?;
+        let mut found = crate::diag::Diagnostics::default();
+        let c = crate::check::check(&wf, &mut loader, &[], false, &mut found)?;
+        Some(f(&c))
+    }
+
+    /// [`with_checked`] of a workflow's text, which must check.
+    fn with_checked_text<R>(text: &str, f: impl FnOnce(&Checked<'_>) -> R) -> R {
+        let path = std::env::temp_dir().join("ralph-flow-scope-test.toml");
+        let fs = crate::fs::MemFs::new([(path.clone(), text.to_string())]);
+        with_checked(&fs, &path, f).expect("the workflow checks")
+    }
+
     /// Checks a workflow held in memory and returns how many stages the searches for
     /// template reads visited.
     fn search_steps(text: &str) -> u64 {
-        let path = std::env::temp_dir().join("ralph-flow-search-steps.toml");
-        let fs = crate::fs::MemFs::new([(path.clone(), text.to_string())]);
-        let mut sources = crate::source::Sources::new();
-        let mut diags = crate::diag::Diagnostics::default();
-        let mut loader = crate::load::Loader::new(&fs, &mut sources, &mut diags);
-        let wf = loader.load(&path, None).expect("it loads");
-        let mut found = crate::diag::Diagnostics::default();
-        let c = crate::check::check(&wf, &mut loader, &[], false, &mut found).expect("it checks");
-        c.search_steps.get()
+        with_checked_text(text, |c| c.search_steps.get())
     }
 
     /// A stage reached from a skippable one through two needs (a diamond) may be skipped: the
@@ -518,25 +526,19 @@ mod tests {
             [stages.d]\nkind = \"command\"\nargv = [\"true\"]\nneeds = [\"b\", \"c\"]\n\
             [stages.e]\nkind = \"command\"\nargv = [\"true\"]\n\
             [params.go]\ntype = \"bool\"\ndefault = true\n";
-        let path = std::env::temp_dir().join("ralph-flow-diamond.toml");
-        let fs = crate::fs::MemFs::new([(path.clone(), text.to_string())]);
-        let mut sources = crate::source::Sources::new();
-        let mut diags = crate::diag::Diagnostics::default();
-        let mut loader = crate::load::Loader::new(&fs, &mut sources, &mut diags);
-        let wf = loader.load(&path, None).expect("it loads");
-        let mut found = crate::diag::Diagnostics::default();
-        let c = crate::check::check(&wf, &mut loader, &[], false, &mut found).expect("it checks");
-        let id = |name: &str| c.find(name).expect("a stage");
-        for (name, may) in [
-            ("a", true),
-            ("b", true),
-            ("c", true),
-            ("d", true),
-            ("e", false),
-        ] {
-            assert_eq!(c.skippable[id(name).0], may, "skippable `{name}`");
-            assert_eq!(c.conditional[id(name).0], may, "conditional `{name}`");
-        }
+        with_checked_text(text, |c| {
+            let id = |name: &str| c.find(name).expect("a stage");
+            for (name, may) in [
+                ("a", true),
+                ("b", true),
+                ("c", true),
+                ("d", true),
+                ("e", false),
+            ] {
+                assert_eq!(c.skippable[id(name).0], may, "skippable `{name}`");
+                assert_eq!(c.conditional[id(name).0], may, "conditional `{name}`");
+            }
+        });
     }
 
     /// A chain whose stages each read the stage before and the first one, written in order
@@ -584,48 +586,46 @@ mod tests {
     fn remembered_answers_agree_with_the_plain_ones() {
         let mut compared = 0usize;
         for path in workflows() {
-            let fs = crate::fs::RealFs;
-            let mut sources = crate::source::Sources::new();
-            let mut diags = crate::diag::Diagnostics::default();
-            let mut loader = crate::load::Loader::new(&fs, &mut sources, &mut diags);
-            let Some(wf) = loader.load(&path, None) else {
-                continue;
-            };
-            let mut found = crate::diag::Diagnostics::default();
-            let Some(c) = crate::check::check(&wf, &mut loader, &[], false, &mut found) else {
-                continue;
-            };
-            let n = c.stages.len();
-            for s in (0..n).map(StageId) {
+            compared +=
+                with_checked(&crate::fs::RealFs, &path, |c| compare_answers(c, &path)).unwrap_or(0);
+        }
+        assert!(compared > 1000, "only {compared} pairs compared");
+    }
+
+    /// Compares, in one checked workflow, the remembered answers with the plain ones and the
+    /// search with the whole upstream set; returns how many upstream pairs it compared.
+    fn compare_answers(c: &Checked<'_>, path: &Path) -> usize {
+        let mut compared = 0;
+        let n = c.stages.len();
+        for s in (0..n).map(StageId) {
+            for t in (0..n).map(StageId) {
+                assert_eq!(
+                    runs_only_after(c, s, t),
+                    plain_after(c, s, t),
+                    "{}: does `{}` run only after `{}`?",
+                    path.display(),
+                    c.info(s).stage.id.value,
+                    c.info(t).stage.id.value
+                );
+            }
+            let mut sites = vec![Site::Stage(s), Site::Region(s)];
+            if c.info(s).stage.kind.value == StageKind::Loop {
+                sites.push(Site::BodyEnd(s));
+            }
+            for site in sites {
+                let set = upstream(c, site);
                 for t in (0..n).map(StageId) {
                     assert_eq!(
-                        runs_only_after(&c, s, t),
-                        plain_after(&c, s, t),
-                        "{}: does `{}` run only after `{}`?",
+                        is_upstream(c, site, t),
+                        set.contains(&t),
+                        "{}: {site:?} and stage `{}`",
                         path.display(),
-                        c.info(s).stage.id.value,
                         c.info(t).stage.id.value
                     );
-                }
-                let mut sites = vec![Site::Stage(s), Site::Region(s)];
-                if c.info(s).stage.kind.value == StageKind::Loop {
-                    sites.push(Site::BodyEnd(s));
-                }
-                for site in sites {
-                    let set = upstream(&c, site);
-                    for t in (0..n).map(StageId) {
-                        assert_eq!(
-                            is_upstream(&c, site, t),
-                            set.contains(&t),
-                            "{}: {site:?} and stage `{}`",
-                            path.display(),
-                            c.info(t).stage.id.value
-                        );
-                        compared += 1;
-                    }
+                    compared += 1;
                 }
             }
         }
-        assert!(compared > 1000, "only {compared} pairs compared");
+        compared
     }
 }

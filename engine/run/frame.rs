@@ -125,7 +125,7 @@ impl View {
 
 /// A node settled by an earlier executor of the run, as a resume keeps it until the node
 /// settles again from it: the output as compact JSON text, read back when asked for.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub(crate) struct Resumed {
     output: Box<str>,
     pub action: Option<Box<str>>,
