@@ -232,7 +232,8 @@ fn raw_floor(path: &Path, durability: Durability, commits: usize) -> Vec<Duratio
     times
 }
 
-/// The writes of one settled node: the node, its attempt's end, an event.
+/// The writes of one settled node, in the executor's order: its attempt's end, then its
+/// settlement event and the node at the same time (which the store keeps in one row).
 fn group(run: &str, i: usize, j: usize, text: &str) -> [Write; 3] {
     let scope = format!("loop#{i}");
     let node = format!("stage{j}");
@@ -243,20 +244,6 @@ fn group(run: &str, i: usize, j: usize, text: &str) -> [Write; 3] {
         cost_usd: Some(0.042),
     };
     [
-        Write::Node(NodeRecord {
-            run: run.to_string(),
-            scope: scope.clone(),
-            node: node.clone(),
-            state: NodeState::Done,
-            // The index keeps spilled outputs distinct, so each one is a new file.
-            output: json!({"summary": text, "i": i, "j": j, "ok": true}),
-            action: Some("continue".to_string()),
-            feedback: None,
-            attempts: 1,
-            usage: usage.clone(),
-            started_at: 1_000,
-            finished_at: 2_000,
-        }),
         Write::Attempt(AttemptRecord {
             run: run.to_string(),
             scope: scope.clone(),
@@ -266,17 +253,31 @@ fn group(run: &str, i: usize, j: usize, text: &str) -> [Write; 3] {
             agent: Some("claude".to_string()),
             dir: format!(".ralph-flow/runs/bench/{scope}/{node}/1"),
             error: None,
-            usage,
+            usage: usage.clone(),
             started_at: 1_000,
             finished_at: Some(2_000),
         }),
         Write::Event(Event {
             run: run.to_string(),
             at: 2_000,
-            scope,
-            node,
+            scope: scope.clone(),
+            node: node.clone(),
             kind: "done".to_string(),
             message: "done in 1s, 12800 tokens".to_string(),
+        }),
+        Write::Node(NodeRecord {
+            run: run.to_string(),
+            scope,
+            node,
+            state: NodeState::Done,
+            // The index keeps spilled outputs distinct, so each one is a new file.
+            output: json!({"summary": text, "i": i, "j": j, "ok": true}),
+            action: Some("continue".to_string()),
+            feedback: None,
+            attempts: 1,
+            usage,
+            started_at: 1_000,
+            finished_at: 2_000,
         }),
     ]
 }

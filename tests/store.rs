@@ -109,6 +109,7 @@ macro_rules! on_both_stores {
 
 on_both_stores!(
     events_of_two_writers_interleave_in_order,
+    settlement_events_read_back_in_order,
     runs_round_trip_newest_first,
     records_round_trip,
     events_filter_by_stage_in_order,
@@ -189,6 +190,32 @@ fn event(run: &str, name: &str, kind: &str, at: i64) -> Event {
         kind: kind.to_string(),
         message: format!("{name} {kind}"),
     }
+}
+
+/// A stage's settlement as the executor writes it: its event, then its node, settled at the
+/// event's time (the SQLite store keeps the two in one row).
+fn settlement(scope: &str, name: &str, state: NodeState, at: i64, message: &str) -> [Write; 2] {
+    let mut n = node("r", scope, name, json!(at));
+    n.state = state;
+    n.finished_at = at;
+    let e = Event {
+        run: "r".to_string(),
+        at,
+        scope: scope.to_string(),
+        node: name.to_string(),
+        kind: state.as_str().to_string(),
+        message: message.to_string(),
+    };
+    [Write::Event(e), Write::Node(n)]
+}
+
+/// (time, scope, stage, kind, message) of a run's events, in order.
+fn event_rows(s: &dyn Store, node: Option<&str>) -> Vec<(i64, String, String, String, String)> {
+    s.events("r", node)
+        .expect("events")
+        .into_iter()
+        .map(|e| (e.at, e.scope, e.node, e.kind, e.message))
+        .collect()
 }
 
 fn gate(run: &str, scope: &str, name: &str) -> GateRequest {
@@ -357,6 +384,72 @@ fn events_filter_by_stage_in_order(db: &dyn Db) {
     assert_eq!(plan, [0, 2, 4]);
     assert_eq!(s.events("r", None).expect("events").len(), 5);
     assert!(s.events("other", None).expect("events").is_empty());
+}
+
+/// Settlement events read back like any other, in the order written, with their time, kind
+/// and message. A stage settled again keeps the event of its earlier settlement; an event
+/// that is not its node's settlement (another kind, another time) stays an event of its own.
+fn settlement_events_read_back_in_order(db: &dyn Db) {
+    let mut s = db.open();
+    s.create_run(&run_record("r", "fix", 1)).expect("create");
+    let mut first = vec![Write::Event(event("r", "a", "started", 10))];
+    first.extend(settlement("", "a", NodeState::Done, 11, ""));
+    s.commit(&first).expect("commit");
+    s.commit(&settlement(
+        "l#1",
+        "b",
+        NodeState::Failed,
+        12,
+        "tests failed",
+    ))
+    .expect("commit");
+    let mut c = node("r", "", "c", json!(13));
+    c.finished_at = 13;
+    s.commit(&[Write::Event(event("r", "c", "retry", 13)), Write::Node(c)])
+        .expect("commit");
+    let [Write::Event(mut late), d] = settlement("", "d", NodeState::Done, 14, "") else {
+        unreachable!("a settlement is an event and a node")
+    };
+    late.at = 15;
+    s.commit(&[Write::Event(late), d]).expect("commit");
+    s.commit(&settlement("", "a", NodeState::Skipped, 16, "then stop"))
+        .expect("commit");
+    let row = |at, scope: &str, node: &str, kind: &str, message: &str| {
+        (at, scope.into(), node.into(), kind.into(), message.into())
+    };
+    let expected = vec![
+        row(10, "", "a", "started", "a started"),
+        row(11, "", "a", "done", ""),
+        row(12, "l#1", "b", "failed", "tests failed"),
+        row(13, "", "c", "retry", "c retry"),
+        row(15, "", "d", "done", ""),
+        row(16, "", "a", "skipped", "then stop"),
+    ];
+    let second = db.open_second();
+    for reader in [&*s, &*second] {
+        assert_eq!(event_rows(reader, None), expected);
+        let of_a: Vec<String> = event_rows(reader, Some("a"))
+            .into_iter()
+            .map(|(_, _, _, kind, _)| kind)
+            .collect();
+        assert_eq!(of_a, ["started", "done", "skipped"]);
+    }
+    // The nodes are the latest settlements, in the order written.
+    let nodes: Vec<(String, NodeState, i64)> = s
+        .nodes("r")
+        .expect("nodes")
+        .into_iter()
+        .map(|n| (n.node, n.state, n.finished_at))
+        .collect();
+    assert_eq!(
+        nodes,
+        [
+            ("b".to_string(), NodeState::Failed, 12),
+            ("c".to_string(), NodeState::Done, 13),
+            ("d".to_string(), NodeState::Done, 14),
+            ("a".to_string(), NodeState::Skipped, 16),
+        ]
+    );
 }
 
 fn group_commit_is_atomic(db: &dyn Db) {
@@ -847,7 +940,8 @@ fn new_stores_have_small_pages_and_old_ones_keep_theirs() {
 }
 
 /// A store written by version 2 (nodes in a rowid table, their write order the rowid) is
-/// brought up to version 3 on open, keeping every node and its order.
+/// brought up to the current version on open, keeping every node, every event and their
+/// order.
 #[test]
 fn a_version_2_store_is_migrated_keeping_the_order_of_nodes() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -885,6 +979,8 @@ fn a_version_2_store_is_migrated_keeping_the_order_of_nodes() {
              CREATE TABLE events (run TEXT NOT NULL, seq INTEGER NOT NULL, at INTEGER NOT NULL,
                  scope TEXT NOT NULL, node TEXT NOT NULL, kind TEXT NOT NULL,
                  message TEXT NOT NULL, PRIMARY KEY (run, seq)) WITHOUT ROWID;
+             INSERT INTO events VALUES ('r', 1, 1, '', 'b', 'started', 'b started');
+             INSERT INTO events VALUES ('r', 7, 2, '', 'c', 'done', '');
              CREATE TABLE gates (run TEXT NOT NULL, scope TEXT NOT NULL, gate TEXT NOT NULL,
                  message TEXT NOT NULL, show TEXT NOT NULL, requested_at INTEGER NOT NULL,
                  deadline INTEGER, PRIMARY KEY (run, scope, gate));
@@ -925,11 +1021,78 @@ fn a_version_2_store_is_migrated_keeping_the_order_of_nodes() {
         .expect("commit");
     let names: Vec<String> = order(&s).into_iter().map(|(n, _)| n).collect();
     assert_eq!(names, ["b", "d", "a", "c"]);
+    // The events written before version 5 come first, then a settlement's, kept in its row.
+    s.commit(&settlement("", "e", NodeState::Done, 3, ""))
+        .expect("commit");
+    let kinds: Vec<(i64, String, String)> = event_rows(&s, None)
+        .into_iter()
+        .map(|(at, _, node, kind, _)| (at, node, kind))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            (1, "b".to_string(), "started".to_string()),
+            (2, "c".to_string(), "done".to_string()),
+            (3, "e".to_string(), "done".to_string()),
+        ]
+    );
     let version: i64 = rusqlite::Connection::open(&path)
         .expect("open")
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .expect("version");
     assert_eq!(version, ralph_flow::store::sqlite::SCHEMA_VERSION);
+}
+
+/// The executor keeps a settlement's event in its node's row, and the rows of both tables
+/// share one count: another writer's events (answers to gates) between settlements get
+/// numbers of their own, even though the executor counted without reading the file.
+#[test]
+fn settlements_and_another_writers_events_share_one_count() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut executor = store(dir.path());
+    executor
+        .create_run(&run_record("r", "fix", 1))
+        .expect("create");
+    let mut other = store(dir.path());
+    let mut expected = Vec::new();
+    for i in 0..3 {
+        let name = format!("s{i}");
+        executor
+            .commit(&settlement("", &name, NodeState::Done, i * 2, ""))
+            .expect("commit");
+        other
+            .commit(&[Write::Event(event("r", "", "approved", i * 2 + 1))])
+            .expect("commit");
+        expected.push(format!("s{i} done"));
+        expected.push(" approved".to_string());
+    }
+    executor
+        .commit(&settlement("", "s3", NodeState::Done, 6, ""))
+        .expect("commit");
+    expected.push("s3 done".to_string());
+    for reader in [&executor, &other] {
+        let seen: Vec<String> = reader
+            .events("r", None)
+            .expect("events")
+            .into_iter()
+            .map(|e| format!("{} {}", e.node, e.kind))
+            .collect();
+        assert_eq!(seen, expected);
+    }
+    let conn = rusqlite::Connection::open(dir.path().join("state.db")).expect("open");
+    let numbers: Vec<i64> = conn
+        .prepare(
+            "SELECT seq FROM events WHERE run = 'r' \
+             UNION ALL SELECT seq FROM nodes WHERE run = 'r' AND event IS NOT NULL ORDER BY 1",
+        )
+        .and_then(|mut stmt| stmt.query_map([], |r| r.get(0))?.collect())
+        .expect("numbers");
+    assert_eq!(numbers, [1, 2, 3, 4, 5, 6, 7], "every number once");
+    // The settlements' events are in the node rows, not in `events`.
+    let in_events: i64 = conn
+        .query_row("SELECT COUNT(*) FROM events", [], |r| r.get(0))
+        .expect("count");
+    assert_eq!(in_events, 3);
 }
 
 #[test]

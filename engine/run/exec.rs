@@ -228,9 +228,16 @@ impl Shared {
 
     /// Queues an event.
     pub fn event(&self, scope: &str, node: &str, kind: &str, message: String) {
+        self.event_at(scope, node, kind, message, now_ms());
+    }
+
+    /// Queues an event that happened at `at` (milliseconds since the Unix epoch). A stage's
+    /// settlement event has the time of its settlement: queued just before the node, the
+    /// store can keep the two in one row.
+    pub fn event_at(&self, scope: &str, node: &str, kind: &str, message: String, at: i64) {
         self.write(Write::Event(crate::store::Event {
             run: self.run.id.clone(),
-            at: now_ms(),
+            at,
             scope: scope.to_string(),
             node: node.to_string(),
             kind: kind.to_string(),

@@ -342,7 +342,8 @@ impl Exec<'_> {
             (None, Some(a)) => format!("then {}", self.action_text(a)),
             (None, None) => String::new(),
         };
-        self.shared.event(&scope, &name, s.state.as_str(), msg);
+        self.shared
+            .event_at(&scope, &name, s.state.as_str(), msg, finished);
         self.shared.write(Write::Node(NodeRecord {
             run: self.shared.run.id.clone(),
             scope,

@@ -99,8 +99,8 @@ impl SqliteStore {
         self.quick_check()
     }
 
-    /// Each open-marker holds the last event its process committed; a store that lacks one
-    /// of them lost its write-ahead log.
+    /// Each open-marker holds the number of the last event or node its process committed; a
+    /// store that lacks one of them lost its write-ahead log.
     pub(super) fn check_log(&self, markers: &[(PathBuf, Option<(String, i64)>)]) -> Result<()> {
         let committed: Vec<&(String, i64)> =
             markers.iter().filter_map(|(_, c)| c.as_ref()).collect();
@@ -120,7 +120,8 @@ impl SqliteStore {
             let present = self
                 .conn
                 .query_row(
-                    "SELECT EXISTS (SELECT 1 FROM events WHERE run = ?1 AND seq >= ?2)",
+                    "SELECT EXISTS (SELECT 1 FROM events WHERE run = ?1 AND seq >= ?2) \
+                     OR EXISTS (SELECT 1 FROM nodes WHERE run = ?1 AND seq >= ?2)",
                     params![run, seq],
                     |row| row.get::<_, bool>(0),
                 )

@@ -16,8 +16,6 @@ const ATTEMPT_COLUMNS: &str = "run, scope, node, attempt, state, agent, dir, err
                                input_tokens, output_tokens, cached_tokens, cost_usd, \
                                started_at, finished_at";
 
-const EVENT_COLUMNS: &str = "run, at, scope, node, kind, message";
-
 impl SqliteStore {
     fn node_from_row(
         &self,
@@ -114,14 +112,18 @@ impl SqliteStore {
             .map_err(|e| self.error("cannot read attempts from", e))
     }
 
-    /// [`Store::events`](crate::store::Store::events).
+    /// [`Store::events`](crate::store::Store::events): the rows of `events`, and the
+    /// settlement events kept in node rows (schema version 5), in the order of their numbers.
     pub(super) fn read_events(&self, run: &str, node: Option<&str>) -> Result<Vec<Event>> {
-        let sql = format!(
-            "SELECT {EVENT_COLUMNS} FROM events WHERE run = ?1 AND (?2 IS NULL OR node = ?2) \
-             ORDER BY seq"
-        );
+        let sql = "SELECT run, at, scope, node, kind, message FROM ( \
+             SELECT run, seq, at, scope, node, kind, message FROM events \
+             WHERE run = ?1 AND (?2 IS NULL OR node = ?2) \
+             UNION ALL \
+             SELECT run, seq, finished_at, scope, node, state, event FROM nodes \
+             WHERE run = ?1 AND event IS NOT NULL AND (?2 IS NULL OR node = ?2)) \
+             ORDER BY seq";
         self.conn
-            .prepare_cached(&sql)
+            .prepare_cached(sql)
             .and_then(|mut stmt| {
                 stmt.query_map(params![run, node], event_from_row)?
                     .collect()

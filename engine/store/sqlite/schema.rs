@@ -7,7 +7,7 @@ use super::{SqliteStore, sql_error};
 use crate::store::{Result, StoreError};
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 const SCHEMA_V1: &str = "
 CREATE TABLE runs (
@@ -138,6 +138,25 @@ DROP TABLE nodes;
 ALTER TABLE nodes_v3 RENAME TO nodes;
 ";
 
+/// Version 5: a stage's settlement event kept in its node row. `event` is the event's
+/// message, or NULL when the row holds none; the event's number is the row's `seq` (nodes and
+/// events are numbered by one count from now on), its time `finished_at` and its kind
+/// `state`. The triggers move the event into `events`, number and all, before the row is
+/// replaced (a stage settled again in the same scope) or deleted, so that no event is lost.
+const NODE_EVENTS_V5: &str = "
+ALTER TABLE nodes ADD COLUMN event TEXT;
+CREATE TRIGGER nodes_keep_event_on_update BEFORE UPDATE ON nodes WHEN OLD.event IS NOT NULL
+BEGIN
+    INSERT INTO events (run, seq, at, scope, node, kind, message)
+    VALUES (OLD.run, OLD.seq, OLD.finished_at, OLD.scope, OLD.node, OLD.state, OLD.event);
+END;
+CREATE TRIGGER nodes_keep_event_on_delete BEFORE DELETE ON nodes WHEN OLD.event IS NOT NULL
+BEGIN
+    INSERT INTO events (run, seq, at, scope, node, kind, message)
+    VALUES (OLD.run, OLD.seq, OLD.finished_at, OLD.scope, OLD.node, OLD.state, OLD.event);
+END;
+";
+
 impl SqliteStore {
     /// Brings the schema up to [`SCHEMA_VERSION`], one version at a time, in one transaction
     /// (so two processes opening a new file at once do not both create it).
@@ -183,7 +202,12 @@ impl SqliteStore {
             )
             .map_err(fail)?;
         }
-        // A later version adds `if version < 5 { ... }` here.
+        if version < 5 {
+            // A settlement's event in its node row: one B-tree leaf less per settlement
+            // (NODE_EVENTS_V5).
+            tx.execute_batch(NODE_EVENTS_V5).map_err(fail)?;
+        }
+        // A later version adds `if version < 6 { ... }` here.
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)
             .map_err(fail)?;
         tx.commit().map_err(fail)

@@ -8,66 +8,78 @@ use super::gates::insert_approval;
 use super::rows::UsageCols;
 use crate::store::Write;
 
-const INSERT_NODE: &str = "INSERT OR REPLACE INTO nodes (run, scope, node, state, output, \
-     output_blob, action, feedback, attempts, input_tokens, output_tokens, cached_tokens, \
-     cost_usd, started_at, finished_at, seq) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)";
+/// A node's settlement, written over an earlier one of the same stage in the same scope (a
+/// stage settled again). An update, not a replace, so that the trigger of schema version 5
+/// moves the earlier row's event into `events` first.
+const UPSERT_NODE: &str = "INSERT INTO nodes (run, scope, node, state, output, output_blob, \
+     action, feedback, attempts, input_tokens, output_tokens, cached_tokens, cost_usd, \
+     started_at, finished_at, seq, event) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17) \
+     ON CONFLICT (run, scope, node) DO UPDATE SET state = excluded.state, \
+     output = excluded.output, output_blob = excluded.output_blob, action = excluded.action, \
+     feedback = excluded.feedback, attempts = excluded.attempts, \
+     input_tokens = excluded.input_tokens, output_tokens = excluded.output_tokens, \
+     cached_tokens = excluded.cached_tokens, cost_usd = excluded.cost_usd, \
+     started_at = excluded.started_at, finished_at = excluded.finished_at, seq = excluded.seq, \
+     event = excluded.event";
 
-const LAST_NODE_SEQ: &str = "SELECT COALESCE(MAX(seq), 0) FROM nodes WHERE run = ?1";
+/// The highest number of the run's events and nodes (one count since schema version 5).
+const LAST_SEQ: &str = "SELECT MAX((SELECT COALESCE(MAX(seq), 0) FROM events WHERE run = ?1), \
+     (SELECT COALESCE(MAX(seq), 0) FROM nodes WHERE run = ?1))";
 
-const LAST_EVENT_SEQ: &str = "SELECT COALESCE(MAX(seq), 0) FROM events WHERE run = ?1";
-
-/// The write order of nodes and the numbers of events (`seq` of both), counted here for
-/// each run this connection writes: the highest of each is read from the file once per
-/// run, and each row written after it gets the next number, with no lookup of the highest
-/// in every commit. One process coordinates a run at a time, but others add events to it
-/// (an answer to a gate from `approve` or the monitor): a number taken meanwhile fails the
-/// commit on the key, and [`Seqs::forget`] makes the next try read the file again. A
-/// commit that fails leaves a gap, which only orders.
+/// The numbers of a run's events and the write order of its nodes (`seq` of both, one
+/// count), counted here for each run this connection writes: the highest is read from the
+/// file once, and each row written after it gets the next number, with no lookup of the
+/// highest in every commit. One process coordinates a run at a time, but others add events
+/// to it (an answer to a gate from `approve` or the monitor). So a commit that finds the
+/// file changed by another connection since its last one (`PRAGMA data_version`) reads the
+/// highest again; it holds the write lock while it counts, so no number is given twice. A
+/// number taken all the same fails the commit on the key of `events`, and
+/// [`Seqs::forget`] makes the next try read the file again. A commit that fails leaves a
+/// gap, which only orders.
 #[derive(Debug, Default)]
 pub(super) struct Seqs {
-    nodes: std::collections::HashMap<String, i64>,
-    events: std::collections::HashMap<String, i64>,
+    numbers: std::collections::HashMap<String, i64>,
+    /// `PRAGMA data_version` at this connection's last commit.
+    seen: Option<i64>,
 }
 
 impl Seqs {
-    fn next_node(&mut self, tx: &Connection, run: &str) -> rusqlite::Result<i64> {
-        next(&mut self.nodes, tx, LAST_NODE_SEQ, run)
+    fn next(&mut self, tx: &Connection, run: &str) -> rusqlite::Result<i64> {
+        let last = match self.numbers.get_mut(run) {
+            Some(last) => last,
+            None => {
+                let last = tx
+                    .prepare_cached(LAST_SEQ)?
+                    .query_row([run], |row| row.get(0))?;
+                self.numbers.entry(run.to_string()).or_insert(last)
+            }
+        };
+        *last += 1;
+        Ok(*last)
     }
 
-    fn next_event(&mut self, tx: &Connection, run: &str) -> rusqlite::Result<i64> {
-        next(&mut self.events, tx, LAST_EVENT_SEQ, run)
+    /// Forgets the counts if another connection committed since this one last did.
+    fn check(&mut self, tx: &Connection) -> rusqlite::Result<()> {
+        let version: i64 = tx
+            .prepare_cached("PRAGMA data_version")?
+            .query_row([], |row| row.get(0))?;
+        if self.seen != Some(version) {
+            self.numbers.clear();
+            self.seen = Some(version);
+        }
+        Ok(())
     }
 
-    /// The number of the run's last event this connection wrote, if it wrote one.
+    /// The number of the run's last event or node this connection wrote, if it wrote one.
     pub(super) fn last_event(&self, run: &str) -> Option<i64> {
-        self.events.get(run).copied()
+        self.numbers.get(run).copied()
     }
 
     /// Forgets every count: the next write reads them from the file.
     pub(super) fn forget(&mut self) {
-        self.nodes.clear();
-        self.events.clear();
+        self.numbers.clear();
     }
-}
-
-fn next(
-    counts: &mut std::collections::HashMap<String, i64>,
-    tx: &Connection,
-    last_sql: &str,
-    run: &str,
-) -> rusqlite::Result<i64> {
-    let last = match counts.get_mut(run) {
-        Some(last) => last,
-        None => {
-            let last = tx
-                .prepare_cached(last_sql)?
-                .query_row([run], |row| row.get(0))?;
-            counts.entry(run.to_string()).or_insert(last)
-        }
-    };
-    *last += 1;
-    Ok(*last)
 }
 
 const UPSERT_ATTEMPT: &str = "INSERT INTO attempts (run, scope, node, attempt, state, agent, \
@@ -85,6 +97,16 @@ const INSERT_EVENT: &str = "INSERT INTO events (run, seq, at, scope, node, kind,
 const INSERT_GATE: &str = "INSERT OR REPLACE INTO gates (run, scope, gate, message, show, \
      requested_at, deadline) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
 
+/// Tells whether an event is the settlement of the node written after it, so that the
+/// node's row can hold it: the same stage, kind and time.
+fn settles(e: &crate::store::Event, n: &crate::store::NodeRecord) -> bool {
+    e.run == n.run
+        && e.scope == n.scope
+        && e.node == n.node
+        && e.kind == n.state.as_str()
+        && e.at == n.finished_at
+}
+
 /// Writes everything in one transaction (raw errors, for the retry of a busy file).
 pub(super) fn write_all(
     conn: &mut Connection,
@@ -94,33 +116,32 @@ pub(super) fn write_all(
     seq: &mut Seqs,
 ) -> rusqlite::Result<()> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    for ((write, output), show) in writes.iter().zip(outputs).zip(shows) {
+    seq.check(&tx)?;
+    let mut i = 0;
+    while i < writes.len() {
+        let (write, output, show) = (&writes[i], &outputs[i], &shows[i]);
+        i += 1;
         match write {
-            Write::Node(n) => {
-                let Output { inline, blob } = output;
-                let (inline, blob) = (inline.as_deref(), blob.as_deref());
-                let u = UsageCols::from(&n.usage);
-                let order = seq.next_node(&tx, &n.run)?;
-                tx.prepare_cached(INSERT_NODE).and_then(|mut stmt| {
+            Write::Event(e) => {
+                // A settlement's event goes into its node's row (one B-tree leaf less).
+                if let (Some(Write::Node(n)), Some(output)) = (writes.get(i), outputs.get(i))
+                    && settles(e, n)
+                {
+                    i += 1;
+                    let number = seq.next(&tx, &n.run)?;
+                    write_node(&tx, n, output, number, Some(&e.message))?;
+                    continue;
+                }
+                let number = seq.next(&tx, &e.run)?;
+                tx.prepare_cached(INSERT_EVENT).and_then(|mut stmt| {
                     stmt.execute(params![
-                        n.run,
-                        n.scope,
-                        n.node,
-                        n.state.as_str(),
-                        inline,
-                        blob,
-                        n.action,
-                        n.feedback,
-                        n.attempts,
-                        u.input,
-                        u.output,
-                        u.cached,
-                        u.cost,
-                        n.started_at,
-                        n.finished_at,
-                        order,
+                        e.run, number, e.at, e.scope, e.node, e.kind, e.message
                     ])
                 })?;
+            }
+            Write::Node(n) => {
+                let number = seq.next(&tx, &n.run)?;
+                write_node(&tx, n, output, number, None)?;
             }
             Write::Attempt(a) => {
                 let u = UsageCols::from(&a.usage);
@@ -140,14 +161,6 @@ pub(super) fn write_all(
                         u.cost,
                         a.started_at,
                         a.finished_at,
-                    ])
-                })?;
-            }
-            Write::Event(e) => {
-                let number = seq.next_event(&tx, &e.run)?;
-                tx.prepare_cached(INSERT_EVENT).and_then(|mut stmt| {
-                    stmt.execute(params![
-                        e.run, number, e.at, e.scope, e.node, e.kind, e.message
                     ])
                 })?;
             }
@@ -171,4 +184,39 @@ pub(super) fn write_all(
         }
     }
     tx.commit()
+}
+
+/// Writes a node's row: its number in the run, and the message of its settlement event
+/// when the row holds the event.
+fn write_node(
+    tx: &Connection,
+    n: &crate::store::NodeRecord,
+    output: &Output,
+    number: i64,
+    event: Option<&str>,
+) -> rusqlite::Result<()> {
+    let Output { inline, blob } = output;
+    let u = UsageCols::from(&n.usage);
+    tx.prepare_cached(UPSERT_NODE).and_then(|mut stmt| {
+        stmt.execute(params![
+            n.run,
+            n.scope,
+            n.node,
+            n.state.as_str(),
+            inline.as_deref(),
+            blob.as_deref(),
+            n.action,
+            n.feedback,
+            n.attempts,
+            u.input,
+            u.output,
+            u.cached,
+            u.cost,
+            n.started_at,
+            n.finished_at,
+            number,
+            event,
+        ])
+    })?;
+    Ok(())
 }
