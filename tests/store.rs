@@ -1095,6 +1095,38 @@ fn settlements_and_another_writers_events_share_one_count() {
     assert_eq!(in_events, 3);
 }
 
+/// After a crash, the store checks that the number a killed writer last committed is in the
+/// file (else its write-ahead log was lost). A settlement's number is in its node's row, not
+/// in `events`, and is found there.
+#[test]
+fn a_killed_writers_last_settlement_is_found_in_its_node_row() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut s = store(dir.path());
+    s.create_run(&run_record("r", "fix", 1)).expect("create");
+    s.commit(&settlement("", "a", NodeState::Done, 1, ""))
+        .expect("commit");
+    drop(s);
+    // The open-marker a killed process would leave: a process that is gone, and the run and
+    // number it committed last.
+    let mut gone = std::process::Command::new("true").spawn().expect("spawn");
+    let pid = gone.id();
+    gone.wait().expect("wait");
+    let marker = |last: &str| {
+        std::fs::write(dir.path().join(format!("state.db.open-{pid}-0")), last).expect("marker")
+    };
+    marker("r 1\n");
+    drop(store(dir.path()));
+    // A number the file does not hold: the log was lost.
+    marker("r 2\n");
+    let Err(err) = SqliteStore::open(&dir.path().join("state.db")) else {
+        panic!("a store that lost its log opened")
+    };
+    assert!(
+        err.to_string().contains("lost its write-ahead log"),
+        "{err}"
+    );
+}
+
 #[test]
 fn a_newer_schema_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -134,15 +134,15 @@ impl SqliteStore {
         Ok(())
     }
 
-    /// Records, in this process's open-marker, the last event it committed: the run and the
-    /// event's number in it.
+    /// Records, in this process's open-marker, the last event or node it committed: the run
+    /// and the row's number in it.
     pub(super) fn note_commit(&mut self, run: &str) {
         use std::os::unix::fs::FileExt;
         let Some((_, file)) = &self.marker else {
             return;
         };
-        // The commit counted its events: the last is the highest the file holds.
-        let Some(seq) = self.seqs.last_event(run) else {
+        // The commit counted its rows: the last is the highest the file holds.
+        let Some(seq) = self.seqs.last_number(run) else {
             return;
         };
         // Fixed width, so that a shorter record overwrites a longer one whole.

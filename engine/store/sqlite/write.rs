@@ -72,7 +72,7 @@ impl Seqs {
     }
 
     /// The number of the run's last event or node this connection wrote, if it wrote one.
-    pub(super) fn last_event(&self, run: &str) -> Option<i64> {
+    pub(super) fn last_number(&self, run: &str) -> Option<i64> {
         self.numbers.get(run).copied()
     }
 
