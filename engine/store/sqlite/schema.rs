@@ -110,7 +110,8 @@ CREATE TABLE locks (
 );
 ";
 
-/// Version 3: `nodes` without a rowid, its write order in `seq` (the old rowid).
+/// Version 3: `nodes` without a rowid, its write order in `seq` (the old rowid). Version 5
+/// rebuilds it again (NODE_EVENTS_V5).
 const NODES_V3: &str = "
 CREATE TABLE nodes_v3 (
     run           TEXT NOT NULL,
@@ -141,10 +142,37 @@ ALTER TABLE nodes_v3 RENAME TO nodes;
 /// Version 5: a stage's settlement event kept in its node row. `event` is the event's
 /// message, or NULL when the row holds none; the event's number is the row's `seq` (nodes and
 /// events are numbered by one count from now on), its time `finished_at` and its kind
-/// `state`. The triggers move the event into `events`, number and all, before the row is
-/// replaced (a stage settled again in the same scope) or deleted, so that no event is lost.
+/// `state`. The table is rebuilt so that the columns a read of events needs come before the
+/// output: a column after a long output is reached only through the output's overflow pages.
+/// The triggers move the event into `events`, number and all, before the row is updated (a
+/// stage settled again in the same scope) or deleted, so that no event is lost.
 const NODE_EVENTS_V5: &str = "
-ALTER TABLE nodes ADD COLUMN event TEXT;
+CREATE TABLE nodes_v5 (
+    run           TEXT NOT NULL,
+    scope         TEXT NOT NULL,
+    node          TEXT NOT NULL,
+    seq           INTEGER NOT NULL, -- its number in the run (events and nodes share the count)
+    state         TEXT NOT NULL,
+    finished_at   INTEGER NOT NULL,
+    event         TEXT,             -- the message of its settlement event, if the row has it
+    output        TEXT,             -- JSON text, or NULL when spilled
+    output_blob   TEXT,             -- SHA-256 of the spilled JSON text
+    action        TEXT,
+    feedback      TEXT,
+    attempts      INTEGER NOT NULL,
+    input_tokens  INTEGER NOT NULL,
+    output_tokens INTEGER NOT NULL,
+    cached_tokens INTEGER NOT NULL,
+    cost_usd      REAL,
+    started_at    INTEGER NOT NULL,
+    PRIMARY KEY (run, scope, node)
+) WITHOUT ROWID;
+INSERT INTO nodes_v5 (run, scope, node, seq, state, finished_at, output, output_blob, action,
+    feedback, attempts, input_tokens, output_tokens, cached_tokens, cost_usd, started_at)
+SELECT run, scope, node, seq, state, finished_at, output, output_blob, action, feedback,
+    attempts, input_tokens, output_tokens, cached_tokens, cost_usd, started_at FROM nodes;
+DROP TABLE nodes;
+ALTER TABLE nodes_v5 RENAME TO nodes;
 CREATE TRIGGER nodes_keep_event_on_update BEFORE UPDATE ON nodes WHEN OLD.event IS NOT NULL
 BEGIN
     INSERT INTO events (run, seq, at, scope, node, kind, message)
@@ -203,8 +231,8 @@ impl SqliteStore {
             .map_err(fail)?;
         }
         if version < 5 {
-            // A settlement's event in its node row: one B-tree leaf less per settlement
-            // (NODE_EVENTS_V5).
+            // A settlement's event in its node row: one B-tree leaf less per settlement; the
+            // table rebuilt with the columns of events before the output (NODE_EVENTS_V5).
             tx.execute_batch(NODE_EVENTS_V5).map_err(fail)?;
         }
         // A later version adds `if version < 6 { ... }` here.
