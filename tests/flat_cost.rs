@@ -49,6 +49,33 @@ fn chain(n: usize) -> (String, String) {
     (wf, rec)
 }
 
+/// A chain of `n` agent stages whose answers are long (over the length a view keeps in
+/// memory), each prompt quoting the end of the answer two stages before (committed by then).
+fn long_chain(n: usize) -> (String, String) {
+    let answer = |i: usize| format!("{}{i:012}", "x".repeat(2000));
+    let mut wf = String::from("name = \"long\"\n[agents.bot]\nkind = \"claude\"\n");
+    let mut rec = String::new();
+    for i in 0..n {
+        let _ = writeln!(wf, "[stages.s{i}]\nkind = \"agent\"\nagent = \"bot\"");
+        if i > 0 {
+            let _ = writeln!(wf, "needs = [\"s{}\"]", i - 1);
+        }
+        let prompt = if i < 2 {
+            let _ = writeln!(wf, "prompt = \"start\"");
+            "start".to_string()
+        } else {
+            let _ = writeln!(
+                wf,
+                "prompt = \"after {{{{ stages.s{}.output.text[-12:] }}}}\"",
+                i - 2
+            );
+            format!("after {:012}", i - 2)
+        };
+        rec.push_str(&reply("", &format!("s{i}"), &prompt, &answer(i)));
+    }
+    (wf, rec)
+}
+
 /// A loop of `n` iterations of two stages (`until` never holds; the loop breaks at `n`).
 fn looped(n: usize) -> (String, String) {
     let wf = format!(
@@ -210,36 +237,67 @@ fn a_fan_out_costs_the_same_per_item_and_groups_its_commits() {
     assert!(big.commits < big.settled, "{big:?}");
 }
 
-#[test]
-fn resume_replays_a_long_run_looking_at_each_node_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let (mut wf, rec) = chain(300);
-    wf.push_str("[stages.last]\nkind = \"gate\"\nmessage = \"ok?\"\ntimeout = \"24h\"\non_timeout = \"reject\"\nneeds = [\"s299\"]\n");
-    // The first run settles the chain and stops at the gate; a person approves.
-    let first = run_with(dir.path(), &wf, &rec, None, false);
-    assert_eq!(first.end.code(), 75, "{:?}", first.end);
-    let mut store = ralph_flow::store::sqlite::SqliteStore::open(
-        &ralph_flow::store::sqlite::default_path(&dir.path().join(".ralph-flow")),
-    )
-    .unwrap();
-    ralph_flow::store::Store::answer(
-        &mut store,
-        &ralph_flow::store::Approval {
-            run: first.run_id.clone(),
+/// A person approves a gate at the top level of a run.
+fn approve(dir: &Path, run: &str, gate: &str) {
+    let mut store = SqliteStore::open(&default_path(&dir.join(".ralph-flow"))).unwrap();
+    store
+        .answer(&ralph_flow::store::Approval {
+            run: run.to_string(),
             scope: String::new(),
-            gate: "last".into(),
+            gate: gate.into(),
             approved: true,
             comment: None,
             by: "test".into(),
             at: 0,
-        },
-    )
-    .unwrap();
-    drop(store);
+        })
+        .unwrap();
+}
+
+/// A gate after the last of a chain's `n` stages.
+const LAST_GATE: &str = "[stages.last]\nkind = \"gate\"\nmessage = \"ok?\"\ntimeout = \"24h\"\non_timeout = \"reject\"\n";
+
+#[test]
+fn resume_replays_a_long_run_looking_at_each_node_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut wf, rec) = chain(300);
+    wf.push_str(LAST_GATE);
+    wf.push_str("needs = [\"s299\"]\n");
+    // The first run settles the chain and stops at the gate; a person approves.
+    let first = run_with(dir.path(), &wf, &rec, None, false);
+    assert_eq!(first.end.code(), 75, "{:?}", first.end);
+    approve(dir.path(), &first.run_id, "last");
     let second = run(dir.path(), &wf, &rec, Some(first.run_id.clone()));
     assert_eq!(second.end.code(), 0, "{:?}", second.end);
     // Each node is looked at once; replayed stages make no context and write nothing.
     assert_eq!(second.work.scheduled, 301, "{:?}", second.work);
     assert!(second.work.contexts <= 2, "{:?}", second.work);
     assert!(second.work.commits <= 3, "{:?}", second.work);
+}
+
+/// Long outputs are not kept in memory once committed: each view leaves its output to the
+/// store and reads it back when a template asks (the replay checks every prompt rendered
+/// from them: a wrong read would render another prompt, and warn), and so do the run's
+/// outputs. A resume leaves the long outputs it settles from to the store at once.
+#[test]
+fn long_outputs_are_left_to_the_store_and_read_back_when_asked() {
+    let n = 30;
+    let (mut wf, rec) = long_chain(n);
+    wf.push_str(LAST_GATE);
+    let _ = writeln!(wf, "needs = [\"s{}\"]", n - 1);
+    let dir = tempfile::tempdir().unwrap();
+    let first = run_with(dir.path(), &wf, &rec, None, false);
+    assert_eq!(first.end.code(), 75, "{:?}", first.end);
+    assert_eq!(first.work.outputs_in_store, n as u64);
+    assert_eq!(first.work.outputs_read, n as u64 - 2);
+    let text = |i: usize| serde_json::json!(format!("{}{i:012}", "x".repeat(2000)));
+    let outputs = serde_json::to_value(&first.outputs).unwrap();
+    assert_eq!(outputs["s29"]["text"], text(29));
+
+    approve(dir.path(), &first.run_id, "last");
+    let second = run(dir.path(), &wf, &rec, Some(first.run_id.clone()));
+    assert_eq!(second.end.code(), 0, "{:?}", second.end);
+    assert_eq!(second.work.outputs_in_store, n as u64);
+    assert_eq!(second.work.outputs_read, 0);
+    let outputs = serde_json::to_value(&second.outputs).unwrap();
+    assert_eq!(outputs["s0"]["text"], text(0));
 }

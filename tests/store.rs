@@ -109,6 +109,7 @@ macro_rules! on_both_stores {
 
 on_both_stores!(
     events_of_two_writers_interleave_in_order,
+    outputs_are_read_back_by_key,
     settlement_events_read_back_in_order,
     runs_round_trip_newest_first,
     records_round_trip,
@@ -452,6 +453,31 @@ fn settlement_events_read_back_in_order(db: &dyn Db) {
     );
 }
 
+/// A node's output found by its key, as an executor reads back the long outputs it does
+/// not keep in memory: the latest settlement's, from another connection too.
+fn outputs_are_read_back_by_key(db: &dyn Db) {
+    let mut s = db.open();
+    s.create_run(&run_record("r", "fix", 1)).expect("create");
+    let long = json!({"text": "x".repeat(5000)});
+    s.commit(&[
+        Write::Node(node("r", "loop#2", "a", json!("first"))),
+        Write::Node(node("r", "", "a", json!(1))),
+    ])
+    .expect("commit");
+    s.commit(&[Write::Node(node("r", "loop#2", "a", long.clone()))])
+        .expect("commit");
+    let other = db.open_second();
+    for reader in [&*s, &*other] {
+        assert_eq!(
+            reader.output("r", "loop#2", "a").expect("read"),
+            Some(long.clone())
+        );
+        assert_eq!(reader.output("r", "", "a").expect("read"), Some(json!(1)));
+        assert_eq!(reader.output("r", "", "b").expect("read"), None);
+        assert_eq!(reader.output("other", "loop#2", "a").expect("read"), None);
+    }
+}
+
 fn group_commit_is_atomic(db: &dyn Db) {
     let mut s = db.open();
     s.create_run(&run_record("r", "fix", 1)).expect("create");
@@ -528,6 +554,10 @@ fn large_outputs_spill_to_files_and_load_back() {
     // Another connection reads it back too, and history loads it.
     let other = store(dir.path());
     assert_eq!(other.nodes("r").expect("nodes")[0].output, big);
+    assert_eq!(
+        other.output("r", "", "big").expect("output"),
+        Some(big.clone())
+    );
     assert_eq!(
         other.history("fix", "big", "", 1).expect("history")[0]
             .1

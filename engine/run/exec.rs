@@ -72,6 +72,11 @@ pub(crate) struct Shared {
     /// Sync`): a handle on the executor's connection on PostgreSQL, else a second
     /// connection opened when a template first asks.
     pub memory: Arc<std::sync::Mutex<super::memory::MemoryStore>>,
+    /// Reads back the long outputs that views leave to the store (through `memory`).
+    pub outputs: Arc<super::memory::OutputReader>,
+    /// The views with a long output settled since the last commit: (their frame's outputs,
+    /// scope, stage). Once the commit is done, each leaves its output to the store.
+    pub to_store: RefCell<Vec<(std::sync::Weak<super::frame::Outputs>, String, String)>>,
     /// Where a run on workers publishes its git workspaces (see [`super::publish`]).
     pub publisher: Option<super::publish::Publisher>,
     /// A run on workers: its agent calls and programs are units of work that any worker
@@ -114,10 +119,19 @@ impl Shared {
         !self.pending.borrow().is_empty()
     }
 
-    /// Commits every queued write in one transaction.
+    /// Commits every queued write in one transaction; then the views with a long output
+    /// settled in it leave their output to the store. When an output could not be read
+    /// back since the last commit, nothing is committed (what was decided since may rest on
+    /// the `null` given in its place) and the run stops as on a failed commit.
     pub fn flush(&self) {
         let writes: Vec<Write> = std::mem::take(&mut *self.pending.borrow_mut());
+        let to_store = std::mem::take(&mut *self.to_store.borrow_mut());
         self.committed.set(self.queued.get());
+        if let Some(e) = self.outputs.take_failure() {
+            self.store_error.borrow_mut().get_or_insert(Halt::Store(e));
+            let _ = self.interrupt.send(true);
+            return;
+        }
         if writes.is_empty() {
             return;
         }
@@ -128,6 +142,15 @@ impl Shared {
             tracing::error!("store commit failed: {}", crate::diag::error_chain(&e));
             self.store_error.borrow_mut().get_or_insert(Halt::Store(e));
             let _ = self.interrupt.send(true);
+            return;
+        }
+        for (outputs, scope, node) in to_store {
+            if let Some(outputs) = outputs.upgrade() {
+                if let Some(view) = outputs.borrow().get_mut(&node) {
+                    view.leave_to_store(&scope, &node, &self.outputs);
+                    self.count(|w| w.outputs_in_store += 1);
+                }
+            }
         }
     }
 

@@ -65,18 +65,39 @@ impl Frame<'_> {
     }
 }
 
+/// An output longer than this, as compact JSON text, is not kept in its stage's view once
+/// its commit is done: the view reads it back from the store when asked for.
+pub(crate) const KEEP_BYTES: usize = 1024;
+
 /// What templates see of a settled stage. Kept small (80 bytes): a run holds one for each
 /// stage that settled in a frame that is still running (the top level's: every stage).
 #[derive(Clone, Debug)]
 pub(crate) struct View {
-    /// The output as compact JSON text, read back when asked for ([`View::output`]): a
-    /// `serde_json::Value` tree costs several allocations a node (about 300 bytes for
-    /// `{"text": "ok"}`), and most outputs are never read again by the run that made them.
-    output: Box<str>,
+    output: Kept,
     pub feedback: Option<Box<str>>,
     usage: Usage,
     attempts: u32,
     pub state: NodeState,
+}
+
+/// A view's output.
+#[derive(Clone, Debug)]
+enum Kept {
+    /// As compact JSON text, read back when asked for ([`View::output`]): a
+    /// `serde_json::Value` tree costs several allocations a node (about 300 bytes for
+    /// `{"text": "ok"}`), and most outputs are never read again by the run that made them.
+    Text(Box<str>),
+    /// A long output whose commit is done, read from the store when asked for: a run of
+    /// thousands of stages with long outputs would otherwise hold every one of them.
+    Stored(Arc<StoredAt>),
+}
+
+/// Where the store keeps a long output: its node's key in the run.
+#[derive(Debug)]
+struct StoredAt {
+    scope: Box<str>,
+    node: Box<str>,
+    reader: Arc<super::memory::OutputReader>,
 }
 
 impl View {
@@ -88,9 +109,11 @@ impl View {
         usage: Usage,
     ) -> View {
         View {
-            output: serde_json::to_string(output)
-                .unwrap_or_else(|_| String::from("null"))
-                .into_boxed_str(),
+            output: Kept::Text(
+                serde_json::to_string(output)
+                    .unwrap_or_else(|_| String::from("null"))
+                    .into_boxed_str(),
+            ),
             state,
             feedback: feedback.map(Into::into),
             attempts,
@@ -98,9 +121,44 @@ impl View {
         }
     }
 
-    /// The output.
+    /// Tells whether the output is long enough to be left to the store once committed.
+    pub fn is_long(&self) -> bool {
+        matches!(&self.output, Kept::Text(t) if t.len() > KEEP_BYTES)
+    }
+
+    /// Leaves a long output to the store, where its node (`scope`, `node`) is committed: the
+    /// view drops its text and reads it back when asked for.
+    pub fn leave_to_store(
+        &mut self,
+        scope: &str,
+        node: &str,
+        reader: &Arc<super::memory::OutputReader>,
+    ) {
+        if self.is_long() {
+            self.output = Kept::Stored(Arc::new(StoredAt {
+                scope: scope.into(),
+                node: node.into(),
+                reader: reader.clone(),
+            }));
+        }
+    }
+
+    /// The output. One the store keeps is read back; if that read fails, this is `null`
+    /// and the failure is kept by the reader: the run stops at its next commit, and nothing
+    /// decided since is committed (see `Shared::flush`).
     pub fn output(&self) -> Json {
-        serde_json::from_str(&self.output).unwrap_or(Json::Null)
+        match &self.output {
+            Kept::Text(t) => serde_json::from_str(t).unwrap_or(Json::Null),
+            Kept::Stored(at) => at.reader.read(&at.scope, &at.node),
+        }
+    }
+
+    /// The output, or the failure to read it back from the store.
+    pub fn try_output(&self) -> Result<Json, crate::store::StoreError> {
+        match &self.output {
+            Kept::Text(t) => Ok(serde_json::from_str(t).unwrap_or(Json::Null)),
+            Kept::Stored(at) => at.reader.try_read(&at.scope, &at.node),
+        }
     }
 
     /// `stages.ID` as templates see it: `output`, `status`, `ran`, `feedback`, `attempts`,
@@ -300,4 +358,40 @@ pub(crate) enum BodyEnd {
     },
     Waiting,
     Stopped,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A run holds a view for every settled stage of its running frames: 10,000 of them in
+    /// a long chain.
+    #[test]
+    fn a_view_stays_small() {
+        assert!(
+            std::mem::size_of::<View>() <= 80,
+            "{}",
+            std::mem::size_of::<View>()
+        );
+    }
+
+    #[test]
+    fn only_long_outputs_are_left_to_the_store() {
+        let short = View::new(
+            &serde_json::json!({"text": "ok"}),
+            NodeState::Done,
+            None,
+            1,
+            Usage::default(),
+        );
+        assert!(!short.is_long());
+        let long = View::new(
+            &serde_json::json!({"text": "x".repeat(KEEP_BYTES)}),
+            NodeState::Done,
+            None,
+            1,
+            Usage::default(),
+        );
+        assert!(long.is_long());
+    }
 }

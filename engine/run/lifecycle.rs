@@ -316,6 +316,8 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         Some(s) => super::memory::MemoryStore::ready(s, location.clone()),
         None => super::memory::MemoryStore::later(location.clone()),
     };
+    let memory = Arc::new(std::sync::Mutex::new(memory));
+    let run_id_for_reader = run.id.clone();
     let shared = Shared {
         global: opts.max_concurrency.map(super::resource::limit),
         progress: Progress::new(opts.progress),
@@ -335,7 +337,9 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         replay,
         recorder,
         store_error: RefCell::new(None),
-        memory: Arc::new(std::sync::Mutex::new(memory)),
+        memory: memory.clone(),
+        outputs: Arc::new(super::memory::OutputReader::new(memory, run_id_for_reader)),
+        to_store: RefCell::default(),
         publisher: publish.map(super::publish::Publisher::new),
         units,
     };
@@ -500,7 +504,10 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         end,
         outputs,
         usage,
-        work: shared.work.get(),
+        work: super::WorkCounts {
+            outputs_read: shared.outputs.reads(),
+            ..shared.work.get()
+        },
     })
 }
 

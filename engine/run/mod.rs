@@ -327,7 +327,7 @@ impl serde::Serialize for RanOutputs {
             .iter()
             .filter(|(_, v)| v.state != crate::store::NodeState::Skipped)
         {
-            let mut output = view.output();
+            let mut output = view.try_output().map_err(serde::ser::Error::custom)?;
             crate::secrets::redact_json(&mut output);
             map.serialize_entry(&*crate::secrets::redact(id), &output)?;
         }
@@ -350,6 +350,10 @@ pub struct WorkCounts {
     pub settled: u64,
     /// Durable commits.
     pub commits: u64,
+    /// Long outputs left to the store by their views (read back when a template asks).
+    pub outputs_in_store: u64,
+    /// Outputs read back from the store.
+    pub outputs_read: u64,
 }
 
 impl RunEnd {

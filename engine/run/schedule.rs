@@ -3,6 +3,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::FutureExt;
@@ -313,16 +314,28 @@ impl Exec<'_> {
         self.shared.count(|w| w.settled += 1);
         let name = self.plan.node(n).name.clone();
         let scope = self.scope(frame);
-        frame.outputs.borrow().insert(
-            name.clone(),
-            View::new(
-                &s.output,
-                s.state,
-                s.feedback.as_deref(),
-                s.attempts,
-                s.usage.clone(),
-            ),
+        let mut view = View::new(
+            &s.output,
+            s.state,
+            s.feedback.as_deref(),
+            s.attempts,
+            s.usage.clone(),
         );
+        if view.is_long() {
+            if s.resumed {
+                // Committed by an earlier executor of the run.
+                view.leave_to_store(&scope, &name, &self.shared.outputs);
+                self.shared.count(|w| w.outputs_in_store += 1);
+            } else {
+                // Once its commit is done (`Shared::flush`).
+                self.shared.to_store.borrow_mut().push((
+                    Arc::downgrade(&frame.outputs),
+                    scope.clone(),
+                    name.clone(),
+                ));
+            }
+        }
+        frame.outputs.borrow().insert(name.clone(), view);
         if s.resumed {
             tracing::debug!(scope = %scope, stage = %name, state = s.state.as_str(), "settled earlier (resume)");
             return;

@@ -645,6 +645,10 @@ pub trait Store: Send {
     /// it to learn that something happened, without reading anything else.
     fn changes(&self) -> Result<u64>;
 
+    /// The output of a settled node, found by its key; `None` when the store has no such
+    /// node. An executor reads back this way the large outputs it does not keep in memory.
+    fn output(&self, run: &str, scope: &str, node: &str) -> Result<Option<serde_json::Value>>;
+
     /// Returns the outputs of a node in the runs of a workflow other than `except_run`,
     /// newest first, at most `limit` (cross-run memory). A node in a loop or fan-out has a
     /// record per scope; each counts.

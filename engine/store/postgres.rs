@@ -1031,6 +1031,19 @@ impl Store for PgStore {
         })
     }
 
+    fn output(&self, run: &str, scope: &str, node: &str) -> Result<Option<serde_json::Value>> {
+        let (run, scope, node) = (run.to_string(), scope.to_string(), node.to_string());
+        self.call(move |c| {
+            c.query_opt(
+                "SELECT output FROM nodes WHERE run = $1 AND scope = $2 AND node = $3",
+                &[&run, &scope, &node],
+            )
+            .map_err(|e| pg("cannot read an output", e))?
+            .map(|row| json_value(row.get(0)))
+            .transpose()
+        })
+    }
+
     fn attempts(&self, run: &str, node: Option<&str>) -> Result<Vec<AttemptRecord>> {
         let run = run.to_string();
         let node = node.map(str::to_string);

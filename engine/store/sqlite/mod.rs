@@ -167,6 +167,10 @@ impl Store for SqliteStore {
             .map_err(|e| self.error("cannot read", e))
     }
 
+    fn output(&self, run: &str, scope: &str, node: &str) -> Result<Option<serde_json::Value>> {
+        self.read_output(run, scope, node)
+    }
+
     fn history(
         &self,
         workflow: &str,

@@ -131,6 +131,32 @@ impl SqliteStore {
             .map_err(|e| self.error("cannot read events from", e))
     }
 
+    /// [`Store::output`](crate::store::Store::output).
+    pub(super) fn read_output(
+        &self,
+        run: &str,
+        scope: &str,
+        node: &str,
+    ) -> Result<Option<serde_json::Value>> {
+        use rusqlite::OptionalExtension;
+        let row: Option<(Option<String>, Option<String>)> = self
+            .conn
+            .prepare_cached(
+                "SELECT output, output_blob FROM nodes WHERE run = ?1 AND scope = ?2 AND node = ?3",
+            )
+            .and_then(|mut stmt| {
+                stmt.query_row(params![run, scope, node], |row| {
+                    Ok((row.get(0)?, row.get(1)?))
+                })
+                .optional()
+            })
+            .map_err(|e| self.error("cannot read an output from", e))?;
+        match row {
+            Some((inline, blob)) => self.load_output(inline, blob).map(Some),
+            None => Ok(None),
+        }
+    }
+
     /// [`Store::history`](crate::store::Store::history).
     pub(super) fn read_history(
         &self,
