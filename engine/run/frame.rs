@@ -377,21 +377,32 @@ mod tests {
 
     #[test]
     fn only_long_outputs_are_left_to_the_store() {
-        let short = View::new(
-            &serde_json::json!({"text": "ok"}),
-            NodeState::Done,
-            None,
-            1,
-            Usage::default(),
-        );
-        assert!(!short.is_long());
-        let long = View::new(
-            &serde_json::json!({"text": "x".repeat(KEEP_BYTES)}),
-            NodeState::Done,
-            None,
-            1,
-            Usage::default(),
-        );
+        // Never opened: leaving an output to the store reads nothing.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let reader = Arc::new(super::super::memory::OutputReader::new(
+            Arc::new(Mutex::new(super::super::memory::MemoryStore::later(
+                crate::store::Location::Sqlite(dir.path().to_path_buf()),
+            ))),
+            "r".into(),
+        ));
+        let view = |text: String| {
+            View::new(
+                &serde_json::json!({ "text": text }),
+                NodeState::Done,
+                None,
+                1,
+                Usage::default(),
+            )
+        };
+        let mut short = view("ok".into());
+        short.leave_to_store("", "short", &reader);
+        assert!(matches!(short.output, Kept::Text(_)));
+        assert_eq!(short.output(), serde_json::json!({"text": "ok"}));
+        let mut long = view("x".repeat(KEEP_BYTES));
         assert!(long.is_long());
+        long.leave_to_store("", "long", &reader);
+        assert!(matches!(long.output, Kept::Stored(_)));
+        assert!(!long.is_long());
+        assert_eq!(reader.reads(), 0);
     }
 }

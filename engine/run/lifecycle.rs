@@ -317,7 +317,10 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         None => super::memory::MemoryStore::later(location.clone()),
     };
     let memory = Arc::new(std::sync::Mutex::new(memory));
-    let run_id_for_reader = run.id.clone();
+    let outputs = Arc::new(super::memory::OutputReader::new(
+        memory.clone(),
+        run.id.clone(),
+    ));
     let shared = Shared {
         global: opts.max_concurrency.map(super::resource::limit),
         progress: Progress::new(opts.progress),
@@ -337,8 +340,8 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         replay,
         recorder,
         store_error: RefCell::new(None),
-        memory: memory.clone(),
-        outputs: Arc::new(super::memory::OutputReader::new(memory, run_id_for_reader)),
+        memory,
+        outputs,
         to_store: RefCell::default(),
         publisher: publish.map(super::publish::Publisher::new),
         units,

@@ -118,7 +118,7 @@ impl OutputReader {
             .take()
     }
 
-    /// How many outputs were read back.
+    /// How many outputs were asked of the store (a read that failed counts too).
     pub fn reads(&self) -> u64 {
         self.reads.load(std::sync::atomic::Ordering::Relaxed)
     }

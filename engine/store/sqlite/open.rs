@@ -25,11 +25,13 @@ pub enum Durability {
 /// The page size of a new store, in bytes.
 pub const PAGE_SIZE: i64 = 1024;
 
-/// The page cache of a connection, in KiB (SQLite's `cache_size` with a minus sign). The
-/// executor's work touches a few pages a commit (the last leaf of each table and the pages
-/// above it) and a template's read a few more, so 512 KiB holds all of it; SQLite's default
-/// of 2 MiB filled up with the pages a resume's single pass over the nodes read (2.45 MB of
-/// SQLite's heap in a resume of 10,000 settled stages, by heaptrack, against 0.7 MB now).
+/// The page cache of a connection, in KiB (SQLite's `cache_size` with a minus sign). A
+/// commit touches a few leaves of each table and the pages above them; stage names and loop
+/// scopes do not sort in run order, so those leaves are spread over the tables and some of
+/// them miss this cache (a chain of command stages reads about 2.4 pages a stage back from
+/// the file, by strace). SQLite's default of 2 MiB filled up with the pages a resume's
+/// single pass over the nodes read (2.45 MB of SQLite's heap in a resume of 10,000 settled
+/// stages, by heaptrack, against 0.7 MB now), and cut those reads by little.
 pub const CACHE_KIB: i64 = 512;
 
 impl SqliteStore {

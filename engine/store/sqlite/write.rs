@@ -117,17 +117,15 @@ pub(super) fn write_all(
 ) -> rusqlite::Result<()> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     seq.check(&tx)?;
-    let mut i = 0;
-    while i < writes.len() {
-        let (write, output, show) = (&writes[i], &outputs[i], &shows[i]);
-        i += 1;
+    let mut rows = writes.iter().zip(outputs).zip(shows).peekable();
+    while let Some(((write, output), show)) = rows.next() {
         match write {
             Write::Event(e) => {
                 // A settlement's event goes into its node's row (one B-tree leaf less).
-                if let (Some(Write::Node(n)), Some(output)) = (writes.get(i), outputs.get(i))
+                if let Some(&((Write::Node(n), output), _)) = rows.peek()
                     && settles(e, n)
                 {
-                    i += 1;
+                    rows.next();
                     let number = seq.next(&tx, &n.run)?;
                     write_node(&tx, n, output, number, Some(&e.message))?;
                     continue;
