@@ -84,6 +84,8 @@ codes! {
     UnknownPreset = "RF057", Error, "a preset or preset source that does not exist";
     PresetSource = "RF058", Error, "a git preset source that is not fetched, or whose cached copy does not match ralph-flow.lock";
     EmptyPromptDir = "RF059", Warning, "a prompt_path directory that does not exist or holds no files";
+    SchemaRefused = "RF060", Error, "an output schema that an agent it goes to would refuse (claude's draft-07 validator, OpenAI's strict structured outputs)";
+    ModeNotForAgent = "RF061", Error, "a `structured_output` mode that the agent's kind does not have";
 }
 
 /// One problem found in a workflow, pointing at where it was written.

@@ -10,6 +10,7 @@ pub mod backend;
 pub mod check;
 pub mod compile;
 pub mod diag;
+pub mod dialect;
 pub mod exit;
 pub mod fs;
 pub mod load;

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 /// The layers, bottom first. Each module of `engine/lib.rs` is in exactly one.
 const LAYERS: &[&[&str]] = &[
     &["keywords", "source", "suggest", "text"],
-    &["diag", "exit", "fs", "secrets", "shell", "spec"],
+    &["diag", "dialect", "exit", "fs", "secrets", "shell", "spec"],
     &["syntax"],
     &["model"],
     &["params"],

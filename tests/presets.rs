@@ -227,7 +227,9 @@ fn council_escalates_to_the_deep_model_on_low_confidence_and_keeps_learnings() {
     p.answer(
         "implement",
         2,
-        &fenced(r#"{"summary": "rounding fixed", "approach": "oracle", "confidence": 90}"#),
+        // Under a schema (claude --json-schema, codex --output-schema) the answer is bare
+        // JSON with its own learnings and no LEARNING: lines: they are kept.
+        r#"{"summary": "rounding fixed", "approach": "oracle", "confidence": 90, "learnings": ["floats keep the ratio"]}"#,
     );
     p.answer("gather", 1, &fenced(r#"{"answers": [{"question": "what the test expects", "answer": "3"}], "summary": "tried direct"}"#));
     p.answer("analyze_fast", 1, &analysis(85));
@@ -267,10 +269,18 @@ fn council_escalates_to_the_deep_model_on_low_confidence_and_keeps_learnings() {
         implement.contains("LEARNING: resize lives in src/img.rs"),
         "learnings read back: {implement}"
     );
+    let learnings = p.read("LEARNINGS.md");
     assert!(
-        p.read("LEARNINGS.md")
-            .contains("LEARNING: resize lives in src/img.rs (attempt 1)")
+        learnings.contains("LEARNING: resize lives in src/img.rs (attempt 1)"),
+        "{learnings}"
     );
+    assert!(
+        learnings.contains("LEARNING: floats keep the ratio (attempt 2)"),
+        "a schema answer's own learnings are recorded: {learnings}"
+    );
+    // The prompts count the attempts of `max_attempts` (5 by default).
+    let first = p.prompt("implement", 1);
+    assert!(first.contains("attempt 1 of 5 of a fix loop"), "{first}");
 }
 
 #[test]
@@ -311,6 +321,8 @@ fn council_with_confident_analyses_does_not_call_the_deep_model_before_its_turn(
         "full context: {block}"
     );
     assert!(block.contains("Attempt 2"), "{block}");
+    let second = p.prompt("implement", 2);
+    assert!(second.contains("attempt 2 of 2 of a fix loop"), "{second}");
 }
 
 // ------------------------------------------------------------------------------ wiggum
@@ -320,7 +332,6 @@ fn wiggum_project() -> Project {
     p.git_init();
     with_presets(&p);
     p.workflow("w.toml", &wrapper("wiggum-review.toml", &["reviewer"], ""));
-    p.write("review/prompts/holistic.md", "Be thorough.\n");
     p.git(&["add", "-A"]);
     p.git(&["commit", "-qm", "presets"]);
     p
@@ -336,6 +347,8 @@ fn wiggum_clean_loop_ends_on_no_issues_with_a_clean_tree_and_keeps_stats() {
     assert_eq!(out.json["outputs"]["review_loop"]["iterations"], 2);
     let second = p.prompt("review", 2);
     assert!(second.contains("unused import"), "{second}");
+    // No criteria file in the project: the preset's own criteria.
+    assert!(second.contains("- Correctness:"), "{second}");
     assert!(
         second.contains("iteration 1: 1 issue(s); review answered in 1 attempt(s)"),
         "per-iteration stats in the history: {second}"

@@ -108,6 +108,11 @@ pub enum CallError {
         /// The last lines of output, for the feedback and the logs.
         tail: String,
     },
+    /// The agent refused its configuration (an output schema its validator or its service
+    /// refuses, a flag it does not take): it can never succeed, so it is not retried; a
+    /// fallback agent takes over, else the run stops as a configuration error.
+    #[error("the agent refused its configuration: {message}")]
+    Refused { message: String },
     /// A permanent failure: the agent reported an error that retrying will not fix.
     #[error("{message}")]
     Failed { message: String },
@@ -120,6 +125,7 @@ impl CallError {
             CallError::RateLimited { message, .. }
             | CallError::Transient { message, .. }
             | CallError::Missing { message }
+            | CallError::Refused { message }
             | CallError::Failed { message } => message,
             CallError::Timeout { tail, .. } => tail,
         }
@@ -131,6 +137,7 @@ impl CallError {
             CallError::RateLimited { message, .. }
             | CallError::Transient { message, .. }
             | CallError::Missing { message }
+            | CallError::Refused { message }
             | CallError::Failed { message } => message,
             CallError::Timeout { tail, .. } => tail,
         }

@@ -435,6 +435,26 @@ pub fn init(args: &InitArgs) -> i32 {
         return fail(format!("cannot write {}: {e}", out.display()));
     }
     println!("wrote {}", out.display());
+    // The prompt directory the workflow points to exists, with a note on what goes there,
+    // so that `check` has nothing to warn about (RF059) in a fresh project.
+    let prompts_dir = cwd.join("prompts").join(preset_name);
+    let empty = std::fs::read_dir(&prompts_dir).map_or(true, |mut d| d.next().is_none());
+    if empty {
+        let note = prompts_dir.join("README.md");
+        let text = format!(
+            "# Prompts of this project's `{preset_name}` workflow\n\nA file here named like one of \
+             the preset's prompts replaces that prompt; the others stay the preset's.{}\n",
+            if sc.prompts.is_empty() {
+                String::new()
+            } else {
+                format!("\nThe preset's prompts: {}.", sc.prompts.join(", "))
+            }
+        );
+        match std::fs::create_dir_all(&prompts_dir).and_then(|()| std::fs::write(&note, text)) {
+            Ok(()) => println!("wrote {}", ralph_flow::fs::relative(&note).display()),
+            Err(e) => return fail(format!("cannot write {}: {e}", note.display())),
+        }
+    }
     println!(
         "next: ralph-flow check {0}; ralph-flow run {0}",
         out.display()

@@ -127,7 +127,7 @@ pub struct AnswerArgs {
     /// A comment; after a rejection it is the next attempt's feedback.
     #[arg(long)]
     comment: Option<String>,
-    /// Who answers (default: $USER).
+    /// Who answers (default: $USER, else $LOGNAME, else the login name of the user).
     #[arg(long)]
     by: Option<String>,
     /// The state directory.
@@ -466,8 +466,7 @@ pub fn answer(args: &AnswerArgs, approved: bool) -> i32 {
     let by = args
         .by
         .clone()
-        .or_else(|| std::env::var("USER").ok())
-        .unwrap_or_else(|| "unknown".into());
+        .unwrap_or_else(ralph_flow::run::answer::who_answers);
     let answered = match answer(
         store.as_mut(),
         &args.run,

@@ -161,6 +161,70 @@ impl StructuredOutput {
     }
 }
 
+/// How a stage's output schema reaches an agent: what [`schema_delivery`] decides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SchemaDelivery {
+    /// Sent natively, lowered to this dialect first (claude `--json-schema`, codex
+    /// `--output-schema`, OpenAI's strict structured outputs).
+    Lowered(crate::dialect::Dialect),
+    /// Sent natively as the author wrote it (a local server's grammar modes).
+    AsWritten,
+    /// Written into the prompt.
+    Prompt,
+    /// Not sent: the prompt alone says what to answer.
+    Not,
+}
+
+/// How a stage's output schema reaches an agent of a kind with a `structured_output` mode;
+/// `openai_itself` says whether an `openai` agent's server is OpenAI's (its `base_url` is
+/// unset or OpenAI's host): only there is the schema sent in strict mode. `None`: the kind has
+/// no such mode (`json_object` or `guided_json` on a CLI agent).
+pub fn schema_delivery(
+    kind: AgentKind,
+    mode: StructuredOutput,
+    openai_itself: bool,
+) -> Option<SchemaDelivery> {
+    use crate::dialect::Dialect;
+    use StructuredOutput as M;
+    Some(match (kind, mode) {
+        (_, M::Off) => SchemaDelivery::Not,
+        (_, M::Prompt) => SchemaDelivery::Prompt,
+        (AgentKind::Claude, M::Auto | M::JsonSchema) => SchemaDelivery::Lowered(Dialect::Claude),
+        (AgentKind::Codex, M::Auto | M::JsonSchema) => {
+            SchemaDelivery::Lowered(Dialect::OpenAiStrict)
+        }
+        // gemini's CLI has no schema flag: `auto` leaves the prompt as written.
+        (AgentKind::Gemini, M::Auto) => SchemaDelivery::Not,
+        (AgentKind::Claude | AgentKind::Codex | AgentKind::Gemini, _) => return None,
+        (AgentKind::OpenAi, M::Auto | M::JsonSchema) if openai_itself => {
+            SchemaDelivery::Lowered(Dialect::OpenAiStrict)
+        }
+        (AgentKind::OpenAi, _) => SchemaDelivery::AsWritten,
+        // The Messages API has no schema mode: `auto` leaves the prompt as written, the
+        // native modes write the schema into the prompt.
+        (AgentKind::Anthropic, M::Auto) => SchemaDelivery::Not,
+        (AgentKind::Anthropic, _) => SchemaDelivery::Prompt,
+        // `command` and `replay` agents take no schema.
+        _ => SchemaDelivery::Not,
+    })
+}
+
+/// Whether an `openai` agent's `base_url` (rendered) is OpenAI's own API.
+pub fn is_openai_itself(base_url: Option<&str>) -> bool {
+    match base_url {
+        None => true,
+        Some(url) => {
+            let rest = url
+                .trim()
+                .strip_prefix("https://")
+                .or_else(|| url.trim().strip_prefix("http://"))
+                .unwrap_or(url);
+            let host = rest.split(['/', ':']).next().unwrap_or("");
+            host.eq_ignore_ascii_case("api.openai.com")
+        }
+    }
+}
+
 keywords! {
     /// How a `command` agent gets the prompt (`prompt_via`).
     #[derive(Default)]

@@ -14,7 +14,10 @@ pub mod shape;
 mod stage;
 mod values;
 
-pub use agent::{Agent, AgentKind, OpenAiApi, Permissions, PromptVia, StructuredOutput};
+pub use agent::{
+    Agent, AgentKind, OpenAiApi, Permissions, PromptVia, SchemaDelivery, StructuredOutput,
+    is_openai_itself, schema_delivery,
+};
 pub use output::{ExtractMode, Marker, OutputSpec, SchemaRef};
 pub use regions::{Aggregate, AggregateMode, Cleanup, Escalation, Stuck, Worktree};
 pub use stage::{

@@ -158,6 +158,26 @@ impl Exec<'_> {
             let result = self.call_with_policy(frame, n, &chain, call).await;
             let (reply, agent_name) = match result {
                 Ok(r) => r,
+                Err((CallError::Refused { message }, agent_name, _)) => {
+                    // Not the work's failure but the workflow's: the run stops as a
+                    // configuration error, and the stage runs again on `resume`.
+                    let detail = format!(
+                        "agent `{agent_name}`: the agent refused its configuration: {message}"
+                    );
+                    self.artifact(dir, "error.txt", &detail);
+                    self.attempt_record(
+                        &at,
+                        AttemptState::ended(NodeState::Failed),
+                        Some(&agent_name),
+                        Some(detail),
+                        &usage,
+                    );
+                    return self.shared.halt(crate::run::error::Halt::Refused {
+                        stage: node.name.clone(),
+                        agent: agent_name,
+                        message: format!("refused its configuration: {message}"),
+                    });
+                }
                 Err((e, agent_name, spent)) => {
                     usage.add(&spent);
                     let state = if matches!(e, CallError::Timeout { .. }) {
@@ -322,9 +342,6 @@ impl Exec<'_> {
             let mut this = call.clone();
             this.model = cfg.model.clone();
             this.max_tokens = cfg.max_tokens;
-            if !backend.capabilities().json_schema {
-                this.schema = None;
-            }
             tracing::debug!(stage = %call.stage, scope = %call.scope, attempt = call.attempt, agent = %cfg.name, "calling agent");
             let result = backend
                 .call(&this)

@@ -4,6 +4,21 @@
 
 use crate::store::{Approval, Event, GateRequest, Store, StoreError, Write, now_ms};
 
+/// Who is answering, when nobody says: `$USER`, else `$LOGNAME`, else the name of the
+/// process's user in the system's user database, else `uid N`; never "unknown".
+pub fn who_answers() -> String {
+    ["USER", "LOGNAME"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok().filter(|s| !s.trim().is_empty()))
+        .or_else(|| {
+            nix::unistd::User::from_uid(nix::unistd::getuid())
+                .ok()
+                .flatten()
+                .map(|u| u.name)
+        })
+        .unwrap_or_else(|| format!("uid {}", nix::unistd::getuid()))
+}
+
 /// Why a gate could not be answered.
 #[derive(Debug, thiserror::Error)]
 pub enum AnswerError {

@@ -190,6 +190,18 @@ pub enum Halt {
     Store(StoreError),
     #[error("the state directory cannot be written")]
     Artifacts(#[source] std::sync::Arc<IoFailure>),
+    /// An agent refused its configuration (an output schema its validator or service
+    /// refuses) and no fallback agent could take over: no retry can fix it, so the run
+    /// stops as a configuration error; `resume` continues once the workflow is fixed.
+    #[error(
+        "stage `{stage}`: agent `{agent}` {message}; fix the workflow, then `ralph-flow resume \
+         RUN --allow-changed` continues the run"
+    )]
+    Refused {
+        stage: String,
+        agent: String,
+        message: String,
+    },
     /// A run on workers could not publish a workspace (see `publish`).
     #[error("cannot publish the workspace {} to {url}", path.display())]
     Publish {

@@ -129,7 +129,17 @@ impl Extractor {
         if !self.markers.is_empty() {
             let found = self.markers(text, &mut problems);
             match value.as_object_mut() {
-                Some(obj) => obj.extend(found),
+                // A field the answer gives itself (a JSON answer under a schema that has the
+                // marker's field) is kept: the markers fill what the answer leaves empty, so
+                // the two never contradict each other.
+                Some(obj) => {
+                    for (name, marked) in found {
+                        let own = obj.get(&name).filter(|v| !is_empty(v));
+                        if own.is_none() && (!is_empty(&marked) || !obj.contains_key(&name)) {
+                            obj.insert(name, marked);
+                        }
+                    }
+                }
                 None => problems.push("markers need an object output, not this JSON".into()),
             }
         }
@@ -195,6 +205,16 @@ impl Extractor {
             out.insert(name, value);
         }
         out
+    }
+}
+
+/// Whether a value says nothing: null, false, an empty string or array.
+fn is_empty(v: &Json) -> bool {
+    match v {
+        Json::Null | Json::Bool(false) => true,
+        Json::String(s) => s.is_empty(),
+        Json::Array(a) => a.is_empty(),
+        _ => false,
     }
 }
 
@@ -313,6 +333,39 @@ mod tests {
             .extract("VERDICT: MAYBE", None)
             .expect_err("invalid value");
         assert!(err[0].contains("MAYBE"), "{err:?}");
+    }
+
+    #[test]
+    fn a_field_the_json_answer_gives_is_kept_over_an_empty_marker() {
+        // council's implementer under a schema: bare JSON with its own `learnings`, and no
+        // `LEARNING:` lines.
+        let mut s = spec("json");
+        s.markers.push(Marker {
+            name: text("learnings"),
+            prefix: Some(text("LEARNING:")),
+            pattern: None,
+            many: true,
+            values: Vec::new(),
+            span: Span::new(FileId(0), 0..0),
+        });
+        let e = Extractor::new(Some(&s), None).expect("compiles");
+        let v = e
+            .extract(
+                r#"{"summary":"done","learnings":["run the tests first"]}"#,
+                None,
+            )
+            .expect("valid");
+        assert_eq!(v["learnings"], json!(["run the tests first"]));
+        // Marker lines fill a field the answer leaves empty or out.
+        let v = e
+            .extract(
+                "```json\n{\"learnings\":[]}\n```\nLEARNING: one\nLEARNING: two",
+                None,
+            )
+            .expect("valid");
+        assert_eq!(v["learnings"], json!(["one", "two"]));
+        let v = e.extract(r#"{"summary":"x"}"#, None).expect("valid");
+        assert_eq!(v["learnings"], json!([]));
     }
 
     #[test]

@@ -78,7 +78,7 @@ pub enum Next {
 pub fn decide(policy: &Policy, tries: &mut Tries, err: CallError) -> Next {
     let has_next = tries.agent + 1 < policy.chain;
     match err {
-        CallError::Missing { .. } if has_next => {
+        CallError::Missing { .. } | CallError::Refused { .. } if has_next => {
             tries.agent += 1;
             Next::HandOver {
                 to: tries.agent,

@@ -1013,9 +1013,6 @@ async fn unit_work(
             };
             let mut call = w.call(cwd.clone(), files.clone());
             call.env.push((UNIT_ENV.to_string(), tag.clone()));
-            if !backend.capabilities().json_schema {
-                call.schema = None;
-            }
             UnitResult::Agent(backend.call(&call).await)
         }
         other => UnitResult::Failed(format!("a unit of an unknown kind `{other}`")),

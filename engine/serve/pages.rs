@@ -458,10 +458,7 @@ pub(crate) async fn answer(
 
 /// Who answers from the monitor: `USER@monitor`.
 pub(crate) fn by() -> String {
-    format!(
-        "{}@monitor",
-        std::env::var("USER").unwrap_or_else(|_| "someone".into())
-    )
+    format!("{}@monitor", crate::run::answer::who_answers())
 }
 
 /// `/assets/NAME`: the style sheet and the script, from the binary.

@@ -33,14 +33,39 @@ static TRANSIENT: LazyLock<Regex> = LazyLock::new(|| {
     .expect("the transient pattern is valid")
 });
 
-/// Classifies an error message: a rate limit, missing authentication, a transient failure;
-/// else what `otherwise` says.
+/// An output schema the agent refuses: claude's validator ("--json-schema is not a valid
+/// JSON Schema: ...", "--json-schema must be a JSON object"), OpenAI's strict mode through
+/// codex (400 `invalid_json_schema`, "Invalid schema for response_format ..."). No retry can
+/// fix it.
+static SCHEMA_REFUSED: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(
+        r"--json-schema is not a valid JSON Schema|--json-schema must be a JSON object|invalid_json_schema|Invalid schema for response_format",
+    )
+    .expect("the schema-refusal pattern is valid")
+});
+
+/// What to do about a refused schema.
+const SCHEMA_REFUSED_HELP: &str = "the agent refused the stage's output schema, which no \
+    retry can fix: change the schema (`ralph-flow check` says what each agent accepts), or set \
+    `structured_output = \"prompt\"` on the agent to send the schema in the prompt";
+
+/// The refusal of an output schema, from what the agent printed, if that is what it is.
+pub(super) fn schema_refused(output: &str, message: &str) -> Option<CallError> {
+    SCHEMA_REFUSED.is_match(output).then(|| CallError::Refused {
+        message: format!("{message} ({SCHEMA_REFUSED_HELP})"),
+    })
+}
+
+/// Classifies an error message: a refused schema, a rate limit, missing authentication, a
+/// transient failure; else what `otherwise` says.
 pub(super) fn classify(
     message: &str,
     retry_after: Option<Duration>,
     otherwise: impl FnOnce() -> CallError,
 ) -> CallError {
-    if RATE_LIMITED.is_match(message) {
+    if let Some(refused) = schema_refused(message, message) {
+        refused
+    } else if RATE_LIMITED.is_match(message) {
         CallError::RateLimited {
             message: message.to_string(),
             retry_after,
@@ -81,6 +106,7 @@ pub(super) fn relabel(error: CallError, message: String) -> CallError {
             retry_after,
         },
         CallError::Missing { .. } => CallError::Missing { message },
+        CallError::Refused { .. } => CallError::Refused { message },
         CallError::Failed { .. } => CallError::Failed { message },
         timeout @ CallError::Timeout { .. } => timeout,
     }
@@ -105,7 +131,9 @@ pub(super) fn no_result(agent: &str, out: &ProcOutput, output: &str) -> CallErro
         (code, None) => format!("{agent} exited with code {}", code.unwrap_or(-1)),
     };
     let message = format!("{ending}: {tail}");
-    if PERMANENT.is_match(output) {
+    if let Some(refused) = schema_refused(output, &message) {
+        refused
+    } else if PERMANENT.is_match(output) {
         CallError::Failed { message }
     } else if RATE_LIMITED.is_match(output) {
         CallError::RateLimited {

@@ -3,8 +3,7 @@
 
 use super::{CliBackend, Flavor};
 use crate::backend::{AgentCall, CallError};
-use crate::model::Permissions;
-use crate::model::PromptVia;
+use crate::model::{Permissions, PromptVia, SchemaDelivery};
 
 impl CliBackend {
     /// The argv and the stdin of a call.
@@ -15,7 +14,12 @@ impl CliBackend {
         let model = call.model.as_ref().or(self.config.model.as_ref());
         let user: Vec<String> = self.config.args.iter().chain(&call.args).cloned().collect();
         let extra = user.clone().into_iter();
-        let prompt = Some(call.prompt.clone().into_bytes());
+        let prompt = Some(match (&call.schema, self.delivery()) {
+            (Some(schema), SchemaDelivery::Prompt) => {
+                crate::backend::prompt_with_schema(&call.prompt, schema).into_bytes()
+            }
+            _ => call.prompt.clone().into_bytes(),
+        });
         let mut argv = vec![self.program.clone()];
         let permissions = self.config.permissions;
         // The agent's own `args` may set the permission flags; then they win.
@@ -36,7 +40,7 @@ impl CliBackend {
                 if let Some(m) = model {
                     argv.extend(["--model".into(), m.clone()]);
                 }
-                if let Some(schema) = &call.schema {
+                if let Some(schema) = self.native_schema(call)? {
                     argv.extend(["--json-schema".into(), schema.to_string()]);
                 }
                 argv.extend(unless_set(
@@ -68,7 +72,7 @@ impl CliBackend {
                 if let Some(m) = model {
                     argv.extend(["--model".into(), m.clone()]);
                 }
-                if let Some(schema) = &call.schema {
+                if let Some(schema) = self.native_schema(call)? {
                     let path = call.dir.join("output-schema.json");
                     std::fs::write(&path, schema.to_string()).map_err(|e| CallError::Failed {
                         message: format!("cannot write {}: {e}", path.display()),
@@ -100,19 +104,48 @@ impl CliBackend {
                     PromptVia::Stdin => Ok((argv, prompt)),
                     PromptVia::File => {
                         let path = call.dir.join("prompt.txt");
-                        std::fs::write(&path, &call.prompt).map_err(|e| CallError::Failed {
-                            message: format!("cannot write {}: {e}", path.display()),
-                        })?;
+                        std::fs::write(&path, prompt.as_deref().unwrap_or_default()).map_err(
+                            |e| CallError::Failed {
+                                message: format!("cannot write {}: {e}", path.display()),
+                            },
+                        )?;
                         place(&mut argv, "{prompt_file}", &path.display().to_string());
                         Ok((argv, None))
                     }
                     PromptVia::Arg => {
-                        place(&mut argv, "{prompt}", &call.prompt);
+                        let text = String::from_utf8_lossy(prompt.as_deref().unwrap_or_default());
+                        place(&mut argv, "{prompt}", &text);
                         Ok((argv, None))
                     }
                 }
             }
         }
+    }
+}
+
+impl CliBackend {
+    /// How a stage's output schema reaches this agent.
+    pub(super) fn delivery(&self) -> SchemaDelivery {
+        crate::model::schema_delivery(self.config.kind, self.config.structured_output, false)
+            .unwrap_or(SchemaDelivery::Not)
+    }
+
+    /// The schema sent natively (by flag), lowered to the CLI's dialect; `None` when the
+    /// stage has none or it does not go by flag. A schema the dialect cannot express is a
+    /// configuration error (the checker reports it before a run).
+    pub(super) fn native_schema(
+        &self,
+        call: &AgentCall,
+    ) -> Result<Option<serde_json::Value>, CallError> {
+        let (Some(schema), SchemaDelivery::Lowered(dialect)) = (&call.schema, self.delivery())
+        else {
+            return Ok(None);
+        };
+        crate::dialect::lower(schema, dialect)
+            .map(|l| Some(l.schema))
+            .map_err(|refusals| CallError::Refused {
+                message: crate::dialect::refusals_text(&refusals),
+            })
     }
 }
 
@@ -244,9 +277,14 @@ mod tests {
     }
 
     #[test]
-    fn codex_gets_the_output_schema_in_a_file() {
+    fn codex_gets_the_output_schema_in_a_file_lowered_to_strict_mode() {
         let dir = tempfile::tempdir().expect("a temp dir");
-        let schema = serde_json::json!({"type": "object"});
+        let schema = serde_json::json!({
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "type": "object",
+            "required": ["a"],
+            "properties": {"a": {"type": "string"}, "b": {"type": "integer"}},
+        });
         let b = backend(AgentKind::Codex, Permissions::ReadOnly);
         assert!(b.capabilities().json_schema);
         let argv = b
@@ -260,9 +298,73 @@ mod tests {
         let written = std::fs::read_to_string(&argv[at + 1]).expect("the schema file");
         assert_eq!(
             serde_json::from_str::<Value>(&written).expect("JSON"),
-            schema
+            serde_json::json!({
+                "type": "object",
+                "properties": {"a": {"type": "string"}, "b": {"type": ["integer", "null"]}},
+                "required": ["a", "b"],
+                "additionalProperties": false,
+            })
         );
         assert_eq!(argv.last().map(String::as_str), Some("-"));
+        // A schema strict mode cannot express is the agent's refusal, never sent.
+        let map = serde_json::json!({"type": "object", "properties": {"m": {"type": "object"}}});
+        let err = b
+            .invocation(&call_in(dir.path(), Some(map)))
+            .expect_err("refused");
+        assert!(matches!(err, CallError::Refused { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn claude_gets_a_draft_7_schema_and_prompt_mode_puts_it_in_the_prompt() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let schema = serde_json::json!({
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "type": "object",
+            "properties": {"a": {"type": "string"}},
+        });
+        let mut b = backend(AgentKind::Claude, Permissions::ReadOnly);
+        let (argv, stdin) = b
+            .invocation(&call_in(dir.path(), Some(schema.clone())))
+            .expect("argv");
+        let at = argv
+            .iter()
+            .position(|a| a == "--json-schema")
+            .expect("the flag");
+        assert_eq!(
+            serde_json::from_str::<Value>(&argv[at + 1]).expect("JSON"),
+            serde_json::json!({"type": "object", "properties": {"a": {"type": "string"}}})
+        );
+        assert!(!String::from_utf8_lossy(&stdin.expect("a prompt")).contains("JSON Schema"));
+        // `prompt`: no flag, the schema as written at the end of the prompt.
+        for kind in [AgentKind::Claude, AgentKind::Codex, AgentKind::Gemini] {
+            b = backend(kind, Permissions::ReadOnly);
+            b.config.structured_output = crate::model::StructuredOutput::Prompt;
+            let (argv, stdin) = b
+                .invocation(&call_in(dir.path(), Some(schema.clone())))
+                .expect("argv");
+            assert!(
+                !argv
+                    .iter()
+                    .any(|a| a == "--json-schema" || a == "--output-schema"),
+                "{argv:?}"
+            );
+            let prompt = String::from_utf8(stdin.expect("a prompt")).expect("UTF-8");
+            assert!(prompt.contains("2020-12"), "{prompt}");
+        }
+        // `off`, and gemini's `auto`: neither flag nor prompt.
+        for (kind, mode) in [
+            (AgentKind::Claude, crate::model::StructuredOutput::Off),
+            (AgentKind::Gemini, crate::model::StructuredOutput::Auto),
+        ] {
+            b = backend(kind, Permissions::ReadOnly);
+            b.config.structured_output = mode;
+            let (argv, stdin) = b
+                .invocation(&call_in(dir.path(), Some(schema.clone())))
+                .expect("argv");
+            assert!(!argv.iter().any(|a| a == "--json-schema"), "{argv:?}");
+            let prompt = String::from_utf8(stdin.expect("a prompt")).expect("UTF-8");
+            assert!(!prompt.contains("2020-12"), "{prompt}");
+        }
     }
 
     #[test]

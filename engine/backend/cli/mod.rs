@@ -24,7 +24,7 @@ mod output;
 
 use super::process::{self, Ended, ProcSpec, SpawnError};
 use super::{AgentCall, AgentConfig, AgentReply, Backend, CallError, CallFuture, Capabilities};
-use crate::model::{AgentKind, Permissions, PromptVia};
+use crate::model::{AgentKind, Permissions, PromptVia, SchemaDelivery};
 use output::output_tail;
 
 /// Why a CLI agent's settings cannot make a backend.
@@ -188,10 +188,21 @@ impl CliBackend {
             Flavor::Gemini => gemini::parse(&out)?,
             Flavor::Command(_) => command::parse(&out)?,
         };
-        Ok(AgentReply {
+        let mut reply = AgentReply {
             raw: String::from_utf8_lossy(&out.stdout).into_owned(),
             ..reply
-        })
+        };
+        // An answer under a lowered schema is mapped back to the author's (a null that
+        // stands for an absent optional field), which validates it.
+        if let (Some(schema), SchemaDelivery::Lowered(dialect)) = (&call.schema, self.delivery()) {
+            if let Some(text) = crate::dialect::lower(schema, dialect)
+                .ok()
+                .and_then(|l| l.restore_text(&reply.text))
+            {
+                reply.text = text;
+            }
+        }
+        Ok(reply)
     }
 
     /// Environment variables a call gets unless the agent's `env` (or ralph-flow's own

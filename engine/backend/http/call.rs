@@ -59,18 +59,48 @@ impl HttpBackend {
         let mut warnings = Vec::new();
         loop {
             let mode = self.current_mode();
+            let strict = self.strict && mode == StructuredOutput::JsonSchema;
+            // Strict mode takes the schema lowered to what it accepts; the answer is mapped
+            // back to the author's schema, which validates it.
+            let lowered = match (&call.schema, strict) {
+                (Some(schema), true) => Some(
+                    crate::dialect::lower(schema, crate::dialect::Dialect::OpenAiStrict).map_err(
+                        |r| CallError::Refused {
+                            message: crate::dialect::refusals_text(&r),
+                        },
+                    )?,
+                ),
+                _ => None,
+            };
             let req = Request {
                 model,
                 prompt: &call.prompt,
                 max_tokens: call.max_tokens.or(self.max_tokens),
                 completion_tokens: self.completion_tokens,
-                schema: call.schema.as_ref(),
+                schema: lowered.as_ref().map(|l| &l.schema).or(call.schema.as_ref()),
                 mode,
+                strict,
             };
             match self.send(call, &req, key.as_deref()).await? {
                 Sent::Reply(mut reply) => {
+                    if let Some(text) = lowered.as_ref().and_then(|l| l.restore_text(&reply.text)) {
+                        reply.text = text;
+                    }
                     reply.warnings = warnings;
                     return Ok(reply);
+                }
+                Sent::Rejected(why)
+                    if strict
+                        && (why.contains("invalid_json_schema")
+                            || why.contains("Invalid schema for")) =>
+                {
+                    return Err(CallError::Refused {
+                        message: format!(
+                            "{why} (OpenAI's strict structured outputs refused the output \
+                             schema: change it, or set `structured_output = \"prompt\"` on \
+                             the agent)"
+                        ),
+                    });
                 }
                 Sent::Rejected(why) => {
                     let next = self.api.step_down(mode).filter(|_| self.auto);

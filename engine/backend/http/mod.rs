@@ -151,6 +151,9 @@ pub fn build(config: &AgentConfig) -> Result<Box<dyn Backend>, SetupError> {
         model: config.model.clone(),
         max_tokens: config.max_tokens,
         auto: config.structured_output == StructuredOutput::Auto,
+        // OpenAI's own API gets the schema in strict mode, lowered to what strict mode
+        // accepts; compatible servers get it as written, not strict.
+        strict: api != Api::Messages && crate::model::is_openai_itself(Some(&base_url)),
         mode: Mutex::new(mode),
         client,
     }))
@@ -249,6 +252,8 @@ struct Request<'a> {
     completion_tokens: bool,
     schema: Option<&'a Value>,
     mode: StructuredOutput,
+    /// Whether `json_schema` is sent with `strict: true` (then `schema` is lowered).
+    strict: bool,
 }
 
 /// Where the API key comes from.
@@ -285,6 +290,9 @@ struct HttpBackend {
     completion_tokens: bool,
     /// Whether the structured-output mode may step down when a server rejects it.
     auto: bool,
+    /// Whether `json_schema` is sent in strict mode (OpenAI's own API), lowered to
+    /// [`crate::dialect::Dialect::OpenAiStrict`].
+    strict: bool,
     /// The structured-output mode in use: the configured one, or where `auto` stepped
     /// down to in this run.
     mode: Mutex<StructuredOutput>,
@@ -304,6 +312,7 @@ mod tests {
             completion_tokens,
             schema: None,
             mode: StructuredOutput::Off,
+            strict: false,
         };
         let openai = Api::Chat.request_body(&req(true));
         assert_eq!(openai["max_completion_tokens"], 50);

@@ -95,7 +95,7 @@ pub(super) fn body(req: &Request<'_>, prompt: String, schema: Option<&Value>) ->
         (Some(schema), StructuredOutput::JsonSchema) => {
             body["response_format"] = json!({
                 "type": "json_schema",
-                "json_schema": {"name": SCHEMA_NAME, "schema": schema, "strict": false},
+                "json_schema": {"name": SCHEMA_NAME, "schema": schema, "strict": req.strict},
             });
         }
         (Some(schema), StructuredOutput::JsonObject) => {

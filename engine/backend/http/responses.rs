@@ -121,7 +121,7 @@ pub(super) fn body(req: &Request<'_>, prompt: String, schema: Option<&Value>) ->
                 "type": "json_schema",
                 "name": SCHEMA_NAME,
                 "schema": schema,
-                "strict": false,
+                "strict": req.strict,
             },
         });
     }

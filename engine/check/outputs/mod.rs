@@ -7,6 +7,7 @@
 //! `schema.rs` holds the built-in outputs' schemas and follows field paths through a schema;
 //! `routes.rs` checks routes against enums, `fanout.rs` for_each over arrays and aggregates.
 
+mod dialects;
 mod fanout;
 mod json_locate;
 mod markers;
@@ -31,11 +32,12 @@ use schema::builtin_schema;
 pub fn check(c: &mut Checked<'_>, loader: &mut Loader<'_>, diags: &mut Diagnostics) {
     // A built-in schema is made once per kind and shared by the stages of that kind.
     let mut builtins: Vec<(StageKind, Option<Arc<Json>>)> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     for i in 0..c.stages.len() {
         let id = StageId(i);
         let s = c.info(id).stage;
         let schema = match &s.keys().output {
-            Some(o) => output_schema(c, s.kind.value, o, loader, diags).map(Arc::new),
+            Some(o) => output_schema(c, s, o, loader, &mut seen, diags).map(Arc::new),
             None => {
                 let kind = s.kind.value;
                 match builtins.iter().find(|(k, _)| *k == kind) {

@@ -10,16 +10,24 @@ use crate::check::Checked;
 use crate::diag::{Code, Diagnostic, Diagnostics};
 use crate::fs::base_dir;
 use crate::load::Loader;
-use crate::model::{ExtractMode, OutputSpec, SchemaRef, StageKind};
+use std::collections::HashSet;
+
+use super::dialects;
+use crate::model::{ExtractMode, OutputSpec, SchemaRef, Stage};
+use crate::source::Span;
 
 pub(super) fn output_schema(
-    _c: &Checked<'_>,
-    kind: StageKind,
+    c: &Checked<'_>,
+    stage: &Stage,
     o: &OutputSpec,
     loader: &mut Loader<'_>,
+    seen: &mut HashSet<(Span, String, String)>,
     diags: &mut Diagnostics,
 ) -> Option<Json> {
+    let kind = stage.kind.value;
     let extract = o.extract.as_ref().map(|e| e.value);
+    // Where the schema was written (its file's text), for the agents' dialects below.
+    let mut file_text: Option<(crate::source::FileId, std::sync::Arc<str>, Span)> = None;
     let mut schema = match &o.schema {
         Some(SchemaRef::File(path)) => {
             let full = base_dir(loader.sources, path.span).join(&path.value);
@@ -30,6 +38,7 @@ pub(super) fn output_schema(
                 "schema file",
             )?;
             let text = loader.sources.get(file).text.clone();
+            file_text = Some((file, text.clone(), path.span));
             match serde_json::from_str::<Json>(&text) {
                 Ok(v) => validate_schema(
                     v,
@@ -78,20 +87,36 @@ pub(super) fn output_schema(
     }
     pattern(o, extract, &mut schema, diags);
     let marker_props = marker_props(o, diags);
+    let written_schema = schema.is_some();
     let base = schema.or_else(|| match extract {
         Some(ExtractMode::Json | ExtractMode::FencedJson) => Some(json!({})),
         _ => builtin_schema(kind),
     })?;
-    if marker_props.is_empty() {
-        return Some(base);
-    }
     let mut merged = base;
-    if let Some(obj) = merged.as_object_mut() {
+    if let Some(obj) = merged.as_object_mut().filter(|_| !marker_props.is_empty()) {
         let props = obj.entry("properties").or_insert_with(|| json!({}));
         if let Some(p) = props.as_object_mut() {
             for (k, v) in marker_props {
                 p.insert(k, v);
             }
+        }
+    }
+    // The schema an agent is sent (the written one, with the markers' fields): what each
+    // agent the stage calls would refuse of it.
+    if written_schema
+        && extract.is_none_or(|e| matches!(e, ExtractMode::Json | ExtractMode::FencedJson))
+    {
+        let written = match (&file_text, &o.schema) {
+            (Some((file, text, named)), _) => Some(dialects::Written::File {
+                file: *file,
+                text,
+                named: *named,
+            }),
+            (None, Some(SchemaRef::Inline(v))) => Some(dialects::Written::Inline(v.span)),
+            _ => None,
+        };
+        if let Some(written) = written {
+            dialects::check(c, stage, &merged, &written, seen, diags);
         }
     }
     Some(merged)

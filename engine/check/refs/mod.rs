@@ -72,6 +72,26 @@ pub fn check(c: &mut Checked<'_>, diags: &mut Diagnostics) {
         for fb in &a.fallbacks {
             agent_ref(c, fb, diags);
         }
+        if let Some(mode) = &a.structured_output {
+            if crate::model::schema_delivery(a.kind.value, mode.value, true).is_none() {
+                diags.push(
+                    Diagnostic::new(
+                        Code::ModeNotForAgent,
+                        mode.span,
+                        format!(
+                            "`structured_output = \"{}\"` is not a mode of {} agents",
+                            mode.value.as_str(),
+                            a.kind.value.as_str()
+                        ),
+                    )
+                    .label("not a mode of this kind")
+                    .help(
+                        "a CLI agent takes `auto` (its schema flag, where it has one), \
+                         `json_schema` (the flag), `prompt` (the schema in the prompt) or `off`",
+                    ),
+                );
+            }
+        }
         let missing = match a.kind.value {
             crate::model::AgentKind::Command if a.command.is_empty() => Some("command"),
             crate::model::AgentKind::Replay if a.file.is_none() => Some("file"),
