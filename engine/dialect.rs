@@ -379,11 +379,10 @@ impl<'r> Walk<'r> {
                 }
                 // Ajv refuses `additionalItems` unless `items` is an array (it means nothing
                 // then).
-                "additionalItems" => {
-                    if obj.get("items").is_some_and(Value::is_array) {
-                        out.insert(key.clone(), self.claude(value, &here));
-                    }
+                "additionalItems" if obj.get("items").is_some_and(Value::is_array) => {
+                    out.insert(key.clone(), self.claude(value, &here));
                 }
+                "additionalItems" => {}
                 "dependentRequired" => {
                     if let Some(map) = value.as_object() {
                         for (k, v) in map {

@@ -7,7 +7,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use ralph_flow::backend::{AgentCall, AgentConfig, AgentReply, CallError, cli};
 use ralph_flow::model::{AgentKind, Permissions};
 
+mod common;
+
+/// A fake CLI's path (its schema checks installed: see `common::node_deps`).
 fn fake(name: &str) -> String {
+    let _ = common::node_deps();
     format!("{}/tests/fakes/{name}", env!("CARGO_MANIFEST_DIR"))
 }
 

@@ -86,3 +86,31 @@ on_timeout = "reject"
     );
     assert!(!logs.stdout.contains("unknown"), "{}", logs.stdout);
 }
+
+#[test]
+fn a_full_claude_agent_runs_as_root_whatever_is_sandbox_the_environment_has() {
+    // claude's bypassPermissions takes only IS_SANDBOX=1 as root; a container may set
+    // IS_SANDBOX=yes. `permissions = "full"` decides it, not the inherited value.
+    let p = Project::new();
+    p.workflow(
+        "w.toml",
+        r#"
+name = "w"
+
+[agents.claude]
+kind = "claude"
+permissions = "full"
+
+[stages.write]
+kind = "agent"
+agent = "claude"
+prompt = "Write the file."
+"#,
+    );
+    let out = p.run_env(
+        &["run", "w.toml", "--json"],
+        &[("FAKE_MODE", "denied"), ("IS_SANDBOX", "yes")],
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(!out.stderr.contains("root/sudo"), "{}", out.stderr);
+}

@@ -39,7 +39,50 @@ pub fn fakes() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fakes")
 }
 
+/// Makes sure that what the fakes need to check an output schema as the real CLIs do is
+/// installed (tests/fakes/install-node-deps.sh: claude's Ajv, in target/schema-check): once
+/// per test process, under a file lock shared by the test processes. Quick when installed.
+/// An error (no node or npm, no registry) is reported once on stderr; the fakes then refuse
+/// to decide a schema (exit 2) instead of accepting it.
+pub fn node_deps() -> Result<(), String> {
+    static DONE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    DONE.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let result = install_node_deps(root);
+        if let Err(e) = &result {
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "node_deps: {e}");
+        }
+        result
+    })
+    .clone()
+}
+
+fn install_node_deps(root: &Path) -> Result<(), String> {
+    let target = root.join("target");
+    std::fs::create_dir_all(&target).map_err(|e| format!("{}: {e}", target.display()))?;
+    let file =
+        std::fs::File::create(target.join("schema-check.lock")).map_err(|e| e.to_string())?;
+    // Held until the install is done (dropped at the end).
+    let _lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| format!("locking target/schema-check.lock: {e}"))?;
+    let out = Command::new("sh")
+        .arg(root.join("tests/fakes/install-node-deps.sh"))
+        .output()
+        .map_err(|e| format!("running tests/fakes/install-node-deps.sh: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "tests/fakes/install-node-deps.sh failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// PATH with the fakes first (their schema checks installed: see [`node_deps`]).
 fn path_env() -> String {
+    let _ = node_deps();
     format!(
         "{}:{}",
         fakes().display(),

@@ -124,7 +124,8 @@ FAKE_CAPTURES=${FAKE_CAPTURES:-$(dirname "$0")/captures}
 
 # Replaces the mock's values in stdin with this call's (literally: any text is safe).
 # Set before: fake_name, FAKE_TEXT, FAKE_IN, FAKE_OUT, FAKE_CACHED, FAKE_SESSION_ID and
-# optionally fake_model (the --model argument), fake_structured (a JSON value).
+# optionally fake_model (the --model argument), fake_structured (a JSON value),
+# fake_swap_from and fake_swap_to (a text of the capture and what replaces it).
 fake_subst() {
     structured_esc=
     if [ -n "${fake_structured:-}" ]; then
@@ -133,7 +134,7 @@ fake_subst() {
     FS_CLI=$fake_name FS_TEXT=$FAKE_TEXT FS_IN=$FAKE_IN FS_OUT=$FAKE_OUT FS_CACHED=$FAKE_CACHED \
         FS_SESSION=$FAKE_SESSION_ID FS_MODEL=${fake_model:-} FS_CAPTURED_MODEL=${fake_captured_model:-} \
         FS_COST=${FAKE_COST:-0.0123} FS_STRUCT=${fake_structured:-} FS_STRUCT_ESC=$structured_esc \
-        FS_CLOCK=${fake_clock:-} \
+        FS_CLOCK=${fake_clock:-} FS_SWAP_FROM=${fake_swap_from:-} FS_SWAP_TO=${fake_swap_to:-} \
         awk 'BEGIN { RS = "\001" }
 function rep(s, from, to,    out, i) {
     if (from == "") return s
@@ -146,6 +147,7 @@ function rep(s, from, to,    out, i) {
 }
 {
     s = $0
+    s = rep(s, ENVIRON["FS_SWAP_FROM"], ENVIRON["FS_SWAP_TO"])
     s = rep(s, "MOCK-REPLY-4F7: the mock model says hello.", ENVIRON["FS_TEXT"])
     s = rep(s, "00000000-0000-4000-8000-000000000000", ENVIRON["FS_SESSION"])
     if (ENVIRON["FS_STRUCT"] != "") {
@@ -207,4 +209,49 @@ fake_opt() {
         prev=$a
     done
     return 1
+}
+
+# ---- output schemas the real CLIs refuse (schema-check/, ../realcli/openai_strict.py) --------
+
+# Says that a schema cannot be decided here, and exits 2: `fake_no_checker WHAT`.
+fake_no_checker() {
+    echo "fake $fake_name: cannot check the output schema as $fake_name does: $1" >&2
+    exit 2
+}
+
+# claude's check of `--json-schema TEXT` (Ajv, as claude bundles it): on a refusal, replays
+# what claude printed, with the checker's message. `fake_claude_schema TEXT`.
+fake_claude_schema() {
+    command -v node >/dev/null 2>&1 ||
+        fake_no_checker "node is not on PATH (then run tests/fakes/install-node-deps.sh)"
+    refusal=$(node "$(dirname "$0")/schema-check/claude.cjs" "$1")
+    code=$?
+    case $code in
+    0) return 0 ;;
+    1) ;;
+    *) fake_no_checker "run tests/fakes/install-node-deps.sh" ;;
+    esac
+    if [ "$refusal" = "Error: --json-schema must be a JSON object" ]; then
+        fake_replay schema_not_object
+    fi
+    fake_swap_from=$(cat "$FAKE_CAPTURES/$fake_name/schema_unknown_keyword.stderr")
+    fake_swap_to=$refusal
+    fake_replay schema_unknown_keyword
+}
+
+# OpenAI's strict-mode check of `--output-schema FILE`: on a refusal, replays what codex
+# printed of the service's 400, with the checker's message. `fake_codex_schema FILE`.
+fake_codex_schema() {
+    command -v python3 >/dev/null 2>&1 || fake_no_checker "python3 is not on PATH"
+    refusal=$(python3 "$(dirname "$0")/../realcli/openai_strict.py" "$1")
+    code=$?
+    case $code in
+    0) return 0 ;;
+    1) ;;
+    *) fake_no_checker "tests/realcli/openai_strict.py could not read $1" ;;
+    esac
+    # The capture's message, inside the body inside codex's JSON event: escaped twice.
+    fake_swap_from="Invalid schema for response_format 'codex_output_schema': In context=(), 'additionalProperties' is required to be supplied and to be false."
+    fake_swap_to=$(printf '%s' "$refusal" | fake_json_escape | fake_json_escape)
+    fake_replay schema_refused
 }

@@ -1,7 +1,8 @@
 #!/bin/sh
 # Runs the real claude, codex and gemini CLIs against tests/realcli/mock_api.py, the way
 # ralph-flow calls them, and stores what they print as the fixtures the fakes replay:
-#   tests/fakes/captures/<cli>/<case>.stdout .stderr .exit .argv (.files: the cwd after)
+#   tests/fakes/captures/<cli>/<case>.stdout .stderr .exit .argv (.files: the cwd after;
+#   .git, in a git repository: its commits, what was written in .git and next to the cwd)
 #   tests/fakes/captures/VERSIONS
 #
 # Usage: tests/realcli/capture.sh [REALCLI_DIR [CASE...]]
@@ -53,6 +54,10 @@ base=http://127.0.0.1:$port
 
 SYSPATH=$(dirname "$(command -v node)"):/usr/local/bin:/usr/bin:/bin
 SCHEMA='{"type":"object","properties":{"verdict":{"type":"string"},"count":{"type":"integer"}},"required":["verdict","count"],"additionalProperties":false}'
+# What the real CLIs refuse: claude's Ajv (draft-07, strict mode), OpenAI's strict mode.
+SCHEMA_2020='{"$schema":"https://json-schema.org/draft/2020-12/schema","type":"object","properties":{"verdict":{"type":"string"}},"required":["verdict"]}'
+SCHEMA_UNKNOWN='{"type":"object","properties":{"verdict":{"type":"string"}},"foo":1}'
+SCHEMA_LOOSE='{"type":"object","properties":{"verdict":{"type":"string"},"count":{"type":"integer"}},"required":["verdict","count"]}'
 
 {
     echo "claude $("$bin/claude" --version 2>/dev/null | head -1)"
@@ -96,7 +101,10 @@ run_case() {
     mkdir -p "$d/home" "$d/cwd"
     if [ "$kind" = git ]; then
         git -C "$d/cwd" init -q
-        git -C "$d/cwd" -c user.email=t@t -c user.name=t commit -q --allow-empty -m init
+        # An identity in the repository's config: an agent's own commit needs one.
+        git -C "$d/cwd" config user.email t@t
+        git -C "$d/cwd" config user.name t
+        git -C "$d/cwd" commit -q --allow-empty -m init
     fi
     case $cli in
     claude)
@@ -131,6 +139,8 @@ EOF
     prompt="Reply with a short greeting."
     if [ "$scenario" = write ]; then
         prompt="Create the file mock-written.txt in the current directory."
+    elif [ "$scenario" = denied ]; then
+        prompt="Create the file mock-written.txt in the current directory, then commit your work with git."
     fi
     f=$out/$cli/$name
     start=$(date +%s)
@@ -159,6 +169,14 @@ EOF
         normalize "$f.$x"
     done
     [ -s "$f.files" ] || rm -f "$f.files"
+    if [ "$kind" = git ]; then
+        # What reached the repository and the cwd's parent (a write outside the workspace).
+        {
+            echo "commits: $(git -C "$d/cwd" log --format=%s | tr '\n' ' ')"
+            echo "in .git: $(cd "$d/cwd/.git" && ls mock-* 2>/dev/null | tr '\n' ' ')"
+            echo "outside: $(cd "$d" && ls mock-* 2>/dev/null | tr '\n' ' ')"
+        } >"$f.git"
+    fi
     echo "captured $cli/$name: exit $code in $(($(date +%s) - start))s" >&2
 }
 
@@ -167,6 +185,9 @@ for s in ok server_error rate_limit overloaded invalid_key; do
     run_case claude $s $s plain -- -p --output-format json
 done
 run_case claude structured structured plain -- -p --output-format json --json-schema "$SCHEMA"
+run_case claude schema_draft2020 ok plain -- -p --output-format json --json-schema "$SCHEMA_2020"
+run_case claude schema_unknown_keyword ok plain -- -p --output-format json --json-schema "$SCHEMA_UNKNOWN"
+run_case claude schema_not_object ok plain -- -p --output-format json --json-schema '[]'
 run_case claude write_default write plain -- -p --output-format json
 run_case claude write_default_mode write plain -- -p --output-format json --permission-mode default
 run_case claude write_accept_edits write plain -- -p --output-format json --permission-mode acceptEdits
@@ -181,10 +202,20 @@ for s in ok server_error rate_limit overloaded invalid_key usage_limit; do
 done
 echo "$SCHEMA" >"$work/schema.json"
 run_case codex structured structured plain -- exec --json --skip-git-repo-check --output-schema "$work/schema.json" -
+# A schema OpenAI's strict mode refuses (no additionalProperties: false): the mock answers
+# the 400 OpenAI gives (tests/realcli/openai_strict.py).
+echo "$SCHEMA_LOOSE" >"$work/schema-loose.json"
+run_case codex schema_refused ok plain -- exec --json --skip-git-repo-check --output-schema "$work/schema-loose.json" -
 run_case codex write_default write git -- exec --json -
 run_case codex write_read_only write git -- exec --json --sandbox read-only -
 run_case codex write_workspace write git -- exec --json --sandbox workspace-write -
 run_case codex write_full write git -- exec --json --sandbox danger-full-access -
+# The tool calls a sandbox may refuse (mock_api.py DENIED_ACTIONS: writes in the cwd, its
+# .git and outside it, a shell write outside it, git add and commit, failing tests), run as
+# ralph-flow runs codex for each `permissions`.
+run_case codex denied_read_only denied git -- exec --json --skip-git-repo-check --sandbox read-only -
+run_case codex denied_workspace denied git -- exec --json --skip-git-repo-check --sandbox workspace-write -
+run_case codex denied_full denied git -- exec --json --skip-git-repo-check --sandbox danger-full-access -
 
 # ---- gemini: gemini [--model M] [ARGS] --output-format json, prompt on stdin
 run_case gemini untrusted ok plain -- --output-format json
@@ -196,5 +227,10 @@ run_case gemini ok_model ok plain -- --model gemini-2.5-flash --skip-trust --out
 run_case gemini write_default write plain -- --skip-trust --output-format json
 run_case gemini write_auto_edit write plain -- --skip-trust --approval-mode auto_edit --output-format json
 run_case gemini write_yolo write plain -- --skip-trust --approval-mode yolo --output-format json
+# The same tool calls (asked for whether gemini offers the tools or not), as ralph-flow runs
+# gemini for each `permissions`.
+run_case gemini denied_default denied git GEMINI_CLI_TRUST_WORKSPACE=true -- --approval-mode default --output-format json
+run_case gemini denied_auto_edit denied git GEMINI_CLI_TRUST_WORKSPACE=true -- --approval-mode auto_edit --output-format json
+run_case gemini denied_yolo denied git GEMINI_CLI_TRUST_WORKSPACE=true -- --approval-mode yolo --output-format json
 
 cp "$work/mock.log" "$work/mock.log.keep" 2>/dev/null || true

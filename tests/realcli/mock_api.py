@@ -5,7 +5,7 @@ Speaks, on 127.0.0.1 only:
   * the Anthropic Messages API (claude, via ANTHROPIC_BASE_URL): POST /v1/messages
     (streaming SSE and not), /v1/messages/count_tokens;
   * the OpenAI Responses API (codex, via a model provider's base_url): POST /v1/responses
-    (SSE), GET /v1/models;
+    (SSE), GET /v1/models; and Chat Completions, POST /v1/chat/completions (SSE and not);
   * the Gemini API (gemini, via GOOGLE_GEMINI_BASE_URL): POST
     /v1beta/models/<model>:generateContent, :streamGenerateContent (SSE), :countTokens.
 
@@ -25,6 +25,18 @@ environment variable MOCK_SCENARIO, else `ok`. Scenarios:
   overloaded    Anthropic 529 overloaded_error; OpenAI and Gemini 503
   invalid_key   Anthropic 401, OpenAI 401 invalid_api_key, Gemini 400 API_KEY_INVALID
   usage_limit   OpenAI only: 429 usage_limit_reached with resets_at (a ChatGPT plan's limit)
+  denied        codex and gemini: the tool calls a permission setting may refuse, one per
+                request (the next once the previous result is back), then a text answer
+                (DENIED_ACTIONS: a write in the cwd, in its `.git`, outside it; a shell write
+                outside it; `git add -A && git commit`; a failing command). The tools are
+                called whether or not the CLI offers them (gemini's headless default offers
+                no write or shell tool).
+
+A request for strict structured output (Responses `text.format`, Chat Completions
+`response_format.json_schema`, `type: "json_schema"`, `strict: true`) whose schema OpenAI's
+strict mode refuses gets OpenAI's HTTP 400 (openai_strict.py), whatever the scenario: the
+check is in the routing, so a subclass of Handler gets it too (and may override
+`schema_refused` to see it).
 
 Every request is appended as one JSON line to the file named by MOCK_LOG, when set.
 """
@@ -35,6 +47,9 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import openai_strict  # noqa: E402
 
 # Distinctive values the fakes substitute.
 REPLY = "MOCK-REPLY-4F7: the mock model says hello."
@@ -48,6 +63,16 @@ STRUCTURED = {"verdict": "MOCK-REPLY-4F7", "count": 3}
 WRITTEN_FILE = "mock-written.txt"
 WRITTEN_TEXT = "written by the mock model\n"
 RESET_IN = 3600
+# The `denied` scenario's tool calls, in order: (kind, what); a path is relative to the cwd.
+DENIED_ACTIONS = [
+    ("write", WRITTEN_FILE),
+    ("write", ".git/mock-written.txt"),
+    ("write", "../mock-outside.txt"),
+    ("shell", "echo from-shell > ../mock-outside-shell.txt"),
+    ("shell", "git add -A && git commit -q -m x"),
+    # An ordinary failure, no refusal: failing tests.
+    ("shell", "echo 'FAILED test_mean'; exit 1"),
+]
 
 LOCK = threading.Lock()
 
@@ -72,6 +97,24 @@ def scenario_of(path):
         if words:
             return words[0], path
     return os.environ.get("MOCK_SCENARIO", "ok"), path
+
+
+def strict_request(bare, body):
+    """(api, name, schema) when the request asks for strict json_schema structured output."""
+    if not isinstance(body, dict):
+        return None
+    if bare.endswith("/responses"):
+        fmt = (body.get("text") or {}).get("format") or {}
+        api = "responses"
+    elif bare.endswith("/chat/completions"):
+        rf = body.get("response_format") or {}
+        fmt = dict(rf.get("json_schema") or {}, type=rf.get("type"))
+        api = "chat"
+    else:
+        return None
+    if fmt.get("type") == "json_schema" and fmt.get("strict") is True:
+        return api, fmt.get("name", ""), fmt.get("schema")
+    return None
 
 
 def schema_properties_answer(schema):
@@ -121,8 +164,8 @@ class Handler(BaseHTTPRequestHandler):
         except ValueError:
             return {"_raw": raw.decode("utf-8", "replace")}
 
-    def send_json(self, status, obj, headers=()):
-        data = json.dumps(obj).encode()
+    def send_json(self, status, obj, headers=(), indent=None):
+        data = json.dumps(obj, indent=indent).encode()
         self.send_response(status)
         self.send_header("content-type", "application/json")
         for k, v in headers:
@@ -173,12 +216,20 @@ class Handler(BaseHTTPRequestHandler):
                 "body": body,
             }
         )
+        strict = strict_request(bare, body) if method == "POST" else None
+        refusal = strict and openai_strict.check(strict[2], strict[1], strict[0])
+        if refusal:
+            self.schema_refused(strict[0], body, refusal)
+            # OpenAI's error bodies are indented by 2 (the raw bodies quoted in the issues).
+            return self.send_json(refusal[0], refusal[1], [("x-request-id", "req_mock")], indent=2)
         if bare.endswith("/messages/count_tokens"):
             return self.send_json(200, {"input_tokens": INPUT_TOKENS})
         if bare.endswith("/messages"):
             return self.anthropic(scenario, body)
         if bare.endswith("/responses"):
             return self.openai(scenario, body)
+        if bare.endswith("/chat/completions"):
+            return self.chat(scenario, body)
         if bare.endswith("/models") and method == "GET":
             return self.send_json(200, {"object": "list", "data": [], "models": []})
         if ":countTokens" in bare:
@@ -187,6 +238,9 @@ class Handler(BaseHTTPRequestHandler):
             model = bare.rsplit("/", 1)[-1].split(":")[0]
             return self.gemini(scenario, body, model, ":streamGenerateContent" in bare)
         self.send_json(404, {"error": {"message": f"mock: no route for {method} {path}"}})
+
+    def schema_refused(self, api, body, refusal):
+        """Called before the 400 refusing a strict schema is sent (a hook for subclasses)."""
 
     # ---- Anthropic ------------------------------------------------------------------------
 
@@ -360,9 +414,20 @@ class Handler(BaseHTTPRequestHandler):
             return m.group(1).rstrip(".") + "/" + WRITTEN_FILE
         return fallback or WRITTEN_FILE
 
+    def cwd_of(self, body):
+        """The CLI's cwd: codex's `<cwd>` element, else as `write_path` finds it."""
+        import re
+
+        m = re.search(r"<cwd>(/[^<]+)</cwd>", json.dumps(body.get("input", "")).replace("\\n", "\n"))
+        if m:
+            return m.group(1)
+        fallback = os.path.join(os.environ.get("MOCK_WRITE_DIR", ""), WRITTEN_FILE)
+        return os.path.dirname(self.write_path(body, fallback))
+
     # ---- OpenAI Responses -----------------------------------------------------------------
 
-    def openai(self, scenario, body):
+    def openai_error(self, scenario):
+        """Answers an OpenAI error scenario (Responses and Chat Completions); False if none."""
         errors = {
             "server_error": (
                 500,
@@ -419,9 +484,15 @@ class Handler(BaseHTTPRequestHandler):
                 "resets_in_seconds": RESET_IN,
             }
             errors[scenario] = (429, err, [])
-        if scenario in errors:
-            status, err, headers = errors[scenario]
-            return self.send_json(status, {"error": err}, headers + [("x-request-id", "req_mock")])
+        if scenario not in errors:
+            return False
+        status, err, headers = errors[scenario]
+        self.send_json(status, {"error": err}, headers + [("x-request-id", "req_mock")])
+        return True
+
+    def openai(self, scenario, body):
+        if self.openai_error(scenario):
+            return
         model = body.get("model", "gpt-mock")
         inputs = body.get("input") or []
         had_result = any(
@@ -446,7 +517,14 @@ class Handler(BaseHTTPRequestHandler):
         if scenario == "structured" or fmt.get("type") == "json_schema":
             text = json.dumps(schema_properties_answer(fmt.get("schema")))
         items = []
-        if scenario == "write" and not had_result:
+        results = sum(
+            1
+            for i in inputs
+            if isinstance(i, dict) and i.get("type") in ("function_call_output", "custom_tool_call_output")
+        )
+        if scenario == "denied" and results < len(DENIED_ACTIONS):
+            items.append(self.codex_denied_call(tools, results, self.cwd_of(body)))
+        elif scenario == "write" and not had_result:
             patch = "*** Begin Patch\n*** Add File: " + WRITTEN_FILE + "\n+" + WRITTEN_TEXT + "*** End Patch\n"
             if "exec" in tools and tools["exec"].get("type") == "custom":
                 # The code-mode tool: a script calling the nested tools; it reports each
@@ -528,6 +606,9 @@ class Handler(BaseHTTPRequestHandler):
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": INPUT_TOKENS + OUTPUT_TOKENS,
         }
+        if scenario == "denied" and results < len(DENIED_ACTIONS):
+            # The tool calls count nothing: the totals are the one answer's, as in `ok`.
+            usage = {k: {kk: 0 for kk in v} if isinstance(v, dict) else 0 for k, v in usage.items()}
         resp = {
             "id": "resp_mock1",
             "object": "response",
@@ -556,6 +637,86 @@ class Handler(BaseHTTPRequestHandler):
                 ev("response.output_text.done", item_id=item["id"], output_index=i, content_index=0, text=t)
             ev("response.output_item.done", output_index=i, item=item)
         ev("response.completed", response=dict(resp, status="completed", output=items, usage=usage))
+
+    @staticmethod
+    def codex_denied_call(tools, step, cwd):
+        """Step `step` of DENIED_ACTIONS as a codex tool call: in code mode, an `exec` script
+        calling the nested tool and reporting its result (or its error)."""
+        kind, what = DENIED_ACTIONS[step]
+        call_id = "call_mockdenied%d" % step
+        if kind == "write":
+            path = os.path.normpath(os.path.join(cwd, what))
+            patch = "*** Begin Patch\n*** Add File: " + path + "\n+" + WRITTEN_TEXT + "*** End Patch\n"
+            nested, arg = "apply_patch", patch
+        else:
+            nested, arg = "exec_command", {"cmd": what}
+        if "exec" in tools and tools["exec"].get("type") == "custom":
+            script = (
+                "try { text(JSON.stringify(await tools." + nested + "(" + json.dumps(arg) + "))); }"
+                " catch (e) { text('" + nested + " failed: ' + e); }\n"
+            )
+            return {
+                "type": "custom_tool_call",
+                "id": "ctc_mockdenied%d" % step,
+                "status": "completed",
+                "call_id": call_id,
+                "name": "exec",
+                "input": script,
+            }
+        if nested == "apply_patch" and tools.get("apply_patch", {}).get("type") == "custom":
+            return {
+                "type": "custom_tool_call",
+                "id": "ctc_mockdenied%d" % step,
+                "status": "completed",
+                "call_id": call_id,
+                "name": "apply_patch",
+                "input": arg,
+            }
+        if nested == "apply_patch" and "apply_patch" in tools:
+            name, args = "apply_patch", {"input": arg}
+        elif "exec_command" in tools:
+            cmd = arg["cmd"] if nested == "exec_command" else "apply_patch <<'PATCH'\n" + arg + "PATCH\n"
+            name, args = "exec_command", {"cmd": cmd}
+        else:
+            cmd = arg["cmd"] if nested == "exec_command" else "apply_patch <<'PATCH'\n" + arg + "PATCH\n"
+            name, args = "shell", {"command": ["bash", "-lc", cmd]}
+        return {
+            "type": "function_call",
+            "id": "fc_mockdenied%d" % step,
+            "status": "completed",
+            "call_id": call_id,
+            "name": name,
+            "arguments": json.dumps(args),
+        }
+
+    # ---- OpenAI Chat Completions ----------------------------------------------------------
+
+    def chat(self, scenario, body):
+        if self.openai_error(scenario):
+            return
+        rf = body.get("response_format") or {}
+        text = REPLY
+        if scenario == "structured" or rf.get("type") == "json_schema":
+            text = json.dumps(schema_properties_answer((rf.get("json_schema") or {}).get("schema")))
+        usage = {
+            "prompt_tokens": INPUT_TOKENS,
+            "completion_tokens": OUTPUT_TOKENS,
+            "total_tokens": INPUT_TOKENS + OUTPUT_TOKENS,
+            "prompt_tokens_details": {"cached_tokens": CACHED_TOKENS},
+        }
+        resp = {"id": "chatcmpl-mock1", "created": int(time.time()), "model": body.get("model", "gpt-mock")}
+        message = {"role": "assistant", "content": text, "refusal": None}
+        if not body.get("stream"):
+            choice = {"index": 0, "message": message, "finish_reason": "stop", "logprobs": None}
+            return self.send_json(200, dict(resp, object="chat.completion", choices=[choice], usage=usage))
+        self.start_sse()
+        for delta, finish in ((message, None), ({}, "stop")):
+            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+            self.sse(dict(resp, object="chat.completion.chunk", choices=[choice]))
+        if (body.get("stream_options") or {}).get("include_usage"):
+            self.sse(dict(resp, object="chat.completion.chunk", choices=[], usage=usage))
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
 
     # ---- Gemini ---------------------------------------------------------------------------
 
@@ -641,6 +802,14 @@ class Handler(BaseHTTPRequestHandler):
             if "next_speaker" in answer:
                 answer["next_speaker"] = "user"
             parts = [{"text": json.dumps(answer)}]
+        elif scenario == "denied" and self.gemini_results(contents) < len(DENIED_ACTIONS):
+            kind, what = DENIED_ACTIONS[self.gemini_results(contents)]
+            cwd = self.cwd_of(body)
+            if kind == "write":
+                call = {"name": "write_file", "args": {"file_path": os.path.normpath(os.path.join(cwd, what)), "content": WRITTEN_TEXT}}
+            else:
+                call = {"name": "run_shell_command", "args": {"command": what, "description": what}}
+            parts = [{"functionCall": call}]
         elif scenario == "write" and not had_result and "write_file" in decls:
             path = self.write_path(body, os.path.join(os.environ.get("MOCK_WRITE_DIR", ""), WRITTEN_FILE))
             parts = [{"functionCall": {"name": "write_file", "args": {"file_path": path, "content": WRITTEN_TEXT}}}]
@@ -655,6 +824,9 @@ class Handler(BaseHTTPRequestHandler):
             "cachedContentTokenCount": CACHED_TOKENS,
             "promptTokensDetails": [{"modality": "TEXT", "tokenCount": INPUT_TOKENS}],
         }
+        if "functionCall" in parts[0] and scenario == "denied":
+            # The tool calls count nothing: the totals are the one answer's, as in `ok`.
+            usage = {"promptTokenCount": 0, "candidatesTokenCount": 0, "totalTokenCount": 0}
         if not stream:
             # Side requests (the model router's classifier...): their own small usage.
             usage = {
@@ -673,6 +845,17 @@ class Handler(BaseHTTPRequestHandler):
             return self.send_json(200, chunk)
         self.start_sse()
         self.sse(chunk)
+
+    @staticmethod
+    def gemini_results(contents):
+        """How many tool results a Gemini conversation holds."""
+        return sum(
+            1
+            for c in contents
+            if isinstance(c, dict)
+            for p in c.get("parts") or []
+            if isinstance(p, dict) and "functionResponse" in p
+        )
 
 
 def main():

@@ -135,7 +135,10 @@ impl CliBackend {
         let mut env: Vec<(String, String)> =
             self.config.env.iter().chain(&call.env).cloned().collect();
         for (key, value) in self.default_env() {
-            if !env.iter().any(|(k, _)| k == key) && std::env::var_os(key).is_none() {
+            // `IS_SANDBOX` is `permissions = "full"`'s decision: only the agent's own `env`
+            // changes it (claude takes only `1`, and a container may set `IS_SANDBOX=yes`).
+            let inherited = key != "IS_SANDBOX" && std::env::var_os(key).is_some();
+            if !env.iter().any(|(k, _)| k == key) && !inherited {
                 env.push((key.to_string(), value.to_string()));
             }
         }

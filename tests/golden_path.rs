@@ -1,0 +1,507 @@
+//! The golden path in CI: the shipped presets wiggum-review, spider and cairo-driver-reviewer
+//! run through the REAL claude and codex CLIs, each from `ralph-flow init PRESET` in a fresh
+//! git repository, against tests/realcli/scripted_mock.py, a local mock of their model APIs
+//! that plays a script of real tool calls: the CLIs really write files, run the tests and
+//! commit, and every run must reach its preset's success exit (code 0).
+//!
+//! Each run is tests/realcli/golden.sh, offline: in a network namespace with only loopback
+//! (and a pid namespace, so that killing it kills everything it started). The test then checks
+//! what the run left: the files the script wrote, the commits it made, the gates it answered,
+//! and that the usage ralph-flow recorded (`ralph-flow status RUN --json`) is the sum of what
+//! the mock reported, in total and per stage.
+//!
+//! Skipped (saying SKIPPED, passing) when the real CLIs are not installed
+//! (tests/realcli/install.sh), python3 is missing, or no network namespace can be made
+//! (`unshare --net`, as root or with `--map-root-user`); failed instead when
+//! RALPH_FLOW_REQUIRE_GOLDEN is set. A failed run's directory is kept and named in the
+//! message: the repository, run.err, script.log (what the mock answered), mock.log (every
+//! request), status.json and the run's artifacts under repo/.ralph-flow/runs/.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// How long one preset's run may take (golden.sh stops the run after this): they take 2 to 10
+/// seconds on two cores.
+const RUN_LIMIT: Duration = Duration::from_secs(120);
+/// And the whole script, with its set-up and tear-down; past it everything is killed.
+const SCRIPT_LIMIT: Duration = Duration::from_secs(150);
+
+/// One run at a time: the runs are timed and the CI machine has two cores.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Says why the test did nothing, on stderr past the harness's capture; with
+/// RALPH_FLOW_REQUIRE_GOLDEN set (CI, once the CLIs are installed) it fails instead.
+fn skipped(why: &str) {
+    if std::env::var_os("RALPH_FLOW_REQUIRE_GOLDEN").is_some() {
+        panic!("RALPH_FLOW_REQUIRE_GOLDEN is set, but: {why}");
+    }
+    let _ = writeln!(std::io::stderr(), "SKIPPED: {why}");
+}
+
+fn real_cli_bin() -> Option<PathBuf> {
+    let dir = std::env::var_os("RALPH_FLOW_REAL_CLI_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target/realcli"));
+    let bin = dir.join("node_modules/.bin");
+    ["claude", "codex"]
+        .iter()
+        .all(|c| bin.join(c).exists())
+        .then_some(bin)
+}
+
+/// The `unshare` arguments that make a network namespace with only loopback (and a pid
+/// namespace), or why none can be made here.
+fn offline_prefix() -> Result<Vec<&'static str>, String> {
+    let base = ["--net", "--pid", "--fork", "--kill-child", "--mount-proc"];
+    let mut last = String::from("unshare not found");
+    for extra in [&[][..], &["--map-root-user"][..]] {
+        let args: Vec<&'static str> = extra.iter().chain(base.iter()).copied().collect();
+        let out = Command::new("unshare")
+            .args(&args)
+            .args(["sh", "-c", "ip link set lo up"])
+            .stdin(Stdio::null())
+            .output();
+        match out {
+            Ok(o) if o.status.success() => return Ok(args),
+            Ok(o) => last = String::from_utf8_lossy(&o.stderr).trim().to_string(),
+            Err(e) => last = format!("unshare: {e}"),
+        }
+    }
+    Err(last)
+}
+
+fn python3() -> bool {
+    Command::new("python3")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// What the script leaves behind, from the script itself.
+fn expected(preset: &str) -> Value {
+    let out = Command::new("python3")
+        .arg(root().join("tests/realcli/scripted_mock.py"))
+        .args(["--expect", preset])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// The last lines of a file, for failure messages.
+fn tail(path: &Path, lines: usize) -> String {
+    let text = read(path);
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+fn git(repo: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(repo)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Tokens summed the way ralph-flow records them.
+#[derive(Debug, Default, PartialEq, Eq, Clone, Copy)]
+struct Tokens {
+    input: u64,
+    output: u64,
+    cached: u64,
+}
+
+impl Tokens {
+    fn of_status(usage: &Value) -> Tokens {
+        Tokens {
+            input: usage["input_tokens"].as_u64().unwrap_or(0),
+            output: usage["output_tokens"].as_u64().unwrap_or(0),
+            cached: usage["cached_tokens"].as_u64().unwrap_or(0),
+        }
+    }
+
+    fn add(&mut self, o: Tokens) {
+        self.input += o.input;
+        self.output += o.output;
+        self.cached += o.cached;
+    }
+}
+
+/// One request the mock answered (a line of its SCRIPT_LOG).
+struct Answered {
+    api: String,
+    stage: Option<String>,
+    turn: Option<u64>,
+    tools: bool,
+    did: String,
+    last_ok: Option<bool>,
+    violations: Vec<Value>,
+    tokens: Tokens,
+    line: String,
+}
+
+fn answered(work: &Path, cli: &str) -> Vec<Answered> {
+    read(&work.join("script.log"))
+        .lines()
+        .map(|line| {
+            let e: Value = serde_json::from_str(line).unwrap();
+            // An error answer (a refused schema) reports no usage.
+            let u = &e["usage"];
+            let (input, output, cached) = (
+                u["input"].as_u64().unwrap_or(0),
+                u["output"].as_u64().unwrap_or(0),
+                u["cached"].as_u64().unwrap_or(0),
+            );
+            Answered {
+                api: e["api"].as_str().unwrap_or("").to_string(),
+                stage: e["stage"].as_str().map(String::from),
+                turn: e["turn"].as_u64(),
+                tools: e["tools"].as_bool().unwrap_or(false),
+                did: e["did"].as_str().unwrap_or("").to_string(),
+                last_ok: e["last_ok"].as_bool(),
+                violations: e["schema_violations"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default(),
+                // ralph-flow's input tokens hold the cached ones: OpenAI's input_tokens do,
+                // Anthropic's count them apart (cache_read_input_tokens).
+                tokens: Tokens {
+                    input: if cli == "claude" {
+                        input + cached
+                    } else {
+                        input
+                    },
+                    output,
+                    cached,
+                },
+                line: line.to_string(),
+            }
+        })
+        .collect()
+}
+
+fn golden(cli: &str, preset: &str) {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(bin) = real_cli_bin() else {
+        skipped("real claude and codex not installed (run tests/realcli/install.sh)");
+        return;
+    };
+    if !python3() {
+        skipped("python3 not found (the mock is a Python script)");
+        return;
+    }
+    let unshare = match offline_prefix() {
+        Ok(args) => args,
+        Err(why) => {
+            skipped(&format!("no network namespace for an offline run: {why}"));
+            return;
+        }
+    };
+    // Kept when the run fails, for a look; removed when it passes.
+    let work = tempfile::Builder::new()
+        .prefix(&format!("golden-{cli}-{preset}-"))
+        .tempdir()
+        .unwrap()
+        .keep();
+    let work = work.as_path();
+    let started = Instant::now();
+    let mut child = Command::new("unshare")
+        .args(&unshare)
+        .args(["sh", "-c", "ip link set lo up && sh \"$0\" \"$@\""])
+        .arg(root().join("tests/realcli/golden.sh"))
+        .args([cli, preset])
+        .arg(work)
+        .env("RALPH_FLOW", env!("CARGO_BIN_EXE_ralph-flow"))
+        .env("REALCLI_BIN", &bin)
+        .env("GOLDEN_TIMEOUT", RUN_LIMIT.as_secs().to_string())
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(work.join("golden.out")).unwrap())
+        .stderr(std::fs::File::create(work.join("golden.err")).unwrap())
+        .spawn()
+        .unwrap();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if started.elapsed() > SCRIPT_LIMIT {
+            // Killing unshare kills its child (--kill-child), pid 1 of the namespace, and so
+            // everything in it.
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let took = started.elapsed();
+    let _ = writeln!(std::io::stderr(), "golden path {cli} {preset}: {took:.1?}");
+    let context = || {
+        format!(
+            "\n--- golden.sh (exit {:?}):\n{}{}\n--- ralph-flow run stderr (tail):\n{}\n--- run.out:\n{}\n--- mock answers (tail):\n{}\n--- mock stderr:\n{}\n--- work dir kept at {}",
+            status.and_then(|s| s.code()),
+            tail(&work.join("golden.out"), 20),
+            tail(&work.join("golden.err"), 20),
+            tail(&work.join("run.err"), 40),
+            tail(&work.join("run.out"), 20),
+            tail(&work.join("script.log"), 8)
+                .lines()
+                .map(|l| l.chars().take(600).collect::<String>())
+                .collect::<Vec<_>>()
+                .join("\n"),
+            tail(&work.join("mock.err"), 20),
+            work.display()
+        )
+    };
+    let fail = |what: String| -> ! {
+        let _ = std::fs::write(work.join("FAILED"), &what);
+        panic!("{cli} {preset}: {what}{}", context());
+    };
+    match status {
+        None => fail(format!("golden.sh took more than {SCRIPT_LIMIT:?}: killed")),
+        Some(s) if !s.success() => fail("golden.sh failed".into()),
+        Some(_) => {}
+    }
+    let code = read(&work.join("exit")).trim().to_string();
+    if code != "0" {
+        fail(format!(
+            "`ralph-flow run` exited {code}, not 0 (the preset's success exit)"
+        ));
+    }
+    if let Err(what) = check(cli, preset, work) {
+        fail(what);
+    }
+    let _ = std::fs::remove_dir_all(work);
+}
+
+/// `Err(what differs)` unless `got == want`.
+fn same<T: PartialEq + std::fmt::Debug>(got: T, want: T, what: &str) -> Result<(), String> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(format!("{what}:\n   got: {got:?}\n  want: {want:?}"))
+    }
+}
+
+fn ensure(ok: bool, what: impl FnOnce() -> String) -> Result<(), String> {
+    if ok { Ok(()) } else { Err(what()) }
+}
+
+/// What a successful run must have left; `Err` says what is not so.
+fn check(cli: &str, preset: &str, work: &Path) -> Result<(), String> {
+    let repo = work.join("repo");
+    let expect = expected(preset);
+
+    // The files the script wrote (for cairo: ralph-flow's write_code, from the driver's answer).
+    for (path, content) in expect["files"].as_object().unwrap() {
+        let got = std::fs::read_to_string(repo.join(path))
+            .map_err(|e| format!("{path} was not written: {e}"))?;
+        same(
+            got.as_str(),
+            content.as_str().unwrap(),
+            &format!("the content of {path}"),
+        )?;
+    }
+
+    // The commits the script made, oldest first, after the test's own.
+    let log = git(&repo, &["log", "--reverse", "--format=%s"]);
+    let mut want = vec![format!("Start: {preset}")];
+    want.extend(
+        expect["commits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c.as_str().unwrap().to_string()),
+    );
+    same(
+        log.lines().map(String::from).collect(),
+        want,
+        "the commits (git log)",
+    )?;
+
+    // The mock: every request with tools belongs to a stage and turn of the script, every
+    // command and patch the script ran succeeded, every structured answer fit the schema the
+    // CLI sent, and every turn of the script reached its final answer.
+    let answers = answered(work, cli);
+    ensure(!answers.is_empty(), || "the mock answered nothing".into())?;
+    // Only the CLI under test talked to the mock (spider's agents fall back to each other).
+    let api = if cli == "claude" {
+        "anthropic"
+    } else {
+        "openai"
+    };
+    for a in &answers {
+        ensure(a.api == api, || {
+            format!(
+                "a request of the other CLI ({}, a fallback?): {}",
+                a.api, a.line
+            )
+        })?;
+        ensure(
+            !(a.tools && (a.stage.is_none() || a.turn.is_none())),
+            || format!("a request the script does not know: {}", a.line),
+        )?;
+        ensure(a.last_ok != Some(false), || {
+            format!("a tool call of the script failed: {}", a.line)
+        })?;
+        ensure(a.violations.is_empty(), || {
+            format!("an answer does not fit the schema the CLI sent: {}", a.line)
+        })?;
+    }
+    for t in expect["turns"].as_array().unwrap() {
+        let (stage, turn) = (t[0].as_str().unwrap(), t[1].as_u64().unwrap());
+        let finals = answers
+            .iter()
+            .filter(|a| a.stage.as_deref() == Some(stage) && a.turn == Some(turn))
+            .filter(|a| !a.did.contains(':') || a.did == "text:after-structured")
+            .count();
+        ensure(finals >= 1, || {
+            format!("turn {turn} of stage {stage} never gave its final answer")
+        })?;
+    }
+
+    // Usage: what ralph-flow recorded is what the mock reported, in total and per stage.
+    let status: Value = serde_json::from_str(&read(&work.join("status.json")))
+        .map_err(|e| format!("status.json: {e}"))?;
+    same(
+        &status["status"],
+        &Value::from("finished"),
+        "the run's status",
+    )?;
+    same(
+        &status["exit"][1],
+        &Value::from(0),
+        "the run's exit code in the store",
+    )?;
+    let mut reported = Tokens::default();
+    let mut per_stage: BTreeMap<String, Tokens> = BTreeMap::new();
+    for a in &answers {
+        reported.add(a.tokens);
+        if let Some(s) = &a.stage {
+            per_stage.entry(s.clone()).or_default().add(a.tokens);
+        }
+    }
+    same(
+        Tokens::of_status(&status["total"]),
+        reported,
+        "the run's usage against the mock's",
+    )?;
+    for (stage, tokens) in &per_stage {
+        let mut recorded = Tokens::default();
+        for n in status["nodes"].as_array().unwrap() {
+            if n["node"] == stage.as_str() {
+                recorded.add(Tokens::of_status(&n["usage"]));
+            }
+        }
+        same(
+            recorded,
+            *tokens,
+            &format!("the usage of stage {stage} against the mock's"),
+        )?;
+    }
+
+    // The output ralph-flow settled for each stage that answers JSON is the script's answer,
+    // as written: the nulls a strict schema made the mock add are gone again.
+    for (stage, answers) in expect["json_answers"].as_object().unwrap() {
+        let answers = answers.as_array().unwrap();
+        let mut settled = 0;
+        for n in status["nodes"].as_array().unwrap() {
+            if n["node"] == stage.as_str() && n["state"] == "done" {
+                settled += 1;
+                ensure(answers.contains(&n["output"]), || {
+                    format!(
+                        "the output of {}/{stage} is not the script's answer: {}",
+                        n["scope"], n["output"]
+                    )
+                })?;
+            }
+        }
+        ensure(settled > 0, || {
+            format!("no settled output of stage {stage}")
+        })?;
+    }
+
+    // A fresh `init` runs without a warning.
+    let warnings: Vec<String> = read(&work.join("run.err"))
+        .lines()
+        .filter(|l| l.contains('⚠'))
+        .map(String::from)
+        .collect();
+    same(warnings, Vec::new(), "the warnings of `ralph-flow run`")?;
+
+    // What is particular to each preset.
+    match preset {
+        "spider" => same(
+            read(&work.join("gates")).lines().collect::<Vec<_>>(),
+            vec!["specify_loop#1/approve_spec", "plan_loop#1/approve_plan"],
+            "the gates answered with `ralph-flow approve`",
+        ),
+        "cairo-driver-reviewer" => same(
+            read(&work.join("scarb.log")).lines().collect::<Vec<_>>(),
+            vec!["scarb fmt --check", "scarb build", "scarb test"],
+            "the verify step's scarb calls",
+        ),
+        "wiggum-review" => same(
+            git(&repo, &["status", "--porcelain", "--", "src"]),
+            String::new(),
+            "the reviewed tree (git status --porcelain -- src)",
+        ),
+        _ => Ok(()),
+    }
+}
+
+#[test]
+fn wiggum_review_through_codex() {
+    golden("codex", "wiggum-review");
+}
+
+#[test]
+fn cairo_driver_reviewer_through_codex() {
+    golden("codex", "cairo-driver-reviewer");
+}
+
+#[test]
+fn spider_through_codex() {
+    golden("codex", "spider");
+}
+
+#[test]
+fn wiggum_review_through_claude() {
+    golden("claude", "wiggum-review");
+}
+
+#[test]
+fn cairo_driver_reviewer_through_claude() {
+    golden("claude", "cairo-driver-reviewer");
+}
+
+#[test]
+fn spider_through_claude() {
+    golden("claude", "spider");
+}

@@ -1,0 +1,175 @@
+#!/bin/sh
+# One golden-path run of a shipped preset through a real agent CLI against the scripted mock
+# of its model API (tests/realcli/scripted_mock.py), as a user would do it: a fresh git
+# repository, `ralph-flow init PRESET`, the preset's inputs, `ralph-flow run`, the human gates
+# answered with `ralph-flow approve` from another process while the run waits.
+#
+# Usage: golden.sh CLI PRESET WORK
+#   CLI     claude or codex
+#   PRESET  wiggum-review, cairo-driver-reviewer or spider
+#   WORK    an empty directory: the repository is WORK/repo, the CLIs' home WORK/home
+#
+# Environment: RALPH_FLOW (the ralph-flow binary), REALCLI_BIN (the directory of the real
+# claude and codex), GOLDEN_TIMEOUT (seconds the run may take, default 120).
+#
+# Run it offline, in a network namespace with only loopback, as tests/golden_path.rs does:
+#   unshare --net --pid --fork --kill-child --mount-proc \
+#       sh -c 'ip link set lo up && sh "$0" "$@"' tests/realcli/golden.sh codex spider "$WORK"
+#
+# Leaves in WORK: run.out and run.err (what `ralph-flow run` printed), exit (its exit code),
+# run_id, status.json (`ralph-flow status RUN --json`), gates (the gates it approved, one a
+# line), script.log (every model request the mock answered, with the usage it reported),
+# mock.log (every request's body), scarb.log (cairo: the fake scarb's calls).
+set -eu
+
+cli=$1 preset=$2 work=$3
+root=$(cd "$(dirname "$0")/../.." && pwd)
+rf=${RALPH_FLOW:-$root/target/debug/ralph-flow}
+bin=${REALCLI_BIN:-$root/target/realcli/node_modules/.bin}
+limit=${GOLDEN_TIMEOUT:-120}
+
+repo=$work/repo
+home=$work/home
+mkdir -p "$repo" "$home/.codex" "$work/bin"
+
+# The mock, on loopback.
+SCRIPT_LOG=$work/script.log MOCK_LOG=$work/mock.log python3 "$root/tests/realcli/scripted_mock.py" 0 >"$work/port" 2>"$work/mock.err" &
+mock=$!
+run=
+cleanup() {
+    [ -n "$run" ] && kill -INT "$run" 2>/dev/null || true
+    kill "$mock" 2>/dev/null || true
+}
+trap cleanup EXIT INT TERM
+i=0
+while [ ! -s "$work/port" ] && [ $i -lt 100 ]; do
+    sleep 0.1
+    i=$((i + 1))
+done
+port=$(cat "$work/port")
+base=http://127.0.0.1:$port
+
+cat >"$home/.codex/config.toml" <<EOF
+model_provider = "mock"
+
+[model_providers.mock]
+name = "mock"
+base_url = "$base/v1"
+env_key = "MOCK_API_KEY"
+wire_api = "responses"
+request_max_retries = 0
+stream_max_retries = 0
+
+# Offline, codex would wait 5 s at exit trying to send its analytics.
+[analytics]
+enabled = false
+EOF
+
+# A fake scarb for the Cairo preset's verify step: fmt passes, build needs a function in
+# src/lib.cairo, test needs a #[test]; every call is logged.
+cat >"$work/bin/scarb" <<EOF
+#!/bin/sh
+echo "scarb \$*" >>"$work/scarb.log"
+case "\$1" in
+fmt) exit 0 ;;
+build) grep -q 'fn ' src/lib.cairo || { echo 'error: no function in src/lib.cairo' >&2; exit 1; } ;;
+test) grep -q '#\[test\]' src/lib.cairo || { echo 'error: no tests found' >&2; exit 1; }
+      echo 'test demo::tests::it_adds ... ok' ;;
+esac
+echo "   Finished \$1"
+EOF
+chmod +x "$work/bin/scarb"
+
+# ralph-flow and the CLIs run with this environment only (as tests/realcli/capture.sh runs
+# the CLIs): nothing of the caller's (an IS_SANDBOX, a real API key, a proxy) leaks in.
+# `clean_env --exec CMD... &` makes $! the pid of CMD itself, so that it can be signalled.
+clean_env() {
+    _exec=
+    if [ "$1" = --exec ]; then
+        _exec=exec
+        shift
+    fi
+    $_exec env -i PATH="$work/bin:$PATH" HOME="$home" LANG=C.UTF-8 \
+        CODEX_HOME="$home/.codex" MOCK_API_KEY=mock-key \
+        ANTHROPIC_BASE_URL="$base" ANTHROPIC_API_KEY=sk-ant-mock-key \
+        CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 \
+        RALPH_FLOW_CLAUDE="${RALPH_FLOW_CLAUDE:-$bin/claude}" \
+        RALPH_FLOW_CODEX="${RALPH_FLOW_CODEX:-$bin/codex}" \
+        "$@"
+}
+
+# A fresh repository with the preset's starting files and the workflow `init` writes.
+cd "$repo"
+git init -q -b main
+git config user.name "Golden Path"
+git config user.email golden@example.com
+python3 "$root/tests/realcli/scripted_mock.py" --seed "$preset" "$repo"
+clean_env "$rf" init "$preset" >"$work/init.out" 2>&1
+flow=workflows/$preset.toml
+set --
+case $preset in
+wiggum-review)
+    # The preset's reviewer is claude; codex replaces it with an agent of the same name.
+    if [ "$cli" = codex ]; then
+        printf '\n[agents.reviewer]\nkind = "codex"\npermissions = "full"\n' >>"$flow"
+    fi
+    # Its defaults: the built-in criteria, the paths src and scripts.
+    ;;
+cairo-driver-reviewer)
+    set -- --set prompt=task.md --set rubric=rubric.md --set driver_backend="$cli" --set reviewer_backend="$cli"
+    ;;
+spider)
+    set -- --set author_backend="$cli" --set builder_backend="$cli" \
+        --set "test_command=python3 -m unittest discover -s tests -v"
+    ;;
+esac
+git add -A
+git commit -q -m "Start: $preset"
+
+# The run, in the background; gates are answered from here while it waits.
+clean_env --exec "$rf" run "$flow" "$@" >"$work/run.out" 2>"$work/run.err" &
+run=$!
+: >"$work/gates"
+start=$(date +%s)
+while kill -0 "$run" 2>/dev/null; do
+    if [ $(($(date +%s) - start)) -ge "$limit" ]; then
+        echo "golden: the run took more than ${limit}s: stopped" >>"$work/run.err"
+        # Ctrl-C: ralph-flow stops its agents and keeps the run (SIGTERM would kill it
+        # outright and leave its agents running).
+        kill -INT "$run" 2>/dev/null || true
+        i=0
+        while kill -0 "$run" 2>/dev/null && [ $i -lt 20 ]; do
+            sleep 0.5
+            i=$((i + 1))
+        done
+        kill -KILL "$run" 2>/dev/null || true
+        break
+    fi
+    # Any gate the run waits on is approved, once, by another process (as a person would).
+    if clean_env "$rf" status --json >"$work/status.now" 2>/dev/null; then
+        python3 -c '
+import json, sys
+s = json.load(open(sys.argv[1]))
+for g in s.get("pending_gates") or []:
+    scope = g.get("scope") or ""
+    print(s["id"], scope + "/" + g["gate"] if scope else g["gate"])
+' "$work/status.now" >"$work/waiting" 2>/dev/null || : >"$work/waiting"
+        while read -r id gate; do
+            [ -n "$gate" ] || continue
+            grep -qxF "$gate" "$work/gates" && continue
+            clean_env USER=approver "$rf" approve "$id" "$gate" --comment "approved by the golden-path test" \
+                >>"$work/approve.out" 2>&1 &&
+                echo "$gate" >>"$work/gates"
+        done <"$work/waiting"
+    fi
+    sleep 0.5
+done
+set +e
+wait "$run"
+code=$?
+set -e
+run=
+echo "$code" >"$work/exit"
+clean_env "$rf" status --json >"$work/status.json" 2>>"$work/run.err" || true
+python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["id"])' "$work/status.json" >"$work/run_id" 2>/dev/null || true
+exit 0
