@@ -79,6 +79,10 @@ pub struct AgentReply {
     /// rejected, and the one used instead); shown in the progress and kept as events.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// The structured-output mode an `auto` agent stepped down to in this call (a server
+    /// rejected the one before): the run keeps it, so that a resume starts there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub structured_output: Option<String>,
 }
 
 /// Why a call did not produce a reply, classified for the executor.
@@ -202,6 +206,9 @@ pub struct AgentConfig {
     pub permissions: crate::model::Permissions,
     /// How a stage's output schema reaches the model.
     pub structured_output: crate::model::StructuredOutput,
+    /// Where an `auto` agent starts: the mode an earlier process of the same run stepped
+    /// down to (a resume), instead of the first mode of `auto`.
+    pub resumed_mode: Option<crate::model::StructuredOutput>,
 }
 
 /// The prompt with the output schema written into it, for backends (or modes) where the

@@ -215,6 +215,14 @@ impl Exec<'_> {
                     .progress
                     .note(&format!("! {}: agent `{agent_name}`: {w}", node.name));
             }
+            if let Some(mode) = &reply.structured_output {
+                self.shared.event(
+                    "",
+                    "",
+                    super::exec::STEPPED_DOWN,
+                    format!("{agent_name}: {mode}"),
+                );
+            }
             if !reply.denied.is_empty() {
                 let text = format!(
                     "agent `{agent_name}` was denied {} action{} (its `permissions` is `{}`): {}",

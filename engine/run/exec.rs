@@ -332,6 +332,14 @@ impl<'p> Exec<'p> {
         for a in &plan.workflow.agents {
             agents.push(agent_config(a, plan, sources)?);
         }
+        // A resume starts each `auto` agent at the mode an earlier process stepped down to.
+        if shared.opts.resume.is_some() {
+            for (agent, mode) in stepped_down(shared) {
+                if let Some(cfg) = agents.iter_mut().find(|c| c.name == agent) {
+                    cfg.resumed_mode = Some(mode);
+                }
+            }
+        }
         // Only stages with an `output` table get one: without it, an agent's output is
         // `{text}` and a command's the built-in object, with no extractor to hold.
         let mut extractors = HashMap::new();
@@ -537,7 +545,32 @@ pub(super) fn agent_config(
             .as_ref()
             .map(|m| m.value)
             .unwrap_or_default(),
+        resumed_mode: None,
     })
+}
+
+/// The event that keeps the structured-output mode an agent stepped down to, run-wide (its
+/// message is `AGENT: MODE`): a resume starts the agent there.
+pub(super) const STEPPED_DOWN: &str = "structured_output";
+
+/// The modes the agents of a run stepped down to in its earlier processes, from their
+/// events (the last one of each agent).
+fn stepped_down(shared: &Shared) -> Vec<(String, crate::model::StructuredOutput)> {
+    let events = shared
+        .store
+        .borrow()
+        .events(&shared.run.id, Some(""))
+        .unwrap_or_default();
+    let mut out: Vec<(String, crate::model::StructuredOutput)> = Vec::new();
+    for e in events.iter().filter(|e| e.kind == STEPPED_DOWN) {
+        if let Some((agent, mode)) = e.message.split_once(": ") {
+            if let Some(mode) = crate::model::StructuredOutput::parse(mode) {
+                out.retain(|(a, _)| a != agent);
+                out.push((agent.to_string(), mode));
+            }
+        }
+    }
+    out
 }
 
 /// A JSON value shortened for a message.

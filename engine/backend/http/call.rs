@@ -86,6 +86,9 @@ impl HttpBackend {
                     if let Some(text) = lowered.as_ref().and_then(|l| l.restore_text(&reply.text)) {
                         reply.text = text;
                     }
+                    if !warnings.is_empty() {
+                        reply.structured_output = Some(mode.as_str().to_string());
+                    }
                     reply.warnings = warnings;
                     return Ok(reply);
                 }

@@ -138,7 +138,7 @@ pub fn build(config: &AgentConfig) -> Result<Box<dyn Backend>, SetupError> {
         (Api::Responses, StructuredOutput::JsonObject | StructuredOutput::GuidedJson) => {
             StructuredOutput::Prompt
         }
-        (_, StructuredOutput::Auto) => StructuredOutput::JsonSchema,
+        (_, StructuredOutput::Auto) => config.resumed_mode.unwrap_or(StructuredOutput::JsonSchema),
         (_, mode) => mode,
     };
     Ok(Box::new(HttpBackend {
