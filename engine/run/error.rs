@@ -109,6 +109,18 @@ pub enum WorktreeError {
     /// A file or directory of the worktree or its lock.
     #[error(transparent)]
     Io(#[from] IoFailure),
+    /// The branch is checked out in another worktree, which may not be taken (see
+    /// `worktree::Claim`): `why` says why not and what to do.
+    #[error(
+        "the branch `{branch}` is checked out in the worktree {}, which ralph-flow leaves \
+         alone: {why}",
+        path.display()
+    )]
+    Held {
+        branch: String,
+        path: PathBuf,
+        why: String,
+    },
     /// The lock that serializes worktree changes could not be taken.
     #[error("cannot lock {}", path.display())]
     Lock {

@@ -6,8 +6,15 @@
 //! without this their worktrees fail under load. Within a process a mutex serializes them;
 //! across processes (two runs in one repository) a lock on the file
 //! `ralph-flow-worktrees.lock` in the repository's git directory does.
+//!
+//! A branch can be checked out in one worktree only. When the branch a new worktree needs is
+//! checked out in another, [`ensure`] asks its [`Claim`] whether that one may be taken (a
+//! worktree an earlier run left in the state directory, that run not running any more) and
+//! then moves it where the new one goes (`git worktree move`: nothing in it is lost, the
+//! files git ignores such as build output included). It never takes one with uncommitted
+//! changes other than those its run recorded leaving there ([`WorkState`]).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use tokio::process::Command;
 
@@ -84,16 +91,184 @@ async fn repo_lock(repo: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, Work
     .map_err(|e| lock_failed(Box::new(e)))
 }
 
+/// Who left a worktree that has a branch checked out, as the [`Claim`] found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Leftover {
+    /// The run that made it.
+    pub run: String,
+    /// That run can still be resumed (it waits or was stopped): it would work there again.
+    pub resumable: bool,
+    /// [`WorkState::digest`] of the worktree as the run recorded leaving it, if it did.
+    pub left: Option<String>,
+}
+
+/// Decides whether a worktree that has the branch another worktree needs may be taken.
+pub trait Claim {
+    /// Who left the worktree at `path`, when it may be taken (it is in the state directory,
+    /// left by another run that is not running), else why not. [`ensure`] then checks that
+    /// it has no changes but those its run recorded leaving there.
+    fn leftover(&self, path: &Path) -> Result<Leftover, String>;
+}
+
+/// What a worktree holds beside its commits, to tell whether anyone changed it since a run
+/// left it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkState {
+    /// Its HEAD commit.
+    pub head: String,
+    /// Nothing differs from HEAD: no change to a tracked file, staged or not, and no new file
+    /// (files git ignores do not count).
+    pub clean: bool,
+    /// A digest of HEAD, the index's changes and every file's content that git does not
+    /// ignore: equal digests, the same uncommitted work.
+    pub digest: String,
+}
+
+/// Reads a worktree's [`WorkState`], changing nothing in it (its index included: the files
+/// are hashed through an index of their own, and `git status` takes no optional lock).
+pub async fn state(dir: &Path) -> Result<WorkState, WorktreeError> {
+    use sha2::{Digest, Sha256};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let quiet: [(&str, &std::ffi::OsStr); 1] = [("GIT_OPTIONAL_LOCKS", std::ffi::OsStr::new("0"))];
+    let head = git(dir, &["rev-parse", "--verify", "HEAD^{commit}"])
+        .await?
+        .trim()
+        .to_string();
+    let status = git_with(
+        dir,
+        &[
+            "status",
+            "--porcelain=v2",
+            "-z",
+            "--untracked-files=all",
+            "--ignore-submodules=none",
+        ],
+        &quiet,
+    )
+    .await?;
+    let clean = status.is_empty();
+    let tree = if clean {
+        String::new()
+    } else {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let index = std::env::temp_dir().join(format!(
+            "ralph-flow-left-{}-{}.index",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let env: [(&str, &std::ffi::OsStr); 2] = [("GIT_INDEX_FILE", index.as_os_str()), quiet[0]];
+        let tree = async {
+            git_with(dir, &["read-tree", &head], &env).await?;
+            git_with(dir, &["add", "--all"], &env).await?;
+            git_with(dir, &["write-tree"], &env).await
+        }
+        .await;
+        let _ = std::fs::remove_file(&index);
+        tree?.trim().to_string()
+    };
+    let mut h = Sha256::new();
+    for part in [head.as_str(), tree.as_str(), status.as_str()] {
+        h.update(part.as_bytes());
+        h.update([0]);
+    }
+    Ok(WorkState {
+        head,
+        clean,
+        digest: format!("{:x}", h.finalize()),
+    })
+}
+
+/// The worktree that has `branch` checked out (the main working tree included), with the
+/// reason it is locked for when it is locked.
+async fn holder_of(
+    repo: &Path,
+    branch: &str,
+) -> Result<Option<(PathBuf, Option<String>)>, WorktreeError> {
+    // Lines, not `-z` (git 2.36 and later only): the paths ralph-flow makes hold no line
+    // break, and another path misread is only refused as not one of ralph-flow's.
+    let list = git(repo, &["worktree", "list", "--porcelain"]).await?;
+    let want = format!("branch refs/heads/{branch}");
+    for entry in list.split("\n\n") {
+        let mut path = None;
+        let mut found = false;
+        let mut locked = None;
+        for line in entry.lines() {
+            if let Some(p) = line.strip_prefix("worktree ") {
+                path = Some(PathBuf::from(p));
+            } else if line == want {
+                found = true;
+            } else if line == "locked" {
+                locked = Some(String::new());
+            } else if let Some(why) = line.strip_prefix("locked ") {
+                locked = Some(why.to_string());
+            }
+        }
+        if let (true, Some(path)) = (found, path) {
+            return Ok(Some((path, locked)));
+        }
+    }
+    Ok(None)
+}
+
+/// Tells whether the worktree at `other` may be taken for `branch`, by `claim`: who left it
+/// when it may, else why not.
+async fn may_take(
+    other: &Path,
+    locked: Option<&str>,
+    branch: &str,
+    claim: Option<&dyn Claim>,
+) -> Result<Leftover, String> {
+    let Some(claim) = claim else {
+        return Err("ralph-flow leaves it alone".to_string());
+    };
+    let leftover = claim.leftover(other)?;
+    let shown = other.display();
+    if let Some(why) = locked {
+        return Err(format!(
+            "it is locked{}; unlock it (`git worktree unlock {shown}`) once nothing uses it, \
+             then run again",
+            if why.is_empty() {
+                String::new()
+            } else {
+                format!(" ({why})")
+            }
+        ));
+    }
+    let now = state(other)
+        .await
+        .map_err(|e| format!("its state cannot be read: {}", crate::diag::error_chain(&e)))?;
+    if now.clean || leftover.left.as_deref() == Some(now.digest.as_str()) {
+        return Ok(leftover);
+    }
+    let run = &leftover.run;
+    let whose = match (&leftover.left, leftover.resumable) {
+        (Some(_), _) => format!("they changed since run `{run}` left it"),
+        (None, true) => format!(
+            "run `{run}` stopped without recording what it left there; `ralph-flow resume {run}` \
+             continues that run in it"
+        ),
+        (None, false) => format!("run `{run}` did not record leaving them"),
+    };
+    Err(format!(
+        "it has uncommitted changes that ralph-flow did not leave there ({whose}); in it, \
+         commit them on `{branch}`, stash them (`git stash -u`) or discard them, then run again"
+    ))
+}
+
 /// Makes sure a worktree of `repo` exists at `path` on `branch` (created from `base` when
-/// the branch does not exist yet). An existing worktree there is reused (resume).
+/// the branch does not exist yet). An existing worktree there is reused (resume). When the
+/// branch is checked out in another worktree that `claim` lets it take (and that holds no
+/// change but those its run left there), that worktree is moved to `path`: its path before,
+/// and who left it, are returned.
 pub async fn ensure(
     repo: &Path,
     path: &Path,
     branch: &str,
     base: &str,
-) -> Result<(), WorktreeError> {
+    claim: Option<&dyn Claim>,
+) -> Result<Option<(PathBuf, Leftover)>, WorktreeError> {
     if path.join(".git").exists() {
-        return Ok(());
+        return Ok(None);
     }
     // Both come from templates (an item, an agent's output): never let one read as an
     // option of git. Git refuses such ref names anyway; say so plainly.
@@ -128,6 +303,32 @@ pub async fn ensure(
     .await
     .is_ok();
     if exists {
+        if let Some((other, locked)) = holder_of(repo, branch).await? {
+            let leftover = may_take(&other, locked.as_deref(), branch, claim)
+                .await
+                .map_err(|why| WorktreeError::Held {
+                    branch: branch.to_string(),
+                    path: other.clone(),
+                    why,
+                })?;
+            tracing::info!(
+                "moving the worktree of `{branch}` that run {} left at {} to {p}",
+                leftover.run,
+                other.display()
+            );
+            git(
+                repo,
+                &[
+                    "worktree",
+                    "move",
+                    "--end-of-options",
+                    &other.to_string_lossy(),
+                    &p,
+                ],
+            )
+            .await?;
+            return Ok(Some((other, leftover)));
+        }
         git(repo, &["worktree", "add", "--end-of-options", &p, branch]).await?;
     } else {
         // The base as a commit: given a name that is only a remote's branch (`main` in a
@@ -159,7 +360,7 @@ pub async fn ensure(
         )
         .await?;
     }
-    Ok(())
+    Ok(None)
 }
 
 /// Removes a worktree (the branch stays).
@@ -192,7 +393,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let path = tmp.path().join("wt");
         for (branch, base) in [("--orphan", "HEAD"), ("b", "--detach"), ("", "HEAD")] {
-            let err = ensure(tmp.path(), &path, branch, base)
+            let err = ensure(tmp.path(), &path, branch, base, None)
                 .await
                 .err()
                 .map(|e| e.to_string())
@@ -258,16 +459,177 @@ mod tests {
             &["checkout", "--quiet", "-B", "work", "origin/main"],
         );
         let wt = tmp.path().join("wt");
-        let err = ensure(&clone, &wt, "item/a", "main")
+        let err = ensure(&clone, &wt, "item/a", "main", None)
             .await
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(err.contains("names no commit"), "{err}");
-        ensure(&clone, &wt, "item/a", "origin/main")
+        ensure(&clone, &wt, "item/a", "origin/main", None)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(sh(&wt, &["symbolic-ref", "--short", "HEAD"]), "item/a");
         assert_eq!(sh(&clone, &["branch", "--list", "main"]), "");
+    }
+
+    /// A claim that lets every worktree be taken, as left by run `r1` with `left` recorded.
+    struct Lets(Option<String>);
+
+    impl Claim for Lets {
+        fn leftover(&self, _: &Path) -> Result<Leftover, String> {
+            Ok(Leftover {
+                run: "r1".into(),
+                resumable: false,
+                left: self.0.clone(),
+            })
+        }
+    }
+
+    /// A repository with a worktree on branch `b` at `old`.
+    fn repo_with_worktree(tmp: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+        let repo = tmp.join("repo");
+        std::fs::create_dir_all(&repo).unwrap_or_else(|e| panic!("{e}"));
+        sh(&repo, &["init", "--quiet", "-b", "main"]);
+        std::fs::write(repo.join(".gitignore"), "target/\n").unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(repo.join("a.txt"), "a\n").unwrap_or_else(|e| panic!("{e}"));
+        sh(&repo, &["add", "-A"]);
+        sh(&repo, &["commit", "--quiet", "-m", "base"]);
+        let old = tmp.join("old");
+        sh(
+            &repo,
+            &[
+                "worktree",
+                "add",
+                "--quiet",
+                "-b",
+                "b",
+                &old.to_string_lossy(),
+            ],
+        );
+        (repo, old)
+    }
+
+    async fn held(repo: &Path, new: &Path, claim: Option<&dyn Claim>) -> String {
+        ensure(repo, new, "b", "HEAD", claim)
+            .await
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    }
+
+    /// Without a claim, or with one that refuses, the worktree holding the branch is left as
+    /// it is and the error names it; a claim that lets it be taken moves it, with what git
+    /// ignores.
+    #[tokio::test]
+    async fn a_worktree_holding_the_branch_is_moved_only_when_the_claim_lets_it() {
+        let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let (repo, old) = repo_with_worktree(tmp.path());
+        std::fs::create_dir_all(old.join("target")).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(old.join("target/cache"), "c").unwrap_or_else(|e| panic!("{e}"));
+        let new = tmp.path().join("runs/r2/item");
+        let err = held(&repo, &new, None).await;
+        assert!(
+            err.contains("`b` is checked out in the worktree") && err.contains("old"),
+            "{err}"
+        );
+        struct No;
+        impl Claim for No {
+            fn leftover(&self, _: &Path) -> Result<Leftover, String> {
+                Err("run r1 is running".into())
+            }
+        }
+        let err = held(&repo, &new, Some(&No)).await;
+        assert!(err.contains("run r1 is running"), "{err}");
+        assert!(old.join(".git").exists() && !new.exists());
+        let taken = ensure(&repo, &new, "b", "HEAD", Some(&Lets(None)))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            taken.map(|(from, l)| (from, l.run)),
+            Some((old.clone(), "r1".into()))
+        );
+        assert!(!old.exists());
+        assert_eq!(sh(&new, &["symbolic-ref", "--short", "HEAD"]), "b");
+        assert_eq!(
+            std::fs::read_to_string(new.join("target/cache"))
+                .ok()
+                .as_deref(),
+            Some("c")
+        );
+        // Found again where it is now (a resume).
+        assert!(
+            ensure(&repo, &new, "b", "HEAD", Some(&Lets(None)))
+                .await
+                .ok()
+                == Some(None)
+        );
+    }
+
+    /// A worktree with uncommitted changes is taken only when they are exactly those its run
+    /// recorded leaving there; otherwise nothing in it is touched.
+    #[tokio::test]
+    async fn uncommitted_changes_are_taken_only_as_their_run_left_them() {
+        let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let (repo, old) = repo_with_worktree(tmp.path());
+        let clean = state(&old).await.unwrap_or_else(|e| panic!("{e}"));
+        assert!(clean.clean);
+        // What git ignores is no change.
+        std::fs::create_dir_all(old.join("target")).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(old.join("target/x"), "x").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(state(&old).await.ok(), Some(clean.clone()));
+        std::fs::write(old.join("a.txt"), "changed\n").unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(old.join("new.txt"), "new\n").unwrap_or_else(|e| panic!("{e}"));
+        let left = state(&old).await.unwrap_or_else(|e| panic!("{e}"));
+        assert!(!left.clean && left.head == clean.head && left.digest != clean.digest);
+        // The index is not touched.
+        assert_eq!(sh(&old, &["diff", "--cached", "--name-only"]), "");
+        let new = tmp.path().join("new");
+        for recorded in [None, Some(clean.digest.clone())] {
+            let err = held(&repo, &new, Some(&Lets(recorded))).await;
+            assert!(
+                err.contains("uncommitted changes") && err.contains("stash"),
+                "{err}"
+            );
+        }
+        // Changed again after the run left it: still refused.
+        std::fs::write(old.join("new.txt"), "newer\n").unwrap_or_else(|e| panic!("{e}"));
+        let err = held(&repo, &new, Some(&Lets(Some(left.digest.clone())))).await;
+        assert!(err.contains("uncommitted changes"), "{err}");
+        assert_eq!(
+            std::fs::read_to_string(old.join("a.txt")).ok().as_deref(),
+            Some("changed\n")
+        );
+        assert!(!new.exists());
+        // As the run left it: taken, changes and all.
+        std::fs::write(old.join("new.txt"), "new\n").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(state(&old).await.ok(), Some(left.clone()));
+        let taken = ensure(&repo, &new, "b", "HEAD", Some(&Lets(Some(left.digest))))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(taken.is_some());
+        assert_eq!(
+            std::fs::read_to_string(new.join("new.txt")).ok().as_deref(),
+            Some("new\n")
+        );
+    }
+
+    /// A locked worktree is not taken, whatever the claim says.
+    #[tokio::test]
+    async fn a_locked_worktree_is_not_taken() {
+        let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let (repo, old) = repo_with_worktree(tmp.path());
+        sh(
+            &repo,
+            &[
+                "worktree",
+                "lock",
+                "--reason",
+                "on a stick",
+                &old.to_string_lossy(),
+            ],
+        );
+        let err = held(&repo, &tmp.path().join("new"), Some(&Lets(None))).await;
+        assert!(err.contains("locked (on a stick)"), "{err}");
+        assert!(old.join(".git").exists());
     }
 }

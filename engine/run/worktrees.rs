@@ -1,4 +1,12 @@
 //! The git worktrees of a run, a loop or a for_each item.
+//!
+//! A worktree a run keeps (its `cleanup` says so, or the run stopped) stays under
+//! `STATE_DIR/worktrees/RUN/`, with its branch checked out. A later run that needs that branch
+//! takes the worktree over (see [`super::worktree::Claim`]): only one in this state directory,
+//! made by another run that is not running (finished, failed, stopped or waiting: its lock is
+//! free or its holder dead, and it is not queued for a worker), and holding no uncommitted
+//! change but those its run recorded leaving there (`@left:PATH`, written when it keeps a
+//! worktree). Anything else is left alone, and the stage fails saying why and what to do.
 
 use std::path::{Path, PathBuf};
 
@@ -9,8 +17,10 @@ use super::RunEnd;
 use super::context::*;
 use super::exec::*;
 use super::frame::*;
+use super::worktree::{Claim, Leftover};
 use crate::check::StageId as NodeId;
 use crate::model::Cleanup;
+use crate::store::RunStatus;
 
 impl Exec<'_> {
     pub(super) async fn enter_worktree(
@@ -58,12 +68,21 @@ impl Exec<'_> {
             format!("{}/{scope}", self.prefix)
         };
         let path = self.worktree_path(&full.split('/').map(sanitize).collect::<Vec<_>>().join("/"));
-        super::worktree::ensure(&self.shared.opts.cwd, &path, branch.trim(), base.trim())
-            .await
-            .map_err(|source| StageError::Worktree {
-                stage: name.clone(),
-                source,
-            })?;
+        let taken = super::worktree::ensure(
+            &self.shared.opts.cwd,
+            &path,
+            branch.trim(),
+            base.trim(),
+            Some(self),
+        )
+        .await
+        .map_err(|source| StageError::Worktree {
+            stage: name.clone(),
+            source,
+        })?;
+        if let Some((from, leftover)) = taken {
+            self.took_over(scope, name, &from, &leftover, &path, branch.trim());
+        }
         // A run on workers: the branch as the last machine that worked on it left it.
         if let Some(p) = &self.shared.publisher {
             p.restore(&path, branch.trim())
@@ -110,9 +129,18 @@ impl Exec<'_> {
             None => "HEAD".to_string(),
         };
         let path = self.worktree_path("@run");
-        super::worktree::ensure(&self.shared.opts.cwd, &path, branch.trim(), base.trim())
-            .await
-            .map_err(RunError::RunWorktree)?;
+        let taken = super::worktree::ensure(
+            &self.shared.opts.cwd,
+            &path,
+            branch.trim(),
+            base.trim(),
+            Some(self),
+        )
+        .await
+        .map_err(RunError::RunWorktree)?;
+        if let Some((from, leftover)) = taken {
+            self.took_over("", "", &from, &leftover, &path, branch.trim());
+        }
         if let Some(p) = &self.shared.publisher {
             p.restore(&path, branch.trim()).await.map_err(|source| {
                 RunError::Halted(super::error::Halt::Publish {
@@ -163,6 +191,8 @@ impl Exec<'_> {
                     crate::diag::error_chain(&e)
                 ));
             }
+        } else {
+            self.record_left(path).await;
         }
     }
 
@@ -190,6 +220,149 @@ impl Exec<'_> {
                     crate::diag::error_chain(&e)
                 ));
             }
+        } else {
+            self.record_left(path).await;
         }
+    }
+
+    /// Records what a worktree this run keeps holds as it leaves it (`@left:REL`, REL its
+    /// path under the run's worktrees): a later run may take it over with the uncommitted
+    /// changes it holds now, and with no others.
+    async fn record_left(&self, path: &Path) {
+        let Ok(rel) = path.strip_prefix(self.worktree_path("")) else {
+            return;
+        };
+        if !path.join(".git").exists() {
+            return;
+        }
+        match super::worktree::state(path).await {
+            Ok(st) => self.record_decision(
+                "",
+                &format!("@left:{}", rel.to_string_lossy()),
+                json!({
+                    "path": path.to_string_lossy(),
+                    "head": st.head,
+                    "clean": st.clean,
+                    "digest": st.digest,
+                }),
+            ),
+            Err(e) => self.shared.progress.note(&format!(
+                "! could not record what {} holds (a later run takes it over only when it \
+                 is clean): {}",
+                path.display(),
+                crate::diag::error_chain(&e)
+            )),
+        }
+    }
+
+    /// Says that the worktree an earlier run left at `from` was moved to `to`, and removes
+    /// the directories it leaves empty in that run's worktrees.
+    fn took_over(
+        &self,
+        scope: &str,
+        node: &str,
+        from: &Path,
+        leftover: &Leftover,
+        to: &Path,
+        branch: &str,
+    ) {
+        let text = format!(
+            "took over the worktree of {branch} that run {} left at {}: it is now {}",
+            leftover.run,
+            from.display(),
+            to.display()
+        );
+        self.shared.progress.note(&format!("⎇ {text}"));
+        self.shared.event(scope, node, "worktree", text);
+        let root = canonical(&self.shared.opts.state_dir.join("worktrees"));
+        let mut dir = from.parent().map(canonical);
+        while let Some(d) = dir {
+            if !d.starts_with(&root) || d == root || std::fs::remove_dir(&d).is_err() {
+                break;
+            }
+            dir = d.parent().map(Path::to_path_buf);
+        }
+    }
+}
+
+/// A path with its symbolic links resolved, else as it is made absolute.
+fn canonical(p: &Path) -> PathBuf {
+    std::fs::canonicalize(p)
+        .or_else(|_| std::path::absolute(p))
+        .unwrap_or_else(|_| p.to_path_buf())
+}
+
+impl Claim for Exec<'_> {
+    /// A worktree may be taken when it lies in this state directory's `worktrees/RUN/`, RUN
+    /// being another run of this store that is not running: not queued for a worker, and its
+    /// lock free or held by a process known to be dead (or, on another host, whose lease
+    /// expired: `LockOwner::lapsed`, as for taking the run over).
+    fn leftover(&self, path: &Path) -> Result<Leftover, String> {
+        let root = self.shared.opts.state_dir.join("worktrees");
+        let shown = path.display();
+        let outside = || {
+            format!(
+                "it is outside ralph-flow's worktrees ({}), so not one ralph-flow made; check \
+                 out another branch there or remove it (`git worktree remove {shown}`), then \
+                 run again",
+                root.display()
+            )
+        };
+        let canon = canonical(path);
+        let rel = canon
+            .strip_prefix(canonical(&root))
+            .map_err(|_| outside())?;
+        let mut parts = rel.components();
+        let run = parts
+            .next()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .ok_or_else(outside)?;
+        let inner = parts.as_path().to_string_lossy().into_owned();
+        if inner.is_empty() {
+            return Err(outside());
+        }
+        if run == self.shared.run.id {
+            return Err(
+                "this run works in it already (two worktrees of one run cannot share a branch: \
+                 give each its own `branch`)"
+                    .to_string(),
+            );
+        }
+        let unreadable = |e: crate::store::StoreError| {
+            format!(
+                "the store cannot say whether run `{run}`, which made it, is running: {}",
+                crate::diag::error_chain(&e)
+            )
+        };
+        let store = self.shared.store.borrow();
+        let record = store.run(&run).map_err(unreadable)?.ok_or_else(|| {
+            format!(
+                "run `{run}`, which made it, is not in this store; remove it (`git worktree \
+                 remove {shown}`) once nothing in it is needed, then run again"
+            )
+        })?;
+        if record.status == RunStatus::Queued {
+            return Err(format!(
+                "run `{run}`, which made it, is queued for a worker that will work in it"
+            ));
+        }
+        if let Some(holder) = store.lock_holder(&run).map_err(unreadable)? {
+            if !holder.lapsed(&crate::store::host_name(), super::now_ms()) {
+                return Err(format!(
+                    "run `{run}`, which made it, is running (pid {} on {}); wait for it to end \
+                     or stop it, then run again",
+                    holder.pid, holder.host
+                ));
+            }
+        }
+        let left = store
+            .output(&run, "", &format!("@left:{inner}"))
+            .map_err(unreadable)?
+            .and_then(|v| v.get("digest").and_then(Json::as_str).map(str::to_string));
+        Ok(Leftover {
+            run,
+            resumable: record.status != RunStatus::Finished,
+            left,
+        })
     }
 }
