@@ -242,6 +242,7 @@ fn group(run: &str, i: usize, j: usize, text: &str) -> [Write; 3] {
         output_tokens: 800,
         cached_tokens: 9_000,
         cost_usd: Some(0.042),
+        unreported: 0,
     };
     [
         Write::Attempt(AttemptRecord {

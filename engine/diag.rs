@@ -86,6 +86,7 @@ codes! {
     EmptyPromptDir = "RF059", Warning, "a prompt_path directory that does not exist or holds no files";
     SchemaRefused = "RF060", Error, "an output schema that an agent it goes to would refuse (claude's draft-07 validator, OpenAI's strict structured outputs)";
     ModeNotForAgent = "RF061", Error, "a `structured_output` mode that the agent's kind does not have";
+    UsageUnreported = "RF062", Warning, "a `tokens` budget over an agent that does not report token usage (a `command` agent), or may not (an `openai` agent on a server other than OpenAI's)";
 }
 
 /// One problem found in a workflow, pointing at where it was written.

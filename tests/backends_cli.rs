@@ -652,22 +652,76 @@ async fn permissions_decide_writes_and_denials_are_reported() {
             .expect("a reply");
         assert!(reply.denied.is_empty(), "{p:?}: {:?}", reply.denied);
     }
+    // codex: read-only refuses every write, edit (workspace-write) the patches into .git and
+    // out of the cwd, the shell write out of it and the commit (its index.lock is in .git);
+    // the commands are in codex's log only because the backend sets its RUST_LOG.
     let reply = run_with(AgentKind::Codex, ReadOnly, "denied")
         .await
         .expect("a reply");
-    assert_eq!(reply.denied.len(), 1, "{:?}", reply.denied);
-    for p in [Edit, Full] {
-        let reply = run_with(AgentKind::Codex, p, "denied")
-            .await
-            .expect("a reply");
-        assert!(reply.denied.is_empty(), "{p:?}: {:?}", reply.denied);
-    }
-    for p in [ReadOnly, Edit, Full] {
-        let reply = run_with(AgentKind::Gemini, p, "denied")
-            .await
-            .expect("a reply");
-        assert!(reply.denied.is_empty(), "{p:?}: {:?}", reply.denied);
-    }
+    assert_eq!(
+        reply.denied,
+        [
+            "apply_patch: rejected, writing is blocked by read-only sandbox (3 times)",
+            "shell: a write to ../mock-outside-shell.txt (read-only file system)",
+            "shell: a write, path not logged (read-only file system)",
+        ]
+    );
+    let reply = run_with(AgentKind::Codex, Edit, "denied")
+        .await
+        .expect("a reply");
+    assert_eq!(
+        reply.denied,
+        [
+            "apply_patch: rejected, writing outside of the project (2 times)",
+            "shell: a write to ../mock-outside-shell.txt (read-only file system)",
+            "shell: a write, path not logged (read-only file system)",
+        ]
+    );
+    let reply = run_with(AgentKind::Codex, Full, "denied")
+        .await
+        .expect("a reply");
+    assert!(reply.denied.is_empty(), "{:?}", reply.denied);
+    // gemini: read-only (default) offers no write or shell tool, edit (auto_edit) no shell,
+    // so no commit; write_file keeps to the workspace (.git is outside it) even under yolo.
+    let reply = run_with(AgentKind::Gemini, ReadOnly, "denied")
+        .await
+        .expect("a reply");
+    assert_eq!(
+        reply.denied,
+        [
+            "write_file: not offered to the model in this approval mode (3 times)",
+            "run_shell_command: not offered to the model in this approval mode (3 times)",
+        ]
+    );
+    let reply = run_with(AgentKind::Gemini, Edit, "denied")
+        .await
+        .expect("a reply");
+    assert_eq!(reply.denied.len(), 3, "{:?}", reply.denied);
+    assert!(
+        reply.denied.contains(
+            &"run_shell_command: not offered to the model in this approval mode (3 times)".into()
+        ),
+        "{:?}",
+        reply.denied
+    );
+    assert!(
+        reply.denied[0].starts_with("write_file: /")
+            && reply.denied[0].ends_with("/cwd/.git/mock-written.txt (outside the workspace)"),
+        "{:?}",
+        reply.denied
+    );
+    let reply = run_with(AgentKind::Gemini, Full, "denied")
+        .await
+        .expect("a reply");
+    assert_eq!(reply.denied.len(), 2, "{:?}", reply.denied);
+    assert!(
+        reply
+            .denied
+            .iter()
+            .all(|d| d.ends_with("(outside the workspace)")),
+        "{:?}",
+        reply.denied
+    );
     // As root without IS_SANDBOX, bypassPermissions refuses to start: not worth a retry.
     let r = run_mode(AgentKind::Claude, "root_bypass").await;
     assert!(matches!(r, Err(CallError::Failed { .. })), "{r:?}");

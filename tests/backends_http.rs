@@ -123,7 +123,8 @@ async fn chat_sends_the_prompt_and_reads_the_reply() {
             input_tokens: 12,
             output_tokens: 3,
             cached_tokens: 8,
-            cost_usd: None
+            cost_usd: None,
+            unreported: 0
         }
     );
     assert_eq!(reply.session_id.as_deref(), Some("chatcmpl-1"));
@@ -179,7 +180,8 @@ async fn responses_sends_input_and_joins_output_text() {
             input_tokens: 20,
             output_tokens: 5,
             cached_tokens: 4,
-            cost_usd: None
+            cost_usd: None,
+            unreported: 0
         }
     );
     assert_eq!(reply.session_id.as_deref(), Some("resp_1"));
@@ -250,7 +252,8 @@ async fn anthropic_sends_its_headers_and_joins_text_blocks() {
             input_tokens: 30,
             output_tokens: 8192,
             cached_tokens: 25,
-            cost_usd: None
+            cost_usd: None,
+            unreported: 0
         }
     );
     assert_eq!(reply.session_id.as_deref(), Some("msg_1"));
@@ -769,8 +772,174 @@ async fn a_captured_llama_stream_is_read_whole() {
             Some("gemma-3-270m-q4_k_m"),
             "{name}"
         );
-        // llama-cpp-python sends no usage in streams.
-        assert_eq!(reply.usage, Usage::default(), "{name}");
+        // llama-cpp-python sends no usage in streams: the call's usage is unknown, not 0.
+        assert_eq!(reply.usage, Usage::unreported_call(), "{name}");
+        assert!(reply.usage.is_unknown(), "{name}");
+    }
+}
+
+/// A stream as OpenAI sends it with `stream_options.include_usage`: the text, the finish,
+/// then a chunk with no choices and the usage.
+fn stream_with_usage(usage: Value) -> String {
+    let chunk = |v: Value| format!("data: {v}\n\n");
+    [
+        chunk(json!({"id": "c1", "model": "m", "choices": [{"index": 0, "delta": {"content": "Hi"}}]})),
+        chunk(json!({"id": "c1", "model": "m", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})),
+        chunk(json!({"id": "c1", "model": "m", "choices": [], "usage": usage})),
+        "data: [DONE]\n\n".to_string(),
+    ]
+    .concat()
+}
+
+fn sse(body: String) -> ResponseTemplate {
+    ResponseTemplate::new(200)
+        .insert_header("content-type", "text/event-stream")
+        .set_body_string(body)
+}
+
+#[tokio::test]
+async fn a_stream_that_reports_zero_tokens_is_told_from_one_that_reports_none() {
+    let server = MockServer::start().await;
+    answer(
+        &server,
+        sse(stream_with_usage(
+            json!({"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}),
+        )),
+    )
+    .await;
+    let dir = TempDir::new().unwrap();
+    let reply = run(&local(&server), &call(dir.path())).await.unwrap();
+    assert_eq!(reply.text, "Hi");
+    assert_eq!(reply.usage, Usage::default(), "reported, as 0");
+    assert!(!reply.usage.is_unknown());
+
+    // vLLM sends `"usage": null` on every chunk but the last when asked; without the last,
+    // nothing was reported.
+    let server = MockServer::start().await;
+    let nulls = stream_with_usage(Value::Null);
+    answer(&server, sse(nulls)).await;
+    let reply = run(&local(&server), &call(dir.path())).await.unwrap();
+    assert_eq!(reply.usage, Usage::unreported_call());
+
+    let server = MockServer::start().await;
+    answer(
+        &server,
+        sse(stream_with_usage(
+            json!({"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}),
+        )),
+    )
+    .await;
+    let reply = run(&local(&server), &call(dir.path())).await.unwrap();
+    assert_eq!(
+        (
+            reply.usage.input_tokens,
+            reply.usage.output_tokens,
+            reply.usage.unreported
+        ),
+        (9, 2, 0)
+    );
+}
+
+#[tokio::test]
+async fn a_whole_answer_without_usage_has_its_usage_unknown() {
+    // A server that does not stream (it ignores `stream: true`) and sends no `usage`, for
+    // each API.
+    let cases = [
+        (
+            openai as fn(&MockServer, &str) -> AgentConfig,
+            "chat",
+            json!({"id": "c", "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi"}}]}),
+        ),
+        (openai, "responses", json!({"id": "r", "output_text": "Hi"})),
+        (
+            |s: &MockServer, _: &str| config(AgentKind::Anthropic, s),
+            "messages",
+            json!({"id": "m", "content": [{"type": "text", "text": "Hi"}]}),
+        ),
+    ];
+    for (make, api, body) in cases {
+        let server = MockServer::start().await;
+        answer(&server, ResponseTemplate::new(200).set_body_json(body)).await;
+        let dir = TempDir::new().unwrap();
+        let reply = run(&make(&server, api), &call(dir.path())).await.unwrap();
+        assert_eq!(reply.text, "Hi", "{api}");
+        assert_eq!(reply.usage, Usage::unreported_call(), "{api}");
+    }
+}
+
+#[tokio::test]
+async fn a_streamed_answer_of_each_api_reports_its_usage_or_none() {
+    // Responses: the usage comes with `response.completed`; a server may leave it out.
+    let completed = |usage: Value| {
+        let mut response = json!({"id": "r", "model": "m"});
+        if !usage.is_null() {
+            response["usage"] = usage;
+        }
+        format!(
+            "data: {}\n\ndata: {}\n\n",
+            json!({"type": "response.output_text.delta", "delta": "Hi"}),
+            json!({"type": "response.completed", "response": response})
+        )
+    };
+    // Anthropic: the input count comes with `message_start`, the output with
+    // `message_delta`.
+    let messages = |usage: Value| {
+        let mut message = json!({"id": "m", "model": "m"});
+        if !usage.is_null() {
+            message["usage"] = usage;
+        }
+        format!(
+            "data: {}\n\ndata: {}\n\ndata: {}\n\n",
+            json!({"type": "message_start", "message": message}),
+            json!({"type": "content_block_delta", "delta": {"type": "text_delta", "text": "Hi"}}),
+            json!({"type": "message_stop"})
+        )
+    };
+    let cases: [(AgentKind, &str, String, Usage); 4] = [
+        (
+            AgentKind::OpenAi,
+            "responses",
+            completed(json!({"input_tokens": 7, "output_tokens": 1})),
+            Usage {
+                input_tokens: 7,
+                output_tokens: 1,
+                ..Usage::default()
+            },
+        ),
+        (
+            AgentKind::OpenAi,
+            "responses",
+            completed(Value::Null),
+            Usage::unreported_call(),
+        ),
+        (
+            AgentKind::Anthropic,
+            "chat",
+            messages(json!({"input_tokens": 5, "output_tokens": 1})),
+            Usage {
+                input_tokens: 5,
+                output_tokens: 1,
+                ..Usage::default()
+            },
+        ),
+        (
+            AgentKind::Anthropic,
+            "chat",
+            messages(Value::Null),
+            Usage::unreported_call(),
+        ),
+    ];
+    for (kind, api, stream, expected) in cases {
+        let server = MockServer::start().await;
+        answer(&server, sse(stream)).await;
+        let dir = TempDir::new().unwrap();
+        let config = AgentConfig {
+            api: ralph_flow::model::OpenAiApi::parse(api).unwrap(),
+            ..config(kind, &server)
+        };
+        let reply = run(&config, &call(dir.path())).await.unwrap();
+        assert_eq!(reply.text, "Hi", "{kind:?} {api}");
+        assert_eq!(reply.usage, expected, "{kind:?} {api}");
     }
 }
 

@@ -152,6 +152,90 @@ fn the_api_serves_runs_live_states_events_artifacts_and_metrics() {
     assert!(stage.body.contains(r#"class="d-del""#));
 }
 
+/// A run whose agent reported no usage (a server that streams none): the pages, the API and
+/// the metrics say `unknown` and count the calls, and show no 0 tokens for them.
+#[test]
+fn usage_no_call_reported_is_unknown_in_pages_api_and_metrics() {
+    let c = Checkout::new();
+    // The Wiggum recording, its answers carrying no usage.
+    let rec = tempfile::tempdir().unwrap();
+    let recording = std::fs::read_to_string(c.path().join("examples/wiggum-review.replay.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v["reply"]["usage"] = serde_json::json!({
+                "input_tokens": 0, "output_tokens": 0, "cached_tokens": 0, "cost_usd": null,
+                "unreported": 1
+            });
+            format!("{v}\n")
+        })
+        .collect::<String>();
+    let replay = rec.path().join("unknown.replay.jsonl");
+    std::fs::write(&replay, recording).unwrap();
+    let mut args = common::WIGGUM_REPLAY.to_vec();
+    args[2] = replay.to_str().unwrap();
+    args.insert(0, "run");
+    let (code, out, err) = c.run(&args);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("tokens unknown (3 calls reported no usage)"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("reported no token usage"),
+        "no budget, so no note: {err}"
+    );
+    let id = serde_json::from_str::<serde_json::Value>(&out).unwrap()["run"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let s = Server::start(c.path(), &[]);
+
+    let run = &s.json("/api/runs")[0];
+    assert_eq!(run["id"], id.as_str());
+    assert!(run["tokens"].is_null(), "unknown, not 0: {run}");
+    assert_eq!(run["tokens_text"], "unknown", "{run}");
+    assert_eq!(run["usage_unknown_calls"], 3, "{run}");
+    assert!(run["usage"]["input_tokens"].is_null(), "{run}");
+    let detail = s.json(&format!("/api/runs/{id}"));
+    let attempt = detail["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["node"] == "review")
+        .unwrap();
+    assert!(attempt["usage"]["input_tokens"].is_null(), "{attempt}");
+    assert_eq!(attempt["usage"]["unreported"], 1, "{attempt}");
+
+    let metrics = s.get("/metrics").body;
+    assert!(
+        metrics.contains("ralph_flow_usage_unreported_calls_total{agent=\"reviewer\"} 3"),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains("ralph_flow_tokens_total{agent=\"reviewer\""),
+        "no 0 sample for an unknown: {metrics}"
+    );
+    assert!(
+        !metrics.contains("ralph_flow_cost_usd_total{agent=\"reviewer\""),
+        "{metrics}"
+    );
+
+    let runs = s.get("/").body;
+    assert!(runs.contains(">unknown</td>"), "{runs}");
+    let page = s.get(&format!("/runs/{id}")).body;
+    assert!(page.contains("3 calls reported no usage"), "{page}");
+    assert!(!page.contains("(0 in, 0 out)"), "{page}");
+    assert!(page.contains("unknown tokens"), "the chart says so: {page}");
+    let stage = s.get(&format!("/runs/{id}/stage?node=review")).body;
+    assert!(
+        stage.contains("usage unknown: the agent reported none"),
+        "{stage}"
+    );
+    assert!(!stage.contains("0 tokens in"), "{stage}");
+}
+
 /// The CSRF token of a page.
 fn csrf_of(page: &str) -> String {
     let at = page.find(r#"name="csrf" value=""#).expect("a gate form") + 19;

@@ -411,3 +411,108 @@ fn the_readme_local_model_example_reaches_success() {
         r.pointer("/response_format/type").and_then(Value::as_str) == Some("json_object")
     }));
 }
+
+/// llama-cpp-python streams no usage (it ignores `stream_options.include_usage`): every
+/// call's usage is unknown. The run says so rather than counting 0 tokens: `check` warns
+/// that the tokens budget may not count the agent (RF062), the run notes it once for the
+/// agent, its summary line, `status` (text and JSON) and `logs` say unknown, never 0.
+#[test]
+fn a_server_that_streams_no_usage_leaves_usage_unknown_never_zero() {
+    let model = Model {
+        script: vec![("Review", vec!["Looks right.".into()])],
+        ..Model::default()
+    };
+    let server = serve(&model);
+    let p = Project::new();
+    p.write(
+        "w.toml",
+        &format!(
+            r#"name = "local-usage"
+budget = {{ tokens = 100000 }}
+
+[agents.llama]
+kind = "openai"
+model = "gemma"
+base_url = "{server}/v1"
+
+[stages.first]
+kind = "agent"
+agent = "llama"
+prompt = "Review the first part."
+
+[stages.second]
+kind = "agent"
+agent = "llama"
+needs = ["first"]
+prompt = "Review the second part."
+"#
+        ),
+    );
+    let check = run(&p, &["check", "w.toml"]);
+    assert_eq!(check.code, 0, "a warning only: {}", check.stderr);
+    let said = format!("{}{}", check.stdout, check.stderr);
+    assert!(said.contains("RF062"), "{said}");
+    assert!(
+        said.contains("may not count the calls of agent `llama`"),
+        "{said}"
+    );
+
+    let out = run(&p, &["run", "w.toml", "--json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(model.requests().iter().all(|r| r["stream"] == json!(true)));
+    // Once for the agent, not once per call.
+    let notes = out
+        .stderr
+        .lines()
+        .filter(|l| l.contains("agent `llama` reported no token usage"))
+        .count();
+    assert_eq!(notes, 1, "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("tokens unknown (2 calls reported no usage)"),
+        "the summary line: {}",
+        out.stderr
+    );
+    assert!(!out.stderr.contains(" 0 tokens"), "{}", out.stderr);
+    assert_eq!(out.json["usage"]["unreported"], 2, "{}", out.json);
+    let id = out.json["run"].as_str().unwrap().to_string();
+
+    let status = run(&p, &["status", &id, "--json"]);
+    assert_eq!(status.code, 0, "{}", status.stderr);
+    let doc = &status.json;
+    assert_eq!(doc["usage_unknown_calls"], 2, "{doc}");
+    for key in ["input_tokens", "output_tokens", "cached_tokens"] {
+        assert!(
+            doc["total"][key].is_null(),
+            "{key} is unknown, not 0: {doc}"
+        );
+    }
+    for n in doc["nodes"].as_array().unwrap() {
+        assert!(n["usage"]["input_tokens"].is_null(), "{n}");
+        assert_eq!(n["usage"]["unreported"], 1, "{n}");
+    }
+
+    let status = run(&p, &["status", &id]);
+    assert!(
+        status
+            .stdout
+            .contains("total: unknown tokens (2 calls reported no usage)"),
+        "{}",
+        status.stdout
+    );
+    assert!(!status.stdout.contains("0/0/0"), "{}", status.stdout);
+
+    let logs = run(&p, &["logs", &id]);
+    assert!(
+        logs.stdout.contains("reported no token usage")
+            && logs.stdout.contains("tokens budget of the run"),
+        "the note is an event: {}",
+        logs.stdout
+    );
+    let warnings = logs
+        .stdout
+        .lines()
+        .filter(|l| l.contains("reported no token usage"))
+        .count();
+    assert_eq!(warnings, 1, "{}", logs.stdout);
+}

@@ -79,6 +79,105 @@ timeout = "120s"
 output = { extract = "json", schema = { type = "object", required = ["verdict", "count"], additionalProperties = false, properties = { verdict = { type = "string" }, count = { type = "integer" } } } }
 "#;
 
+/// `HOME` with each CLI pointed at the mock (`base`: its URL with the scenario), and the
+/// environment that points the CLIs there.
+fn mock_home(p: &Project, bin: &Path, kind: &str, base: &str) -> Vec<(String, String)> {
+    let home = p.dir().join("home");
+    std::fs::create_dir_all(home.join(".codex")).unwrap();
+    std::fs::create_dir_all(home.join(".gemini")).unwrap();
+    std::fs::write(
+        home.join(".codex/config.toml"),
+        format!(
+            "model_provider = \"mock\"\n\n[model_providers.mock]\nname = \"mock\"\n\
+             base_url = \"{base}/v1\"\nenv_key = \"MOCK_API_KEY\"\nwire_api = \"responses\"\n\
+             request_max_retries = 0\nstream_max_retries = 0\n"
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        home.join(".gemini/settings.json"),
+        r#"{"security":{"auth":{"selectedType":"gemini-api-key"}},"general":{"maxAttempts":1}}"#,
+    )
+    .unwrap();
+    [
+        (
+            format!("RALPH_FLOW_{}", kind.to_uppercase()),
+            bin.join(kind).display().to_string(),
+        ),
+        ("HOME".into(), home.display().to_string()),
+        ("ANTHROPIC_BASE_URL".into(), base.into()),
+        ("ANTHROPIC_API_KEY".into(), "sk-ant-mock-key".into()),
+        (
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC".into(),
+            "1".into(),
+        ),
+        (
+            "CODEX_HOME".into(),
+            home.join(".codex").display().to_string(),
+        ),
+        ("MOCK_API_KEY".into(), "mock-key".into()),
+        ("GEMINI_API_KEY".into(), "mock-key".into()),
+        ("GOOGLE_GEMINI_BASE_URL".into(), base.into()),
+    ]
+    .into()
+}
+
+/// Under `permissions = "edit"` the real codex (workspace-write: `.git` is read-only) and
+/// gemini (auto_edit: no shell tool) cannot commit; the mock's model writes a file and
+/// commits (scenario `commit`), and the run says the commit was denied.
+#[test]
+fn a_commit_codex_or_gemini_may_not_make_is_reported() {
+    let Some(bin) = real_cli_dir() else {
+        skipped("real CLIs not installed (run tests/realcli/install.sh)");
+        return;
+    };
+    let Some(mock) = Mock::start() else {
+        skipped("python3 cannot run tests/realcli/mock_api.py");
+        return;
+    };
+    let base = format!("http://127.0.0.1:{}/s/commit", mock.port);
+    for kind in ["codex", "gemini"] {
+        let p = Project::new();
+        p.git_init();
+        p.write(".gitignore", ".ralph-flow/\nanswers/\nprobe.log\nhome/\n");
+        p.workflow(
+            "w.toml",
+            &format!(
+                "name = \"real\"\n\n[agents.main]\nkind = \"{kind}\"\npermissions = \"edit\"\n\n\
+                 [stages.fix]\nkind = \"agent\"\nagent = \"main\"\nprompt = \"Fix and commit.\"\n\
+                 timeout = \"120s\"\n"
+            ),
+        );
+        let env = mock_home(&p, &bin, kind, &base);
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let out = p.run_env(&["run", "w.toml", "--json"], &env);
+        assert_eq!(out.code, 0, "{kind}: {}\n{}", out.stderr, out.stdout);
+        let line = out
+            .stderr
+            .lines()
+            .find(|l| l.contains("! fix: agent `main` was denied"))
+            .unwrap_or_else(|| panic!("{kind}: no denial: {}", out.stderr));
+        assert!(line.contains("(its `permissions` is `edit`)"), "{line}");
+        // codex names the commit when it shows the command's item, else its log says a
+        // write was refused (a race in codex 0.169); gemini names the tool it lacks.
+        let named = match kind {
+            "codex" => {
+                line.contains("shell: git add -A && git commit -q -m x (Read-only file system)")
+                    || line.contains("shell: a write, path not logged (read-only file system)")
+            }
+            _ => line.contains("run_shell_command: not offered to the model in this approval mode"),
+        };
+        assert!(named, "{kind}: {line}");
+        // The file was written, not committed.
+        assert!(
+            p.read("mock-written.txt")
+                .contains("written by the mock model"),
+            "{kind}"
+        );
+        assert_eq!(p.git(&["log", "--format=%s"]).trim(), "init", "{kind}");
+    }
+}
+
 #[test]
 fn claude_codex_and_gemini_run_a_stage_against_the_mock_api() {
     let Some(bin) = real_cli_dir() else {
@@ -93,41 +192,9 @@ fn claude_codex_and_gemini_run_a_stage_against_the_mock_api() {
     for kind in ["claude", "codex", "gemini"] {
         let p = Project::new();
         p.workflow("w.toml", &WORKFLOW.replace("KIND", kind));
-        let home = p.dir().join("home");
-        std::fs::create_dir_all(home.join(".codex")).unwrap();
-        std::fs::create_dir_all(home.join(".gemini")).unwrap();
-        std::fs::write(
-            home.join(".codex/config.toml"),
-            format!(
-                "model_provider = \"mock\"\n\n[model_providers.mock]\nname = \"mock\"\n\
-                 base_url = \"{base}/v1\"\nenv_key = \"MOCK_API_KEY\"\nwire_api = \"responses\"\n\
-                 request_max_retries = 0\nstream_max_retries = 0\n"
-            ),
-        )
-        .unwrap();
-        std::fs::write(
-            home.join(".gemini/settings.json"),
-            r#"{"security":{"auth":{"selectedType":"gemini-api-key"}},"general":{"maxAttempts":1}}"#,
-        )
-        .unwrap();
-        let program = bin.join(kind).display().to_string();
-        let var = format!("RALPH_FLOW_{}", kind.to_uppercase());
-        let home_s = home.display().to_string();
-        let codex_home = home.join(".codex").display().to_string();
-        let out = p.run_env(
-            &["run", "w.toml", "--json"],
-            &[
-                (var.as_str(), program.as_str()),
-                ("HOME", home_s.as_str()),
-                ("ANTHROPIC_BASE_URL", base.as_str()),
-                ("ANTHROPIC_API_KEY", "sk-ant-mock-key"),
-                ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"),
-                ("CODEX_HOME", codex_home.as_str()),
-                ("MOCK_API_KEY", "mock-key"),
-                ("GEMINI_API_KEY", "mock-key"),
-                ("GOOGLE_GEMINI_BASE_URL", base.as_str()),
-            ],
-        );
+        let env = mock_home(&p, &bin, kind, &base);
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let out = p.run_env(&["run", "w.toml", "--json"], &env);
         assert_eq!(out.code, 0, "{kind}: {}\n{}", out.stderr, out.stdout);
         assert_eq!(
             out.json["outputs"]["ask"]["verdict"], VERDICT,

@@ -1156,3 +1156,46 @@ argv = ["sh", "-c", "echo $(( $1 + $2 + $3 )) {{ params.sizes | sum }}", "sum", 
     assert_eq!(out.code, 3, "{}", out.stderr);
     assert!(out.stderr.contains("sizes"), "{}", out.stderr);
 }
+
+/// A loop that gives up says that its agents were denied actions: a reviewer that could
+/// not commit its fixes is why a Wiggum loop never ends clean.
+#[test]
+fn a_loop_that_gives_up_names_its_agents_denied_actions() {
+    let p = Project::new();
+    p.workflow(
+        "w.toml",
+        r#"
+name = "w"
+
+[agents.a]
+kind = "claude"
+
+[stages.fix]
+kind = "loop"
+max_iterations = 2
+until = "stages.work.output.text == 'DONE'"
+
+[stages.fix.stages.work]
+kind = "agent"
+agent = "a"
+prompt = "Fix and commit."
+"#,
+    );
+    let out = p.run_env(&["run", "w.toml"], &[("FAKE_MODE", "denied")]);
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    let end = out
+        .stderr
+        .lines()
+        .find(|l| l.contains("stage `fix`") && l.contains("failed: no success after 2 iterations"))
+        .unwrap_or_else(|| panic!("{}", out.stderr));
+    assert!(
+        end.contains("its agents were denied actions")
+            && end.contains("stage `work`: agent `a` was denied 1 action (its `permissions` is `read-only`): Write: "),
+        "{end}"
+    );
+    assert_eq!(
+        end.matches("was denied").count(),
+        1,
+        "each denial once: {end}"
+    );
+}

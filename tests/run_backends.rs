@@ -393,3 +393,66 @@ feedback = "{{ output.stderr | trim }}"
         "the check's own feedback template, not the engine's message"
     );
 }
+
+/// A codex agent under `permissions = "edit"` (workspace-write) whose commit its sandbox
+/// refused (the fake replays the real codex: capture `denied_workspace`) says so: in the
+/// progress, as a `denied` event in `logs`, and in the attempt's `denied.txt`. ralph-flow's
+/// own RUST_LOG does not hide codex's log of the refusals.
+#[test]
+fn a_codex_commit_its_sandbox_refused_is_reported() {
+    let p = Project::new();
+    p.git_init();
+    p.workflow(
+        "w.toml",
+        r#"
+name = "w"
+
+[agents.a]
+kind = "codex"
+permissions = "edit"
+
+[stages.work]
+kind = "agent"
+agent = "a"
+prompt = "Fix the bug and commit."
+"#,
+    );
+    let out = with_env(
+        &p,
+        &[("FAKE_MODE", "denied"), ("RUST_LOG", "ralph_flow=error")],
+        &["run", "w.toml", "--json"],
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let run = out.json["run"].as_str().unwrap().to_string();
+    let denied = [
+        "apply_patch: rejected, writing outside of the project (2 times)",
+        "shell: a write to ../mock-outside-shell.txt (read-only file system)",
+        "shell: a write, path not logged (read-only file system)",
+    ];
+    let line = format!(
+        "! work: agent `a` was denied 3 actions (its `permissions` is `edit`): {}",
+        denied.join("; ")
+    );
+    assert!(out.stderr.contains(&line), "{}", out.stderr);
+    let logs = p.run(&["logs", &run]);
+    assert_eq!(logs.code, 0, "{}", logs.stderr);
+    let event = logs
+        .stdout
+        .lines()
+        .find(|l| l.contains("denied"))
+        .unwrap_or_else(|| panic!("no denied event: {}", logs.stdout));
+    assert!(
+        event.contains("agent `a` was denied 3 actions (its `permissions` is `edit`)")
+            && event.contains(denied[2]),
+        "{event}"
+    );
+    // The attempt's artifacts are records of the run's artifacts.jsonl.
+    let records = p.read(&format!(".ralph-flow/runs/{run}/artifacts.jsonl"));
+    let texts: Vec<String> = records
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|r| r["path"] == "work/attempt-1/denied.txt")
+        .map(|r| r["text"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(texts, [denied.join("\n")], "{records}");
+}

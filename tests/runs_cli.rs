@@ -18,6 +18,7 @@ fn usage(input: u64, cost: f64) -> Usage {
         output_tokens: input / 10,
         cached_tokens: input / 2,
         cost_usd: Some(cost),
+        unreported: 0,
     }
 }
 
@@ -330,4 +331,127 @@ fn unknown_run_is_a_config_error_listing_recent_runs() {
     let assert = cli(empty.path(), &["status"]).code(3);
     let err = String::from_utf8(assert.get_output().stderr.clone()).expect("utf-8");
     assert!(err.contains("there are no runs yet"), "{err}");
+}
+
+/// A run whose agent reported no usage for some calls: `status` and `logs` say `unknown`
+/// where no call of a stage reported any, a lower bound where some did not, and never 0.
+#[test]
+fn usage_that_no_call_reported_shows_as_unknown_not_zero() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut s = SqliteStore::open(&dir.path().join("state.db")).expect("open");
+    s.create_run(&RunRecord {
+        id: "r3".to_string(),
+        workflow: "local".to_string(),
+        file: "w.toml".to_string(),
+        workflow_hash: "0".repeat(64),
+        params: json!({}),
+        status: RunStatus::Finished,
+        exit: Some(("success".to_string(), 0)),
+        started_at: T0,
+        updated_at: T0 + 5_000,
+        dir: ".ralph-flow/runs/r3".to_string(),
+        options: json!({}),
+    })
+    .expect("create");
+    let unknown = Usage {
+        unreported: 2,
+        ..Usage::default()
+    };
+    let partial = Usage {
+        input_tokens: 100,
+        output_tokens: 10,
+        cached_tokens: 0,
+        cost_usd: None,
+        unreported: 1,
+    };
+    let mut ask = node("", "ask", NodeState::Done, 0);
+    ask.run = "r3".to_string();
+    ask.usage = unknown;
+    let mut mixed = node("", "mixed", NodeState::Done, 0);
+    mixed.run = "r3".to_string();
+    mixed.usage = partial;
+    let attempt = |n: u32| {
+        Write::Attempt(AttemptRecord {
+            run: "r3".to_string(),
+            scope: String::new(),
+            node: "ask".to_string(),
+            attempt: n,
+            state: ralph_flow::store::AttemptState::Ok,
+            agent: Some("llama".to_string()),
+            dir: format!(".ralph-flow/runs/r3/ask/{n}"),
+            error: None,
+            usage: Usage::unreported_call(),
+            started_at: T0,
+            finished_at: Some(T0 + 1_000),
+        })
+    };
+    let settled = |name: &str| {
+        Write::Event(Event {
+            run: "r3".to_string(),
+            at: T0 + 1_000,
+            scope: String::new(),
+            node: name.to_string(),
+            kind: "done".to_string(),
+            message: format!("{name} done"),
+        })
+    };
+    s.commit(&[
+        attempt(1),
+        attempt(2),
+        settled("ask"),
+        Write::Node(ask),
+        settled("mixed"),
+        Write::Node(mixed),
+    ])
+    .expect("commit");
+    drop(s);
+
+    let out = stdout(&cli(dir.path(), &["status", "r3"]).success());
+    let row = |name: &str| {
+        out.lines()
+            .find(|l| l.trim_start().starts_with(name))
+            .unwrap_or_else(|| panic!("a row of {name}: {out}"))
+            .to_string()
+    };
+    assert!(row("ask").contains("unknown"), "{out}");
+    assert!(!row("ask").contains("0/0/0"), "{out}");
+    assert!(
+        row("mixed").contains("≥ 100/10/0 (1 call unreported)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("total: ≥ 100/10/0 tokens (in/out/cached; 3 calls reported no usage)"),
+        "{out}"
+    );
+
+    let doc = json_out(&cli(dir.path(), &["status", "r3", "--json"]).success());
+    assert_eq!(doc["usage_unknown_calls"], 3, "{doc}");
+    assert_eq!(doc["total"]["input_tokens"], 100, "a lower bound: {doc}");
+    assert_eq!(doc["total"]["unreported"], 3, "{doc}");
+    let ask = &doc["nodes"][0];
+    assert_eq!(ask["node"], "ask");
+    assert!(ask["usage"]["input_tokens"].is_null(), "{ask}");
+    assert!(ask["usage"]["output_tokens"].is_null(), "{ask}");
+    assert_eq!(ask["usage"]["unreported"], 2, "{ask}");
+
+    let out = stdout(&cli(dir.path(), &["logs", "r3"]).success());
+    let done = out
+        .lines()
+        .find(|l| l.contains("ask") && l.contains(" done "))
+        .expect("ask's row");
+    assert!(done.contains("unknown -"), "{done}");
+    let out = stdout(&cli(dir.path(), &["logs", "r3", "--stage", "ask"]).success());
+    assert!(
+        out.contains("total: ≥ 100/10/0 tokens (in/out/cached; 3 calls reported no usage)"),
+        "the run's total: {out}"
+    );
+    let attempts: Vec<&str> = out.lines().filter(|l| l.contains("llama")).collect();
+    assert_eq!(attempts.len(), 2, "{out}");
+    assert!(attempts.iter().all(|l| l.contains("unknown")), "{out}");
+    let doc = json_out(&cli(dir.path(), &["logs", "r3", "--stage", "ask", "--json"]).success());
+    assert!(
+        doc["attempts"][0]["usage"]["input_tokens"].is_null(),
+        "{doc}"
+    );
+    assert_eq!(doc["attempts"][0]["usage"]["unreported"], 1, "{doc}");
 }

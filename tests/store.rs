@@ -123,6 +123,7 @@ on_both_stores!(
     answering_a_gate,
     history_across_runs_newest_first,
     two_connections_see_each_others_writes,
+    unreported_usage_round_trips,
 );
 
 fn run_record(id: &str, workflow: &str, started_at: i64) -> RunRecord {
@@ -147,6 +148,7 @@ fn usage(n: u64) -> Usage {
         output_tokens: n / 2,
         cached_tokens: n / 4,
         cost_usd: Some(n as f64 / 1000.0),
+        unreported: 0,
     }
 }
 
@@ -367,6 +369,54 @@ fn records_round_trip(db: &dyn Db) {
     );
     assert!(s.pending_gates("r").expect("gates").is_empty());
     assert_eq!(s.approval("r", "", "other").expect("approval"), None);
+}
+
+/// The calls that reported no usage are kept with a node's and an attempt's usage, apart
+/// from the counts (0 of them is "all reported", not "none reported"), and read back as
+/// written, through every read.
+fn unreported_usage_round_trips(db: &dyn Db) {
+    let mut s = db.open();
+    s.create_run(&run_record("r", "fix", 1)).expect("create");
+    let mut unknown = node("r", "", "ask", json!({"text": "hi"}));
+    unknown.usage = Usage {
+        unreported: 2,
+        ..Usage::default()
+    };
+    let mut partial = node("r", "loop#1", "ask", json!("x"));
+    partial.usage.unreported = 1;
+    let mut a = attempt("r", "", "ask", 1);
+    a.state = ralph_flow::store::AttemptState::Ok;
+    a.usage = Usage::unreported_call();
+    a.finished_at = Some(2_000);
+    s.commit(&[
+        Write::Attempt(a.clone()),
+        Write::Node(unknown.clone()),
+        Write::Node(partial.clone()),
+    ])
+    .expect("commit");
+    let nodes = s.nodes("r").expect("nodes");
+    assert_eq!(nodes, [unknown.clone(), partial.clone()]);
+    assert!(nodes[0].usage.is_unknown());
+    assert!(!nodes[1].usage.is_unknown() && nodes[1].usage.unreported == 1);
+    assert_eq!(s.attempts("r", Some("ask")).expect("attempts"), [a.clone()]);
+    let mut streamed = Vec::new();
+    s.each_node("r", &mut |n| streamed.push(n)).expect("each");
+    assert_eq!(streamed, [unknown.clone(), partial]);
+    s.create_run(&run_record("r2", "fix", 2)).expect("create");
+    let history = s.history("fix", "ask", "r2", 1).expect("history");
+    assert_eq!(history[0].1.usage.unreported, 1, "{history:?}");
+
+    // Settled again with every call reported, and an attempt still running: 0 again.
+    let mut again = unknown;
+    again.usage = usage(10);
+    let mut running = a;
+    running.attempt = 2;
+    running.usage = Usage::default();
+    s.commit(&[Write::Node(again.clone()), Write::Attempt(running.clone())])
+        .expect("commit");
+    assert_eq!(s.nodes("r").expect("nodes").last(), Some(&again));
+    assert_eq!(s.running_attempts("r").expect("running").len(), 0);
+    assert_eq!(s.attempts("r", Some("ask")).expect("attempts")[1], running);
 }
 
 fn events_filter_by_stage_in_order(db: &dyn Db) {
@@ -1157,6 +1207,138 @@ fn a_killed_writers_last_settlement_is_found_in_its_node_row() {
     );
 }
 
+/// A store written by version 5 (no count of unreported calls): a read-only open reads it
+/// as it is, with nothing unreported, and changes nothing; an open that can write brings it
+/// to the current version, with the count before the output in `nodes`, the settlement
+/// events kept in node rows still read and still moved out by the triggers.
+#[test]
+fn a_version_5_store_is_read_as_it_is_and_migrated_on_open() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("state.db");
+    {
+        let conn = rusqlite::Connection::open(&path).expect("open");
+        conn.execute_batch(
+            "CREATE TABLE runs (id TEXT PRIMARY KEY, workflow TEXT NOT NULL, file TEXT NOT NULL,
+                 workflow_hash TEXT NOT NULL, params TEXT NOT NULL, status TEXT NOT NULL,
+                 exit_name TEXT, exit_code INTEGER, started_at INTEGER NOT NULL,
+                 updated_at INTEGER NOT NULL, dir TEXT NOT NULL,
+                 options TEXT NOT NULL DEFAULT '{}');
+             CREATE TABLE nodes (run TEXT NOT NULL, scope TEXT NOT NULL, node TEXT NOT NULL,
+                 seq INTEGER NOT NULL, state TEXT NOT NULL, finished_at INTEGER NOT NULL,
+                 event TEXT, output TEXT, output_blob TEXT, action TEXT, feedback TEXT,
+                 attempts INTEGER NOT NULL, input_tokens INTEGER NOT NULL,
+                 output_tokens INTEGER NOT NULL, cached_tokens INTEGER NOT NULL, cost_usd REAL,
+                 started_at INTEGER NOT NULL, PRIMARY KEY (run, scope, node)) WITHOUT ROWID;
+             CREATE TABLE attempts (run TEXT NOT NULL, scope TEXT NOT NULL, node TEXT NOT NULL,
+                 attempt INTEGER NOT NULL, state TEXT NOT NULL, agent TEXT, dir TEXT NOT NULL,
+                 error TEXT, input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL,
+                 cached_tokens INTEGER NOT NULL, cost_usd REAL, started_at INTEGER NOT NULL,
+                 finished_at INTEGER, PRIMARY KEY (run, scope, node, attempt)) WITHOUT ROWID;
+             CREATE TABLE events (run TEXT NOT NULL, seq INTEGER NOT NULL, at INTEGER NOT NULL,
+                 scope TEXT NOT NULL, node TEXT NOT NULL, kind TEXT NOT NULL,
+                 message TEXT NOT NULL, PRIMARY KEY (run, seq)) WITHOUT ROWID;
+             CREATE TABLE gates (run TEXT NOT NULL, scope TEXT NOT NULL, gate TEXT NOT NULL,
+                 message TEXT NOT NULL, show TEXT NOT NULL, requested_at INTEGER NOT NULL,
+                 deadline INTEGER, PRIMARY KEY (run, scope, gate));
+             CREATE TABLE approvals (run TEXT NOT NULL, scope TEXT NOT NULL,
+                 gate TEXT NOT NULL, approved INTEGER NOT NULL, comment TEXT, by TEXT NOT NULL,
+                 at INTEGER NOT NULL, PRIMARY KEY (run, scope, gate));
+             CREATE TABLE locks (run TEXT PRIMARY KEY, pid INTEGER NOT NULL,
+                 host TEXT NOT NULL, since INTEGER NOT NULL, holder TEXT NOT NULL DEFAULT '',
+                 expires INTEGER);
+             CREATE TRIGGER nodes_keep_event_on_update BEFORE UPDATE ON nodes
+                 WHEN OLD.event IS NOT NULL
+             BEGIN
+                 INSERT INTO events (run, seq, at, scope, node, kind, message)
+                 VALUES (OLD.run, OLD.seq, OLD.finished_at, OLD.scope, OLD.node, OLD.state,
+                     OLD.event);
+             END;
+             INSERT INTO runs VALUES ('r', 'fix', 'w.toml', 'h', '{}', 'finished', 'success',
+                 0, 1, 2, 'd', '{}');
+             INSERT INTO events VALUES ('r', 1, 5, '', 'a', 'started', 'a started');
+             INSERT INTO nodes VALUES ('r', '', 'a', 2, 'done', 9, 'a done', '{\"ok\":true}',
+                 NULL, NULL, NULL, 1, 120, 30, 0, 0.5, 5);
+             INSERT INTO attempts VALUES ('r', '', 'a', 1, 'ok', 'claude', 'd/a/1', NULL, 120,
+                 30, 0, 0.5, 5, 9);
+             PRAGMA user_version = 5;",
+        )
+        .expect("a version 5 store");
+    }
+    let version = || -> i64 {
+        rusqlite::Connection::open(&path)
+            .expect("open")
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .expect("version")
+    };
+    let expected_usage = Usage {
+        input_tokens: 120,
+        output_tokens: 30,
+        cached_tokens: 0,
+        cost_usd: Some(0.5),
+        unreported: 0,
+    };
+    let check = |s: &dyn Store| {
+        let nodes = s.nodes("r").expect("nodes");
+        assert_eq!(nodes.len(), 1);
+        assert_eq!(nodes[0].output, json!({"ok": true}));
+        assert_eq!(nodes[0].usage, expected_usage);
+        let attempts = s.attempts("r", None).expect("attempts");
+        assert_eq!(attempts[0].usage, expected_usage);
+        assert_eq!(attempts[0].finished_at, Some(9));
+        let kinds: Vec<String> = s
+            .events("r", None)
+            .expect("events")
+            .into_iter()
+            .map(|e| e.kind)
+            .collect();
+        assert_eq!(kinds, ["started", "done"]);
+    };
+    // Read-only (`status` on a directory it cannot write): read as it is.
+    let ro = SqliteStore::open_read_only(&path).expect("a version 5 store reads");
+    check(&ro);
+    assert!(ro.running_attempts("r").expect("running").is_empty());
+    drop(ro);
+    assert_eq!(version(), 5, "reading changed nothing");
+    let located = ralph_flow::store::Location::Sqlite(dir.path().to_path_buf())
+        .open_to_read()
+        .expect("open to read")
+        .expect("a store");
+    check(located.as_ref());
+    drop(located);
+    assert_eq!(version(), 5);
+
+    // Opened to write: brought up to date, every record kept.
+    let mut s = store(dir.path());
+    assert_eq!(version(), ralph_flow::store::sqlite::SCHEMA_VERSION);
+    check(&s);
+    let columns: Vec<String> = rusqlite::Connection::open(&path)
+        .expect("open")
+        .prepare("SELECT name FROM pragma_table_info('nodes')")
+        .expect("prepare")
+        .query_map([], |r| r.get(0))
+        .expect("columns")
+        .collect::<Result<_, _>>()
+        .expect("columns");
+    let place = |c: &str| columns.iter().position(|x| x == c).expect(c);
+    assert!(
+        place("unreported") < place("output") && place("input_tokens") < place("output"),
+        "nothing short behind the output: {columns:?}"
+    );
+    // Settled again in the same scope: the trigger (made again with the new table) moves
+    // the row's event into `events`, and the new count is kept.
+    let mut again = node("r", "", "a", json!(2));
+    again.usage = Usage::unreported_call();
+    s.commit(&[Write::Node(again.clone())]).expect("commit");
+    assert_eq!(s.nodes("r").expect("nodes"), [again]);
+    let kinds: Vec<String> = s
+        .events("r", None)
+        .expect("events")
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(kinds, ["started", "done"], "the event kept its place");
+}
+
 #[test]
 fn a_newer_schema_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -1189,6 +1371,46 @@ fn large_outputs_round_trip_in_postgres() {
             .output,
         big
     );
+}
+
+/// A database at schema version 4 (before the count of unreported calls) is migrated when
+/// a store connects, keeping its records: nothing unreported in them, and the count kept in
+/// what is written from then on.
+#[test]
+fn postgres_migrates_a_version_4_schema_keeping_its_records() {
+    let Some(url) = pg::database() else {
+        return;
+    };
+    let mut s = PgStore::connect(&url).expect("connect");
+    s.create_run(&run_record("r", "fix", 1)).expect("create");
+    let mut a = attempt("r", "", "plan", 1);
+    a.usage = usage(40);
+    s.commit(&[
+        Write::Node(node("r", "", "plan", json!(1))),
+        Write::Attempt(a),
+    ])
+    .expect("commit");
+    drop(s);
+    // What version 4 had: the same tables without the count.
+    let mut c = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+    c.batch_execute(
+        "ALTER TABLE nodes DROP COLUMN unreported; \
+         ALTER TABLE attempts DROP COLUMN unreported; \
+         UPDATE ralph_flow_schema SET version = 4;",
+    )
+    .expect("back to version 4");
+    let mut s = PgStore::connect(&url).expect("connect migrates");
+    let version: i32 = c
+        .query_one("SELECT version FROM ralph_flow_schema", &[])
+        .expect("version")
+        .get(0);
+    assert_eq!(version, ralph_flow::store::postgres::SCHEMA_VERSION);
+    assert_eq!(s.nodes("r").expect("nodes")[0].usage, usage(1200));
+    assert_eq!(s.attempts("r", None).expect("attempts")[0].usage, usage(40));
+    let mut n = node("r", "", "review", json!(2));
+    n.usage = Usage::unreported_call();
+    s.commit(&[Write::Node(n.clone())]).expect("commit");
+    assert_eq!(s.nodes("r").expect("nodes")[1], n);
 }
 
 #[test]

@@ -3,6 +3,7 @@
 //! **Invariant:** check does no I/O beyond reading the workflow's own files (prompt files and
 //! output schemas, through the [`Loader`]).
 
+mod budgets;
 mod filters;
 mod graph;
 pub mod outputs;
@@ -123,6 +124,7 @@ pub fn check<'w>(
     (checked.conditional, checked.skippable, checked.routed_from) = scope::compute_skips(&checked);
     graph::check(&checked, &mut found);
     outputs::check(&mut checked, loader, &mut found);
+    budgets::check(&checked, &mut found);
     templates::check(&mut checked, loader, &mut found);
     subflows::check(&checked, loader, &mut found);
     prompt_dirs(workflow, loader, &mut found);

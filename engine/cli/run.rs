@@ -272,7 +272,8 @@ fn finish(args: &ExecArgs, result: Result<ralph_flow::run::RunResult, Failed>) -
             outputs: &'a ralph_flow::run::RanOutputs,
             run: &'a str,
             status: &'a str,
-            usage: &'a ralph_flow::backend::Usage,
+            /// As `status --json` shows it: counts of `null` when no call reported usage.
+            usage: serde_json::Value,
             waiting_on: Vec<String>,
         }
         let doc = Doc {
@@ -282,7 +283,7 @@ fn finish(args: &ExecArgs, result: Result<ralph_flow::run::RunResult, Failed>) -
             outputs: &r.outputs,
             run: &r.run_id,
             status,
-            usage: &r.usage,
+            usage: r.usage.shown(),
             waiting_on: match &r.end {
                 RunEnd::Waiting(g) => g.iter().map(|g| redact(g).into_owned()).collect(),
                 _ => Vec::new(),
@@ -340,15 +341,22 @@ fn finish(args: &ExecArgs, result: Result<ralph_flow::run::RunResult, Failed>) -
     code
 }
 
-/// Shows a run's usage shortly: ` · 13.5k tokens · $0.0336`.
+/// Shows a run's usage shortly: ` · 13.5k tokens · $0.0336`; ` · tokens unknown (3 calls
+/// reported no usage)` when no call reported any, ` · ≥ 13.5k tokens (1 call reported no
+/// usage)` when some did not.
 fn usage_text(u: &ralph_flow::backend::Usage) -> String {
     use ralph_flow::run::progress::short_tokens;
     let mut s = String::new();
-    if u.tokens() > 0 {
-        s.push_str(&format!(" · {} tokens", short_tokens(u.tokens())));
-        if u.cached_tokens > 0 {
-            s.push_str(&format!(" ({} cached)", short_tokens(u.cached_tokens)));
+    match u.unreported_text() {
+        Some(why) if u.is_unknown() => s.push_str(&format!(" · tokens unknown ({why})")),
+        Some(why) => s.push_str(&format!(" · ≥ {} tokens ({why})", short_tokens(u.tokens()))),
+        None if u.tokens() > 0 => {
+            s.push_str(&format!(" · {} tokens", short_tokens(u.tokens())));
+            if u.cached_tokens > 0 {
+                s.push_str(&format!(" ({} cached)", short_tokens(u.cached_tokens)));
+            }
         }
+        None => {}
     }
     if let Some(c) = u.cost_usd {
         s.push_str(&format!(" · ${c:.4}"));

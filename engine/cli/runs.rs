@@ -274,9 +274,18 @@ struct StatusView<'a> {
     #[serde(flatten)]
     run: RunView<'a>,
     lock: Option<LockOwner>,
+    #[serde(serialize_with = "ralph_flow::store::serialize_shown")]
     nodes: &'a [NodeRecord],
     pending_gates: Vec<GateView<'a>>,
+    /// The usage of every settled stage; its counts are `null` when no call reported any.
+    #[serde(serialize_with = "shown_usage")]
     total: Usage,
+    /// How many calls reported no usage: the counts leave their tokens out.
+    usage_unknown_calls: u64,
+}
+
+fn shown_usage<S: serde::Serializer>(u: &Usage, s: S) -> Result<S::Ok, S::Error> {
+    u.shown().serialize(s)
 }
 
 fn show_status(args: &StatusArgs) -> Result<(), Failure> {
@@ -320,6 +329,7 @@ fn show_status(args: &StatusArgs) -> Result<(), Failure> {
         lock,
         nodes: &nodes,
         pending_gates: gate_views,
+        usage_unknown_calls: total.unreported,
         total,
     };
     if args.json {
@@ -409,11 +419,7 @@ fn status_text(view: &StatusView<'_>) -> String {
         }
         out += &format!("    approve: {}\n    reject:  {}\n", g.approve, g.reject);
     }
-    out += &format!(
-        "\ntotal: {} tokens (in/out/cached), cost {}\n",
-        tokens(&view.total),
-        cost(&view.total)
-    );
+    out += &format!("\n{}\n", total_text(&view.total));
     out
 }
 
@@ -423,8 +429,21 @@ struct LogsView<'a> {
     stage: Option<&'a str>,
     events: &'a [Event],
     /// The stage's attempts (with `--stage` only).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "shown_attempts"
+    )]
     attempts: Option<&'a [AttemptRecord]>,
+}
+
+fn shown_attempts<S: serde::Serializer>(
+    attempts: &Option<&[AttemptRecord]>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match attempts {
+        Some(a) => ralph_flow::store::serialize_shown(a, s),
+        None => s.serialize_none(),
+    }
 }
 
 /// Gives each loop, for_each and group row what its body did: the usage of every stage
@@ -498,7 +517,7 @@ fn show_logs(args: &LogsArgs) -> Result<(), Failure> {
             let used = usage
                 .get(&(e.scope.as_str(), e.node.as_str()))
                 .filter(|_| NodeState::parse(&e.kind).is_some())
-                .filter(|u| u.tokens() > 0 || u.cost_usd.is_some())
+                .filter(|u| u.tokens() > 0 || u.cost_usd.is_some() || u.unreported > 0)
                 .map_or_else(String::new, |u| format!("{} {}", tokens(u), cost(u)));
             vec![
                 rfc3339(e.at),
@@ -532,11 +551,7 @@ fn show_logs(args: &LogsArgs) -> Result<(), Failure> {
         for n in &nodes {
             total.add(&n.usage);
         }
-        println!(
-            "\ntotal: {} tokens (in/out/cached), cost {}",
-            tokens(&total),
-            cost(&total)
-        );
+        println!("\n{}", total_text(&total));
     }
     if let Some(attempts) = &attempts {
         if !attempts.is_empty() {
@@ -580,8 +595,32 @@ fn exit_text(run: &RunRecord) -> String {
     }
 }
 
+/// Tokens as `IN/OUT/CACHED`: `unknown` when no call reported usage, and a lower bound
+/// (`≥ IN/OUT/CACHED (N calls unreported)`) when some calls did not. Never a 0 for a call
+/// that reported nothing.
 fn tokens(u: &Usage) -> String {
-    format!("{}/{}/{}", u.input_tokens, u.output_tokens, u.cached_tokens)
+    let counts = format!("{}/{}/{}", u.input_tokens, u.output_tokens, u.cached_tokens);
+    match u.unreported {
+        0 => counts,
+        _ if u.is_unknown() => String::from("unknown"),
+        n => format!(
+            "≥ {counts} ({n} call{} unreported)",
+            if n == 1 { "" } else { "s" }
+        ),
+    }
+}
+
+/// The total line of `status` and `logs`.
+fn total_text(u: &Usage) -> String {
+    let cost = cost(u);
+    match u.unreported_text() {
+        None => format!("total: {} tokens (in/out/cached), cost {cost}", tokens(u)),
+        Some(why) if u.is_unknown() => format!("total: unknown tokens ({why}), cost {cost}"),
+        Some(why) => format!(
+            "total: ≥ {}/{}/{} tokens (in/out/cached; {why}), cost {cost}",
+            u.input_tokens, u.output_tokens, u.cached_tokens
+        ),
+    }
 }
 
 fn cost(u: &Usage) -> String {

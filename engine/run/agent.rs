@@ -240,6 +240,7 @@ impl Exec<'_> {
                 self.shared
                     .progress
                     .note(&format!("! {}: {text}", node.name));
+                self.note_denied(frame, &node.name, &text);
             }
             self.artifact(dir, "raw.txt", &reply.raw);
             if reply.text != reply.raw {
@@ -340,7 +341,7 @@ impl Exec<'_> {
             if self.spreads_agents() {
                 let result = self.call_elsewhere(n, cfg, call).await;
                 if let Ok(reply) = &result {
-                    self.add_usage(frame, &reply.usage);
+                    self.add_usage(frame, n, &cfg.name, &reply.usage);
                 }
                 return result;
             }
@@ -357,7 +358,7 @@ impl Exec<'_> {
                 .map(redact_reply)
                 .map_err(redact_error);
             match &result {
-                Ok(reply) => self.add_usage(frame, &reply.usage),
+                Ok(reply) => self.add_usage(frame, n, &cfg.name, &reply.usage),
                 Err(e) => {
                     tracing::debug!(stage = %call.stage, agent = %cfg.name, error = %e, "agent call failed");
                 }

@@ -10,6 +10,9 @@ use crate::compile::Target;
 use crate::params::resolve_count;
 use crate::store::NodeState;
 
+/// How many denials a loop keeps for its outcome's message.
+const DENIALS_KEPT: usize = 5;
+
 impl Exec<'_> {
     pub(super) fn budget_outcome(
         &self,
@@ -32,16 +35,101 @@ impl Exec<'_> {
         )
     }
 
-    /// Adds a call's usage to the run's and the enclosing loops' sums.
-    pub(super) fn add_usage(&self, frame: &Frame<'_>, u: &Usage) {
-        let mut all = self.shared.usage.borrow_mut();
-        all.entry(String::new()).or_default().add(u);
+    /// Adds a call's usage (by `agent`, for stage `n`) to the run's and the enclosing loops'
+    /// sums. A call that reported no usage under a tokens budget is said once per agent,
+    /// in the progress and as a `warning` event: its tokens are not counted.
+    pub(super) fn add_usage(&self, frame: &Frame<'_>, n: NodeId, agent: &str, u: &Usage) {
+        {
+            let mut all = self.shared.usage.borrow_mut();
+            all.entry(String::new()).or_default().add(u);
+            let mut cur = Some(frame);
+            while let Some(f) = cur {
+                if let Some((key, _)) = &f.usage_key {
+                    all.entry(key.clone()).or_default().add(u);
+                }
+                cur = f.parent;
+            }
+        }
+        if u.unreported > 0 {
+            self.note_unreported(frame, n, agent);
+        }
+    }
+
+    /// Says, once per agent, that a call under a tokens budget reported no usage.
+    fn note_unreported(&self, frame: &Frame<'_>, n: NodeId, agent: &str) {
+        let Some(budget) = self.tokens_budget(frame, n) else {
+            return;
+        };
+        if !self
+            .shared
+            .unreported_noted
+            .borrow_mut()
+            .insert(agent.to_string())
+        {
+            return;
+        }
+        let text = format!(
+            "agent `{agent}` reported no token usage for a call of stage `{}` (the answer \
+             carried none), so the tokens budget of {budget} cannot count its calls that \
+             report none; their usage shows as unknown",
+            self.plan.node(n).name
+        );
+        tracing::warn!("{text}");
+        self.shared.progress.note(&format!("! {text}"));
+        self.shared.event("", "", "warning", text);
+    }
+
+    /// The innermost tokens budget over stage `n` in `frame`: the stage's own, an enclosing
+    /// loop's, the run's (`stage `x``, `loop `l``, `the run`).
+    fn tokens_budget(&self, frame: &Frame<'_>, n: NodeId) -> Option<String> {
+        let has_tokens =
+            |b: &Option<Box<crate::model::Budget>>| b.as_ref().is_some_and(|b| b.tokens.is_some());
+        if has_tokens(&self.plan.stage(n).keys().budget) {
+            return Some(format!("stage `{}`", self.plan.node(n).name));
+        }
+        let mut cur = Some(frame);
+        while let Some(f) = cur {
+            if let Some((_, l)) = &f.usage_key {
+                if has_tokens(&self.plan.stage(*l).keys().budget) {
+                    return Some(format!("loop `{}`", self.plan.node(*l).name));
+                }
+            }
+            cur = f.parent;
+        }
+        self.plan
+            .workflow
+            .budget
+            .as_ref()
+            .is_some_and(|b| b.tokens.is_some())
+            .then(|| String::from("the run"))
+    }
+
+    /// Keeps a stage's denied actions for the loops around it, whose outcome names them
+    /// when they give up (at most [`DENIALS_KEPT`] a loop).
+    pub(super) fn note_denied(&self, frame: &Frame<'_>, stage: &str, text: &str) {
+        let mut all = self.shared.denied.borrow_mut();
         let mut cur = Some(frame);
         while let Some(f) = cur {
             if let Some((key, _)) = &f.usage_key {
-                all.entry(key.clone()).or_default().add(u);
+                let kept = all.entry(key.clone()).or_default();
+                let entry = format!("stage `{stage}`: {text}");
+                if kept.len() < DENIALS_KEPT && !kept.contains(&entry) {
+                    kept.push(entry);
+                }
             }
             cur = f.parent;
+        }
+    }
+
+    /// What a loop that gives up says of its agents' denied actions: `""` when none were.
+    pub(super) fn denied_note(&self, loop_key: &str) -> String {
+        match self.shared.denied.borrow().get(loop_key) {
+            Some(d) if !d.is_empty() => format!(
+                "; its agents were denied actions, which may be why (see the agents' \
+                 `permissions`): {}",
+                d.join("; ")
+            ),
+            _ => String::new(),
         }
     }
 

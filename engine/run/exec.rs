@@ -64,8 +64,14 @@ pub(crate) struct Shared {
     pub global: Option<Semaphore>,
     /// Usage by key: `""` for the run, a loop instance's key for a loop.
     pub usage: RefCell<HashMap<String, Usage>>,
+    /// The denied actions of the agents in each loop instance (by the loop's usage key),
+    /// for the loop's outcome when it gives up: "stage `s`: agent `a` was denied ...".
+    pub denied: RefCell<HashMap<String, Vec<String>>>,
     pub replay: Option<Arc<ReplayBackend>>,
     pub recorder: Option<Arc<Recorder>>,
+    /// The agents whose calls under a tokens budget reported no usage, each noted once
+    /// (see `budget.rs`, `add_usage`).
+    pub unreported_noted: RefCell<HashSet<String>>,
     /// A store failure: the run cannot be trusted to be durable any more, so it stops.
     pub store_error: RefCell<Option<Halt>>,
     /// The store `earlier_runs()` reads in templates (template functions must be `Send +

@@ -365,11 +365,12 @@ mod tests {
     use super::*;
 
     /// A run holds a view for every settled stage of its running frames: 10,000 of them in
-    /// a long chain.
+    /// a long chain. (88 bytes since the usage counts the calls that reported none: 80 KB
+    /// more at 10,000 stages.)
     #[test]
     fn a_view_stays_small() {
         assert!(
-            std::mem::size_of::<View>() <= 80,
+            std::mem::size_of::<View>() <= 88,
             "{}",
             std::mem::size_of::<View>()
         );

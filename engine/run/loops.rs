@@ -230,7 +230,8 @@ impl Exec<'_> {
                                 it,
                                 then,
                                 format!(
-                                    "stuck: the same findings {stuck_count} iterations in a row"
+                                    "stuck: the same findings {stuck_count} iterations in a row{}",
+                                    self.denied_note(&usage_key)
                                 ),
                                 &history,
                             ));
@@ -266,7 +267,10 @@ impl Exec<'_> {
             "exhausted",
             max,
             then,
-            format!("no success after {max} iterations"),
+            format!(
+                "no success after {max} iterations{}",
+                self.denied_note(&usage_key)
+            ),
             &history,
         ))
     }

@@ -150,7 +150,11 @@ impl Progress {
         if state != NodeState::Skipped {
             text.push_str(&format!(" in {}", duration(elapsed)));
         }
-        if usage.tokens() > 0 {
+        if usage.is_unknown() {
+            text.push_str(" · tokens unknown");
+        } else if usage.unreported > 0 {
+            text.push_str(&format!(" · ≥ {} tokens", short_tokens(usage.tokens())));
+        } else if usage.tokens() > 0 {
             text.push_str(&format!(" · {} tokens", short_tokens(usage.tokens())));
         }
         if let Some(c) = usage.cost_usd {

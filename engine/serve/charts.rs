@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use super::layout::xml;
-use super::view::{RunDetail, cost_text, qualified};
+use super::view::{RunDetail, attempt_usage_text, cost_text, qualified, tokens_text};
 use crate::store::{AttemptState, Usage, now_ms};
 use crate::text::duration_ms;
 
@@ -106,12 +106,14 @@ fn shorten(s: &str, n: usize) -> String {
 }
 
 /// Tokens (input and output) and cost per stage, as bars, and tokens over time, as a line.
+/// A stage whose calls reported no usage shows `unknown` and no bar; counts that leave out
+/// calls which reported none are shown as lower bounds (`≥`).
 pub fn usage(run: &RunDetail) -> String {
     let mut per_stage: BTreeMap<&str, Usage> = BTreeMap::new();
     for a in &run.attempts {
         per_stage.entry(&a.node).or_default().add(&a.usage);
     }
-    per_stage.retain(|_, u| u.tokens() > 0 || u.cost_usd.is_some());
+    per_stage.retain(|_, u| u.tokens() > 0 || u.cost_usd.is_some() || u.unreported > 0);
     if per_stage.is_empty() {
         return r#"<p class="empty">No tokens used yet.</p>"#.into();
     }
@@ -135,17 +137,16 @@ pub fn usage(run: &RunDetail) -> String {
         let wo = (u.output_tokens as f64 * bar_w) as i32;
         let _ = write!(
             out,
-            r#"<g data-stage="{name}"><title>{name}: {inp} in, {outp} out, {cost}</title><text class="label" x="{lx}" y="{ty}" text-anchor="end">{short}</text><rect class="in" x="{LABEL_W}" y="{y}" width="{wi}" height="{BAR_H}"/><rect class="out" x="{ox}" y="{y}" width="{wo}" height="{BAR_H}"/><text class="value" x="{vx}" y="{ty}">{tokens} tokens · {cost}</text></g>"#,
+            r#"<g data-stage="{name}"><title>{name}: {detail}, {cost}</title><text class="label" x="{lx}" y="{ty}" text-anchor="end">{short}</text><rect class="in" x="{LABEL_W}" y="{y}" width="{wi}" height="{BAR_H}"/><rect class="out" x="{ox}" y="{y}" width="{wo}" height="{BAR_H}"/><text class="value" x="{vx}" y="{ty}">{tokens} tokens · {cost}</text></g>"#,
             name = xml(stage),
-            inp = u.input_tokens,
-            outp = u.output_tokens,
+            detail = xml(&attempt_usage_text(u)),
             cost = cost_text(u.cost_usd),
             lx = LABEL_W - 8,
             ty = y + BAR_H - 4,
             short = xml(&shorten(stage, 36)),
             ox = LABEL_W + wi,
             vx = LABEL_W + wi + wo + 6,
-            tokens = u.tokens(),
+            tokens = xml(&tokens_text(u)),
         );
     }
     out.push_str("</svg>");
@@ -155,11 +156,18 @@ pub fn usage(run: &RunDetail) -> String {
         .iter()
         .filter_map(|a| a.finished_at.map(|f| (f, a.usage.tokens())))
         .collect();
+    // Calls that reported no usage make the total a lower bound.
+    let at_least = if run.attempts.iter().any(|a| a.usage.unreported > 0) {
+        "≥ "
+    } else {
+        ""
+    };
     points.sort_unstable();
-    if points.len() >= 2 {
+    // No line when no call counted a token (nothing known to draw).
+    let total: u64 = points.iter().map(|p| p.1).sum();
+    if points.len() >= 2 && total > 0 {
         let t0 = run.summary.started_at.min(points[0].0);
         let t1 = points.last().map_or(t0 + 1, |p| p.0).max(t0 + 1);
-        let total: u64 = points.iter().map(|p| p.1).sum::<u64>().max(1);
         let (w, h) = (WIDTH - 60, 120);
         let mut acc = 0u64;
         let mut d = format!("M 40 {}", h + 10);
@@ -171,7 +179,7 @@ pub fn usage(run: &RunDetail) -> String {
         }
         let _ = write!(
             out,
-            r#"<svg xmlns="http://www.w3.org/2000/svg" class="over-time" viewBox="0 0 {WIDTH} {vh}" width="{WIDTH}" height="{vh}" role="img" aria-label="tokens over time"><path class="line" d="{d}"/><text class="axis" x="40" y="{ly}">0</text><text class="axis" x="{rx}" y="{ly}" text-anchor="end">{span}</text><text class="axis" x="44" y="20">{total} tokens</text></svg>"#,
+            r#"<svg xmlns="http://www.w3.org/2000/svg" class="over-time" viewBox="0 0 {WIDTH} {vh}" width="{WIDTH}" height="{vh}" role="img" aria-label="tokens over time"><path class="line" d="{d}"/><text class="axis" x="40" y="{ly}">0</text><text class="axis" x="{rx}" y="{ly}" text-anchor="end">{span}</text><text class="axis" x="44" y="20">{at_least}{total} tokens</text></svg>"#,
             vh = h + 30,
             ly = h + 26,
             rx = 40 + w,

@@ -1,5 +1,6 @@
 //! `/metrics`: Prometheus text exposition of the store: runs by state, stages by state,
-//! tokens and cost by agent, gates waiting and how long they have waited.
+//! tokens and cost by agent, the calls that reported no usage by agent, gates waiting and
+//! how long they have waited.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -85,8 +86,9 @@ pub fn text(store: &mut dyn Store) -> Result<String, StoreError> {
     for (s, n) in &stages {
         let _ = writeln!(out, "ralph_flow_stages{{state=\"{}\"}} {n}", label(s));
     }
-    out.push_str("# HELP ralph_flow_tokens_total Tokens used, by agent and direction.\n# TYPE ralph_flow_tokens_total counter\n");
-    for (agent, u) in &by_agent {
+    out.push_str("# HELP ralph_flow_tokens_total Tokens used, by agent and direction, as reported (an agent none of whose calls reported usage has no sample; see ralph_flow_usage_unreported_calls_total).\n# TYPE ralph_flow_tokens_total counter\n");
+    // An unknown is not a 0: an agent whose calls all reported no usage has no sample.
+    for (agent, u) in by_agent.iter().filter(|(_, u)| !u.is_unknown()) {
         let a = label(agent);
         let _ = writeln!(
             out,
@@ -99,8 +101,17 @@ pub fn text(store: &mut dyn Store) -> Result<String, StoreError> {
             u.output_tokens
         );
     }
-    out.push_str("# HELP ralph_flow_cost_usd_total Cost reported by the backends, by agent.\n# TYPE ralph_flow_cost_usd_total counter\n");
+    out.push_str("# HELP ralph_flow_usage_unreported_calls_total Agent calls that reported no usage (their tokens are not in ralph_flow_tokens_total), by agent.\n# TYPE ralph_flow_usage_unreported_calls_total counter\n");
     for (agent, u) in &by_agent {
+        let _ = writeln!(
+            out,
+            "ralph_flow_usage_unreported_calls_total{{agent=\"{}\"}} {}",
+            label(agent),
+            u.unreported
+        );
+    }
+    out.push_str("# HELP ralph_flow_cost_usd_total Cost reported by the backends, by agent.\n# TYPE ralph_flow_cost_usd_total counter\n");
+    for (agent, u) in by_agent.iter().filter(|(_, u)| !u.is_unknown()) {
         let _ = writeln!(
             out,
             "ralph_flow_cost_usd_total{{agent=\"{}\"}} {}",

@@ -32,8 +32,18 @@ pub struct RunSummary {
     pub updated_at: i64,
     pub duration_ms: i64,
     pub duration: String,
+    /// Its counts are `null` when no call reported usage ([`Usage::shown`]).
+    #[serde(serialize_with = "shown_usage")]
     pub usage: Usage,
-    pub tokens: u64,
+    /// Input plus output tokens; `null` when no call reported usage, a lower bound when
+    /// some did not (`usage_unknown_calls`).
+    pub tokens: Option<u64>,
+    /// What the tokens column says: `13530`, `≥ 13530` or `unknown`.
+    pub tokens_text: String,
+    /// How many calls reported no usage.
+    pub usage_unknown_calls: u64,
+    /// `3 calls reported no usage`, when some did.
+    pub usage_note: Option<String>,
     pub cost: String,
     pub gates_waiting: usize,
     pub stages_done: usize,
@@ -47,8 +57,11 @@ pub struct RunSummary {
 pub struct RunDetail {
     pub summary: RunSummary,
     pub record: RunRecord,
-    /// Settled nodes, without the executor's own decisions (`@...`).
+    /// Settled nodes, without the executor's own decisions (`@...`); each usage as
+    /// [`Usage::shown`] writes it.
+    #[serde(serialize_with = "crate::store::serialize_shown")]
     pub nodes: Vec<NodeRecord>,
+    #[serde(serialize_with = "crate::store::serialize_shown")]
     pub attempts: Vec<AttemptRecord>,
     pub gates: Vec<GateView>,
     pub events: Vec<Event>,
@@ -163,7 +176,10 @@ pub fn summary(
         updated_at: run.updated_at,
         duration_ms: (end - run.started_at).max(0),
         duration: duration_ms((end - run.started_at).max(0)),
-        tokens: usage.tokens(),
+        tokens: usage.known_tokens(),
+        tokens_text: tokens_text(&usage),
+        usage_unknown_calls: usage.unreported,
+        usage_note: usage.unreported_text(),
         cost: cost_text(usage.cost_usd),
         usage,
         gates_waiting: gates,
@@ -183,6 +199,34 @@ pub fn summary(
             })
             .count(),
         running,
+    }
+}
+
+/// Serializes a usage as [`Usage::shown`] does.
+fn shown_usage<S: serde::Serializer>(u: &Usage, s: S) -> Result<S::Ok, S::Error> {
+    u.shown().serialize(s)
+}
+
+/// Input plus output tokens as a page shows them: `13530`; `≥ 13530` when some calls
+/// reported no usage; `unknown` when none reported any.
+pub fn tokens_text(u: &Usage) -> String {
+    match u.known_tokens() {
+        None => "unknown".into(),
+        Some(n) if u.unreported > 0 => format!("≥ {n}"),
+        Some(n) => n.to_string(),
+    }
+}
+
+/// An attempt's usage in words: `12 tokens in, 3 out`; `usage unknown: the agent reported
+/// none`; with a lower bound said as such.
+pub fn attempt_usage_text(u: &Usage) -> String {
+    if u.is_unknown() {
+        return "usage unknown: the agent reported none".into();
+    }
+    let counts = format!("{} tokens in, {} out", u.input_tokens, u.output_tokens);
+    match u.unreported_text() {
+        Some(why) => format!("at least {counts} ({why})"),
+        None => counts,
     }
 }
 
@@ -375,6 +419,8 @@ pub fn live_states(
 #[derive(Clone, Debug, Serialize)]
 pub struct AttemptView {
     pub record: AttemptRecord,
+    /// Its usage in words ([`attempt_usage_text`]).
+    pub usage: String,
     pub started: String,
     pub took: String,
     pub files: Vec<FileView>,
@@ -508,6 +554,7 @@ pub fn stage(
         };
         let view = AttemptView {
             diff_from: None,
+            usage: attempt_usage_text(&a.usage),
             started: rfc3339(a.started_at).replace('T', " "),
             took,
             files,

@@ -163,6 +163,11 @@ impl std::fmt::Display for Location {
 }
 
 /// Tokens and cost of one call, or summed over many.
+///
+/// A call whose answer carried no usage at all (a server that streams none, such as
+/// llama-cpp-python's) is counted in `unreported`, not as 0 tokens: when `unreported` is
+/// above 0 the counts are a lower bound, and when nothing else was counted the usage is
+/// unknown ([`Usage::is_unknown`]). Whatever shows usage says so.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Usage {
     pub input_tokens: u64,
@@ -172,9 +177,25 @@ pub struct Usage {
     pub cached_tokens: u64,
     /// The cost in US dollars, when the backend reports it.
     pub cost_usd: Option<f64>,
+    /// How many calls reported no usage (their tokens are not in the counts). Left out of
+    /// JSON when 0, so recordings and worker payloads of calls that reported read as before.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unreported: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Usage {
+    /// The usage of one call that reported none.
+    pub fn unreported_call() -> Self {
+        Usage {
+            unreported: 1,
+            ..Usage::default()
+        }
+    }
+
     /// Adds another usage to this one.
     pub fn add(&mut self, other: &Usage) {
         // Saturating: counts come from what agents print.
@@ -185,12 +206,88 @@ impl Usage {
             (None, None) => None,
             (a, b) => Some(a.unwrap_or(0.0) + b.unwrap_or(0.0)),
         };
+        self.unreported = self.unreported.saturating_add(other.unreported);
     }
 
-    /// Returns input plus output tokens.
+    /// Returns input plus output tokens (of the calls that reported them).
     pub fn tokens(&self) -> u64 {
         self.input_tokens.saturating_add(self.output_tokens)
     }
+
+    /// Whether nothing is known of this usage: calls reported none, and no call counted a
+    /// token or a cost.
+    pub fn is_unknown(&self) -> bool {
+        self.unreported > 0
+            && self.tokens() == 0
+            && self.cached_tokens == 0
+            && self.cost_usd.is_none()
+    }
+
+    /// The input plus output tokens when they are known (a lower bound when some calls
+    /// reported none, see [`Usage::unreported`]); `None` when nothing is known.
+    pub fn known_tokens(&self) -> Option<u64> {
+        (!self.is_unknown()).then(|| self.tokens())
+    }
+
+    /// `N calls reported no usage`, when some did.
+    pub fn unreported_text(&self) -> Option<String> {
+        (self.unreported > 0).then(|| {
+            format!(
+                "{} call{} reported no usage",
+                self.unreported,
+                if self.unreported == 1 { "" } else { "s" }
+            )
+        })
+    }
+
+    /// This usage as JSON for people and scripts that read it (`status --json`, the
+    /// monitor's API): as stored, except that the counts are `null` when the usage is
+    /// unknown, so that no 0 stands for "not reported".
+    pub fn shown(&self) -> serde_json::Value {
+        let mut v = serde_json::to_value(self).unwrap_or_default();
+        if self.is_unknown() {
+            for key in ["input_tokens", "output_tokens", "cached_tokens"] {
+                v[key] = serde_json::Value::Null;
+            }
+        }
+        v
+    }
+}
+
+/// A record that holds a usage (a node's settlement, an attempt).
+pub trait WithUsage: Serialize {
+    fn usage(&self) -> &Usage;
+}
+
+impl WithUsage for NodeRecord {
+    fn usage(&self) -> &Usage {
+        &self.usage
+    }
+}
+
+impl WithUsage for AttemptRecord {
+    fn usage(&self) -> &Usage {
+        &self.usage
+    }
+}
+
+/// Serializes records as stored, each usage as [`Usage::shown`] writes it (no 0 for a usage
+/// that no call reported): a `serialize_with` for what people and scripts read.
+pub fn serialize_shown<R, T, S>(records: &R, s: S) -> std::result::Result<S::Ok, S::Error>
+where
+    R: AsRef<[T]>,
+    T: WithUsage,
+    S: serde::Serializer,
+{
+    use serde::ser::{Error, SerializeSeq};
+    let records = records.as_ref();
+    let mut seq = s.serialize_seq(Some(records.len()))?;
+    for r in records {
+        let mut v = serde_json::to_value(r).map_err(S::Error::custom)?;
+        v["usage"] = r.usage().shown();
+        seq.serialize_element(&v)?;
+    }
+    seq.end()
 }
 
 /// The state of a run.
@@ -784,5 +881,51 @@ pub(crate) fn process_alive(pid: u32) -> bool {
     match i32::try_from(pid) {
         Ok(raw) if raw > 0 => !matches!(kill(Pid::from_raw(raw), None), Err(Errno::ESRCH)),
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn unreported_calls_are_counted_apart_and_shown_as_unknown() {
+        let mut u = Usage::default();
+        assert!(!u.is_unknown(), "no call at all is not an unknown");
+        u.add(&Usage::unreported_call());
+        u.add(&Usage::unreported_call());
+        assert!(u.is_unknown());
+        assert_eq!(u.known_tokens(), None);
+        assert_eq!(
+            u.unreported_text().as_deref(),
+            Some("2 calls reported no usage")
+        );
+        assert_eq!(
+            u.shown(),
+            json!({"input_tokens": null, "output_tokens": null, "cached_tokens": null,
+                   "cost_usd": null, "unreported": 2})
+        );
+        u.add(&Usage {
+            input_tokens: 10,
+            output_tokens: 2,
+            ..Usage::default()
+        });
+        assert!(!u.is_unknown(), "a lower bound now");
+        assert_eq!(u.known_tokens(), Some(12));
+        assert_eq!(u.shown()["input_tokens"], 10);
+        assert_eq!(u.shown()["unreported"], 2);
+    }
+
+    #[test]
+    fn usage_json_without_unreported_calls_reads_and_writes_as_before() {
+        // What recordings and worker payloads hold, written before the count existed.
+        let old = json!({"input_tokens": 5, "output_tokens": 1, "cached_tokens": 0,
+                         "cost_usd": 0.5});
+        let u: Usage = serde_json::from_value(old.clone()).expect("reads");
+        assert_eq!(u.unreported, 0);
+        assert_eq!(serde_json::to_value(&u).expect("writes"), old);
+        let one = serde_json::to_value(Usage::unreported_call()).expect("writes");
+        assert_eq!(one["unreported"], 1);
     }
 }

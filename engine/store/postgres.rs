@@ -28,7 +28,7 @@ use super::{
 };
 
 /// The schema this version reads and writes.
-pub const SCHEMA_VERSION: i32 = 4;
+pub const SCHEMA_VERSION: i32 = 5;
 
 /// How long a lost connection is retried before the call fails (a restart of the server, a
 /// failover, a network cut).
@@ -182,6 +182,13 @@ CREATE TABLE units (
     UNIQUE (run, key)
 );
 CREATE INDEX units_claimable ON units (id) WHERE state IN ('queued', 'running');
+"#,
+    r#"
+-- The calls that reported no usage (a server that streams none): their tokens are not in the
+-- counts, which are then a lower bound. (A long output is stored out of line by TOAST, so a
+-- column added after it costs nothing to reach, unlike in SQLite.)
+ALTER TABLE nodes ADD COLUMN unreported BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE attempts ADD COLUMN unreported BIGINT NOT NULL DEFAULT 0;
 "#,
 ];
 
@@ -540,12 +547,13 @@ fn usage_from_row(row: &Row, first: usize) -> Usage {
         output_tokens: uint(row.get(first + 1)),
         cached_tokens: uint(row.get(first + 2)),
         cost_usd: row.get(first + 3),
+        unreported: uint(row.get(first + 4)),
     }
 }
 
 const NODE_COLUMNS: &str = "n.run, n.scope, n.node, n.state, n.output, n.action, n.feedback, \
                             n.attempts, n.input_tokens, n.output_tokens, n.cached_tokens, \
-                            n.cost_usd, n.started_at, n.finished_at";
+                            n.cost_usd, n.unreported, n.started_at, n.finished_at";
 
 fn node_from_row(row: &Row) -> Result<NodeRecord> {
     let state: String = row.get(3);
@@ -560,14 +568,14 @@ fn node_from_row(row: &Row) -> Result<NodeRecord> {
         feedback: row.get(6),
         attempts: u32::try_from(row.get::<_, i64>(7)).unwrap_or(u32::MAX),
         usage: usage_from_row(row, 8),
-        started_at: row.get(12),
-        finished_at: row.get(13),
+        started_at: row.get(13),
+        finished_at: row.get(14),
     })
 }
 
 const ATTEMPT_COLUMNS: &str = "run, scope, node, attempt, state, agent, dir, error, \
                                input_tokens, output_tokens, cached_tokens, cost_usd, \
-                               started_at, finished_at";
+                               unreported, started_at, finished_at";
 
 fn attempt_from_row(row: &Row) -> Result<AttemptRecord> {
     let state: String = row.get(4);
@@ -582,8 +590,8 @@ fn attempt_from_row(row: &Row) -> Result<AttemptRecord> {
         dir: row.get(6),
         error: row.get(7),
         usage: usage_from_row(row, 8),
-        started_at: row.get(12),
-        finished_at: row.get(13),
+        started_at: row.get(13),
+        finished_at: row.get(14),
     })
 }
 
@@ -655,22 +663,26 @@ fn insert_approval(
 /// A settlement written again replaces the first and moves to the end of the write order.
 const UPSERT_NODE: &str = "INSERT INTO nodes (run, scope, node, state, output, action, \
      feedback, attempts, input_tokens, output_tokens, cached_tokens, cost_usd, started_at, \
-     finished_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
+     finished_at, unreported) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) \
      ON CONFLICT (run, scope, node) DO UPDATE SET state = excluded.state, \
      output = excluded.output, action = excluded.action, feedback = excluded.feedback, \
      attempts = excluded.attempts, input_tokens = excluded.input_tokens, \
      output_tokens = excluded.output_tokens, cached_tokens = excluded.cached_tokens, \
      cost_usd = excluded.cost_usd, started_at = excluded.started_at, \
-     finished_at = excluded.finished_at, seq = nextval('nodes_seq_seq')";
+     finished_at = excluded.finished_at, unreported = excluded.unreported, \
+     seq = nextval('nodes_seq_seq')";
 
 const UPSERT_ATTEMPT: &str = "INSERT INTO attempts (run, scope, node, attempt, state, agent, \
-     dir, error, input_tokens, output_tokens, cached_tokens, cost_usd, started_at, finished_at) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
+     dir, error, input_tokens, output_tokens, cached_tokens, cost_usd, started_at, finished_at, \
+     unreported) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) \
      ON CONFLICT (run, scope, node, attempt) DO UPDATE SET state = excluded.state, \
      agent = excluded.agent, dir = excluded.dir, error = excluded.error, \
      input_tokens = excluded.input_tokens, output_tokens = excluded.output_tokens, \
      cached_tokens = excluded.cached_tokens, cost_usd = excluded.cost_usd, \
-     started_at = excluded.started_at, finished_at = excluded.finished_at";
+     started_at = excluded.started_at, finished_at = excluded.finished_at, \
+     unreported = excluded.unreported";
 
 const INSERT_EVENT: &str = "INSERT INTO events (run, at, scope, node, kind, message) \
      VALUES ($1, $2, $3, $4, $5, $6)";
@@ -737,6 +749,7 @@ fn write_all(c: &mut Client, writes: &[Write], key: i64, fence: Option<&Fence>) 
                         &n.usage.cost_usd,
                         &n.started_at,
                         &n.finished_at,
+                        &int(n.usage.unreported),
                     ],
                 )
                 .map_err(fail)?;
@@ -759,6 +772,7 @@ fn write_all(c: &mut Client, writes: &[Write], key: i64, fence: Option<&Fence>) 
                         &a.usage.cost_usd,
                         &a.started_at,
                         &a.finished_at,
+                        &int(a.usage.unreported),
                     ],
                 )
                 .map_err(fail)?;

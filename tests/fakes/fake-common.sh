@@ -179,7 +179,8 @@ function rep(s, from, to,    out, i) {
 }'
 }
 
-# Prints a capture's stdout and stderr with this call's values: `fake_print CASE`.
+# Prints a capture's stdout and stderr with this call's values: `fake_print CASE`. The
+# stderr lines holding `fake_drop_stderr` (when set) are left out.
 fake_print() {
     f=$FAKE_CAPTURES/$fake_name/$1
     if [ ! -f "$f.stdout" ]; then
@@ -187,7 +188,11 @@ fake_print() {
         exit 2
     fi
     fake_subst <"$f.stdout"
-    fake_subst <"$f.stderr" >&2
+    if [ -n "${fake_drop_stderr:-}" ]; then
+        fake_subst <"$f.stderr" | grep -v -F -e "$fake_drop_stderr" >&2
+    else
+        fake_subst <"$f.stderr" >&2
+    fi
 }
 
 # Prints a capture and exits with its exit code: `fake_replay CASE`.

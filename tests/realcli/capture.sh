@@ -2,7 +2,7 @@
 # Runs the real claude, codex and gemini CLIs against tests/realcli/mock_api.py, the way
 # ralph-flow calls them, and stores what they print as the fixtures the fakes replay:
 #   tests/fakes/captures/<cli>/<case>.stdout .stderr .exit .argv (.files: the cwd after;
-#   .git, in a git repository: its commits, what was written in .git and next to the cwd)
+#   .repo, in a git repository: its commits, what was written in .git and next to the cwd)
 #   tests/fakes/captures/VERSIONS
 #
 # Usage: tests/realcli/capture.sh [REALCLI_DIR [CASE...]]
@@ -175,7 +175,7 @@ EOF
             echo "commits: $(git -C "$d/cwd" log --format=%s | tr '\n' ' ')"
             echo "in .git: $(cd "$d/cwd/.git" && ls mock-* 2>/dev/null | tr '\n' ' ')"
             echo "outside: $(cd "$d" && ls mock-* 2>/dev/null | tr '\n' ' ')"
-        } >"$f.git"
+        } >"$f.repo"
     fi
     echo "captured $cli/$name: exit $code in $(($(date +%s) - start))s" >&2
 }
@@ -212,10 +212,12 @@ run_case codex write_workspace write git -- exec --json --sandbox workspace-writ
 run_case codex write_full write git -- exec --json --sandbox danger-full-access -
 # The tool calls a sandbox may refuse (mock_api.py DENIED_ACTIONS: writes in the cwd, its
 # .git and outside it, a shell write outside it, git add and commit, failing tests), run as
-# ralph-flow runs codex for each `permissions`.
-run_case codex denied_read_only denied git -- exec --json --skip-git-repo-check --sandbox read-only -
-run_case codex denied_workspace denied git -- exec --json --skip-git-repo-check --sandbox workspace-write -
-run_case codex denied_full denied git -- exec --json --skip-git-repo-check --sandbox danger-full-access -
+# ralph-flow runs codex for each `permissions`, with the RUST_LOG it sets (the sandbox's
+# refusals of commands are logged at WARN only).
+CODEX_LOG=RUST_LOG=error,codex_sandboxing::violation=warn
+run_case codex denied_read_only denied git "$CODEX_LOG" -- exec --json --skip-git-repo-check --sandbox read-only -
+run_case codex denied_workspace denied git "$CODEX_LOG" -- exec --json --skip-git-repo-check --sandbox workspace-write -
+run_case codex denied_full denied git "$CODEX_LOG" -- exec --json --skip-git-repo-check --sandbox danger-full-access -
 
 # ---- gemini: gemini [--model M] [ARGS] --output-format json, prompt on stdin
 run_case gemini untrusted ok plain -- --output-format json

@@ -5,12 +5,12 @@
 # answered with `ralph-flow approve` from another process while the run waits.
 #
 # Usage: golden.sh CLI PRESET WORK
-#   CLI     claude or codex
+#   CLI     claude, codex or gemini
 #   PRESET  wiggum-review, cairo-driver-reviewer or spider
 #   WORK    an empty directory: the repository is WORK/repo, the CLIs' home WORK/home
 #
 # Environment: RALPH_FLOW (the ralph-flow binary), REALCLI_BIN (the directory of the real
-# claude and codex), GOLDEN_TIMEOUT (seconds the run may take, default 120).
+# claude, codex and gemini), GOLDEN_TIMEOUT (seconds the run may take, default 120).
 #
 # Run it offline, in a network namespace with only loopback, as tests/golden_path.rs does:
 #   unshare --net --pid --fork --kill-child --mount-proc \
@@ -30,7 +30,7 @@ limit=${GOLDEN_TIMEOUT:-120}
 
 repo=$work/repo
 home=$work/home
-mkdir -p "$repo" "$home/.codex" "$work/bin"
+mkdir -p "$repo" "$home/.codex" "$home/.gemini" "$work/bin"
 
 # The mock, on loopback.
 SCRIPT_LOG=$work/script.log MOCK_LOG=$work/mock.log python3 "$root/tests/realcli/scripted_mock.py" 0 >"$work/port" 2>"$work/mock.err" &
@@ -65,6 +65,17 @@ stream_max_retries = 0
 enabled = false
 EOF
 
+# gemini: the API key auth (with the base URL alone it picks the `gateway` auth and exits 41),
+# one attempt per request (it retries its own errors slowly; none are expected), no usage
+# statistics or update checks sent out.
+cat >"$home/.gemini/settings.json" <<EOF
+{
+  "security": {"auth": {"selectedType": "gemini-api-key"}},
+  "general": {"maxAttempts": 1, "enableAutoUpdate": false, "enableAutoUpdateNotification": false},
+  "privacy": {"usageStatisticsEnabled": false}
+}
+EOF
+
 # A fake scarb for the Cairo preset's verify step: fmt passes, build needs a function in
 # src/lib.cairo, test needs a #[test]; every call is logged.
 cat >"$work/bin/scarb" <<EOF
@@ -93,8 +104,10 @@ clean_env() {
         CODEX_HOME="$home/.codex" MOCK_API_KEY=mock-key \
         ANTHROPIC_BASE_URL="$base" ANTHROPIC_API_KEY=sk-ant-mock-key \
         CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 \
+        GEMINI_API_KEY=mock-key GOOGLE_GEMINI_BASE_URL="$base" \
         RALPH_FLOW_CLAUDE="${RALPH_FLOW_CLAUDE:-$bin/claude}" \
         RALPH_FLOW_CODEX="${RALPH_FLOW_CODEX:-$bin/codex}" \
+        RALPH_FLOW_GEMINI="${RALPH_FLOW_GEMINI:-$bin/gemini}" \
         "$@"
 }
 
@@ -106,21 +119,45 @@ git config user.email golden@example.com
 python3 "$root/tests/realcli/scripted_mock.py" --seed "$preset" "$repo"
 clean_env "$rf" init "$preset" >"$work/init.out" 2>&1
 flow=workflows/$preset.toml
+# The presets' agents are claude and codex: gemini replaces them with agents of the same
+# names (as the init'd workflow says to), each keeping the preset's permissions. `--model`
+# spares gemini its model router's side request (and a gemini-2 or -3 model keeps write_file
+# from unescaping a `\n` in the content, as it does for the older gemini models).
+gemini_agent() { # NAME [PERMISSIONS]
+    printf '\n[agents.%s]\nkind = "gemini"\nmodel = "gemini-2.5-flash"\n' "$1" >>"$flow"
+    [ -z "${2:-}" ] || printf 'permissions = "%s"\n' "$2" >>"$flow"
+}
 set --
 case $preset in
 wiggum-review)
-    # The preset's reviewer is claude; codex replaces it with an agent of the same name.
+    # The preset's reviewer is claude; codex and gemini replace it with an agent of the same
+    # name.
     if [ "$cli" = codex ]; then
         printf '\n[agents.reviewer]\nkind = "codex"\npermissions = "full"\n' >>"$flow"
+    elif [ "$cli" = gemini ]; then
+        gemini_agent reviewer full
     fi
     # Its defaults: the built-in criteria, the paths src and scripts.
     ;;
 cairo-driver-reviewer)
-    set -- --set prompt=task.md --set rubric=rubric.md --set driver_backend="$cli" --set reviewer_backend="$cli"
+    set -- --set prompt=task.md --set rubric=rubric.md
+    if [ "$cli" = gemini ]; then
+        # The backends' default, codex, is gemini here (the params allow codex or claude).
+        gemini_agent driver_codex
+        gemini_agent reviewer_codex
+    else
+        set -- "$@" --set driver_backend="$cli" --set reviewer_backend="$cli"
+    fi
     ;;
 spider)
-    set -- --set author_backend="$cli" --set builder_backend="$cli" \
-        --set "test_command=python3 -m unittest discover -s tests -v"
+    set -- --set "test_command=python3 -m unittest discover -s tests -v"
+    if [ "$cli" = gemini ]; then
+        # Both agents (the author's default claude, the builder's default codex) are gemini.
+        gemini_agent claude full
+        gemini_agent codex full
+    else
+        set -- "$@" --set author_backend="$cli" --set builder_backend="$cli"
+    fi
     ;;
 esac
 git add -A

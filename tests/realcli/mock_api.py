@@ -30,7 +30,8 @@ environment variable MOCK_SCENARIO, else `ok`. Scenarios:
                 (DENIED_ACTIONS: a write in the cwd, in its `.git`, outside it; a shell write
                 outside it; `git add -A && git commit`; a failing command). The tools are
                 called whether or not the CLI offers them (gemini's headless default offers
-                no write or shell tool).
+                no write or shell tool). The tool calls report no usage.
+  commit        the same with two calls: the write in the cwd, `git add -A && git commit`
 
 A request for strict structured output (Responses `text.format`, Chat Completions
 `response_format.json_schema`, `type: "json_schema"`, `strict: true`) whose schema OpenAI's
@@ -73,6 +74,13 @@ DENIED_ACTIONS = [
     # An ordinary failure, no refusal: failing tests.
     ("shell", "echo 'FAILED test_mean'; exit 1"),
 ]
+# The tool calls of each scenario that makes them.
+ACTIONS = {
+    "denied": DENIED_ACTIONS,
+    # A write in the cwd, then the commit: nothing out of the cwd (a test's cwd may be in /tmp,
+    # which codex's workspace-write sandbox lets it write).
+    "commit": [DENIED_ACTIONS[0], DENIED_ACTIONS[4]],
+}
 
 LOCK = threading.Lock()
 
@@ -522,8 +530,9 @@ class Handler(BaseHTTPRequestHandler):
             for i in inputs
             if isinstance(i, dict) and i.get("type") in ("function_call_output", "custom_tool_call_output")
         )
-        if scenario == "denied" and results < len(DENIED_ACTIONS):
-            items.append(self.codex_denied_call(tools, results, self.cwd_of(body)))
+        actions = ACTIONS.get(scenario, [])
+        if results < len(actions):
+            items.append(self.codex_denied_call(actions[results], results, tools, self.cwd_of(body)))
         elif scenario == "write" and not had_result:
             patch = "*** Begin Patch\n*** Add File: " + WRITTEN_FILE + "\n+" + WRITTEN_TEXT + "*** End Patch\n"
             if "exec" in tools and tools["exec"].get("type") == "custom":
@@ -606,11 +615,16 @@ class Handler(BaseHTTPRequestHandler):
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": INPUT_TOKENS + OUTPUT_TOKENS,
         }
-        if scenario == "denied" and results < len(DENIED_ACTIONS):
+        if results < len(actions):
             # The tool calls count nothing: the totals are the one answer's, as in `ok`.
             usage = {k: {kk: 0 for kk in v} if isinstance(v, dict) else 0 for k, v in usage.items()}
+        return self.responses_reply(body, items, usage, model, "resp_mock1")
+
+    def responses_reply(self, body, items, usage, model, rid):
+        """Answers a Responses request with these output items and usage: a whole response,
+        or its event stream when the request asks for one."""
         resp = {
-            "id": "resp_mock1",
+            "id": rid,
             "object": "response",
             "created_at": int(time.time()),
             "status": "in_progress",
@@ -639,10 +653,10 @@ class Handler(BaseHTTPRequestHandler):
         ev("response.completed", response=dict(resp, status="completed", output=items, usage=usage))
 
     @staticmethod
-    def codex_denied_call(tools, step, cwd):
-        """Step `step` of DENIED_ACTIONS as a codex tool call: in code mode, an `exec` script
-        calling the nested tool and reporting its result (or its error)."""
-        kind, what = DENIED_ACTIONS[step]
+    def codex_denied_call(action, step, tools, cwd):
+        """An action (kind, what) of ACTIONS as codex's tool call number `step`: in code mode,
+        an `exec` script calling the nested tool and reporting its result (or its error)."""
+        kind, what = action
         call_id = "call_mockdenied%d" % step
         if kind == "write":
             path = os.path.normpath(os.path.join(cwd, what))
@@ -802,8 +816,8 @@ class Handler(BaseHTTPRequestHandler):
             if "next_speaker" in answer:
                 answer["next_speaker"] = "user"
             parts = [{"text": json.dumps(answer)}]
-        elif scenario == "denied" and self.gemini_results(contents) < len(DENIED_ACTIONS):
-            kind, what = DENIED_ACTIONS[self.gemini_results(contents)]
+        elif self.gemini_results(contents) < len(ACTIONS.get(scenario, [])):
+            kind, what = ACTIONS[scenario][self.gemini_results(contents)]
             cwd = self.cwd_of(body)
             if kind == "write":
                 call = {"name": "write_file", "args": {"file_path": os.path.normpath(os.path.join(cwd, what)), "content": WRITTEN_TEXT}}
@@ -824,7 +838,7 @@ class Handler(BaseHTTPRequestHandler):
             "cachedContentTokenCount": CACHED_TOKENS,
             "promptTokensDetails": [{"modality": "TEXT", "tokenCount": INPUT_TOKENS}],
         }
-        if "functionCall" in parts[0] and scenario == "denied":
+        if "functionCall" in parts[0] and scenario in ACTIONS:
             # The tool calls count nothing: the totals are the one answer's, as in `ok`.
             usage = {"promptTokenCount": 0, "candidatesTokenCount": 0, "totalTokenCount": 0}
         if not stream:

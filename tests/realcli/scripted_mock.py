@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A scripted mock of the model APIs, for the golden-path runs of the shipped presets through
-the real claude and codex CLIs (tests/golden_path.rs, tests/realcli/golden.sh).
+the real claude, codex and gemini CLIs (tests/golden_path.rs, tests/realcli/golden.sh).
 
 It is tests/realcli/mock_api.py (same routes, same error scenarios, same SSE framing) with
 the happy path replaced by a SCRIPT: for each model request it finds, from the conversation,
@@ -13,10 +13,12 @@ the happy path replaced by a SCRIPT: for each model request it finds, from the c
   * the step of that turn: how many tool results the conversation already holds;
 
 and answers the turn's next action as a real tool call of the CLI (claude: `Write`, `Read`,
-`Bash`; codex: `exec_command`, or the code-mode `exec` tool with its nested tools), or, once
-every action has its result, the turn's final answer: text, or JSON for a stage with an
-output schema (claude: a `StructuredOutput` tool call, then a short text once its result
-comes back; codex: the final message's JSON text; without a schema a fenced JSON block).
+`Bash`; codex: `exec_command`, or the code-mode `exec` tool with its nested tools; gemini:
+`write_file`, `read_file`, `run_shell_command`), or, once every action has its result, the
+turn's final answer: text, or JSON for a stage with an output schema (claude: a
+`StructuredOutput` tool call, then a short text once its result comes back; codex: the final
+message's JSON text; without a schema a fenced JSON block; gemini, which is sent no schema:
+the JSON as text, as the stage's prompt asks for it, a fenced block or bare).
 
 The answers are checked as a real model's would be: a JSON answer is given as a model bound
 by the schema the CLI sent would give it (a property the script leaves out is null when
@@ -642,6 +644,17 @@ def codex_ok(output):
     return all(c == "0" for c in codes) and "apply_patch failed" not in s
 
 
+def gemini_ok(response):
+    """Whether a gemini tool result says its tool succeeded: no `error`, and no non-zero
+    `Exit Code:` (run_shell_command states one only when the command failed)."""
+    if not isinstance(response, dict) or "error" in response:
+        return False
+    out = response.get("output")
+    s = out if isinstance(out, str) else json.dumps(out)
+    codes = re.findall(r"^(?:Exit Code|Signal): ?(\S+)", s, re.M)
+    return all(c == "0" for c in codes) and not re.search(r"^Error: ", s, re.M)
+
+
 ERROR_SCENARIOS = {"server_error", "rate_limit", "overloaded", "invalid_key", "usage_limit"}
 
 
@@ -1038,36 +1051,124 @@ class ScriptedHandler(mock_api.Handler):
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": u["input"] + u["output"],
         }
-        resp = {
-            "id": "resp_script1",
-            "object": "response",
-            "created_at": int(time.time()),
-            "status": "in_progress",
-            "model": body.get("model", "gpt-mock"),
-            "output": [],
+        return self.responses_reply(body, items, usage, body.get("model", "gpt-mock"), "resp_script1")
+
+    # ---- Gemini API (gemini) --------------------------------------------------------------
+
+    @staticmethod
+    def gemini_request(body):
+        """(tool declarations by name, the prompt, the tool results) of a Gemini request. The
+        prompt is the user's text past gemini's own `<session_context>` part; a result is a
+        `functionResponse` part."""
+        tools = {}
+        for t in body.get("tools") or []:
+            for d in (t or {}).get("functionDeclarations") or []:
+                if isinstance(d, dict):
+                    tools[d.get("name")] = d
+        prompt = ""
+        results = []
+        for c in body.get("contents") or []:
+            if not isinstance(c, dict):
+                continue
+            for part in c.get("parts") or []:
+                if not isinstance(part, dict):
+                    continue
+                if "functionResponse" in part:
+                    results.append(part["functionResponse"])
+                elif c.get("role") == "user" and isinstance(part.get("text"), str):
+                    if not part["text"].lstrip().startswith("<session_context>"):
+                        prompt += part["text"] + "\n"
+        return tools, prompt, results
+
+    def gemini(self, scenario, body, model, stream):
+        if scenario in ERROR_SCENARIOS or not stream:
+            # An error scenario, or a side request (the model router's classifier, without
+            # `--model`): mock_api's answer, logged with its usage and no stage.
+            if scenario not in ERROR_SCENARIOS:
+                script_log(
+                    {
+                        "api": "gemini",
+                        "preset": None,
+                        "stage": None,
+                        "turn": None,
+                        "step": None,
+                        "tools": False,
+                        "did": "side-request",
+                        "usage": {
+                            "input": mock_api.SIDE_INPUT_TOKENS,
+                            "output": mock_api.SIDE_OUTPUT_TOKENS,
+                            "cached": 0,
+                        },
+                        "schema_violations": [],
+                        "last_result": None,
+                        "last_ok": None,
+                    }
+                )
+            return super().gemini(scenario, body, model, stream)
+        tools, prompt, results = self.gemini_request(body)
+        preset, st, ti, t = find_turn(prompt) if tools else (None, None, None, None)
+        step = len(results)
+        parts, did = self.gemini_answer(t, step, prompt)
+        name = st["name"] if st else None
+        u = usage_of(name, ti, step)
+        last = results[-1].get("response") if results else None
+        script_log(
+            {
+                "api": "gemini",
+                "preset": preset,
+                "stage": name,
+                "turn": ti,
+                "step": step,
+                "tools": bool(tools),
+                "did": did,
+                "usage": u,
+                "schema_violations": [],
+                "last_result": json.dumps(last)[:2000] if results else None,
+                "last_ok": gemini_ok(last) if results else None,
+            }
+        )
+        # promptTokenCount holds the cached tokens (gemini's stats: `prompt`, and `input` is
+        # prompt - cached), as OpenAI's input_tokens do.
+        usage = {
+            "promptTokenCount": u["input"],
+            "candidatesTokenCount": u["output"],
+            "cachedContentTokenCount": u["cached"],
+            "totalTokenCount": u["input"] + u["output"],
+            "promptTokensDetails": [{"modality": "TEXT", "tokenCount": u["input"]}],
         }
-        if not body.get("stream"):
-            return self.send_json(200, dict(resp, status="completed", output=items, usage=usage))
         self.start_sse()
-        seq = 0
+        self.sse(
+            {
+                "candidates": [{"content": {"parts": parts, "role": "model"}, "finishReason": "STOP", "index": 0}],
+                "usageMetadata": usage,
+                "modelVersion": model,
+                "responseId": "scriptedResponse%04d" % step,
+            }
+        )
 
-        def ev(kind, **data):
-            nonlocal seq
-            seq += 1
-            self.sse(dict({"type": kind, "sequence_number": seq}, **data), kind)
-
-        ev("response.created", response=resp)
-        ev("response.in_progress", response=resp)
-        for i, item in enumerate(items):
-            ev("response.output_item.added", output_index=i, item=dict(item, status="in_progress"))
-            if item["type"] == "message":
-                s = item["content"][0]["text"]
-                ev("response.output_text.delta", item_id=item["id"], output_index=i, content_index=0, delta=s)
-                ev("response.output_text.done", item_id=item["id"], output_index=i, content_index=0, text=s)
-            ev("response.output_item.done", output_index=i, item=item)
-        ev("response.completed", response=dict(resp, status="completed", output=items, usage=usage))
-
-    # ---- Gemini: not scripted (the golden path runs claude and codex) ----------------------
+    @staticmethod
+    def gemini_answer(t, step, prompt):
+        """(parts, what was done) for step `step` of turn `t`: gemini's tools take paths
+        relative to its workspace (the cwd). gemini is sent no schema (ralph-flow's
+        `structured_output = "auto"` sends nothing), so a JSON answer is text, as the
+        stage's prompt asks for it: one fenced block, else bare JSON."""
+        if t is None:
+            return [{"text": "ok"}], "text:unscripted"
+        if step < len(t["actions"]):
+            a = t["actions"][step]
+            if a["do"] == "write":
+                call = {"name": "write_file", "args": {"file_path": a["path"], "content": a["content"]}}
+            elif a["do"] == "read":
+                call = {"name": "read_file", "args": {"file_path": a["path"]}}
+            else:
+                call = {"name": "run_shell_command", "args": {"command": a["command"], "description": a["description"]}}
+            return [{"functionCall": call}], a["do"] + ":" + (a.get("path") or a.get("command"))
+        final = t["final"]
+        if "json" in final:
+            if "fenced JSON block" in prompt:
+                return [{"text": fenced(final["json"])}], "fenced-json"
+            return [{"text": json.dumps(final["json"])}], "json"
+        return [{"text": final["text"]}], "text"
 
 
 def main():

@@ -141,6 +141,7 @@ pub(super) fn parse(out: &ProcOutput) -> Result<AgentReply, CallError> {
             output_tokens: usage.output_tokens,
             cached_tokens: usage.cache_read_input_tokens,
             cost_usd: result.total_cost_usd.or(result.cost_usd),
+            ..Usage::default()
         },
         model: result.model_usage.0.first().map(|(name, _)| name.clone()),
         denied: denials(&result),

@@ -1,5 +1,5 @@
 //! `codex exec --json`: its events (the current ones and the older `msg` ones), its errors
-//! and the denials its log reports.
+//! and the actions its sandbox refused.
 
 use std::sync::LazyLock;
 
@@ -7,7 +7,7 @@ use regex::Regex;
 use serde::Deserialize;
 
 use super::classify::{classify, no_result, retry_hint};
-use super::output::{detect_window, json_object};
+use super::output::{collapse, detect_window, json_object};
 use crate::backend::de::lenient;
 use crate::backend::process::ProcOutput;
 use crate::backend::{AgentReply, CallError, Usage};
@@ -91,7 +91,8 @@ enum OlderEvent {
     Other,
 }
 
-/// A completed item: the agent's message is the answer; tool calls and the like are not.
+/// A completed item: the agent's message is the answer; a command that failed may show a
+/// refusal of the sandbox.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 struct Item {
@@ -102,6 +103,13 @@ struct Item {
     item_type: Option<String>,
     #[serde(deserialize_with = "lenient")]
     text: Option<String>,
+    /// A `command_execution`'s command (`/bin/bash -lc '...'`), its output and exit code.
+    #[serde(deserialize_with = "lenient")]
+    command: Option<String>,
+    #[serde(deserialize_with = "lenient")]
+    aggregated_output: Option<String>,
+    #[serde(deserialize_with = "lenient")]
+    exit_code: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -136,7 +144,7 @@ impl From<TokenUsage> for Usage {
             input_tokens: u.input_tokens,
             output_tokens: u.output_tokens,
             cached_tokens: u.cached_input_tokens,
-            cost_usd: None,
+            ..Usage::default()
         }
     }
 }
@@ -168,18 +176,20 @@ pub(super) fn parse(out: &ProcOutput) -> Result<AgentReply, CallError> {
     let mut completed = false;
     let mut failure = None;
     let mut last_error = None;
+    let mut refused = Vec::new();
     for line in stdout.lines().filter_map(|l| json_object::<Line>(l.trim())) {
         match line {
             Line::Event(event) => match event {
                 Event::ThreadStarted { thread_id } => reply.session_id = thread_id,
-                Event::ItemCompleted { item } => {
-                    if matches!(
-                        item.kind.or(item.item_type).as_deref(),
-                        Some("agent_message" | "assistant_message")
-                    ) {
-                        text = item.text;
+                Event::ItemCompleted { item } => match item.kind.or(item.item_type).as_deref() {
+                    Some("agent_message" | "assistant_message") => text = item.text,
+                    Some("command_execution") if item.exit_code.is_some_and(|c| c != 0) => {
+                        if let Some(r) = refused_command(item.command, item.aggregated_output) {
+                            refused.push(r);
+                        }
                     }
-                }
+                    _ => {}
+                },
                 Event::TurnCompleted { usage } => {
                     if let Some(u) = usage {
                         reply.usage.add(&u.into());
@@ -222,7 +232,7 @@ pub(super) fn parse(out: &ProcOutput) -> Result<AgentReply, CallError> {
     match failure {
         None if completed || (out.code == Some(0) && text.is_some()) => Ok(AgentReply {
             text: text.unwrap_or_default(),
-            denied: denials(&String::from_utf8_lossy(&out.stderr)),
+            denied: denials(&String::from_utf8_lossy(&out.stderr), refused),
             ..reply
         }),
         None => {
@@ -237,19 +247,182 @@ pub(super) fn parse(out: &ProcOutput) -> Result<AgentReply, CallError> {
     }
 }
 
-/// Actions codex reports it refused: its JSON events do not say (a refused patch, a
-/// command failing on the read-only file system look like any tool output), but its log on
-/// stderr does: `ERROR codex_core::tools::router: error=patch rejected: writing is blocked
-/// by read-only sandbox; rejected by user approval settings`.
-fn denials(stderr: &str) -> Vec<String> {
-    static DENIED: LazyLock<Regex> = LazyLock::new(|| {
+/// What the sandbox answers a command it refuses, as the command's output shows it: the
+/// file system is mounted read-only outside the writable roots (and `.git` inside them), and
+/// seccomp refuses the network.
+static REFUSAL: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"Read-only file system|Operation not permitted")
+        .expect("the refusal pattern is valid")
+});
+
+/// A command the sandbox refused, as its item shows it: the command, its output and the
+/// refusal.
+struct Refused {
+    command: String,
+    output: String,
+    refusal: String,
+}
+
+/// The refusal a failed command's output shows, if any (failing tests are no refusal).
+fn refused_command(command: Option<String>, output: Option<String>) -> Option<Refused> {
+    let output = output.unwrap_or_default();
+    let refusal = REFUSAL.find(&output)?.as_str().to_string();
+    Some(Refused {
+        command: unwrap_shell(command.as_deref().unwrap_or("a command")),
+        output,
+        refusal,
+    })
+}
+
+/// The command codex ran in a shell, without the shell: `/bin/bash -lc 'git commit -m x'`
+/// is `git commit -m x`.
+fn unwrap_shell(command: &str) -> String {
+    static SHELL: LazyLock<Regex> = LazyLock::new(|| {
+        Regex::new(r"^(?:\S*/)?(?:bash|zsh|sh) -l?c (.*)$").expect("the shell pattern is valid")
+    });
+    let Some(inner) = SHELL.captures(command).map(|c| c[1].to_string()) else {
+        return command.to_string();
+    };
+    if inner.len() >= 2 && inner.starts_with('\'') && inner.ends_with('\'') {
+        inner[1..inner.len() - 1].replace("'\\''", "'")
+    } else if inner.len() >= 2 && inner.starts_with('"') && inner.ends_with('"') {
+        let mut out = String::new();
+        let mut chars = inner[1..inner.len() - 1].chars();
+        while let Some(c) = chars.next() {
+            match (c, chars.clone().next()) {
+                ('\\', Some(n @ ('"' | '\\' | '$' | '`'))) => {
+                    out.push(n);
+                    chars.next();
+                }
+                _ => out.push(c),
+            }
+        }
+        out
+    } else {
+        inner
+    }
+}
+
+/// Actions codex's sandbox refused, as "tool: what (why)":
+///
+/// - a patch (`apply_patch`) it rejects: its log on stderr says so, `ERROR
+///   codex_core::tools::router: error=patch rejected: writing outside of the project;
+///   rejected by user approval settings` (its events show nothing, not even a `file_change`);
+/// - a command: a `command_execution` item whose output shows the refusal ("Read-only file
+///   system"), when there is one: codex 0.169 often leaves out the item of a command its
+///   sandbox refused (a race: a command that fails at once has none), but logs each refusal
+///   at WARN, `codex_sandboxing::violation: recorded sandbox violation:
+///   resource=filesystem backend=linux_sandbox reason=read_only_file_system path=<path or
+///   unknown>` (shown by the `RUST_LOG` the backend sets). A logged refusal that no item
+///   shows is reported from the log (the command is not logged: a `git commit` refused in
+///   `.git` is "path=unknown").
+fn denials(stderr: &str, refused: Vec<Refused>) -> Vec<String> {
+    static ROUTER: LazyLock<Regex> = LazyLock::new(|| {
         Regex::new(r"(?m)ERROR codex_core::tools::router: error=(.*(?:rejected|blocked|denied).*)$")
             .expect("the denial pattern is valid")
     });
-    DENIED
+    static VIOLATION: LazyLock<Regex> = LazyLock::new(|| {
+        Regex::new(r"(?m)codex_sandboxing::violation: recorded sandbox violation: (.*)$")
+            .expect("the violation pattern is valid")
+    });
+    let mut denied: Vec<String> = ROUTER
         .captures_iter(stderr)
-        .map(|c| c[1].trim().to_string())
-        .collect()
+        .map(|c| {
+            let error = c[1].trim();
+            match error.strip_prefix("patch rejected: ") {
+                Some(why) => {
+                    let why = why.split(';').next().unwrap_or(why).trim();
+                    format!("apply_patch: rejected, {why}")
+                }
+                None => error.to_string(),
+            }
+        })
+        .collect();
+    // Each logged refusal an item shows is reported from the item, which names the command:
+    // by the path the log names, else (`path=unknown`) any item left.
+    let violations: Vec<Violation> = VIOLATION
+        .captures_iter(stderr)
+        .map(|c| Violation::read(&c[1]))
+        .collect();
+    let mut shown: Vec<bool> = vec![false; refused.len()];
+    let mut unexplained = vec![true; violations.len()];
+    for (v, open) in violations.iter().zip(unexplained.iter_mut()) {
+        let Some(path) = &v.path else { continue };
+        if let Some(i) =
+            (0..refused.len()).find(|&i| !shown[i] && refused[i].output.contains(path.as_str()))
+        {
+            shown[i] = true;
+            *open = false;
+        }
+    }
+    for (v, open) in violations.iter().zip(unexplained.iter_mut()) {
+        if v.path.is_some() || !*open {
+            continue;
+        }
+        if let Some(i) = (0..refused.len()).find(|&i| !shown[i]) {
+            shown[i] = true;
+            *open = false;
+        }
+    }
+    denied.extend(
+        refused
+            .iter()
+            .map(|r| format!("shell: {} ({})", r.command, r.refusal)),
+    );
+    denied.extend(
+        violations
+            .iter()
+            .zip(unexplained)
+            .filter(|(_, open)| *open)
+            .map(|(v, _)| v.to_string()),
+    );
+    collapse(denied)
+}
+
+/// A refusal codex's sandbox logged: `resource=filesystem backend=linux_sandbox
+/// reason=read_only_file_system path=../x.txt` (`path=unknown` when it cannot tell).
+struct Violation {
+    resource: Option<String>,
+    reason: Option<String>,
+    path: Option<String>,
+}
+
+impl Violation {
+    fn read(fields: &str) -> Self {
+        let field = |k: &str| {
+            fields
+                .split_whitespace()
+                .filter_map(|f| f.split_once('='))
+                .find(|(key, _)| *key == k)
+                .map(|(_, v)| v.to_string())
+        };
+        // The path comes last, and may hold spaces.
+        let path = fields
+            .split_once("path=")
+            .map(|(_, p)| p.trim().to_string());
+        Violation {
+            resource: field("resource"),
+            reason: field("reason"),
+            path: path.filter(|p| !p.is_empty() && p != "unknown"),
+        }
+    }
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let why = match self.reason.as_deref() {
+            Some("read_only_file_system") => "read-only file system".to_string(),
+            Some(reason) => reason.replace('_', " "),
+            None => "refused".to_string(),
+        };
+        match (self.resource.as_deref(), &self.path) {
+            (Some("filesystem") | None, Some(p)) => write!(f, "shell: a write to {p} ({why})"),
+            (Some("filesystem") | None, None) => {
+                write!(f, "shell: a write, path not logged ({why})")
+            }
+            (Some(resource), _) => write!(f, "shell: {resource} access ({why})"),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -337,14 +510,105 @@ mod tests {
     #[test]
     fn codex_denials_come_from_its_log() {
         let reply = parse(&capture!("codex", "write_read_only")).expect("a reply");
-        assert_eq!(reply.denied.len(), 1, "{:?}", reply.denied);
-        assert!(
-            reply.denied[0].starts_with("patch rejected"),
-            "{:?}",
-            reply.denied
+        assert_eq!(
+            reply.denied,
+            ["apply_patch: rejected, writing is blocked by read-only sandbox"]
         );
         let reply = parse(&capture!("codex", "write_workspace")).expect("a reply");
         assert!(reply.denied.is_empty());
+    }
+
+    #[test]
+    fn codex_refused_writes_and_commits_are_reported_failing_tests_are_not() {
+        // workspace-write: the write in the cwd went through; the patches into .git and out
+        // of the cwd were rejected; the shell write out of the cwd and `git commit` (its
+        // index.lock in .git) hit the read-only file system. codex showed no item for
+        // either command: only its log names them. The failing tests are no refusal.
+        let reply = parse(&capture!("codex", "denied_workspace")).expect("a reply");
+        assert_eq!(
+            reply.denied,
+            [
+                "apply_patch: rejected, writing outside of the project (2 times)",
+                "shell: a write to ../mock-outside-shell.txt (read-only file system)",
+                "shell: a write, path not logged (read-only file system)",
+            ]
+        );
+        assert_eq!(reply.text, REPLY);
+        let reply = parse(&capture!("codex", "denied_read_only")).expect("a reply");
+        assert_eq!(
+            reply.denied,
+            [
+                "apply_patch: rejected, writing is blocked by read-only sandbox (3 times)",
+                "shell: a write to ../mock-outside-shell.txt (read-only file system)",
+                "shell: a write, path not logged (read-only file system)",
+            ]
+        );
+        // danger-full-access: everything went through, the failing tests too.
+        let reply = parse(&capture!("codex", "denied_full")).expect("a reply");
+        assert!(reply.denied.is_empty(), "{:?}", reply.denied);
+    }
+
+    #[test]
+    fn codex_refused_commands_it_shows_are_reported_with_the_command() {
+        // The same case in another run of codex 0.169 (capture.sh codex/denied_workspace):
+        // here codex showed the items of both refused commands, and logged both refusals.
+        let stdout = concat!(
+            "{\"type\":\"thread.started\",\"thread_id\":\"t\"}\n",
+            "{\"type\":\"item.completed\",\"item\":{\"id\":\"item_1\",\"type\":\"command_execution\",\"command\":\"/bin/bash -lc 'echo from-shell > ../mock-outside-shell.txt'\",\"aggregated_output\":\"/bin/bash: line 1: ../mock-outside-shell.txt: Read-only file system\\n\",\"exit_code\":1,\"status\":\"failed\"}}\n",
+            "{\"type\":\"item.completed\",\"item\":{\"id\":\"item_2\",\"type\":\"command_execution\",\"command\":\"/bin/bash -lc 'git add -A && git commit -q -m x'\",\"aggregated_output\":\"fatal: Unable to create '/WORK/codex-denied_workspace/cwd/.git/index.lock': Read-only file system\\n\",\"exit_code\":128,\"status\":\"failed\"}}\n",
+            "{\"type\":\"item.completed\",\"item\":{\"id\":\"item_3\",\"type\":\"command_execution\",\"command\":\"/bin/bash -lc \\\"echo 'FAILED test_mean'; exit 1\\\"\",\"aggregated_output\":\"FAILED test_mean\\n\",\"exit_code\":1,\"status\":\"failed\"}}\n",
+            "{\"type\":\"item.completed\",\"item\":{\"id\":\"item_4\",\"type\":\"agent_message\",\"text\":\"done\"}}\n",
+            "{\"type\":\"turn.completed\",\"usage\":{\"input_tokens\":1,\"output_tokens\":1}}\n",
+        );
+        let stderr = concat!(
+            "2026-11-26T21:23:29.071184Z ERROR codex_core::tools::router: error=patch rejected: writing outside of the project; rejected by user approval settings\n",
+            "2026-11-26T21:23:29.369842Z  WARN codex_sandboxing::violation: recorded sandbox violation: resource=filesystem backend=linux_sandbox reason=read_only_file_system path=../mock-outside-shell.txt\n",
+            "2026-11-26T21:23:29.628653Z  WARN codex_sandboxing::violation: recorded sandbox violation: resource=filesystem backend=linux_sandbox reason=read_only_file_system path=unknown\n",
+        );
+        let reply = parse(&crate::backend::cli::test_support::captured(
+            stdout, stderr, "0",
+        ))
+        .expect("a reply");
+        assert_eq!(
+            reply.denied,
+            [
+                "apply_patch: rejected, writing outside of the project",
+                "shell: echo from-shell > ../mock-outside-shell.txt (Read-only file system)",
+                "shell: git add -A && git commit -q -m x (Read-only file system)",
+            ]
+        );
+        // A path with spaces is read whole.
+        let spaced = "x  WARN codex_sandboxing::violation: recorded sandbox violation: resource=filesystem backend=linux_sandbox reason=read_only_file_system path=../my notes.txt\n";
+        let reply = parse(&crate::backend::cli::test_support::captured(
+            "{\"type\":\"turn.completed\"}\n",
+            spaced,
+            "0",
+        ))
+        .expect("a reply");
+        assert_eq!(
+            reply.denied,
+            ["shell: a write to ../my notes.txt (read-only file system)"]
+        );
+        // Without the log (RUST_LOG not set), the items alone.
+        let reply = parse(&crate::backend::cli::test_support::captured(
+            stdout, "", "0",
+        ))
+        .expect("a reply");
+        assert_eq!(reply.denied.len(), 2, "{:?}", reply.denied);
+    }
+
+    #[test]
+    fn shell_wrappers_are_removed() {
+        assert_eq!(
+            unwrap_shell("/bin/bash -lc 'git commit -m x'"),
+            "git commit -m x"
+        );
+        assert_eq!(
+            unwrap_shell("/bin/bash -lc \"echo 'a'; echo \\\"b\\\" \\$HOME\""),
+            "echo 'a'; echo \"b\" $HOME"
+        );
+        assert_eq!(unwrap_shell("bash -c 'it'\\''s'"), "it's");
+        assert_eq!(unwrap_shell("git status"), "git status");
     }
 
     #[test]

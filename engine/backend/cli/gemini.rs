@@ -1,12 +1,15 @@
 //! `gemini --output-format json`: its answer and statistics, or its error object (on stdout,
-//! or last on stderr), and its exit codes.
+//! or last on stderr), its exit codes, and the tool calls it refused.
 
+use std::sync::LazyLock;
+
+use regex::Regex;
 use serde::Deserialize;
 use serde::de::{DeserializeOwned, IgnoredAny};
 use serde_json::Value;
 
 use super::classify::{UNAUTHENTICATED, classify, no_result, retry_hint};
-use super::output::{json_object, output_tail};
+use super::output::{collapse, json_object, output_tail};
 use crate::backend::de::{Entries, lenient};
 use crate::backend::process::ProcOutput;
 use crate::backend::{AgentReply, CallError, Usage};
@@ -160,7 +163,10 @@ pub(super) fn parse(out: &ProcOutput) -> Result<AgentReply, CallError> {
         .or_else(|| leading_json_object::<Output>(&stderr).and_then(|o| o.error));
     if let (Some(response), None) = (output.response.take(), &error) {
         if out.code == Some(0) || out.code.is_none() {
-            return Ok(reply(output, response));
+            return Ok(AgentReply {
+                denied: denials(&stderr),
+                ..reply(output, response)
+            });
         }
     }
     let Some(error) = error else {
@@ -194,7 +200,7 @@ fn reply(output: Output, response: String) -> AgentReply {
             // Thinking is output too.
             output_tokens: tokens.candidates.saturating_add(tokens.thoughts),
             cached_tokens: tokens.cached,
-            cost_usd: None,
+            ..Usage::default()
         };
         if usage.tokens() >= busiest.0 {
             busiest = (usage.tokens(), Some(name));
@@ -203,6 +209,75 @@ fn reply(output: Output, response: String) -> AgentReply {
     }
     reply.model = main.or(busiest.1);
     reply
+}
+
+/// The tools gemini's approval modes withhold from the model: headless, `default` offers
+/// none of them, `auto_edit` the file tools (`write_file`, `replace`) and `web_fetch`,
+/// `yolo` all (seen in the requests of gemini 0.61).
+const WITHHELD: [&str; 7] = [
+    "run_shell_command",
+    "write_file",
+    "replace",
+    "web_fetch",
+    "activate_skill",
+    "list_background_processes",
+    "read_background_output",
+];
+
+/// Tool calls gemini refused, as "tool: what (why)". Its JSON has only counts
+/// (`stats.tools.byName.<tool>.fail`); headless, it logs each failed call on stderr as
+/// `Error executing tool <tool>: <message>`, and these messages are refusals: a tool the
+/// approval mode withholds (`Tool "run_shell_command" not found. Did you mean ...`: the
+/// call's arguments, the command, are not shown), a path outside the workspace (`.git`
+/// counts as outside: `Path not in workspace: Attempted path "<path>" resolves outside the
+/// allowed workspace directories: ...`), a policy's denial, a write the system refused
+/// (EACCES), a sandbox too narrow. Other failures (a file not found, an edit that does not
+/// apply) are not refusals; a shell command that fails is no failed call at all.
+fn denials(stderr: &str) -> Vec<String> {
+    static FAILED: LazyLock<Regex> = LazyLock::new(|| {
+        Regex::new(r"(?m)^Error executing tool (\S+): (.*)$")
+            .expect("the tool error pattern is valid")
+    });
+    static NOT_FOUND: LazyLock<Regex> = LazyLock::new(|| {
+        Regex::new(r#"^Tool "([^"]+)" not found"#).expect("the not-found pattern is valid")
+    });
+    static OUTSIDE: LazyLock<Regex> = LazyLock::new(|| {
+        Regex::new(r#"Path not in workspace(?:: Attempted path "([^"]+)")?"#)
+            .expect("the workspace pattern is valid")
+    });
+    static EACCES: LazyLock<Regex> = LazyLock::new(|| {
+        Regex::new(r"^Permission denied writing to file: (.*?)(?: \(EACCES\))?$")
+            .expect("the permission pattern is valid")
+    });
+    let denied = FAILED
+        .captures_iter(stderr)
+        .filter_map(|c| {
+            let tool = &c[1];
+            let message = c[2].trim();
+            if let Some(n) = NOT_FOUND.captures(message) {
+                return WITHHELD
+                    .contains(&&n[1])
+                    .then(|| format!("{tool}: not offered to the model in this approval mode"));
+            }
+            if let Some(o) = OUTSIDE.captures(message) {
+                return Some(match o.get(1) {
+                    Some(path) => format!("{tool}: {} (outside the workspace)", path.as_str()),
+                    None => format!("{tool}: a path outside the workspace"),
+                });
+            }
+            if let Some(p) = EACCES.captures(message) {
+                return Some(format!("{tool}: {} (permission denied)", &p[1]));
+            }
+            if message.starts_with("Tool execution denied by policy")
+                || message.starts_with("Tool execution blocked")
+                || message.starts_with("Sandbox expansion required")
+            {
+                return Some(format!("{tool}: {message}"));
+            }
+            None
+        })
+        .collect();
+    collapse(denied)
 }
 
 /// Classifies gemini's error object: by the HTTP status it (or the exit code) carries,
@@ -333,6 +408,63 @@ mod tests {
         let e = parse(&out).expect_err("an error");
         assert!(matches!(e, CallError::RateLimited { .. }), "{e:?}");
         assert!(e.to_string().contains("slow down"), "{e}");
+    }
+
+    #[test]
+    fn gemini_refused_tool_calls_are_reported() {
+        // default: no write or shell tool is offered; the model asked for them anyway (what
+        // it asked is not shown: the tool's name only).
+        let reply = parse(&capture!("gemini", "denied_default")).expect("a reply");
+        assert_eq!(reply.text, REPLY);
+        assert_eq!(
+            reply.denied,
+            [
+                "write_file: not offered to the model in this approval mode (3 times)",
+                "run_shell_command: not offered to the model in this approval mode (3 times)",
+            ]
+        );
+        // auto_edit: the write in the cwd went through, the writes into .git and out of the
+        // cwd are outside the workspace, and there is no shell (no commit).
+        let reply = parse(&capture!("gemini", "denied_auto_edit")).expect("a reply");
+        assert_eq!(
+            reply.denied,
+            [
+                "write_file: /WORK/gemini-denied_auto_edit/cwd/.git/mock-written.txt (outside the workspace)",
+                "write_file: /WORK/gemini-denied_auto_edit/mock-outside.txt (outside the workspace)",
+                "run_shell_command: not offered to the model in this approval mode (3 times)",
+            ]
+        );
+        // yolo: the shell commits (and writes out of the cwd: no sandbox); write_file still
+        // keeps to the workspace; the failing tests are no failed call.
+        let reply = parse(&capture!("gemini", "denied_yolo")).expect("a reply");
+        assert_eq!(
+            reply.denied,
+            [
+                "write_file: /WORK/gemini-denied_yolo/cwd/.git/mock-written.txt (outside the workspace)",
+                "write_file: /WORK/gemini-denied_yolo/mock-outside.txt (outside the workspace)",
+            ]
+        );
+        let reply = parse(&capture!("gemini", "write_auto_edit")).expect("a reply");
+        assert!(reply.denied.is_empty(), "{:?}", reply.denied);
+    }
+
+    #[test]
+    fn gemini_ordinary_tool_failures_are_not_denials() {
+        let stderr = concat!(
+            "Error executing tool read_file: File not found: /w/x.txt\n",
+            "Error executing tool replace: Failed to edit, could not find the string to replace.\n",
+            "Error executing tool made_up_tool: Tool \"made_up_tool\" not found. Did you mean one of: \"read_file\"?\n",
+            "Error executing tool write_file: Tool execution denied by policy.\n",
+            "Error executing tool write_file: Permission denied writing to file: /w/ro.txt (EACCES)\n",
+        );
+        let reply = parse(&captured(r#"{"response": "x"}"#, stderr, "0")).expect("a reply");
+        assert_eq!(
+            reply.denied,
+            [
+                "write_file: Tool execution denied by policy.",
+                "write_file: /w/ro.txt (permission denied)",
+            ]
+        );
     }
 
     #[test]

@@ -137,7 +137,11 @@ impl CliBackend {
         for (key, value) in self.default_env() {
             // `IS_SANDBOX` is `permissions = "full"`'s decision: only the agent's own `env`
             // changes it (claude takes only `1`, and a container may set `IS_SANDBOX=yes`).
-            let inherited = key != "IS_SANDBOX" && std::env::var_os(key).is_some();
+            // `RUST_LOG` in ralph-flow's environment is ralph-flow's own log filter
+            // (`ralph_flow=debug` would silence codex's log): only the agent's `env` sets
+            // codex's.
+            let inherited =
+                !matches!(key, "IS_SANDBOX" | "RUST_LOG") && std::env::var_os(key).is_some();
             if !env.iter().any(|(k, _)| k == key) && !inherited {
                 env.push((key.to_string(), value.to_string()));
             }
@@ -226,10 +230,17 @@ impl CliBackend {
             // Headless gemini refuses an untrusted directory (exit 55): ralph-flow chose the
             // cwd. (The variable, unlike `--skip-trust`, is ignored by older versions.)
             Flavor::Gemini => vec![("GEMINI_CLI_TRUST_WORKSPACE", "true")],
-            Flavor::Codex | Flavor::Command(_) => Vec::new(),
+            // codex logs the commands its sandbox refused at WARN only (its default shows
+            // errors): the denials are read from that log.
+            Flavor::Codex => vec![("RUST_LOG", CODEX_RUST_LOG)],
+            Flavor::Command(_) => Vec::new(),
         }
     }
 }
+
+/// The log filter of codex: its default (errors, among them the patches it rejects) and the
+/// sandbox's refusals (`codex_sandboxing::violation: recorded sandbox violation: ...`).
+const CODEX_RUST_LOG: &str = "error,codex_sandboxing::violation=warn";
 
 /// The value of `CLAUDE_CODE_MAX_RETRIES` a call gets unless set: claude's own retries of
 /// API errors (its default is 10, with backoff, and it prints nothing meanwhile).
@@ -247,5 +258,11 @@ mod tests {
         assert!(!env.iter().any(|(k, _)| *k == "IS_SANDBOX"));
         let env = backend(AgentKind::Claude, Permissions::Full).default_env();
         assert!(env.contains(&("IS_SANDBOX", "1")));
+    }
+
+    #[test]
+    fn codex_logs_its_sandbox_refusals() {
+        let env = backend(AgentKind::Codex, Permissions::Edit).default_env();
+        assert_eq!(env, [("RUST_LOG", CODEX_RUST_LOG)]);
     }
 }

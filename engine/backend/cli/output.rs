@@ -46,3 +46,25 @@ pub(super) fn output_tail(out: &ProcOutput) -> String {
         (false, false) => format!("{stdout}\n--- stderr ---\n{stderr}"),
     }
 }
+
+/// The same entries once each, in the order of their first occurrence, with how many times
+/// a repeated one occurred: "apply_patch: ... (2 times)".
+pub(super) fn collapse(entries: Vec<String>) -> Vec<String> {
+    let mut counted: Vec<(String, usize)> = Vec::new();
+    for e in entries {
+        match counted.iter_mut().find(|(seen, _)| *seen == e) {
+            Some((_, n)) => *n += 1,
+            None => counted.push((e, 1)),
+        }
+    }
+    counted
+        .into_iter()
+        .map(|(e, n)| {
+            if n == 1 {
+                e
+            } else {
+                format!("{e} ({n} times)")
+            }
+        })
+        .collect()
+}

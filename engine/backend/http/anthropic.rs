@@ -18,8 +18,9 @@ struct Message {
     model: Option<String>,
     #[serde(deserialize_with = "lenient")]
     content: Option<Vec<Block>>,
+    /// `None` when the message carries no usage (a compatible server may send none).
     #[serde(deserialize_with = "lenient")]
-    usage: TokenUsage,
+    usage: Option<TokenUsage>,
 }
 
 /// A content block: text, thinking, a tool use...
@@ -49,7 +50,7 @@ impl From<TokenUsage> for Usage {
             input_tokens: u.input_tokens,
             output_tokens: u.output_tokens,
             cached_tokens: u.cache_read_input_tokens,
-            cost_usd: None,
+            ..Usage::default()
         }
     }
 }
@@ -109,7 +110,9 @@ pub(super) fn answer(raw: &str) -> serde_json::Result<Answer> {
                 .filter_map(|block| block.text)
                 .collect()
         }),
-        usage: message.usage.into(),
+        usage: message
+            .usage
+            .map_or_else(Usage::unreported_call, Usage::from),
         id: message.id,
         model: message.model,
     })
@@ -123,7 +126,9 @@ pub(super) fn read_event(out: &mut Streamed, data: &str) {
         }) => {
             out.id = message.id;
             out.model = message.model;
-            out.usage = message.usage.into();
+            if let Some(usage) = message.usage {
+                out.usage = Some(usage.into());
+            }
         }
         Ok(Event::ContentBlockDelta {
             delta: Block {
@@ -134,7 +139,7 @@ pub(super) fn read_event(out: &mut Streamed, data: &str) {
             usage: OutputCount {
                 output_tokens: Some(n),
             },
-        }) => out.usage.output_tokens = n,
+        }) => out.usage.get_or_insert_with(Usage::default).output_tokens = n,
         Ok(Event::MessageStop) => out.done = true,
         _ => {}
     }

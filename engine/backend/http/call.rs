@@ -272,7 +272,15 @@ impl HttpBackend {
         }
         Ok(AgentReply {
             text: streamed.text,
-            usage: streamed.usage,
+            // A stream without a usage event reported none (llama-cpp-python ignores
+            // `stream_options.include_usage`): that call's usage is unknown, not 0 tokens.
+            // It is not asked for another way: the server's non-streamed answer has it, but
+            // asking again would be a second generation, and its `/extras/tokenize/count`
+            // counts a text without the chat template and takes the model's lock, which cuts
+            // short any other stream the server is sending (`interrupt_requests`).
+            usage: streamed
+                .usage
+                .unwrap_or_else(crate::backend::Usage::unreported_call),
             session_id: streamed.id,
             model: streamed.model.or_else(|| Some(model.to_owned())),
             raw,

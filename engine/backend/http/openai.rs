@@ -70,7 +70,7 @@ impl From<TokenUsage> for Usage {
             input_tokens: u.prompt_tokens,
             output_tokens: u.completion_tokens,
             cached_tokens: u.prompt_tokens_details.cached_tokens,
-            cost_usd: None,
+            ..Usage::default()
         }
     }
 }
@@ -118,7 +118,10 @@ pub(super) fn answer(raw: &str) -> serde_json::Result<Answer> {
             .into_iter()
             .next()
             .and_then(|c| c.message.content),
-        usage: completion.usage.map(Usage::from).unwrap_or_default(),
+        // A completion without a `usage` object reported none: not 0 tokens.
+        usage: completion
+            .usage
+            .map_or_else(Usage::unreported_call, Usage::from),
         id: completion.id,
         model: completion.model,
     })
@@ -140,6 +143,6 @@ pub(super) fn read_event(out: &mut Streamed, data: &str) {
         }
     }
     if let Some(usage) = chunk.usage {
-        out.usage = usage.into();
+        out.usage = Some(usage.into());
     }
 }

@@ -21,8 +21,9 @@ struct Response {
     output_text: Option<String>,
     #[serde(deserialize_with = "lenient")]
     output: Option<Vec<Item>>,
+    /// `None` when the response carries no usage (not every server sends it).
     #[serde(deserialize_with = "lenient")]
-    usage: TokenUsage,
+    usage: Option<TokenUsage>,
 }
 
 /// An output item: a message (with text parts), a reasoning summary, a tool call...
@@ -66,7 +67,7 @@ impl From<TokenUsage> for Usage {
             input_tokens: u.input_tokens,
             output_tokens: u.output_tokens,
             cached_tokens: u.input_tokens_details.cached_tokens,
-            cost_usd: None,
+            ..Usage::default()
         }
     }
 }
@@ -133,7 +134,9 @@ pub(super) fn answer(raw: &str) -> serde_json::Result<Answer> {
     let response: Response = serde_json::from_str(raw)?;
     Ok(Answer {
         text: response.text(),
-        usage: response.usage.into(),
+        usage: response
+            .usage
+            .map_or_else(Usage::unreported_call, Usage::from),
         id: response.id,
         model: response.model,
     })
@@ -149,7 +152,9 @@ pub(super) fn read_event(out: &mut Streamed, data: &str) {
                 if out.text.is_empty() {
                     out.text = r.text().unwrap_or_default();
                 }
-                out.usage = r.usage.into();
+                if let Some(usage) = r.usage {
+                    out.usage = Some(usage.into());
+                }
                 out.id = r.id;
                 out.model = r.model;
             }

@@ -12,7 +12,10 @@ use crate::backend::de::lenient;
 #[derive(Debug, Default)]
 pub(super) struct Streamed {
     pub(super) text: String,
-    pub(super) usage: Usage,
+    /// The usage, if an event carried one: `None` tells a stream that said nothing of usage
+    /// (llama-cpp-python's, which ignores `stream_options.include_usage`) from one that
+    /// reported 0.
+    pub(super) usage: Option<Usage>,
     pub(super) id: Option<String>,
     pub(super) model: Option<String>,
     /// The stream said it was complete (`[DONE]`, a finish reason, `message_stop`...).

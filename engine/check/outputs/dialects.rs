@@ -6,7 +6,7 @@ use std::collections::HashSet;
 
 use serde_json::Value as Json;
 
-use super::json_locate::json_locate;
+use super::json_locate::pointer_range;
 use crate::check::Checked;
 use crate::diag::{Code, Diagnostic, Diagnostics};
 use crate::model::{Agent, SchemaDelivery, Stage, StageBody};
@@ -28,23 +28,15 @@ impl Written<'_> {
     fn place(&self, pointer: &str) -> Span {
         match self {
             Written::Inline(span) => *span,
-            Written::File { file, text, .. } => {
-                let tokens: Vec<String> = pointer
-                    .split('/')
-                    .skip(1)
-                    .map(|t| t.replace("~1", "/").replace("~0", "~"))
-                    .collect();
-                // A field that markers added is not in the file: point at the file's start.
-                let range = json_locate(text, &tokens).unwrap_or(0..0);
-                Span::new(*file, range)
-            }
+            // A field that markers added is not in the file: the file's start.
+            Written::File { file, text, .. } => Span::new(*file, pointer_range(text, pointer)),
         }
     }
 }
 
 /// The agents a stage can call: its agent (its name rendered over the params) and the
 /// fallbacks that take over, each once; with the span of the stage's `agent`.
-pub(super) fn stage_agents<'w>(c: &Checked<'w>, stage: &Stage) -> Vec<(&'w Agent, Span)> {
+pub(in crate::check) fn stage_agents<'w>(c: &Checked<'w>, stage: &Stage) -> Vec<(&'w Agent, Span)> {
     let StageBody::Agent {
         agent: Some(name), ..
     } = &stage.body

@@ -1,6 +1,17 @@
 //! Finding the byte range of the value at a JSON pointer in JSON text, so that a schema file's
 //! problem points at the value at fault.
 
+/// The byte range of the value at a JSON pointer (`/a/b`, with `~1` and `~0` escapes) in
+/// JSON text; `0..0` when it is not there.
+pub(super) fn pointer_range(text: &str, pointer: &str) -> std::ops::Range<usize> {
+    let tokens: Vec<String> = pointer
+        .split('/')
+        .skip(1)
+        .map(|t| t.replace("~1", "/").replace("~0", "~"))
+        .collect();
+    json_locate(text, &tokens).unwrap_or(0..0)
+}
+
 /// Finds the byte range of the value at a JSON pointer (as tokens) in JSON text.
 pub(super) fn json_locate(text: &str, path: &[String]) -> Option<std::ops::Range<usize>> {
     let b = text.as_bytes();

@@ -7,7 +7,7 @@
 //! `schema.rs` holds the built-in outputs' schemas and follows field paths through a schema;
 //! `routes.rs` checks routes against enums, `fanout.rs` for_each over arrays and aggregates.
 
-mod dialects;
+pub(super) mod dialects;
 mod fanout;
 mod json_locate;
 mod markers;

@@ -3,7 +3,7 @@
 
 use serde_json::Value as Json;
 
-use super::json_locate::json_locate;
+use super::json_locate::pointer_range;
 use crate::diag::{Code, Diagnostic, Diagnostics};
 
 pub(super) fn line_offset(text: &str, line: usize, col: usize) -> usize {
@@ -36,13 +36,7 @@ pub(super) fn validate_schema(
     let place = |pointer: &str| match &at {
         SchemaAt::Inline(span) => *span,
         SchemaAt::File { file, text, .. } => {
-            let tokens: Vec<String> = pointer
-                .split('/')
-                .skip(1)
-                .map(|t| t.replace("~1", "/").replace("~0", "~"))
-                .collect();
-            let range = json_locate(text, &tokens).unwrap_or(0..0);
-            crate::source::Span::new(*file, range)
+            crate::source::Span::new(*file, pointer_range(text, pointer))
         }
     };
     let named = |d: Diagnostic| match &at {

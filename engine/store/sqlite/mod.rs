@@ -65,6 +65,9 @@ pub struct SqliteStore {
     marker: Option<(PathBuf, fs::File)>,
     /// The next write order of nodes and number of events, per run.
     seqs: write::Seqs,
+    /// The file's schema version: [`SCHEMA_VERSION`], but for a read-only store of an
+    /// older version this build reads as it is (see `schema::OLDEST_READABLE`).
+    version: i64,
 }
 
 impl Drop for SqliteStore {

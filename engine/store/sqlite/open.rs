@@ -7,7 +7,7 @@ use std::path::Path;
 use rusqlite::Connection;
 
 use super::integrity::{identity, marker_path, unclean_markers, wal_path};
-use super::schema::SCHEMA_VERSION;
+use super::schema::{OLDEST_READABLE, SCHEMA_VERSION};
 use super::{BUSY_TIMEOUT, SqliteStore, sql_error};
 use crate::store::{Result, StoreError};
 
@@ -62,6 +62,7 @@ impl SqliteStore {
             identity: None,
             marker: None,
             seqs: Default::default(),
+            version: SCHEMA_VERSION,
         };
         store.configure(durability)?;
         if !unclean.is_empty() {
@@ -96,7 +97,7 @@ impl SqliteStore {
             Connection::open_with_flags(path, flags)
         }
         .map_err(|e| sql_error(path, "cannot open", e))?;
-        let store = SqliteStore {
+        let mut store = SqliteStore {
             on_busy: None,
             conn,
             path: path.to_path_buf(),
@@ -104,6 +105,7 @@ impl SqliteStore {
             identity: identity(path),
             marker: None,
             seqs: Default::default(),
+            version: SCHEMA_VERSION,
         };
         store
             .conn
@@ -117,7 +119,9 @@ impl SqliteStore {
             .conn
             .pragma_query_value(None, "user_version", |row| row.get(0))
             .map_err(|e| store.error("cannot read", e))?;
-        if version != SCHEMA_VERSION {
+        // A store one version behind is read as it is (what it lacks reads as "none"), so
+        // that `status`, `runs` and `logs` still read a state directory they cannot write.
+        if !(OLDEST_READABLE..=SCHEMA_VERSION).contains(&version) {
             return Err(StoreError::State(format!(
                 "{} has schema version {version} and this ralph-flow reads {SCHEMA_VERSION}; \
                  open it once with `ralph-flow run` or `resume` (which can write) to bring it \
@@ -125,6 +129,7 @@ impl SqliteStore {
                 path.display()
             )));
         }
+        store.version = version;
         Ok(store)
     }
 

@@ -10,13 +10,42 @@ use crate::store::{AttemptRecord, AttemptState, Event, NodeRecord, NodeState, Re
 /// The columns of `nodes n`, aliased so that joins can use them.
 const NODE_COLUMNS: &str = "n.run, n.scope, n.node, n.state, n.output, n.output_blob, \
                             n.action, n.feedback, n.attempts, n.input_tokens, n.output_tokens, \
-                            n.cached_tokens, n.cost_usd, n.started_at, n.finished_at";
+                            n.cached_tokens, n.cost_usd, n.unreported, n.started_at, \
+                            n.finished_at";
 
 const ATTEMPT_COLUMNS: &str = "run, scope, node, attempt, state, agent, dir, error, \
                                input_tokens, output_tokens, cached_tokens, cost_usd, \
-                               started_at, finished_at";
+                               unreported, started_at, finished_at";
+
+/// The same, of a store at schema version 5 opened read-only (no `unreported` yet: 0).
+const NODE_COLUMNS_V5: &str = "n.run, n.scope, n.node, n.state, n.output, n.output_blob, \
+                               n.action, n.feedback, n.attempts, n.input_tokens, \
+                               n.output_tokens, n.cached_tokens, n.cost_usd, 0, n.started_at, \
+                               n.finished_at";
+
+const ATTEMPT_COLUMNS_V5: &str = "run, scope, node, attempt, state, agent, dir, error, \
+                                  input_tokens, output_tokens, cached_tokens, cost_usd, 0, \
+                                  started_at, finished_at";
 
 impl SqliteStore {
+    /// The columns of a node record, as this store's schema has them.
+    fn node_columns(&self) -> &'static str {
+        if self.version < 6 {
+            NODE_COLUMNS_V5
+        } else {
+            NODE_COLUMNS
+        }
+    }
+
+    /// The columns of an attempt record, as this store's schema has them.
+    fn attempt_columns(&self) -> &'static str {
+        if self.version < 6 {
+            ATTEMPT_COLUMNS_V5
+        } else {
+            ATTEMPT_COLUMNS
+        }
+    }
+
     fn node_from_row(
         &self,
         row: &Row<'_>,
@@ -31,8 +60,8 @@ impl SqliteStore {
             feedback: row.get(7)?,
             attempts: row.get(8)?,
             usage: usage_from_row(row, 9)?,
-            started_at: row.get(13)?,
-            finished_at: row.get(14)?,
+            started_at: row.get(14)?,
+            finished_at: row.get(15)?,
         };
         Ok((record, row.get(4)?, row.get(5)?))
     }
@@ -65,13 +94,19 @@ impl SqliteStore {
 
     /// [`Store::each_node`](crate::store::Store::each_node).
     pub(super) fn read_each_node(&self, run: &str, each: &mut dyn FnMut(NodeRecord)) -> Result<()> {
-        let sql = format!("SELECT {NODE_COLUMNS} FROM nodes n WHERE n.run = ?1 ORDER BY n.seq");
+        let sql = format!(
+            "SELECT {} FROM nodes n WHERE n.run = ?1 ORDER BY n.seq",
+            self.node_columns()
+        );
         self.each_node_of(&sql, [run], each)
     }
 
     /// [`Store::nodes`](crate::store::Store::nodes).
     pub(super) fn read_nodes(&self, run: &str) -> Result<Vec<NodeRecord>> {
-        let sql = format!("SELECT {NODE_COLUMNS} FROM nodes n WHERE n.run = ?1 ORDER BY n.seq");
+        let sql = format!(
+            "SELECT {} FROM nodes n WHERE n.run = ?1 ORDER BY n.seq",
+            self.node_columns()
+        );
         self.query_nodes(&sql, [run])
     }
 
@@ -82,8 +117,9 @@ impl SqliteStore {
         node: Option<&str>,
     ) -> Result<Vec<AttemptRecord>> {
         let sql = format!(
-            "SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE run = ?1 AND (?2 IS NULL OR node = ?2) \
-             ORDER BY started_at, scope, node, attempt"
+            "SELECT {} FROM attempts WHERE run = ?1 AND (?2 IS NULL OR node = ?2) \
+             ORDER BY started_at, scope, node, attempt",
+            self.attempt_columns()
         );
         self.conn
             .prepare_cached(&sql)
@@ -97,8 +133,9 @@ impl SqliteStore {
     /// [`Store::running_attempts`](crate::store::Store::running_attempts).
     pub(super) fn read_running_attempts(&self, run: &str) -> Result<Vec<AttemptRecord>> {
         let sql = format!(
-            "SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE run = ?1 AND state = ?2 \
-             ORDER BY started_at, scope, node, attempt"
+            "SELECT {} FROM attempts WHERE run = ?1 AND state = ?2 \
+             ORDER BY started_at, scope, node, attempt",
+            self.attempt_columns()
         );
         self.conn
             .prepare_cached(&sql)
@@ -166,9 +203,10 @@ impl SqliteStore {
         limit: usize,
     ) -> Result<Vec<(String, NodeRecord)>> {
         let sql = format!(
-            "SELECT {NODE_COLUMNS} FROM nodes n JOIN runs r ON n.run = r.id \
+            "SELECT {} FROM nodes n JOIN runs r ON n.run = r.id \
              WHERE r.workflow = ?1 AND n.node = ?2 AND r.id != ?3 \
-             ORDER BY r.started_at DESC, r.rowid DESC, n.seq DESC LIMIT ?4"
+             ORDER BY r.started_at DESC, r.rowid DESC, n.seq DESC LIMIT ?4",
+            self.node_columns()
         );
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let records = self.query_nodes(&sql, params![workflow, node, except_run, limit])?;
@@ -187,8 +225,8 @@ fn attempt_from_row(row: &Row<'_>) -> rusqlite::Result<AttemptRecord> {
         dir: row.get(6)?,
         error: row.get(7)?,
         usage: usage_from_row(row, 8)?,
-        started_at: row.get(12)?,
-        finished_at: row.get(13)?,
+        started_at: row.get(13)?,
+        finished_at: row.get(14)?,
     })
 }
 

@@ -10,6 +10,7 @@ pub(super) struct UsageCols {
     pub(super) output: i64,
     pub(super) cached: i64,
     pub(super) cost: Option<f64>,
+    pub(super) unreported: i64,
 }
 
 impl From<&Usage> for UsageCols {
@@ -20,10 +21,13 @@ impl From<&Usage> for UsageCols {
             output: int(u.output_tokens),
             cached: int(u.cached_tokens),
             cost: u.cost_usd,
+            unreported: int(u.unreported),
         }
     }
 }
 
+/// Reads usage from five columns from `first` on: the input, output and cached tokens, the
+/// cost and the calls that reported none.
 pub(super) fn usage_from_row(row: &Row<'_>, first: usize) -> rusqlite::Result<Usage> {
     let count = |i: usize| -> rusqlite::Result<u64> {
         Ok(u64::try_from(row.get::<_, i64>(i)?).unwrap_or(0))
@@ -33,6 +37,7 @@ pub(super) fn usage_from_row(row: &Row<'_>, first: usize) -> rusqlite::Result<Us
         output_tokens: count(first + 1)?,
         cached_tokens: count(first + 2)?,
         cost_usd: row.get(first + 3)?,
+        unreported: count(first + 4)?,
     })
 }
 

@@ -7,7 +7,12 @@ use super::{SqliteStore, sql_error};
 use crate::store::{Result, StoreError};
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
+
+/// The oldest schema version a read-only store of this build reads as it is (without
+/// bringing it up to date, which needs a store that can be written): version 5 lacks only
+/// the count of calls that reported no usage, read as 0.
+pub const OLDEST_READABLE: i64 = 5;
 
 const SCHEMA_V1: &str = "
 CREATE TABLE runs (
@@ -139,7 +144,8 @@ DROP TABLE nodes;
 ALTER TABLE nodes_v3 RENAME TO nodes;
 ";
 
-/// Version 5: a stage's settlement event kept in its node row. `event` is the event's
+/// Version 5: a stage's settlement event kept in its node row. Version 6 rebuilds the table
+/// again (NODES_V6), with its triggers. `event` is the event's
 /// message, or NULL when the row holds none; the event's number is the row's `seq` (nodes and
 /// events are numbered by one count from now on), its time `finished_at` and its kind
 /// `state`. The table is rebuilt so that the columns a read of events needs come before the
@@ -183,6 +189,56 @@ BEGIN
     INSERT INTO events (run, seq, at, scope, node, kind, message)
     VALUES (OLD.run, OLD.seq, OLD.finished_at, OLD.scope, OLD.node, OLD.state, OLD.event);
 END;
+";
+
+/// Version 6: the count of calls that reported no usage (`unreported`), in `nodes` and in
+/// `attempts`. An added column goes at the end of a row, which in `nodes` is after the
+/// output: reached only through a long output's overflow pages. So `nodes` is rebuilt (as
+/// version 5 did) with every column but the texts before the output: its number and event,
+/// then the attempts and the usage, then the output, the action and the feedback. The
+/// triggers of version 5 go with the old table and are made again. In `attempts` the column
+/// joins the usage at the end (`error`, the one long text there, is already before it).
+const NODES_V6: &str = "
+CREATE TABLE nodes_v6 (
+    run           TEXT NOT NULL,
+    scope         TEXT NOT NULL,
+    node          TEXT NOT NULL,
+    seq           INTEGER NOT NULL, -- its number in the run (events and nodes share the count)
+    state         TEXT NOT NULL,
+    finished_at   INTEGER NOT NULL,
+    event         TEXT,             -- the message of its settlement event, if the row has it
+    attempts      INTEGER NOT NULL,
+    input_tokens  INTEGER NOT NULL,
+    output_tokens INTEGER NOT NULL,
+    cached_tokens INTEGER NOT NULL,
+    cost_usd      REAL,
+    unreported    INTEGER NOT NULL DEFAULT 0, -- calls that reported no usage
+    started_at    INTEGER NOT NULL,
+    output        TEXT,             -- JSON text, or NULL when spilled
+    output_blob   TEXT,             -- SHA-256 of the spilled JSON text
+    action        TEXT,
+    feedback      TEXT,
+    PRIMARY KEY (run, scope, node)
+) WITHOUT ROWID;
+INSERT INTO nodes_v6 (run, scope, node, seq, state, finished_at, event, attempts,
+    input_tokens, output_tokens, cached_tokens, cost_usd, started_at, output, output_blob,
+    action, feedback)
+SELECT run, scope, node, seq, state, finished_at, event, attempts, input_tokens,
+    output_tokens, cached_tokens, cost_usd, started_at, output, output_blob, action,
+    feedback FROM nodes;
+DROP TABLE nodes;
+ALTER TABLE nodes_v6 RENAME TO nodes;
+CREATE TRIGGER nodes_keep_event_on_update BEFORE UPDATE ON nodes WHEN OLD.event IS NOT NULL
+BEGIN
+    INSERT INTO events (run, seq, at, scope, node, kind, message)
+    VALUES (OLD.run, OLD.seq, OLD.finished_at, OLD.scope, OLD.node, OLD.state, OLD.event);
+END;
+CREATE TRIGGER nodes_keep_event_on_delete BEFORE DELETE ON nodes WHEN OLD.event IS NOT NULL
+BEGIN
+    INSERT INTO events (run, seq, at, scope, node, kind, message)
+    VALUES (OLD.run, OLD.seq, OLD.finished_at, OLD.scope, OLD.node, OLD.state, OLD.event);
+END;
+ALTER TABLE attempts ADD COLUMN unreported INTEGER NOT NULL DEFAULT 0;
 ";
 
 impl SqliteStore {
@@ -235,7 +291,12 @@ impl SqliteStore {
             // table rebuilt with the columns of events before the output (NODE_EVENTS_V5).
             tx.execute_batch(NODE_EVENTS_V5).map_err(fail)?;
         }
-        // A later version adds `if version < 6 { ... }` here.
+        if version < 6 {
+            // The calls that reported no usage, counted in nodes and attempts; `nodes`
+            // rebuilt so that the column is not behind the output (NODES_V6).
+            tx.execute_batch(NODES_V6).map_err(fail)?;
+        }
+        // A later version adds `if version < 7 { ... }` here.
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)
             .map_err(fail)?;
         tx.commit().map_err(fail)

@@ -13,15 +13,15 @@ use crate::store::Write;
 /// moves the earlier row's event into `events` first.
 const UPSERT_NODE: &str = "INSERT INTO nodes (run, scope, node, state, output, output_blob, \
      action, feedback, attempts, input_tokens, output_tokens, cached_tokens, cost_usd, \
-     started_at, finished_at, seq, event) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17) \
+     started_at, finished_at, seq, event, unreported) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18) \
      ON CONFLICT (run, scope, node) DO UPDATE SET state = excluded.state, \
      output = excluded.output, output_blob = excluded.output_blob, action = excluded.action, \
      feedback = excluded.feedback, attempts = excluded.attempts, \
      input_tokens = excluded.input_tokens, output_tokens = excluded.output_tokens, \
      cached_tokens = excluded.cached_tokens, cost_usd = excluded.cost_usd, \
      started_at = excluded.started_at, finished_at = excluded.finished_at, seq = excluded.seq, \
-     event = excluded.event";
+     event = excluded.event, unreported = excluded.unreported";
 
 /// The highest number of the run's events and nodes (one count since schema version 5).
 const LAST_SEQ: &str = "SELECT MAX((SELECT COALESCE(MAX(seq), 0) FROM events WHERE run = ?1), \
@@ -83,13 +83,15 @@ impl Seqs {
 }
 
 const UPSERT_ATTEMPT: &str = "INSERT INTO attempts (run, scope, node, attempt, state, agent, \
-     dir, error, input_tokens, output_tokens, cached_tokens, cost_usd, started_at, finished_at) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) \
+     dir, error, input_tokens, output_tokens, cached_tokens, cost_usd, started_at, finished_at, \
+     unreported) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15) \
      ON CONFLICT (run, scope, node, attempt) DO UPDATE SET state = excluded.state, \
      agent = excluded.agent, dir = excluded.dir, error = excluded.error, \
      input_tokens = excluded.input_tokens, output_tokens = excluded.output_tokens, \
      cached_tokens = excluded.cached_tokens, cost_usd = excluded.cost_usd, \
-     started_at = excluded.started_at, finished_at = excluded.finished_at";
+     started_at = excluded.started_at, finished_at = excluded.finished_at, \
+     unreported = excluded.unreported";
 
 const INSERT_EVENT: &str = "INSERT INTO events (run, seq, at, scope, node, kind, message) \
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
@@ -159,6 +161,7 @@ pub(super) fn write_all(
                         u.cost,
                         a.started_at,
                         a.finished_at,
+                        u.unreported,
                     ])
                 })?;
             }
@@ -214,6 +217,7 @@ fn write_node(
             n.finished_at,
             number,
             event,
+            u.unreported,
         ])
     })?;
     Ok(())
