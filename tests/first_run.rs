@@ -114,3 +114,79 @@ prompt = "Write the file."
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert!(!out.stderr.contains("root/sudo"), "{}", out.stderr);
 }
+
+/// An agent that refuses its schema at run time all the same (a newer CLI with other rules:
+/// here a double that prints what claude printed for the draft 2020-12 declaration) is not
+/// retried: its fallback takes over, and without one the run stops as a configuration error
+/// (exit 3) saying what to change.
+#[test]
+fn a_schema_refused_at_run_time_hands_over_or_stops_with_exit_3() {
+    let p = Project::new();
+    let captured = common::fakes().join("captures/claude/schema_draft2020.stderr");
+    p.write(
+        "newer-claude",
+        &format!(
+            "#!/bin/sh\necho \"$*\" >> calls.log\ncat '{}' >&2\nexit 1\n",
+            captured.display()
+        ),
+    );
+    let script = p.dir().join("newer-claude");
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let workflow = |fallbacks: &str| {
+        format!(
+            r#"
+name = "w"
+
+[agents.claude]
+kind = "claude"
+fallbacks = [{fallbacks}]
+
+[agents.codex]
+kind = "codex"
+
+[stages.ask]
+kind = "agent"
+agent = "claude"
+prompt = "Give a verdict."
+output = {{ extract = "json", schema = {{ type = "object", required = ["verdict"], properties = {{ verdict = {{ type = "string" }} }} }} }}
+"#
+        )
+    };
+    let newer = script.display().to_string();
+    p.workflow("handover.toml", &workflow("\"codex\""));
+    let out = p.run_env(
+        &["run", "handover.toml", "--json"],
+        &[
+            ("FAKE_REPLY", r#"{"verdict": "VALID"}"#),
+            ("RALPH_FLOW_CLAUDE", newer.as_str()),
+        ],
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(out.json["outputs"]["ask"]["verdict"], "VALID");
+    assert_eq!(
+        p.read("calls.log").lines().count(),
+        1,
+        "claude was not retried"
+    );
+    assert!(
+        out.stderr.contains("refused its configuration"),
+        "{}",
+        out.stderr
+    );
+
+    std::fs::remove_file(p.dir().join("calls.log")).unwrap();
+    p.workflow("alone.toml", &workflow(""));
+    let out = p.run_env(
+        &["run", "alone.toml"],
+        &[("RALPH_FLOW_CLAUDE", newer.as_str())],
+    );
+    assert_eq!(out.code, 3, "a configuration error: {}", out.stderr);
+    assert_eq!(p.read("calls.log").lines().count(), 1, "not retried");
+    assert!(
+        out.stderr.contains("no schema with key or ref")
+            && out.stderr.contains("structured_output = \"prompt\"")
+            && out.stderr.contains("resume"),
+        "says what to change: {}",
+        out.stderr
+    );
+}

@@ -366,4 +366,20 @@ mod tests {
         assert!(matches!(next, Next::GiveUp(CallError::Timeout { .. })));
         assert_eq!(t, Tries::default(), "nothing counted");
     }
+
+    #[test]
+    fn a_refused_configuration_hands_over_or_gives_up_never_retries() {
+        let refused = || CallError::Refused {
+            message: "--json-schema is not a valid JSON Schema".into(),
+        };
+        let mut t = Tries::default();
+        let next = decide(&policy(2), &mut t, refused());
+        assert!(matches!(next, Next::HandOver { to: 1, .. }), "{next:?}");
+        let next = decide(&policy(2), &mut t, refused());
+        assert!(
+            matches!(next, Next::GiveUp(CallError::Refused { .. })),
+            "{next:?}"
+        );
+        assert_eq!(t.transient, 0, "never a retry");
+    }
 }

@@ -252,6 +252,26 @@ mod tests {
     }
 
     #[test]
+    fn a_schema_claude_refuses_is_a_refused_configuration() {
+        for case in [
+            capture!("claude", "schema_draft2020"),
+            capture!("claude", "schema_unknown_keyword"),
+            capture!("claude", "schema_not_object"),
+        ] {
+            match parse(&case) {
+                Err(CallError::Refused { message }) => {
+                    assert!(message.contains("--json-schema"), "{message}");
+                    assert!(
+                        message.contains("structured_output"),
+                        "says what to do: {message}"
+                    );
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    #[test]
     fn the_detector_sees_complete_results_only() {
         assert!(done(b"{\"type\":\"result\",\"result\":\"x\"}\n"));
         assert!(!done(b"{\"type\":\"result\",\"res"));

@@ -437,6 +437,17 @@ mod tests {
     use crate::model::{AgentKind, Permissions};
 
     #[test]
+    fn a_schema_openai_strict_mode_refuses_is_a_refused_configuration() {
+        match parse(&capture!("codex", "schema_refused")) {
+            Err(CallError::Refused { message }) => {
+                assert!(message.contains("invalid_json_schema"), "{message}");
+                assert!(message.contains("structured_output"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
     fn the_detector_sees_complete_results_only() {
         assert!(done(
             b"{\"type\":\"turn.started\"}\n{\"type\":\"turn.completed\"}\n"
