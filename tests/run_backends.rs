@@ -417,6 +417,8 @@ agent = "a"
 prompt = "Fix the bug and commit."
 "#,
     );
+    p.git(&["add", "-A"]);
+    p.git(&["commit", "-qm", "the workflow"]);
     let out = with_env(
         &p,
         &[("FAKE_MODE", "denied"), ("RUST_LOG", "ralph_flow=error")],
@@ -424,13 +426,17 @@ prompt = "Fix the bug and commit."
     );
     assert_eq!(out.code, 0, "{}", out.stderr);
     let run = out.json["run"].as_str().unwrap().to_string();
+    // What the refused commit left: the agent's file, never committed.
+    let status = p.git(&["status", "--porcelain"]);
+    assert_eq!(status.lines().count(), 1, "{status}");
     let denied = [
         "apply_patch: rejected, writing outside of the project (2 times)",
         "shell: a write to ../mock-outside-shell.txt (read-only file system)",
         "shell: a write, path not logged (read-only file system)",
+        "git: 1 changed file left uncommitted",
     ];
     let line = format!(
-        "! work: agent `a` was denied 3 actions (its `permissions` is `edit`): {}",
+        "! work: agent `a` was denied 4 actions (its `permissions` is `edit`): {}",
         denied.join("; ")
     );
     assert!(out.stderr.contains(&line), "{}", out.stderr);
@@ -442,8 +448,9 @@ prompt = "Fix the bug and commit."
         .find(|l| l.contains("denied"))
         .unwrap_or_else(|| panic!("no denied event: {}", logs.stdout));
     assert!(
-        event.contains("agent `a` was denied 3 actions (its `permissions` is `edit`)")
-            && event.contains(denied[2]),
+        event.contains("agent `a` was denied 4 actions (its `permissions` is `edit`)")
+            && event.contains(denied[2])
+            && event.contains(denied[3]),
         "{event}"
     );
     // The attempt's artifacts are records of the run's artifacts.jsonl.

@@ -156,7 +156,7 @@ impl Exec<'_> {
                 max_tokens: None,
             };
             let result = self.call_with_policy(frame, n, &chain, call).await;
-            let (reply, agent_name) = match result {
+            let (mut reply, agent_name) = match result {
                 Ok(r) => r,
                 Err((CallError::Refused { message }, agent_name, _)) => {
                     // Not the work's failure but the workflow's: the run stops as a
@@ -224,6 +224,14 @@ impl Exec<'_> {
                 );
             }
             if !reply.denied.is_empty() {
+                // What the denials left behind: changes that never reached a commit (a
+                // sandbox that refused the commit rarely says it was `git commit`).
+                if let Some(n) = uncommitted(&frame.cwd).await {
+                    reply.denied.push(format!(
+                        "git: {n} changed file{} left uncommitted",
+                        if n == 1 { "" } else { "s" }
+                    ));
+                }
                 let text = format!(
                     "agent `{agent_name}` was denied {} action{} (its `permissions` is `{}`): {}",
                     reply.denied.len(),
@@ -516,6 +524,24 @@ fn too_big(prompt: &str, window: u64) -> Option<String> {
         prompt.len(),
         largest.join("; ")
     ))
+}
+
+/// How many files `git status` shows changed in a working directory, when it is a git
+/// repository and some are (at most 10 seconds of git; `None` otherwise).
+async fn uncommitted(cwd: &std::path::Path) -> Option<usize> {
+    let status = tokio::process::Command::new("git")
+        .args(["status", "--porcelain"])
+        .current_dir(cwd)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(std::time::Duration::from_secs(10), status)
+        .await
+        .ok()?
+        .ok()?;
+    let n = String::from_utf8_lossy(&out.stdout).lines().count();
+    (out.status.success() && n > 0).then_some(n)
 }
 
 #[cfg(test)]

@@ -195,9 +195,26 @@ fake_print() {
     fi
 }
 
-# Prints a capture and exits with its exit code: `fake_replay CASE`.
+# Writes, in the working directory, the files the real CLI wrote in a case (its `.files`:
+# `./PATH: CONTENT` lines, the content's newlines as spaces): `fake_write_files CASE`.
+fake_write_files() {
+    files=$FAKE_CAPTURES/$fake_name/$1.files
+    [ -f "$files" ] || return 0
+    while IFS= read -r line; do
+        path=${line%%: *}
+        text=${line#*: }
+        case $path in
+        ./*/* | */../* | ../*) continue ;; # only files right in the working directory
+        ./*) printf '%s\n' "${text% }" >"$path" ;;
+        esac
+    done <"$files"
+}
+
+# Prints a capture, writes the files the real CLI wrote, and exits with its exit code:
+# `fake_replay CASE`.
 fake_replay() {
     fake_print "$1"
+    fake_write_files "$1"
     exit "$(cat "$FAKE_CAPTURES/$fake_name/$1.exit")"
 }
 
