@@ -9,11 +9,18 @@ pub const WAITING: i32 = 75;
 /// A run was interrupted (128 + SIGINT); it can be resumed.
 pub const INTERRUPTED: i32 = 130;
 
+/// A run was stopped by SIGTERM (128 + 15), as Ctrl-C stops it; it can be resumed.
+pub const TERMINATED: i32 = 143;
+/// A run was stopped by SIGHUP (128 + 1), as Ctrl-C stops it; it can be resumed.
+pub const HUNG_UP: i32 = 129;
+
 /// Each code of ralph-flow's own, with what it means.
 pub const ENGINE: &[(i32, &str)] = &[
     (CONFIG, "configuration error"),
     (WAITING, "waiting on a gate"),
     (INTERRUPTED, "interrupted"),
+    (TERMINATED, "run stopped by SIGTERM"),
+    (HUNG_UP, "run stopped by SIGHUP"),
 ];
 
 /// The exits every workflow has, with their codes, unless it declares them itself.

@@ -734,6 +734,50 @@ argv = ["sh", "-c", "if [ -f done-once ]; then echo two; else touch done-once; s
     assert_eq!(out.json["outputs"]["first"]["stdout"], "one\n");
 }
 
+/// SIGTERM and SIGHUP (a `kill`, a service manager's stop, a CI cancel, a closed terminal)
+/// stop a run as Ctrl-C does: nothing is left running, the run is interrupted, and `resume`
+/// continues it; the exit code is 128 + the signal.
+#[test]
+fn sigterm_and_sighup_stop_a_run_as_ctrl_c_does() {
+    use nix::sys::signal::Signal;
+    for (signal, code) in [(Signal::SIGTERM, 143), (Signal::SIGHUP, 129)] {
+        let p = Project::new();
+        p.workflow(
+            "w.toml",
+            r#"name = "signals"
+[stages.long]
+kind = "command"
+argv = ["sh", "-c", "if [ -f done-once ]; then echo two; else touch done-once; sleep 60 & echo $! > grandchild.pid; wait; fi"]
+"#,
+        );
+        let child = p.spawn(&["run", "w.toml", "--json"]);
+        p.wait_for(|| p.dir().join("grandchild.pid").exists());
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        child.signal(signal);
+        let out = child.finish();
+        assert_eq!(out.code, code, "{signal}: {}", out.stderr);
+        assert_eq!(
+            out.json["status"], "interrupted",
+            "{signal}: {}",
+            out.stdout
+        );
+        assert!(
+            out.stderr
+                .contains(&format!("interrupted by {}", signal.as_str())),
+            "{}",
+            out.stderr
+        );
+        let run = out.json["run"].as_str().unwrap().to_string();
+        let pid: i32 = p.read("grandchild.pid").trim().parse().unwrap();
+        p.wait_for(|| !common::alive(pid));
+        let status = p.run(&["status", &run, "--json"]);
+        assert_eq!(status.json["status"], "interrupted", "{}", status.stdout);
+        let out = p.run(&["resume", &run, "--json"]);
+        assert_eq!(out.code, 0, "{signal}: {}", out.stderr);
+        assert_eq!(out.json["outputs"]["long"]["stdout"], "two\n");
+    }
+}
+
 #[test]
 fn budgets_bound_a_run_with_their_declared_outcome() {
     let p = Project::new();

@@ -235,24 +235,70 @@ fn detach(args: &RunArgs, prepared: &ralph_flow::run::Prepared, opts: &RunOption
     0
 }
 
+/// Carries out a run. SIGTERM and SIGHUP (a `kill`, a service manager's stop, a CI cancel,
+/// a closed terminal) stop it as Ctrl-C does: its stages and their programs are stopped, the
+/// run is kept as interrupted, and `resume` continues it. Returns the run and the signal
+/// that stopped it, if one did.
 fn go(
     prepared: &ralph_flow::run::Prepared,
-    opts: RunOptions,
-) -> Result<ralph_flow::run::RunResult, Failed> {
-    Ok(runtime()?.block_on(execute(prepared, opts))?)
+    mut opts: RunOptions,
+) -> (Result<ralph_flow::run::RunResult, Failed>, Option<i32>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let rt = match runtime() {
+        Ok(rt) => rt,
+        Err(e) => return (Err(e), None),
+    };
+    let (tell, told) = tokio::sync::watch::channel(false);
+    opts.stop = Some(told);
+    let caught = std::cell::Cell::new(None);
+    let result = rt.block_on(async {
+        let (Ok(mut term), Ok(mut hup)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::hangup()),
+        ) else {
+            return execute(prepared, opts).await;
+        };
+        let signals = async {
+            let number = tokio::select! {
+                _ = term.recv() => SIGTERM,
+                _ = hup.recv() => SIGHUP,
+            };
+            caught.set(Some(number));
+            let _ = tell.send(true);
+            // The run stops by itself now; this waits for it.
+            std::future::pending::<std::convert::Infallible>().await
+        };
+        tokio::select! {
+            r = execute(prepared, opts) => r,
+            never = signals => match never {},
+        }
+    });
+    (result.map_err(Failed::from), caught.get())
 }
+
+/// The numbers of the signals that stop a run besides SIGINT.
+const SIGHUP: i32 = 1;
+const SIGTERM: i32 = 15;
 
 pub(super) fn fail(msg: &str) -> i32 {
     eprintln!("error: {}", printable(&redact(msg)));
     EXIT_CONFIG
 }
 
-fn finish(args: &ExecArgs, result: Result<ralph_flow::run::RunResult, Failed>) -> i32 {
+fn finish(
+    args: &ExecArgs,
+    (result, signal): (Result<ralph_flow::run::RunResult, Failed>, Option<i32>),
+) -> i32 {
     let r = match result {
         Ok(r) => r,
         Err(e) => return fail(&error_chain(&e)),
     };
-    let code = r.end.code();
+    // Stopped by SIGTERM or SIGHUP: 128 + the signal, as a shell reports it.
+    let code = match (&r.end, signal) {
+        (RunEnd::Interrupted, Some(SIGTERM)) => ralph_flow::exit::TERMINATED,
+        (RunEnd::Interrupted, Some(SIGHUP)) => ralph_flow::exit::HUNG_UP,
+        _ => r.end.code(),
+    };
     if args.json {
         let (status, exit, message) = match &r.end {
             RunEnd::Exit {
@@ -332,8 +378,13 @@ fn finish(args: &ExecArgs, result: Result<ralph_flow::run::RunResult, Failed>) -
             );
         }
         RunEnd::Interrupted => {
+            let by = match signal {
+                Some(SIGTERM) => " by SIGTERM",
+                Some(SIGHUP) => " by SIGHUP",
+                _ => "",
+            };
             eprintln!(
-                "run {} was interrupted; continue it with `ralph-flow resume {}`",
+                "run {} was interrupted{by}; continue it with `ralph-flow resume {}`",
                 r.run_id, r.run_id
             );
         }
