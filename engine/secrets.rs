@@ -1,12 +1,34 @@
-//! Secrets that must never be written or printed: the values of the API key variables the
-//! workflow's agents name (and the default ones its HTTP agents use).
+//! Secrets that must never be written or printed, and the one masker that keeps them out.
 //!
-//! This is the one choke point for redaction. A run registers its secrets before anything
-//! starts; then every store write, every artifact, every recording line, every progress
-//! line, every message and JSON document printed by the CLI and every tracing line goes
-//! through [`redact`], which replaces each secret by `[REDACTED]`. A server that echoes a
-//! key (a proxy's login page, an error body with `Bearer <key>`) therefore leaves no copy of
-//! it anywhere.
+//! **What is secret.** The values of:
+//! - the variables the workflow's agents name (`api_key_env`, and the default key variables
+//!   of the HTTP kinds);
+//! - the key variables of the agent kinds the workflow declares ([`agent_key_variables`]:
+//!   `ANTHROPIC_API_KEY` for `claude`, `OPENAI_API_KEY` for `codex`, ...);
+//! - the variables the workflow lists in `secrets = [...]`;
+//! - every variable of the environment with a well-known secret name ([`is_well_known`]:
+//!   `*_API_KEY`, `*_TOKEN`, `*_SECRET`, `*_SECRET_KEY`, `*_SECRET_ACCESS_KEY`,
+//!   `*_PASSWORD`, `PGPASSWORD`, `MYSQL_PWD`);
+//! - the password of every URL with one (`scheme://user:PASSWORD@host`) in any variable of
+//!   the environment ([`register_well_known`]).
+//!
+//! Besides those values, the password of any URL in any text is masked
+//! (`scheme://user:[REDACTED]@host`), registered or not.
+//!
+//! **Short values.** A value shorter than [`MIN_LEN`] characters is not masked: replacing
+//! every `abc` or `true` of every text would garble ordinary text without hiding anything
+//! (such a value is guessed, not leaked). [`register`] says so ([`Registered::Short`]), and a
+//! run warns about a variable it was told is secret (`api_key_env`, `secrets`) whose value is
+//! that short. A URL's password is masked in its URL (`:PASSWORD@`) whatever its length.
+//!
+//! **Where.** This is the one masker. A run registers its secrets before anything starts
+//! (`run::register_secrets`); then every store write (`store::Write::redact`, from the run's
+//! one queue and the final event), every artifact record, every recording line, every
+//! progress line, every message and JSON document printed by the CLI, every tracing line,
+//! and every page, API body and metric of the monitor goes through [`redact`], which
+//! replaces each secret by `[REDACTED]`, in the forms a value takes once escaped for JSON
+//! or HTML too. A server that echoes a key (a proxy's login page, an error body with
+//! `Bearer <key>`) therefore leaves no copy of it anywhere.
 
 use std::borrow::Cow;
 use std::sync::RwLock;
@@ -14,55 +36,282 @@ use std::sync::RwLock;
 /// What a secret is replaced by.
 pub const MASK: &str = "[REDACTED]";
 
-/// Values shorter than this are not treated as secrets (they would mask ordinary text).
-const MIN_LEN: usize = 8;
+/// Values shorter than this (in characters) are not treated as secrets (they would mask
+/// ordinary text).
+pub const MIN_LEN: usize = 8;
 
-static SECRETS: RwLock<Vec<String>> = RwLock::new(Vec::new());
+/// The ends of names whose variables hold secrets: a name that is one of these, or ends
+/// with `_` and one of these (ASCII case ignored).
+pub const WELL_KNOWN_SUFFIXES: &[&str] = &[
+    "API_KEY",
+    "TOKEN",
+    "SECRET",
+    "SECRET_KEY",
+    "SECRET_ACCESS_KEY",
+    "PASSWORD",
+];
 
-/// Registers the value of an environment variable as a secret, if it is set.
-pub fn register_env(var: &str) {
-    if let Ok(value) = std::env::var(var) {
-        register(&value);
+/// Names of variables that hold secrets without a well-known ending.
+pub const WELL_KNOWN_NAMES: &[&str] = &["AWS_SECRET_ACCESS_KEY", "PGPASSWORD", "MYSQL_PWD"];
+
+/// A text to replace, and what replaces it.
+struct Needle {
+    text: String,
+    with: String,
+}
+
+/// The needles, longest first (so that a secret containing another is masked whole).
+static SECRETS: RwLock<Vec<Needle>> = RwLock::new(Vec::new());
+
+/// What [`register`] did with a value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Registered {
+    /// The variable is not set, or the value is empty.
+    Unset,
+    /// The value is shorter than [`MIN_LEN`]: it is not masked.
+    Short,
+    /// The value is masked from now on.
+    Masked,
+}
+
+/// The environment variables the agents of a kind read their key from (the CLIs read
+/// them themselves; the HTTP kinds' defaults). Empty for `command` and `replay`.
+pub fn agent_key_variables(kind: &str) -> &'static [&'static str] {
+    match kind {
+        "claude" => &[
+            "ANTHROPIC_API_KEY",
+            "ANTHROPIC_AUTH_TOKEN",
+            "CLAUDE_CODE_OAUTH_TOKEN",
+        ],
+        "codex" => &["OPENAI_API_KEY", "CODEX_API_KEY"],
+        "gemini" => &["GEMINI_API_KEY", "GOOGLE_API_KEY"],
+        "openai" => &["OPENAI_API_KEY"],
+        "anthropic" => &["ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN"],
+        _ => &[],
     }
 }
 
-/// Registers a secret value.
-pub fn register(value: &str) {
-    let value = value.trim();
-    if value.len() < MIN_LEN {
-        return;
+/// Tells whether a variable's name says it holds a secret (see [`WELL_KNOWN_SUFFIXES`] and
+/// [`WELL_KNOWN_NAMES`]).
+pub fn is_well_known(name: &str) -> bool {
+    let name = name.to_ascii_uppercase();
+    WELL_KNOWN_NAMES.contains(&name.as_str())
+        || WELL_KNOWN_SUFFIXES.iter().any(|s| {
+            name == *s
+                || name
+                    .strip_suffix(s)
+                    .is_some_and(|head| head.len() > 1 && head.ends_with('_'))
+        })
+}
+
+/// Registers the values of the environment's well-known secret variables and the passwords
+/// of the URLs in any of its variables. Once per process: the environment of a run does not
+/// change.
+pub fn register_well_known() {
+    static DONE: std::sync::Once = std::sync::Once::new();
+    DONE.call_once(|| {
+        for (name, value) in std::env::vars_os() {
+            let (Some(name), Some(value)) = (name.to_str(), value.to_str()) else {
+                continue;
+            };
+            if is_well_known(name) {
+                register(value);
+            }
+            register_url_passwords(value);
+        }
+    });
+}
+
+/// Registers the value of an environment variable as a secret, if it is set; the
+/// passwords of the URLs it holds too.
+pub fn register_env(var: &str) -> Registered {
+    match std::env::var(var) {
+        Ok(value) => {
+            register_url_passwords(&value);
+            register(&value)
+        }
+        Err(_) => Registered::Unset,
     }
+}
+
+/// Registers a secret value (and, of a value of several lines, each line long enough).
+pub fn register(value: &str) -> Registered {
+    let value = value.trim();
+    if value.is_empty() {
+        return Registered::Unset;
+    }
+    if value.chars().count() < MIN_LEN {
+        return Registered::Short;
+    }
+    let mut needles = vec![value];
+    if value.contains('\n') {
+        needles.extend(
+            value
+                .lines()
+                .map(str::trim)
+                .filter(|l| l.chars().count() >= MIN_LEN),
+        );
+    }
+    for n in needles {
+        for form in escaped_forms(n) {
+            add(form, MASK.to_string());
+        }
+    }
+    Registered::Masked
+}
+
+/// A value as it reads in text, in a JSON string and in HTML (escaped as the monitor's
+/// templates escape it): the forms it may take in what is written or served.
+fn escaped_forms(value: &str) -> Vec<String> {
+    let mut forms = vec![value.to_string()];
+    if let Ok(json) = serde_json::to_string(value) {
+        let inner = &json[1..json.len() - 1];
+        if inner != value {
+            forms.push(inner.to_string());
+        }
+    }
+    let mut html = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '&' => html.push_str("&amp;"),
+            '<' => html.push_str("&lt;"),
+            '>' => html.push_str("&gt;"),
+            '"' => html.push_str("&quot;"),
+            '\'' => html.push_str("&#x27;"),
+            '/' => html.push_str("&#x2f;"),
+            c => html.push(c),
+        }
+    }
+    if html != value {
+        forms.push(html);
+    }
+    forms
+}
+
+/// Registers the password of each URL in `text`: masked alone (when long enough, as written
+/// and percent-decoded) and, whatever its length, where it stands in its URL (`:PASSWORD@`).
+fn register_url_passwords(text: &str) {
+    for range in url_passwords(text) {
+        let written = &text[range];
+        let decoded = percent_decoded(written);
+        for pw in [written, decoded.as_str()] {
+            register(pw);
+            for form in escaped_forms(pw) {
+                add(format!(":{form}@"), format!(":{MASK}@"));
+            }
+        }
+    }
+}
+
+/// `%XX` escapes decoded (a URL's password as the program that reads it sees it).
+fn percent_decoded(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| char::from(b).to_digit(16);
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                out.push(u8::try_from(h * 16 + l).unwrap_or(b'?'));
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn add(text: String, with: String) {
     let mut secrets = SECRETS
         .write()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if !secrets.iter().any(|s| s == value) {
-        secrets.push(value.to_owned());
-        // Longer first, so that a secret containing another is masked whole.
-        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    if !secrets.iter().any(|s| s.text == text) {
+        secrets.push(Needle { text, with });
+        secrets.sort_by_key(|s| std::cmp::Reverse(s.text.len()));
     }
 }
 
-/// Tells whether any secret is registered.
-pub fn any() -> bool {
-    !SECRETS
-        .read()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .is_empty()
+/// The byte ranges of the passwords of the URLs in a text: what stands between the first `:`
+/// of a URL's user info and its last `@` (`scheme://user:PASSWORD@host`), unless masked.
+fn url_passwords(text: &str) -> Vec<std::ops::Range<usize>> {
+    let mut found = Vec::new();
+    let mut from = 0;
+    while let Some(i) = text[from..].find("://") {
+        let sep = from + i;
+        from = sep + 3;
+        let scheme = text[..sep]
+            .bytes()
+            .next_back()
+            .is_some_and(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'.' | b'-'));
+        if !scheme {
+            continue;
+        }
+        let rest = &text[from..];
+        let end = rest
+            .find(|c: char| {
+                c.is_whitespace()
+                    || matches!(c, '/' | '?' | '#' | '"' | '\'' | '<' | '>' | '`' | '\\')
+            })
+            .unwrap_or(rest.len());
+        let authority = &rest[..end];
+        let Some(at) = authority.rfind('@') else {
+            continue;
+        };
+        let Some(colon) = authority[..at].find(':') else {
+            continue;
+        };
+        let range = from + colon + 1..from + at;
+        if !range.is_empty() && &text[range.clone()] != MASK {
+            found.push(range);
+        }
+    }
+    found
 }
 
-/// The text with every registered secret masked.
+/// Whether masking may change a text: always, since the passwords of URLs are masked
+/// whether or not a secret is registered. (Kept for the callers that ask before they walk a
+/// value.)
+pub fn any() -> bool {
+    true
+}
+
+/// The text with every registered secret, and the password of every URL, masked.
 pub fn redact(text: &str) -> Cow<'_, str> {
     let secrets = SECRETS
         .read()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if !secrets.iter().any(|s| text.contains(s.as_str())) {
-        return Cow::Borrowed(text);
-    }
-    let mut out = text.to_owned();
+    let mut out: Option<String> = None;
     for s in secrets.iter() {
-        out = out.replace(s.as_str(), MASK);
+        let cur = out.as_deref().unwrap_or(text);
+        if cur.contains(s.text.as_str()) {
+            let replaced = cur.replace(s.text.as_str(), &s.with);
+            out = Some(replaced);
+        }
     }
-    Cow::Owned(out)
+    drop(secrets);
+    let cur = out.as_deref().unwrap_or(text);
+    let passwords = if cur.contains("://") {
+        url_passwords(cur)
+    } else {
+        Vec::new()
+    };
+    if !passwords.is_empty() {
+        let mut masked = String::with_capacity(cur.len());
+        let mut last = 0;
+        for r in passwords {
+            masked.push_str(&cur[last..r.start]);
+            masked.push_str(MASK);
+            last = r.end;
+        }
+        masked.push_str(&cur[last..]);
+        out = Some(masked);
+    }
+    match out {
+        Some(s) => Cow::Owned(s),
+        None => Cow::Borrowed(text),
+    }
 }
 
 /// Masks a string in place.
@@ -75,9 +324,6 @@ pub fn redact_in_place(text: &mut String) {
 /// Masks every string (keys too) in a JSON value.
 pub fn redact_json(value: &mut serde_json::Value) {
     use serde_json::Value;
-    if !any() {
-        return;
-    }
     match value {
         Value::String(s) => redact_in_place(s),
         Value::Array(items) => items.iter_mut().for_each(redact_json),
@@ -101,12 +347,12 @@ pub fn redact_json(value: &mut serde_json::Value) {
 /// Masks the secrets in a file, rewriting it only when it holds one. For artifacts that a
 /// program streamed to disk before anything could look at them.
 pub fn redact_file(path: &std::path::Path) {
-    if !any() {
-        return;
-    }
     let Ok(bytes) = std::fs::read(path) else {
         return;
     };
+    if bytes.is_empty() {
+        return;
+    }
     let text = String::from_utf8_lossy(&bytes);
     if let Cow::Owned(clean) = redact(&text) {
         if let Err(e) = std::fs::write(path, clean) {
@@ -139,8 +385,9 @@ mod tests {
 
     #[test]
     fn secrets_are_masked_everywhere_they_appear() {
-        register("sk-test-0123456789abcdef");
-        register("short");
+        assert_eq!(register("sk-test-0123456789abcdef"), Registered::Masked);
+        assert_eq!(register("short"), Registered::Short);
+        assert_eq!(register("  "), Registered::Unset);
         assert_eq!(
             redact("Bearer sk-test-0123456789abcdef and sk-test-0123456789abcdef"),
             "Bearer [REDACTED] and [REDACTED]"
@@ -153,5 +400,87 @@ mod tests {
             v,
             serde_json::json!({"a": ["x [REDACTED]"], "[REDACTED]": 1})
         );
+    }
+
+    #[test]
+    fn escaped_forms_and_lines_of_a_secret_are_masked() {
+        register("wJalr/K7MDENG\"bPxRf<EXAMPLE>");
+        assert_eq!(redact("wJalr/K7MDENG\"bPxRf<EXAMPLE>"), MASK);
+        assert_eq!(redact("wJalr&#x2f;K7MDENG&quot;bPxRf&lt;EXAMPLE&gt;"), MASK);
+        assert_eq!(
+            redact(r#""wJalr/K7MDENG\"bPxRf<EXAMPLE>""#),
+            "\"[REDACTED]\""
+        );
+        register("-----BEGIN TEST KEY-----\nAAAAB3NzaC1yc2EAAAADAQAB\nend\n");
+        assert_eq!(redact("half: AAAAB3NzaC1yc2EAAAADAQAB"), "half: [REDACTED]");
+        assert_eq!(redact("end"), "end", "a line too short stays");
+    }
+
+    #[test]
+    fn the_passwords_of_urls_are_masked_registered_or_not() {
+        assert_eq!(
+            redact("clone https://bot:s3cr3t-v4lue@git.example.com/r.git now"),
+            "clone https://bot:[REDACTED]@git.example.com/r.git now"
+        );
+        assert_eq!(
+            redact("redis://:pw@cache:6379 and postgres://u:p%40ss@db/x"),
+            "redis://:[REDACTED]@cache:6379 and postgres://u:[REDACTED]@db/x"
+        );
+        for plain in [
+            "https://example.com/a@b",
+            "ssh://git@github.com:22/x",
+            "git@github.com:org/repo",
+            "http://[::1]:8080/",
+            "no url at all",
+            "https://u:[REDACTED]@h",
+        ] {
+            assert!(matches!(redact(plain), Cow::Borrowed(_)), "{plain}");
+        }
+        // A registered URL's password: alone (long enough) and in its URL (any length).
+        register_url_passwords("postgres://app:Long-pass%2F91@db:5432/prod");
+        assert_eq!(redact("pw Long-pass/91"), "pw [REDACTED]");
+        assert_eq!(redact("pw Long-pass%2F91"), "pw [REDACTED]");
+        register_url_passwords("mysql://root:tiny@db/x");
+        assert_eq!(
+            redact("tiny"),
+            "tiny",
+            "a short password is masked in its URL only"
+        );
+        assert_eq!(
+            redact("mysql:&#x2f;&#x2f;root:tiny@db&#x2f;x"),
+            "mysql:&#x2f;&#x2f;root:[REDACTED]@db&#x2f;x"
+        );
+    }
+
+    #[test]
+    fn well_known_names() {
+        for name in [
+            "GITHUB_TOKEN",
+            "OPENAI_API_KEY",
+            "AWS_SECRET_ACCESS_KEY",
+            "STRIPE_SECRET",
+            "DJANGO_SECRET_KEY",
+            "DB_PASSWORD",
+            "token",
+            "PGPASSWORD",
+        ] {
+            assert!(is_well_known(name), "{name}");
+        }
+        for name in [
+            "PATH",
+            "TOKENIZER",
+            "HOME",
+            "MY_TOKENS",
+            "_TOKEN",
+            "KEYBOARD",
+        ] {
+            assert!(!is_well_known(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn percent_decoding() {
+        assert_eq!(percent_decoded("a%2Fb%zz%4"), "a/b%zz%4");
+        assert_eq!(percent_decoded("%41"), "A");
     }
 }

@@ -192,6 +192,11 @@ pub static WORKFLOW: TableSpec = TableSpec {
             "Directories outside the workspace that the template helpers (`read_file`, `file_exists`, `glob`, `tail`) may read; relative to this file. Without them, helpers read only the workspace and the state directory.",
         ),
         f(
+            "secrets",
+            Ty::List(&Ty::Str),
+            "Names of environment variables whose values are secrets: masked as `[REDACTED]` in everything the run writes or prints, besides the agents' key variables and the well-known names (see Secrets under Running workflows). Added to those of the files this one extends and includes.",
+        ),
+        f(
             "sources",
             Ty::Named(&SOURCE, "source"),
             "Git repositories that presets come from, pinned to a revision, named in references as `SOURCE:PRESET`; see Reuse.",

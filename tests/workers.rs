@@ -622,6 +622,58 @@ fn labels_choose_the_worker_and_a_stopped_worker_hands_its_run_back() {
     assert!(list[0].end.is_none(), "the first was stopped: {list:?}");
 }
 
+/// A coordinating worker told to stop hands its run back without cancelling the units that
+/// run on other, healthy workers: the next coordinator adopts the unit under way and uses
+/// its result, so the stage runs once.
+#[test]
+fn a_stopped_coordinator_leaves_units_on_other_workers_to_finish() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(url) = pg::database() else {
+        return;
+    };
+    let slow = stage("slow", &[], "3").replace(
+        "kind = \"command\"\n",
+        "kind = \"command\"\nlabels = [\"llm\"]\n",
+    );
+    let p = Project::new(url, &workflow(&[slow, stage("after", &["slow"], "0")]));
+    let id = p.detach();
+    // The coordinator has no `llm` label: the stage's unit runs on the other worker.
+    let coordinator = p.worker(0, "30s", &[]);
+    let t = Instant::now();
+    while p.store().lock_holder(&id).unwrap().is_none() {
+        assert!(t.elapsed() < Duration::from_secs(30), "{}", p.worker_logs());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let llm = p.worker(1, "30s", &["--labels", "llm"]);
+    while !p
+        .executions()
+        .values()
+        .any(|l| l.iter().any(|e| e.end.is_none()))
+    {
+        assert!(t.elapsed() < Duration::from_secs(30), "{}", p.worker_logs());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    stop(vec![coordinator]);
+    assert!(
+        p.worker_logs()
+            .contains(&format!("run {id} stopped and handed back to the queue")),
+        "{}",
+        p.worker_logs()
+    );
+    // The worker with the label takes the run over and adopts its own unit under way.
+    p.wait_finished(std::slice::from_ref(&id), Duration::from_secs(30));
+    stop(vec![llm]);
+    p.assert_settled_once(std::slice::from_ref(&id), &["slow", "after"]);
+    let runs = p.executions();
+    let list = &runs[&(id.clone(), "slow".to_string())];
+    assert_eq!(
+        list.len(),
+        1,
+        "the unit was not cut and run again: {list:?}"
+    );
+    assert!(list[0].end.is_some(), "{list:?}");
+}
+
 #[test]
 fn a_coordinator_whose_lease_is_taken_writes_nothing_more_and_leaves_the_unit_to_its_successor() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());

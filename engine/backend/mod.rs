@@ -120,6 +120,14 @@ pub enum CallError {
     /// A permanent failure: the agent reported an error that retrying will not fix.
     #[error("{message}")]
     Failed { message: String },
+    /// A limit of the machine was reached (open files, disk space, file size) when the
+    /// agent's program started or its output was written: not the agent's failure nor the
+    /// stage's, so it is neither retried nor handed over; the run stops as resumable.
+    #[error("{message}")]
+    Limit {
+        limit: process::Limit,
+        message: String,
+    },
 }
 
 impl CallError {
@@ -130,7 +138,8 @@ impl CallError {
             | CallError::Transient { message, .. }
             | CallError::Missing { message }
             | CallError::Refused { message }
-            | CallError::Failed { message } => message,
+            | CallError::Failed { message }
+            | CallError::Limit { message, .. } => message,
             CallError::Timeout { tail, .. } => tail,
         }
     }
@@ -142,7 +151,8 @@ impl CallError {
             | CallError::Transient { message, .. }
             | CallError::Missing { message }
             | CallError::Refused { message }
-            | CallError::Failed { message } => message,
+            | CallError::Failed { message }
+            | CallError::Limit { message, .. } => message,
             CallError::Timeout { tail, .. } => tail,
         }
     }

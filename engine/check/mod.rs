@@ -128,6 +128,7 @@ pub fn check<'w>(
     templates::check(&mut checked, loader, &mut found);
     subflows::check(&checked, loader, &mut found);
     prompt_dirs(workflow, loader, &mut found);
+    secret_names(workflow, &mut found);
     for mut d in found.into_sorted() {
         if !is_cascade(workflow, &d) {
             d.fit_syntax(loader.sources);
@@ -157,6 +158,32 @@ fn prompt_dirs(workflow: &Workflow, loader: &Loader<'_>, diags: &mut Diagnostics
             .label("no prompt files here")
             .help("check the path (it is relative to this file); `ralph-flow init` points here before the directory exists: create it and add a file named like one of the preset's prompts to replace that prompt"),
         );
+    }
+}
+
+/// Every name in `secrets` must be one an environment variable can have.
+fn secret_names(workflow: &Workflow, diags: &mut Diagnostics) {
+    for name in &workflow.secrets {
+        let ok = name
+            .value
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+            && name
+                .value
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        if !ok {
+            diags.push(
+                Diagnostic::new(
+                    crate::diag::Code::InvalidValue,
+                    name.span,
+                    "an entry of `secrets` that is not the name of an environment variable",
+                )
+                .label("not a variable name")
+                .help("`secrets` lists the names of environment variables (letters, digits and `_`, not starting with a digit), such as `DEPLOY_KEY`; never the values"),
+            );
+        }
     }
 }
 

@@ -77,12 +77,19 @@ enum Command {
 
 /// Runs the command line and returns the process exit code.
 pub fn main() -> i32 {
+    // Before any thread starts (they inherit it): a write beyond `ulimit -f` fails with
+    // EFBIG, which stops a run as resumable, naming the limit, instead of SIGXFSZ killing
+    // ralph-flow without a word.
+    ralph_flow::backend::process::limit::block_file_size_signal();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_env("RUST_LOG"))
         // Every line is masked and escaped like everything else printed (so no colour).
         .with_writer(|| ralph_flow::secrets::RedactingWriter(std::io::stderr()))
         .with_ansi(false)
         .init();
+    // What this process prints is masked with the environment's well-known secrets (a run
+    // adds its own when it starts; `logs`, `status` and `export` mask with these).
+    ralph_flow::secrets::register_well_known();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) => {

@@ -285,13 +285,32 @@ pub(super) fn fail(msg: &str) -> i32 {
     EXIT_CONFIG
 }
 
+/// Fails with why a run could not start or go on, naming the limit of the machine it met
+/// (open files, disk space, file size) when its message does not already.
+fn run_failed(e: &Failed) -> i32 {
+    use ralph_flow::backend::process::Limit;
+    use ralph_flow::run::error::{Halt, RunError};
+    let mut msg = error_chain(e);
+    if !matches!(e, Failed::Run(RunError::Halted(Halt::Limit { .. }))) {
+        if let Some(limit) = Limit::met_by(e) {
+            msg.push_str(&format!(
+                "
+  {} was reached: {}; then try again",
+                limit.name(),
+                limit.advice()
+            ));
+        }
+    }
+    fail(&msg)
+}
+
 fn finish(
     args: &ExecArgs,
     (result, signal): (Result<ralph_flow::run::RunResult, Failed>, Option<i32>),
 ) -> i32 {
     let r = match result {
         Ok(r) => r,
-        Err(e) => return fail(&error_chain(&e)),
+        Err(e) => return run_failed(&e),
     };
     // Stopped by SIGTERM or SIGHUP: 128 + the signal, as a shell reports it.
     let code = match (&r.end, signal) {
@@ -430,7 +449,7 @@ pub fn resume(args: &ResumeArgs) -> i32 {
     };
     let store = match open_store(&opts.location()) {
         Ok(s) => s,
-        Err(e) => return fail(&error_chain(&e)),
+        Err(e) => return run_failed(&e),
     };
     let record = match store.run(&args.run) {
         Ok(Some(r)) => r,
@@ -547,10 +566,25 @@ pub fn answer(args: &AnswerArgs, approved: bool) -> i32 {
         );
     }
     let verb = if approved { "approved" } else { "rejected" };
+    // A run queued with `run --detach` is carried by workers: one already queued (an answer
+    // to another of its gates queued it, or its worker stopped) is claimed by a worker, which
+    // continues it with the answer; `resume` is for runs that no worker carries.
+    let carried_by_workers = !answered.run_running
+        && !answered.run_queued
+        && store
+            .run(&answered.approval.run)
+            .ok()
+            .flatten()
+            .is_some_and(|r| {
+                r.status == RunStatus::Queued
+                    && ralph_flow::run::worker::Workspace::from_options(&r.options).is_some()
+            });
     let next = if answered.run_running {
         "the run picks the answer up".to_string()
     } else if answered.run_queued {
         "the run is queued again; a worker carries it on".to_string()
+    } else if carried_by_workers {
+        "the run is queued; a worker carries it on with the answer".to_string()
     } else {
         format!(
             "continue the run with `ralph-flow resume {}`",

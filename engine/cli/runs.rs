@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use ralph_flow::backend::Usage;
+use ralph_flow::secrets::redact;
 use ralph_flow::store::{
     AttemptRecord, Event, GateRequest, Location, LockOwner, NodeRecord, NodeState, RunRecord,
     RunStatus, Store,
@@ -142,7 +143,7 @@ fn exit_code(result: Result<(), Failure>) -> i32 {
     match result {
         Ok(()) => 0,
         Err(Failure(message, code)) => {
-            eprintln!("error: {}", printable(&message));
+            eprintln!("error: {}", printable(&redact(&message)));
             code
         }
     }
@@ -196,7 +197,7 @@ fn unknown_run(location: &Location, id: Option<&str>, recent: &[String]) -> Fail
 fn print_json<T: Serialize>(value: &T) -> Result<(), Failure> {
     let text = serde_json::to_string_pretty(value)
         .map_err(|e| Failure(format!("cannot write JSON: {e}"), EXIT_STORE))?;
-    println!("{text}");
+    println!("{}", redact(&text));
     Ok(())
 }
 
@@ -335,7 +336,7 @@ fn show_status(args: &StatusArgs) -> Result<(), Failure> {
     if args.json {
         return print_json(&view);
     }
-    print!("{}", printable(&status_text(&view)));
+    print!("{}", printable(&redact(&status_text(&view))));
     Ok(())
 }
 
@@ -633,7 +634,11 @@ fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     // What agents and programs wrote is shown, never interpreted by the terminal.
     let rows: Vec<Vec<String>> = rows
         .iter()
-        .map(|r| r.iter().map(|c| printable(c).into_owned()).collect())
+        .map(|r| {
+            r.iter()
+                .map(|c| printable(&redact(c)).into_owned())
+                .collect()
+        })
         .collect();
     let rows = &rows;
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();

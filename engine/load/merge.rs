@@ -54,6 +54,7 @@ pub(super) fn merge_include(wf: &mut Workflow, inc: Workflow, diags: &mut Diagno
     add_all(&mut wf.stages, inc.stages, "stage", diags);
     wf.prompt_path.extend(inc.prompt_path);
     wf.file_roots.extend(inc.file_roots);
+    wf.secrets.extend(inc.secrets);
 }
 
 /// Merges a file into the base it extends: the child's agents replace the base's agents of
@@ -109,6 +110,7 @@ pub(super) fn merge_extends(
     prompt_path.append(&mut base.prompt_path);
     base.prompt_path = prompt_path;
     base.file_roots.extend(child.file_roots);
+    base.secrets.extend(child.secrets);
     base.worktree = child.worktree.or(base.worktree);
     base.sources = child.sources;
     base.file = child.file;

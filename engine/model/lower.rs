@@ -50,6 +50,7 @@ pub fn lower(file: FileId, root: &Table, diags: &mut Diagnostics) -> Workflow {
         include: texts(t, "include"),
         prompt_path: texts(t, "prompt_path"),
         file_roots: texts(t, "file_roots"),
+        secrets: texts(t, "secrets"),
         worktree: worktree(root),
         sources: named(t, "sources", source),
         max_concurrency: count(t, "max_concurrency"),

@@ -44,6 +44,9 @@ pub struct Workflow {
     pub prompt_path: Vec<Text>,
     /// Directories outside the workspace that template helpers may read.
     pub file_roots: Vec<Text>,
+    /// Names of environment variables whose values are secrets (masked in everything written
+    /// or printed), this file's and those of the files it extends and includes.
+    pub secrets: Vec<Text>,
     /// The git worktree the whole run works in, if any.
     pub worktree: Option<Worktree>,
     /// Git repositories of presets declared by this file (not merged across files).
@@ -77,6 +80,7 @@ impl Workflow {
             include: Vec::new(),
             prompt_path: Vec::new(),
             file_roots: Vec::new(),
+            secrets: Vec::new(),
             worktree: None,
             sources: Vec::new(),
             max_concurrency: None,

@@ -76,7 +76,27 @@ pub enum LockError {
     /// A commit that is not a 40-digit id.
     #[error("source `{name}`: commit `{commit}` is not a 40-digit commit id")]
     NotACommit { name: String, commit: String },
+    /// Two entries pin the same repository and revision.
+    #[error("{0}")]
+    Duplicate(Box<Duplicate>),
     /// It could not be written as TOML.
     #[error("cannot write the lockfile")]
     Render(#[source] toml::ser::Error),
+}
+
+/// Two entries of a lockfile that pin the same repository and revision.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{at}: source `{name}` (`{git}` at `{rev}`) is pinned twice (also at {first}); keep one of \
+     the two `[[source]]` entries (the right commit), or delete both and run `ralph-flow \
+     presets fetch WORKFLOW` to pin it again"
+)]
+pub struct Duplicate {
+    /// Where the second entry is: `line N` (or `entry N`).
+    pub at: String,
+    /// Where the first one is.
+    pub first: String,
+    pub name: String,
+    pub git: String,
+    pub rev: String,
 }

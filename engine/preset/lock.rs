@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::error::{LockError, PresetError};
+use super::error::{Duplicate, LockError, PresetError};
 
 /// The lockfile's name; it sits beside the workflow files that declare the sources.
 pub const LOCK_NAME: &str = "ralph-flow.lock";
@@ -50,6 +50,27 @@ impl LockFile {
                 });
             }
         }
+        // One entry per repository and revision: of two, `find` would take the first and the
+        // other would be silently ignored (a merge that kept both sides, an edit by hand).
+        let lines = source_lines(text, lock.sources.len());
+        for (i, s) in lock.sources.iter().enumerate() {
+            if let Some(first) = lock.sources[..i]
+                .iter()
+                .position(|f| f.git == s.git && f.rev == s.rev)
+            {
+                return Err(LockError::Duplicate(Box::new(Duplicate {
+                    at: lines
+                        .get(i)
+                        .map_or(format!("entry {}", i + 1), |l| format!("line {l}")),
+                    first: lines
+                        .get(first)
+                        .map_or(format!("entry {}", first + 1), |l| format!("line {l}")),
+                    name: s.name.clone(),
+                    git: s.git.clone(),
+                    rev: s.rev.clone(),
+                })));
+            }
+        }
         Ok(lock)
     }
 
@@ -82,6 +103,30 @@ impl LockFile {
              # commit and a content hash. Written by ralph-flow; commit it with your workflows.\n\
              {body}"
         ))
+    }
+}
+
+/// The line (from 1) of each `[[source]]` header of a lockfile's text, in order; empty when
+/// their count is not `entries` (entries written another way, as an inline array).
+fn source_lines(text: &str, entries: usize) -> Vec<usize> {
+    let lines: Vec<usize> = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| {
+            let l = l.trim();
+            l.strip_prefix("[[")
+                .and_then(|r| r.split_once("]]"))
+                .is_some_and(|(key, rest)| {
+                    matches!(key.trim(), "source" | "\"source\"" | "'source'")
+                        && (rest.trim().is_empty() || rest.trim_start().starts_with('#'))
+                })
+        })
+        .map(|(i, _)| i + 1)
+        .collect();
+    if lines.len() == entries {
+        lines
+    } else {
+        Vec::new()
     }
 }
 
@@ -154,6 +199,42 @@ mod tests {
         assert_eq!(back, lock);
         assert_eq!(back.find("../presets", "v1"), Some(&newer));
         assert!(back.find("../presets", "v3").is_none());
+    }
+
+    #[test]
+    fn refuses_a_source_pinned_twice_naming_the_line() {
+        let mut lock = LockFile {
+            version: VERSION,
+            sources: vec![entry("team", "v1"), entry("other", "v2")],
+        };
+        let text = lock.render().expect("renders");
+        assert!(LockFile::parse(&text).is_ok());
+        // The same repository and revision again (as a merge that kept both sides leaves it).
+        let mut twice = entry("team", "v1");
+        twice.commit = "89abcdef0123456789abcdef0123456789abcdef".into();
+        lock.sources.push(twice);
+        let text = lock.render().expect("renders");
+        let third = text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| l.trim() == "[[source]]")
+            .map(|(i, _)| i + 1)
+            .nth(2)
+            .expect("three entries");
+        let first = text
+            .lines()
+            .position(|l| l.trim() == "[[source]]")
+            .expect("an entry")
+            + 1;
+        let e = LockFile::parse(&text).expect_err("a source pinned twice");
+        let msg = e.to_string();
+        assert!(msg.contains(&format!("line {third}")), "{msg}");
+        assert!(msg.contains(&format!("line {first}")), "{msg}");
+        assert!(
+            msg.contains("`team`") && msg.contains("`../presets`") && msg.contains("`v1`"),
+            "{msg}"
+        );
+        assert!(msg.contains("presets fetch"), "{msg}");
     }
 
     #[test]

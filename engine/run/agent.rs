@@ -178,6 +178,25 @@ impl Exec<'_> {
                         message: format!("refused its configuration: {message}"),
                     });
                 }
+                Err((CallError::Limit { limit, message }, agent_name, spent)) => {
+                    // Too many open files, a full disk, the file size limit: the machine's
+                    // problem, not the stage's. The run stops as resumable and the stage
+                    // runs again on `resume`.
+                    usage.add(&spent);
+                    let detail = format!("agent `{agent_name}`: {message}");
+                    self.attempt_record(
+                        &at,
+                        AttemptState::Interrupted,
+                        Some(&agent_name),
+                        Some(detail.clone()),
+                        &usage,
+                    );
+                    return self.shared.limit_reached(
+                        Some(super::command::qualified(&scope, &node.name)),
+                        limit,
+                        detail,
+                    );
+                }
                 Err((e, agent_name, spent)) => {
                     usage.add(&spent);
                     let state = if matches!(e, CallError::Timeout { .. }) {
@@ -365,6 +384,9 @@ impl Exec<'_> {
                 .await
                 .map(redact_reply)
                 .map_err(redact_error);
+            // A `command` agent's prompt file (`prompt_via = "file"`) stays in the attempt's
+            // directory once its program has read it: masked like every other artifact.
+            crate::secrets::redact_file(&this.dir.join("prompt.txt"));
             match &result {
                 Ok(reply) => self.add_usage(frame, n, &cfg.name, &reply.usage),
                 Err(e) => {

@@ -80,7 +80,10 @@ pub fn answer(
     comment: Option<String>,
     by: &str,
 ) -> Result<Answered, AnswerError> {
-    let comment = comment.filter(|c| !c.trim().is_empty());
+    // The comment is stored and fed to the run: masked as everything written is.
+    let comment = comment
+        .filter(|c| !c.trim().is_empty())
+        .map(|c| crate::secrets::redact(&c).into_owned());
     if !approved && comment.is_none() {
         return Err(AnswerError::NoComment);
     }

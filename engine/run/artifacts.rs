@@ -149,8 +149,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// A run's records by path (`SCOPE/STAGE/attempt-N/prompt.md`), later records of a path
-/// replacing earlier ones. A line that cannot be read (the end of a file cut by a crash) and
-/// a path that would leave the run's directory are skipped.
+/// replacing earlier ones, their secrets masked. A line that cannot be read (the end of a
+/// file cut by a crash) and a path that would leave the run's directory are skipped.
 pub fn read_records(
     run_dir: &Path,
 ) -> Result<std::collections::BTreeMap<String, String>, RunError> {
@@ -169,7 +169,13 @@ pub fn read_records(
             .components()
             .all(|c| matches!(c, std::path::Component::Normal(_)));
         if safe && !rec.path.is_empty() {
-            records.insert(rec.path, rec.text);
+            // Masked as they are read too (for `export` and the monitor): a record written
+            // before a secret was known, or by a run that did not know it, is not shown.
+            let text = match crate::secrets::redact(&rec.text) {
+                std::borrow::Cow::Owned(masked) => masked,
+                std::borrow::Cow::Borrowed(_) => rec.text,
+            };
+            records.insert(rec.path, text);
         }
     }
     Ok(records)

@@ -98,11 +98,29 @@ impl Exec<'_> {
                     &scope,
                     &node.name,
                     attempt,
-                    &format!("$ {}", crate::shell::join(&spec.argv)),
+                    &format!("$ {}", shown_argv(&spec.argv)),
                 );
                 let out = match self.run_program(n, &scope, attempt, &spec).await {
                     Ok(o) => o,
-                    Err(msg) => {
+                    // Too many open files, a full disk, the file size limit: the machine's
+                    // problem, not the stage's. The run stops as resumable and the stage
+                    // runs again on `resume`.
+                    Err(NotRun::Limit(hit)) => {
+                        let msg = hit.to_string();
+                        self.attempt_record(
+                            &at,
+                            AttemptState::Interrupted,
+                            None,
+                            Some(msg.clone()),
+                            &Usage::default(),
+                        );
+                        return self.shared.limit_reached(
+                            Some(qualified(&scope, &node.name)),
+                            hit.limit,
+                            msg,
+                        );
+                    }
+                    Err(NotRun::Failed(msg)) => {
                         self.attempt_record(
                             &at,
                             AttemptState::Failed,
@@ -149,7 +167,7 @@ impl Exec<'_> {
                     .unwrap_or_default();
                     let msg = format!(
                         "`{}` {what} {} and was stopped (its whole process group)\n{}",
-                        crate::shell::join(&spec.argv),
+                        shown_argv(&spec.argv),
                         crate::text::duration(lim),
                         tail(&String::from_utf8_lossy(&out.stderr), 2000)
                     );
@@ -165,7 +183,7 @@ impl Exec<'_> {
                 if !ok {
                     last_msg = format!(
                         "`{}` exited with {}{}",
-                        crate::shell::join(&spec.argv),
+                        shown_argv(&spec.argv),
                         match (out.code, out.signal) {
                             (Some(c), _) => format!("code {c}"),
                             (None, Some(s)) => format!("signal {s}"),
@@ -279,7 +297,7 @@ impl Exec<'_> {
         scope: &str,
         attempt: u32,
         spec: &ProcSpec,
-    ) -> Result<process::ProcOutput, String> {
+    ) -> Result<process::ProcOutput, NotRun> {
         if let Some(units) = self
             .shared
             .units
@@ -304,7 +322,8 @@ impl Exec<'_> {
                         .as_ref()
                         .map(|(r, c)| (r.as_str(), *c)),
                 )
-                .await?;
+                .await
+                .map_err(NotRun::Failed)?;
             return match done {
                 super::units::UnitResult::Program(p) => {
                     // The attempt's files here, as a program run here leaves them (what the
@@ -322,10 +341,10 @@ impl Exec<'_> {
                     }
                     Ok(out)
                 }
-                super::units::UnitResult::Failed(why) => Err(why),
-                super::units::UnitResult::Agent(_) => {
-                    Err("a worker answered a program with an agent's reply".into())
-                }
+                super::units::UnitResult::Failed(why) => Err(NotRun::Failed(why)),
+                super::units::UnitResult::Agent(_) => Err(NotRun::Failed(
+                    "a worker answered a program with an agent's reply".into(),
+                )),
             };
         }
         // A program kept here in a run on workers takes its workspace's turn too.
@@ -339,13 +358,16 @@ impl Exec<'_> {
             None => None,
         };
         process::run(spec).await.map_err(|e| {
+            if let process::SpawnError::Limit(hit) = e {
+                return NotRun::Limit(hit);
+            }
             let why = crate::diag::error_chain(&e);
-            if e.names_program() {
+            NotRun::Failed(if e.names_program() {
                 why
             } else {
                 let program = spec.argv.first().cloned().unwrap_or_default();
                 format!("`{program}` could not start: {why}")
-            }
+            })
         })
     }
 
@@ -416,6 +438,56 @@ impl Exec<'_> {
     }
 }
 
+/// How much of a command's argv a progress line or a message shows, in bytes as quoted.
+pub(super) const SHOWN_ARGV: usize = 400;
+
+/// A command as people read it (each word quoted for a POSIX shell), cut after
+/// [`SHOWN_ARGV`] bytes with an ellipsis and the argv's whole size: a `--set` of 100 KiB used
+/// forty times in an argv is not echoed as 4 MB to the progress and every message.
+pub(super) fn shown_argv(argv: &[String]) -> String {
+    let mut shown = String::new();
+    for (i, word) in argv.iter().enumerate() {
+        if i > 0 {
+            shown.push(' ');
+        }
+        // A long word is cut before it is quoted (quoting 100 KiB to show 400 bytes of it
+        // is waste); the cut is marked below.
+        let room = SHOWN_ARGV.saturating_sub(shown.len()) + 1;
+        let mut end = word.len().min(room);
+        while !word.is_char_boundary(end) {
+            end -= 1;
+        }
+        shown.push_str(&crate::shell::quote(&word[..end]));
+        if shown.len() > SHOWN_ARGV || end < word.len() {
+            let mut cut = shown.len().min(SHOWN_ARGV);
+            while !shown.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            shown.truncate(cut);
+            let bytes = argv.iter().map(String::len).sum::<usize>() + argv.len() - 1;
+            return format!("{shown}… ({} arguments, {bytes} bytes in all)", argv.len());
+        }
+    }
+    shown
+}
+
+/// Why a stage's program did not run to its end.
+enum NotRun {
+    /// It could not start or be carried out (the stage fails and takes its `on_error`).
+    Failed(String),
+    /// A limit of the machine was reached (the run stops; see [`Shared::limit_reached`]).
+    Limit(process::LimitHit),
+}
+
+/// A stage as the run's messages name it: `SCOPE/STAGE`, or `STAGE` at the top level.
+pub(super) fn qualified(scope: &str, stage: &str) -> String {
+    if scope.is_empty() {
+        stage.to_string()
+    } else {
+        format!("{scope}/{stage}")
+    }
+}
+
 fn feedback_streams(stdout: &[u8], stderr: &[u8]) -> String {
     let mut s = String::new();
     let out = String::from_utf8_lossy(stdout);
@@ -433,4 +505,33 @@ fn feedback_streams(stdout: &[u8], stderr: &[u8]) -> String {
         ));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_argv_is_shown_cut_with_its_whole_size() {
+        let short = vec!["echo".to_string(), "a b".to_string()];
+        assert_eq!(shown_argv(&short), "echo 'a b'");
+        let big = "x".repeat(100 * 1024);
+        let mut argv = vec!["printf".to_string(), "%s".to_string()];
+        argv.extend(std::iter::repeat_n(big, 40));
+        let shown = shown_argv(&argv);
+        assert!(
+            shown.len() < SHOWN_ARGV + 100,
+            "{} bytes shown",
+            shown.len()
+        );
+        assert!(shown.starts_with("printf '%s' xxx"), "{shown}");
+        let total = 6 + 2 + 40 * 100 * 1024 + 41;
+        assert!(
+            shown.ends_with(&format!("… (42 arguments, {total} bytes in all)")),
+            "{shown}"
+        );
+        // Cut inside a multi-byte character: at the boundary before it.
+        let wide = vec!["é".repeat(SHOWN_ARGV)];
+        assert!(shown_argv(&wide).contains('…'));
+    }
 }

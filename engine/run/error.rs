@@ -190,8 +190,9 @@ pub enum RunError {
     /// A template of the run's own (its worktree's branch).
     #[error(transparent)]
     Template(#[from] TemplateError),
-    /// A commit failed, or the state directory could not be written, while the run went on.
-    #[error("the run could not keep its work, so it stopped (resume it once the cause is fixed)")]
+    /// A commit failed, the state directory could not be written, or a limit of the machine
+    /// was reached, while the run went on.
+    #[error("{}", halted_text(.0))]
     Halted(#[source] Halt),
 }
 
@@ -214,6 +215,23 @@ pub enum Halt {
         agent: String,
         message: String,
     },
+    /// A limit of the machine was reached (open files, disk space, file size): not a
+    /// stage's failure, so none is recorded; the stage that met it runs again on `resume`,
+    /// which continues the run once the limit is lifted.
+    #[error(
+        "{}{message}; {}, then `ralph-flow resume {run}` continues the run (this is the \
+         machine's limit, not a failure of the stage)",
+        stage.as_ref().map(|s| format!("stage `{s}`: ")).unwrap_or_default(),
+        limit.advice()
+    )]
+    Limit {
+        run: String,
+        /// The stage that met it (its scope), when one did.
+        stage: Option<String>,
+        limit: crate::backend::process::Limit,
+        /// What could not be done, with the system's error.
+        message: String,
+    },
     /// A run on workers could not publish a workspace (see `publish`).
     #[error("cannot publish the workspace {} to {url}", path.display())]
     Publish {
@@ -222,6 +240,15 @@ pub enum Halt {
         #[source]
         source: super::publish::PublishError,
     },
+}
+
+/// What a halted run says first: which limit stopped it, or that it could not keep its work.
+fn halted_text(halt: &Halt) -> String {
+    match halt {
+        Halt::Limit { limit, .. } => format!("the run stopped: {} was reached", limit.name()),
+        _ => "the run could not keep its work, so it stopped (resume it once the cause is fixed)"
+            .to_string(),
+    }
 }
 
 impl From<minijinja::Error> for TemplateError {

@@ -145,6 +145,11 @@ impl Shared {
         // The records of what was committed go to the writer too (one wake-up per commit).
         self.artifacts.hand_over();
         if let Err(e) = self.store.borrow_mut().commit(&writes) {
+            // A full disk or the file size limit: the run's error names the limit.
+            if let Some(limit) = crate::backend::process::Limit::met_by(&e) {
+                self.limit_reached(None, limit, crate::diag::error_chain(&e));
+                return;
+            }
             tracing::error!("store commit failed: {}", crate::diag::error_chain(&e));
             self.store_error.borrow_mut().get_or_insert(Halt::Store(e));
             let _ = self.interrupt.send(true);
@@ -186,12 +191,39 @@ impl Shared {
     }
 
     /// A failure to write the state directory (artifacts): handled like a failed commit, so
-    /// that the run stops, nothing new starts, and `resume` continues once it is fixed.
+    /// that the run stops, nothing new starts, and `resume` continues once it is fixed. One
+    /// for a limit of the machine (open files, disk space, file size) names the limit.
     pub fn io_failed(&self, failure: Arc<IoFailure>) -> Outcome {
+        if let Some(limit) = crate::backend::process::Limit::of(&failure.source) {
+            return self.limit_reached(None, limit, crate::diag::error_chain(&*failure));
+        }
         tracing::error!("state directory: {}", crate::diag::error_chain(&*failure));
         self.store_error
             .borrow_mut()
             .get_or_insert(Halt::Artifacts(failure));
+        let _ = self.interrupt.send(true);
+        Outcome::Stopped
+    }
+
+    /// A limit of the machine reached (open files, disk space, file size) where a stage
+    /// (`stage`, its scope and name) started a program or wrote its output: the run stops as
+    /// on a failed commit, the stage is not settled (it runs again on `resume`), and the
+    /// run's error names the limit.
+    pub fn limit_reached(
+        &self,
+        stage: Option<String>,
+        limit: crate::backend::process::Limit,
+        message: String,
+    ) -> Outcome {
+        let halt = Halt::Limit {
+            run: self.run.id.clone(),
+            stage,
+            limit,
+            message,
+        };
+        // Said once, by the run's error (a tracing error would print it twice).
+        tracing::debug!("{}", crate::diag::error_chain(&halt));
+        self.store_error.borrow_mut().get_or_insert(halt);
         let _ = self.interrupt.send(true);
         Outcome::Stopped
     }
@@ -211,7 +243,10 @@ impl Shared {
             path: path.to_path_buf(),
             diagnostics: e.render(),
         })?;
-        super::lifecycle::register_secrets(&prepared);
+        for note in super::lifecycle::register_secrets_noting(&prepared) {
+            self.progress.note(&format!("! {note}"));
+            self.event("", "", "warning", note);
+        }
         if self.opts.replay.is_none() {
             for note in super::lifecycle::preflight(&prepared, &self.opts)? {
                 self.progress.note(&format!("! {note}"));

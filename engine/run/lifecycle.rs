@@ -72,11 +72,30 @@ pub(super) fn preflight(prepared: &Prepared, opts: &RunOptions) -> Result<Vec<St
     }
 }
 
-/// Registers the values of the API key variables the workflow's agents use as secrets, so
-/// that nothing written or printed from now on holds them (see [`crate::secrets`]).
+/// Registers the run's secrets, so that nothing written or printed from now on holds them
+/// (see [`crate::secrets`]): the values of the variables the workflow's agents name
+/// (`api_key_env`), the key variables of its agents' kinds, the variables it lists in
+/// `secrets`, and the environment's well-known secrets.
 pub fn register_secrets(prepared: &Prepared) {
+    let _ = register_secrets_noting(prepared);
+}
+
+/// [`register_secrets`], returning a warning for each variable the workflow names as secret
+/// whose value is too short to be masked (the names only, never the values).
+pub(crate) fn register_secrets_noting(prepared: &Prepared) -> Vec<String> {
     use crate::model::AgentKind;
-    for a in &prepared.plan.workflow.agents {
+    use crate::secrets::{MIN_LEN, Registered, agent_key_variables, register_env};
+    crate::secrets::register_well_known();
+    let mut notes = Vec::new();
+    let mut named = |var: &str, what: String| {
+        if register_env(var) == Registered::Short {
+            notes.push(format!(
+                "the value of {var} ({what}) is shorter than {MIN_LEN} characters: it is not masked in what the run writes and prints"
+            ));
+        }
+    };
+    let workflow = &prepared.plan.workflow;
+    for a in &workflow.agents {
         let var = match a.kind.value {
             AgentKind::OpenAi | AgentKind::Anthropic => {
                 agent_config(a, &prepared.plan, &prepared.sources)
@@ -86,9 +105,16 @@ pub fn register_secrets(prepared: &Prepared) {
             _ => a.api_key_env.as_ref().map(|v| v.value.clone()),
         };
         if let Some(var) = var {
-            crate::secrets::register_env(&var);
+            named(&var, format!("the key of agent `{}`", a.name.value));
+        }
+        for var in agent_key_variables(a.kind.value.as_str()) {
+            register_env(var);
         }
     }
+    for var in &workflow.secrets {
+        named(&var.value, "listed in `secrets`".to_string());
+    }
+    notes
 }
 
 /// Keeps the state directory (the store, artifacts, worktrees) out of the user's git tree
@@ -120,7 +146,7 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         }
     };
     let preflight_notes;
-    register_secrets(prepared);
+    let secret_notes = register_secrets_noting(prepared);
     std::fs::create_dir_all(&opts.state_dir)
         .map_err(|e| RunError::io("create", &opts.state_dir, e))?;
     ignore_in_git(&opts.state_dir)?;
@@ -141,7 +167,10 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         (crate::store::Location::Postgres(url), Some(_)) => {
             let pg = crate::store::postgres::PgStore::connect_reporting(
                 url,
-                Box::new(|m| eprintln!("! store: {}", crate::text::printable(m))),
+                Box::new(|m| {
+                    let m = crate::secrets::redact(m);
+                    eprintln!("! store: {}", crate::text::printable(&m));
+                }),
             )?;
             let units = pg.share();
             (Box::new(pg), Some(units))
@@ -304,6 +333,7 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
             &owner.holder,
             labels,
             unit_wake,
+            interrupt.subscribe(),
         )),
         _ => None,
     };
@@ -356,7 +386,7 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         shared.progress.note(&format!("! {text}"));
         shared.event("", "", "warning", text);
     }
-    for note in preflight_notes {
+    for note in preflight_notes.into_iter().chain(secret_notes) {
         shared.progress.note(&format!("! {note}"));
         shared.event("", "", "warning", note);
     }
@@ -498,8 +528,11 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
             RunEnd::Interrupted => "interrupted".to_string(),
         },
     };
+    // Written straight to the store, not through the run's queue: masked as it would be.
+    let mut event = Write::Event(event);
+    event.redact();
     store
-        .commit(&[Write::Event(event)])
+        .commit(&[event])
         .and_then(|()| store.set_status(&shared.run.id, status, exit))
         .and_then(|()| store.unlock(&shared.run.id, &owner))?;
     let outputs = super::RanOutputs(top.outputs.clone());

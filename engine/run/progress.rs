@@ -111,7 +111,9 @@ impl Progress {
                 } else {
                     format!(" [{scope}]")
                 };
-                bar.set_message(format!("{indent}{stage}{at} {what} · attempt {attempt}"));
+                let message = format!("{indent}{stage}{at} {what} · attempt {attempt}");
+                let message = crate::secrets::redact(&message);
+                bar.set_message(crate::text::printable(&message).into_owned());
                 if let Some(old) = self.bars.borrow_mut().insert(k, bar) {
                     old.finish_and_clear();
                 }

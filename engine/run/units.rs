@@ -254,9 +254,15 @@ pub(crate) struct Units {
     calls: RefCell<HashMap<String, u32>>,
     /// Woken by the store's notifications (a unit done), besides the polling.
     wake: Option<std::sync::Arc<tokio::sync::Notify>>,
+    /// Whether the run is interrupted (Ctrl-C, a worker told to stop that hands its runs
+    /// back): then the units under way are left to run, for the next coordinator to adopt.
+    interrupted: tokio::sync::watch::Receiver<bool>,
 }
 
-/// Cancels a unit whose waiter went away (a timeout, Ctrl-C, a run that stops).
+/// Cancels a unit whose waiter went away (a timeout, an exit taken, a sibling that failed
+/// a fan-out), unless the run is interrupted: a unit under way on another worker is then
+/// left to finish, and the coordinator that resumes the run adopts it (its result is used,
+/// it does not start again).
 struct CancelOnDrop<'a> {
     units: &'a Units,
     id: Option<i64>,
@@ -264,6 +270,9 @@ struct CancelOnDrop<'a> {
 
 impl Drop for CancelOnDrop<'_> {
     fn drop(&mut self) {
+        if *self.units.interrupted.borrow() {
+            return;
+        }
         if let Some(id) = self.id {
             let cancelled = self
                 .units
@@ -285,6 +294,7 @@ impl Units {
         holder: &str,
         labels: Vec<String>,
         wake: Option<std::sync::Arc<tokio::sync::Notify>>,
+        interrupted: tokio::sync::watch::Receiver<bool>,
     ) -> Units {
         Units {
             store: RefCell::new(store),
@@ -294,6 +304,7 @@ impl Units {
             turns: RefCell::default(),
             calls: RefCell::default(),
             wake,
+            interrupted,
         }
     }
 

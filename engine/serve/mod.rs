@@ -10,8 +10,10 @@
 //! - [`layout`]: the plan drawn as SVG, laid out here (no Graphviz), coloured by live state.
 //! - [`pages`], [`api`], [`metrics`]: the handlers.
 //!
-//! Every body it sends goes through [`crate::secrets::redact`], with the API key variables
-//! of every run's agents registered, so no key reaches a page.
+//! Every body it sends goes through [`crate::secrets::redact`], the masker the runs use,
+//! with the same secrets registered (the environment's well-known ones, every agent kind's
+//! key variables, and each run's `api_key_env` and `secrets` once its plan is loaded), so no
+//! key reaches a page.
 
 mod api;
 mod auth;
@@ -72,17 +74,6 @@ pub enum ServeError {
     Server(#[source] std::io::Error),
 }
 
-/// The API key variables of the agents' usual set-ups, masked in every page besides the
-/// variables each run's agents name.
-const KEY_VARIABLES: &[&str] = &[
-    "OPENAI_API_KEY",
-    "ANTHROPIC_API_KEY",
-    "ANTHROPIC_AUTH_TOKEN",
-    "CODEX_API_KEY",
-    "GEMINI_API_KEY",
-    "GOOGLE_API_KEY",
-];
-
 /// The shared state of the handlers.
 pub(crate) struct Monitor {
     location: Location,
@@ -142,8 +133,13 @@ pub fn serve(opts: Options, ready: impl FnOnce(&str)) -> Result<(), ServeError> 
     if !opts.allow_remote && !opts.addr.ip().is_loopback() {
         return Err(ServeError::NotLoopback(opts.addr));
     }
-    for var in KEY_VARIABLES {
-        crate::secrets::register_env(var);
+    // The same secrets as a run's: the environment's well-known ones and every agent kind's
+    // key variables now, each run's own (`api_key_env`, `secrets`) when its plan is loaded.
+    crate::secrets::register_well_known();
+    for kind in crate::spec::AGENT_KINDS {
+        for var in crate::secrets::agent_key_variables(kind) {
+            crate::secrets::register_env(var);
+        }
     }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -108,6 +108,7 @@ pub(super) fn relabel(error: CallError, message: String) -> CallError {
         CallError::Missing { .. } => CallError::Missing { message },
         CallError::Refused { .. } => CallError::Refused { message },
         CallError::Failed { .. } => CallError::Failed { message },
+        CallError::Limit { limit, .. } => CallError::Limit { limit, message },
         timeout @ CallError::Timeout { .. } => timeout,
     }
 }

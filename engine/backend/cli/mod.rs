@@ -171,6 +171,10 @@ impl CliBackend {
             SpawnError::Other(_) => CallError::Failed {
                 message: super::error_chain(&e),
             },
+            SpawnError::Limit(hit) => CallError::Limit {
+                limit: hit.limit,
+                message: hit.to_string(),
+            },
         })?;
         match out.ended {
             Ended::Timeout => {

@@ -12,6 +12,11 @@ pub enum SpawnError {
     /// Anything else: an empty command, a missing working directory, an I/O error.
     #[error(transparent)]
     Other(#[from] SpawnFailure),
+    /// A limit of the machine was reached (open files, disk space, file size) while the
+    /// program was started or its output written: not the program's failure, nor its
+    /// stage's. The program, if it started, was stopped.
+    #[error(transparent)]
+    Limit(#[from] super::limit::LimitHit),
 }
 
 /// A failure to run a program other than its absence.
@@ -57,6 +62,9 @@ impl PartialEq for SpawnError {
             (SpawnError::Other(a), SpawnError::Other(b)) => {
                 std::mem::discriminant(a) == std::mem::discriminant(b)
                     && crate::backend::error_chain(a) == crate::backend::error_chain(b)
+            }
+            (SpawnError::Limit(a), SpawnError::Limit(b)) => {
+                a.limit == b.limit && a.to_string() == b.to_string()
             }
             _ => false,
         }

@@ -11,6 +11,7 @@ use nix::unistd::Pid;
 
 use super::KILL_GRACE;
 use super::group::processes_with_env;
+use super::limit::LimitHit;
 
 /// When a process started, in clock ticks after boot (`/proc/PID/stat`, field 22): with the
 /// pid, it names one process, even after the pid is reused.
@@ -99,11 +100,16 @@ fn alive(pid: i32) -> bool {
 pub(super) struct PidFile(PathBuf);
 
 impl PidFile {
-    pub(super) fn write(path: &Path, pid: i32, started: StartWindow) -> PidFile {
+    /// Fails only when a limit of the machine (open files, disk space, file size) keeps it
+    /// from being written; another failure is logged.
+    pub(super) fn write(path: &Path, pid: i32, started: StartWindow) -> Result<PidFile, LimitHit> {
         if let Err(e) = std::fs::write(path, format!("{pid} {}\n", started.record())) {
-            tracing::warn!("cannot write {}: {e}", path.display());
+            match LimitHit::of(|| format!("cannot write {}", path.display()), e) {
+                Ok(hit) => return Err(hit),
+                Err(e) => tracing::warn!("cannot write {}: {e}", path.display()),
+            }
         }
-        PidFile(path.to_path_buf())
+        Ok(PidFile(path.to_path_buf()))
     }
 }
 
@@ -152,26 +158,38 @@ pub(super) struct ProcessLogEntry {
 }
 
 impl ProcessLogEntry {
-    pub(super) fn start(path: &Path, pid: i32, started: StartWindow) -> ProcessLogEntry {
+    /// Fails only when a limit of the machine (open files, disk space, file size) keeps the
+    /// line from being written; another failure is logged.
+    pub(super) fn start(
+        path: &Path,
+        pid: i32,
+        started: StartWindow,
+    ) -> Result<ProcessLogEntry, LimitHit> {
         let entry = ProcessLogEntry {
             path: path.to_path_buf(),
             line: format!("{pid} {}", started.record()),
         };
-        entry.append("start");
-        entry
+        entry.append("start")?;
+        Ok(entry)
     }
 
-    fn append(&self, what: &str) {
+    fn append(&self, what: &str) -> Result<(), LimitHit> {
         let line = format!("{what} {}\n", self.line);
         if let Err(e) = append_to_log(&self.path, line.as_bytes()) {
-            tracing::warn!("cannot write {}: {e}", self.path.display());
+            match LimitHit::of(|| format!("cannot write {}", self.path.display()), e) {
+                Ok(hit) => return Err(hit),
+                Err(e) => tracing::warn!("cannot write {}: {e}", self.path.display()),
+            }
         }
+        Ok(())
     }
 }
 
 impl Drop for ProcessLogEntry {
     fn drop(&mut self) {
-        self.append("end");
+        if let Err(hit) = self.append("end") {
+            tracing::warn!("{hit}");
+        }
     }
 }
 

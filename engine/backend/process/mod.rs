@@ -8,11 +8,13 @@
 //! [`Ended`]) and the limits; `spawn.rs` runs a program ([`run`]), `sink.rs` captures its
 //! output, `group.rs` kills its group and its tagged descendants, `leftovers.rs` records it
 //! while it runs and stops what a killed run left ([`stop_leftovers`]), `error.rs` says why
-//! it could not start ([`SpawnError`]).
+//! it could not start ([`SpawnError`]), `limit.rs` tells a limit of the machine reached
+//! (open files, disk space, file size: [`Limit`]) from other errors.
 
 mod error;
 mod group;
 mod leftovers;
+pub mod limit;
 mod sink;
 mod spawn;
 
@@ -22,6 +24,7 @@ use std::time::Duration;
 pub use error::{SpawnError, SpawnFailure};
 pub use group::processes_with_env;
 pub use leftovers::{start_ticks, stop_leftovers};
+pub use limit::{Limit, LimitHit};
 pub use spawn::run;
 
 /// A program to run. Never through a shell: `argv[0]` is the program.

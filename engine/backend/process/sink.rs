@@ -4,6 +4,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use super::limit::LimitHit;
 use super::{FILE_CAP, MEMORY_CAP};
 
 /// One output stream: its file (created when the first byte arrives, so a silent program
@@ -18,6 +19,9 @@ pub(super) struct Sink {
     written: u64,
     /// Bytes not written because the file reached [`FILE_CAP`].
     unwritten: u64,
+    /// The file could not be opened or written because a limit of the machine was reached
+    /// (open files, disk space, file size): the program is stopped and the run with it.
+    pub(super) hit: Option<LimitHit>,
 }
 
 impl Sink {
@@ -29,6 +33,7 @@ impl Sink {
             dropped: 0,
             written: 0,
             unwritten: 0,
+            hit: None,
         }
     }
 
@@ -41,16 +46,24 @@ impl Sink {
                 if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
                     let _ = std::fs::create_dir_all(dir);
                 }
+                // A file left by a run that stopped in this attempt (a crash, a limit of the
+                // machine) is replaced: a resume runs the attempt again from its start.
                 match std::fs::OpenOptions::new()
                     .create(true)
-                    .append(true)
+                    .write(true)
+                    .truncate(true)
                     .open(&p)
                 {
                     Ok(f) => {
                         self.file = Some(f);
                         self.path = Some(p);
                     }
-                    Err(e) => tracing::warn!("cannot open {}: {e}; not writing it", p.display()),
+                    Err(e) => match LimitHit::of(|| format!("cannot open {}", p.display()), e) {
+                        Ok(hit) => self.hit = Some(hit),
+                        Err(e) => {
+                            tracing::warn!("cannot open {}: {e}; not writing it", p.display())
+                        }
+                    },
                 }
             }
         }
@@ -61,10 +74,13 @@ impl Sink {
         if let (Some(file), false) = (&mut self.file, to_file.is_empty()) {
             if let Err(e) = file.write_all(to_file) {
                 let path = self.path.as_deref().unwrap_or(Path::new(""));
-                tracing::warn!(
-                    "cannot write to {}: {e}; not writing it further",
-                    path.display()
-                );
+                match LimitHit::of(|| format!("cannot write {}", path.display()), e) {
+                    Ok(hit) => self.hit = Some(hit),
+                    Err(e) => tracing::warn!(
+                        "cannot write to {}: {e}; not writing it further",
+                        path.display()
+                    ),
+                }
                 self.file = None;
                 self.path = None;
             }

@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use super::group::{GroupGuard, kill_tagged, new_tag};
 use super::leftovers::{PidFile, ProcessLogEntry, StartWindow, boot_ticks};
+use super::limit::{Limit, LimitHit};
 use super::sink::Sink;
 use super::{
     EOF_GRACE, Ended, KILL_GRACE, ProcOutput, ProcSpec, SpawnError, SpawnFailure, TAG_ENV,
@@ -78,20 +79,7 @@ pub async fn run(spec: &ProcSpec) -> Result<ProcOutput, SpawnError> {
         from: before,
         to: boot_ticks(),
     };
-    let mut child = spawned.map_err(|e| match e.kind() {
-        // The child's `chdir` failing looks like a missing program: tell them apart.
-        _ if !spec.cwd.as_os_str().is_empty() && !spec.cwd.is_dir() => {
-            SpawnFailure::NoWorkingDirectory(spec.cwd.clone()).into()
-        }
-        io::ErrorKind::NotFound | io::ErrorKind::PermissionDenied => SpawnError::NotFound {
-            program: program.clone(),
-        },
-        _ => SpawnFailure::Start {
-            program: program.clone(),
-            source: e,
-        }
-        .into(),
-    })?;
+    let mut child = spawned.map_err(|e| start_error(spec, program, e))?;
     let pid = child
         .id()
         .and_then(|id| i32::try_from(id).ok())
@@ -100,14 +88,18 @@ pub async fn run(spec: &ProcSpec) -> Result<ProcOutput, SpawnError> {
         pgid: Pid::from_raw(pid),
         tag: tag.clone(),
     };
+    // A record that cannot be written for a limit of the machine stops the program (the
+    // guard's drop): a resume could not find it.
     let _pid_file = spec
         .pid_file
         .as_deref()
-        .map(|path| PidFile::write(path, pid, started));
+        .map(|path| PidFile::write(path, pid, started))
+        .transpose()?;
     let _logged = spec
         .process_log
         .as_deref()
-        .map(|path| ProcessLogEntry::start(path, pid, started));
+        .map(|path| ProcessLogEntry::start(path, pid, started))
+        .transpose()?;
 
     let mut stdout = child.stdout.take();
     let mut stderr = child.stderr.take();
@@ -158,6 +150,7 @@ pub async fn run(spec: &ProcSpec) -> Result<ProcOutput, SpawnError> {
                     if !result_done {
                         result_done = spec.result_done.is_some_and(|done| done(&stdout_sink.kept));
                     }
+                    stop_at_limit(&stdout_sink, &group, &mut term_sent_at, status.is_some());
                 }
                 None => stdout = None,
             },
@@ -165,6 +158,7 @@ pub async fn run(spec: &ProcSpec) -> Result<ProcOutput, SpawnError> {
                 Some(n) => {
                     last_output = Instant::now();
                     stderr_sink.push(&err_buf[..n]);
+                    stop_at_limit(&stderr_sink, &group, &mut term_sent_at, status.is_some());
                 }
                 None => stderr = None,
             },
@@ -203,6 +197,11 @@ pub async fn run(spec: &ProcSpec) -> Result<ProcOutput, SpawnError> {
         Some(s) => (s.code(), s.signal()),
         None => (None, None),
     };
+    // Its output could not be kept for a limit of the machine: the program was stopped, and
+    // the run stops with it (the stage runs again on resume).
+    if let Some(hit) = stdout_sink.hit.take().or_else(|| stderr_sink.hit.take()) {
+        return Err(SpawnError::Limit(hit));
+    }
     stdout_sink.finish();
     stderr_sink.finish();
     // What the program wrote reached its files before anyone could look: mask secrets now.
@@ -221,6 +220,32 @@ pub async fn run(spec: &ProcSpec) -> Result<ProcOutput, SpawnError> {
     })
 }
 
+/// Why a program could not start, from the spawn's error.
+fn start_error(spec: &ProcSpec, program: &str, e: io::Error) -> SpawnError {
+    // Too many open files for its pipes: the machine's limit, not the program's failure.
+    if let Some(limit) = Limit::of(&e) {
+        return SpawnError::Limit(LimitHit {
+            limit,
+            what: format!("could not start `{program}`"),
+            source: e,
+        });
+    }
+    match e.kind() {
+        // The child's `chdir` failing looks like a missing program: tell them apart.
+        _ if !spec.cwd.as_os_str().is_empty() && !spec.cwd.is_dir() => {
+            SpawnFailure::NoWorkingDirectory(spec.cwd.clone()).into()
+        }
+        io::ErrorKind::NotFound | io::ErrorKind::PermissionDenied => SpawnError::NotFound {
+            program: program.to_string(),
+        },
+        _ => SpawnFailure::Start {
+            program: program.to_string(),
+            source: e,
+        }
+        .into(),
+    }
+}
+
 /// Reads a chunk from a pipe; `None` at end of file or on an error. Pends forever when the
 /// pipe is already closed, so that a `select!` branch on it stays quiet.
 async fn read_some<R: AsyncRead + Unpin>(pipe: &mut Option<R>, buf: &mut [u8]) -> Option<usize> {
@@ -230,6 +255,20 @@ async fn read_some<R: AsyncRead + Unpin>(pipe: &mut Option<R>, buf: &mut [u8]) -
             Ok(n) => Some(n),
         },
         None => std::future::pending().await,
+    }
+}
+
+/// Stops a running program (SIGTERM to its group; SIGKILL follows after the grace period)
+/// once its output cannot be kept for a limit of the machine: it would run on for nothing.
+fn stop_at_limit(
+    sink: &Sink,
+    group: &GroupGuard,
+    term_sent_at: &mut Option<Instant>,
+    exited: bool,
+) {
+    if sink.hit.is_some() && term_sent_at.is_none() && !exited {
+        group.signal(Signal::SIGTERM);
+        *term_sent_at = Some(Instant::now());
     }
 }
 

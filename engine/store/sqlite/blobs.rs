@@ -44,7 +44,7 @@ impl SqliteStore {
         if path.exists() {
             return Ok((spilled, false));
         }
-        let io = |e: std::io::Error| StoreError::io("cannot write", &path, e);
+        let io = |e: std::io::Error| StoreError::io("write", &path, e);
         fs::create_dir_all(&self.blobs).map_err(io)?;
         let tmp = self
             .blobs
@@ -75,7 +75,7 @@ impl SqliteStore {
             (_, Some(hash)) => {
                 let path = self.blob_path(&hash);
                 fs::read_to_string(&path)
-                    .map_err(|e| StoreError::io("cannot read the output stored in", &path, e))?
+                    .map_err(|e| StoreError::io("read the output stored in", &path, e))?
             }
             (Some(text), None) => text,
             (None, None) => return Ok(serde_json::Value::Null),

@@ -70,7 +70,7 @@ impl SqliteStore {
             // The renames must be on the disk before the rows that refer to them.
             fs::File::open(&self.blobs)
                 .and_then(|dir| dir.sync_all())
-                .map_err(|e| StoreError::io("cannot sync", &self.blobs, e))?;
+                .map_err(|e| StoreError::io("sync", &self.blobs, e))?;
         }
         let shows: Vec<Option<String>> = writes
             .iter()

@@ -1,0 +1,254 @@
+//! The limits of the machine a run can run into: open files (the process's `ulimit -n`, the
+//! system's table), disk space and quota, and the file size limit (`ulimit -f`). Reaching
+//! one is the machine's problem, not a stage's: the executor stops the run as resumable
+//! (exit code 3), naming the limit, and `resume` continues once it is lifted. This module
+//! tells such an error from others ([`Limit::of`], [`Limit::in_chain`]) and says what the
+//! limit is and what to do ([`Limit::advice`]).
+
+use std::io;
+
+use nix::errno::Errno;
+use nix::sys::resource::{RLIM_INFINITY, Resource, getrlimit};
+
+/// A limit of the machine that an I/O error says was reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Limit {
+    /// `EMFILE`: this process has as many files open as it may (`ulimit -n`).
+    OpenFiles,
+    /// `ENFILE`: the system's table of open files is full.
+    SystemFiles,
+    /// `ENOSPC`: no space left on the device.
+    DiskSpace,
+    /// `EDQUOT`: the user's disk quota is used up.
+    DiskQuota,
+    /// `EFBIG`: a file reached the file size limit (`ulimit -f`).
+    FileSize,
+}
+
+impl Limit {
+    /// The limit an I/O error says was reached, if it says one was.
+    pub fn of(e: &io::Error) -> Option<Limit> {
+        let errno = Errno::from_raw(e.raw_os_error()?);
+        Some(match errno {
+            Errno::EMFILE => Limit::OpenFiles,
+            Errno::ENFILE => Limit::SystemFiles,
+            Errno::ENOSPC => Limit::DiskSpace,
+            Errno::EDQUOT => Limit::DiskQuota,
+            Errno::EFBIG => Limit::FileSize,
+            _ => return None,
+        })
+    }
+
+    /// The limit the first I/O error of an error's chain (the error and its sources) says
+    /// was reached, if one does.
+    pub fn in_chain(e: &(dyn std::error::Error + 'static)) -> Option<Limit> {
+        let mut cur = Some(e);
+        while let Some(err) = cur {
+            if let Some(limit) = err.downcast_ref::<io::Error>().and_then(Limit::of) {
+                return Some(limit);
+            }
+            cur = err.source();
+        }
+        None
+    }
+
+    /// The limit an error met: the one its chain's I/O error says (see [`Limit::in_chain`]),
+    /// else, for SQLite's errors, which keep no errno: "database or disk is full" is the file
+    /// size limit when one is set, else the disk space; a "disk I/O error" is the file size
+    /// limit when a write of this process went beyond it ([`file_size_exceeded`]).
+    pub fn met_by(e: &(dyn std::error::Error + 'static)) -> Option<Limit> {
+        use rusqlite::ErrorCode::{DiskFull, SystemIoFailure};
+        if let Some(limit) = Limit::in_chain(e) {
+            return Some(limit);
+        }
+        let mut cur = Some(e);
+        while let Some(err) = cur {
+            if let Some(rusqlite::Error::SqliteFailure(f, _)) = err.downcast_ref() {
+                return match f.code {
+                    DiskFull => Some(match soft_limit(Resource::RLIMIT_FSIZE) {
+                        Some(_) => Limit::FileSize,
+                        None => Limit::DiskSpace,
+                    }),
+                    SystemIoFailure => file_size_exceeded().then_some(Limit::FileSize),
+                    _ => None,
+                };
+            }
+            cur = err.source();
+        }
+        None
+    }
+
+    /// The limit in a few words, as the run's stop names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Limit::OpenFiles => "the limit of open files (`ulimit -n`)",
+            Limit::SystemFiles => "the system's limit of open files",
+            Limit::DiskSpace => "the disk space",
+            Limit::DiskQuota => "the disk quota",
+            Limit::FileSize => "the file size limit (`ulimit -f`)",
+        }
+    }
+
+    /// What the limit is here and what to do about it: "ralph-flow may have at most 32
+    /// files open at once (`ulimit -n` is 32); raise it (`ulimit -n 4096`) or run fewer
+    /// stages at once (`--max-concurrency`)".
+    pub fn advice(self) -> String {
+        match self {
+            Limit::OpenFiles => format!(
+                "ralph-flow may have at most {} files open at once (`ulimit -n`): raise the \
+                 limit (`ulimit -n 4096`) or run fewer stages at once (`--max-concurrency`)",
+                soft_limit(Resource::RLIMIT_NOFILE)
+                    .map_or("so many".to_string(), |n| n.to_string())
+            ),
+            Limit::SystemFiles => "the system's table of open files is full (`fs.file-max`): \
+                 close programs or raise it"
+                .to_string(),
+            Limit::DiskSpace => "no space is left on the device (`df`): free some".to_string(),
+            Limit::DiskQuota => "the disk quota is used up (`quota`): free some space or \
+                 raise the quota"
+                .to_string(),
+            Limit::FileSize => match soft_limit(Resource::RLIMIT_FSIZE) {
+                Some(n) => format!(
+                    "no file may grow beyond {} (`ulimit -f`): raise the limit (`ulimit -f \
+                     unlimited`)",
+                    bytes_text(n)
+                ),
+                None => "a file is larger than its file system allows".to_string(),
+            },
+        }
+    }
+}
+
+/// A resource's soft limit, `None` when there is none (or it cannot be read).
+fn soft_limit(resource: Resource) -> Option<u64> {
+    getrlimit(resource)
+        .ok()
+        .map(|(soft, _)| soft)
+        .filter(|&soft| soft != RLIM_INFINITY)
+}
+
+/// A byte count as people read it: `512 KiB`, `3 MiB`, `1000 bytes`.
+fn bytes_text(n: u64) -> String {
+    const KIB: u64 = 1024;
+    if n >= KIB * KIB && n % (KIB * KIB) == 0 {
+        format!("{} MiB", n / (KIB * KIB))
+    } else if n >= KIB && n % KIB == 0 {
+        format!("{} KiB", n / KIB)
+    } else {
+        format!("{n} bytes")
+    }
+}
+
+/// Something that could not be done because a limit of the machine was reached: what it
+/// was and the I/O error.
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: {source}")]
+pub struct LimitHit {
+    pub limit: Limit,
+    /// What could not be done: "could not start `sh`", "cannot write /x/stdout".
+    pub what: String,
+    /// Not a `#[source]`: the message says it once, here.
+    pub source: io::Error,
+}
+
+impl LimitHit {
+    /// The error as a [`LimitHit`] when it says a limit was reached.
+    pub fn of(what: impl FnOnce() -> String, source: io::Error) -> Result<LimitHit, io::Error> {
+        match Limit::of(&source) {
+            Some(limit) => Ok(LimitHit {
+                limit,
+                what: what(),
+                source,
+            }),
+            None => Err(source),
+        }
+    }
+}
+
+/// Makes a write beyond the file size limit (`ulimit -f`) fail with `EFBIG`, which the
+/// executor handles, instead of killing ralph-flow with `SIGXFSZ` and no word: the signal is
+/// blocked in the calling thread, and the threads it starts later inherit the mask. (Setting
+/// it to be ignored would take `unsafe`, which this crate forbids: nix's `signal` and
+/// `sigaction` are unsafe functions; blocking it is safe.) Programs started afterwards get the
+/// default mask back (the standard library's spawn empties it), so they still receive the
+/// signal as usual. Call it at the start of `main`, before any thread is started.
+pub fn block_file_size_signal() {
+    use nix::sys::signal::{SigSet, Signal};
+    if let Err(e) = SigSet::from(Signal::SIGXFSZ).thread_block() {
+        tracing::warn!("cannot block SIGXFSZ: {e}");
+    }
+}
+
+/// Tells whether a write of this process went beyond the file size limit since the last
+/// call: the kernel then raised `SIGXFSZ`, which [`block_file_size_signal`] keeps pending
+/// (seen in `/proc/self/status`); it is taken, so the next call says only what comes after.
+/// A library that reports a failed write without its errno (SQLite's "disk I/O error") is so
+/// told apart from one that met the limit.
+pub fn file_size_exceeded() -> bool {
+    use nix::sys::signal::{SigSet, Signal};
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return false;
+    };
+    let bit = 1u64 << (Signal::SIGXFSZ as u32 - 1);
+    let pending = status
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("SigPnd:")
+                .or_else(|| l.strip_prefix("ShdPnd:"))
+        })
+        .filter_map(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .any(|mask| mask & bit != 0);
+    let blocked = SigSet::thread_get_mask().is_ok_and(|m| m.contains(Signal::SIGXFSZ));
+    if pending && blocked {
+        // Pending and blocked: `sigwait` takes it at once.
+        let _ = SigSet::from(Signal::SIGXFSZ).wait();
+    }
+    pending
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_limits_are_told_from_other_errors() {
+        let e = |errno: Errno| io::Error::from_raw_os_error(errno as i32);
+        assert_eq!(Limit::of(&e(Errno::EMFILE)), Some(Limit::OpenFiles));
+        assert_eq!(Limit::of(&e(Errno::ENFILE)), Some(Limit::SystemFiles));
+        assert_eq!(Limit::of(&e(Errno::ENOSPC)), Some(Limit::DiskSpace));
+        assert_eq!(Limit::of(&e(Errno::EDQUOT)), Some(Limit::DiskQuota));
+        assert_eq!(Limit::of(&e(Errno::EFBIG)), Some(Limit::FileSize));
+        assert_eq!(Limit::of(&e(Errno::EACCES)), None);
+        assert_eq!(Limit::of(&io::Error::other("no errno")), None);
+        let chained = crate::fs::IoFailure::new("write", "/x", e(Errno::ENOSPC));
+        assert_eq!(Limit::in_chain(&chained), Some(Limit::DiskSpace));
+    }
+
+    #[test]
+    fn sqlites_errors_without_an_errno_are_told_too() {
+        let sqlite =
+            |code: i32| rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), None);
+        // SQLITE_FULL: the disk, unless a file size limit is set.
+        let full = Limit::met_by(&sqlite(rusqlite::ffi::SQLITE_FULL));
+        if soft_limit(Resource::RLIMIT_FSIZE).is_none() {
+            assert_eq!(full, Some(Limit::DiskSpace));
+        }
+        // SQLITE_IOERR_WRITE with no write beyond the file size limit: not a limit.
+        assert_eq!(
+            Limit::met_by(&sqlite(rusqlite::ffi::SQLITE_IOERR_WRITE)),
+            None
+        );
+        assert_eq!(Limit::met_by(&sqlite(rusqlite::ffi::SQLITE_CORRUPT)), None);
+    }
+
+    #[test]
+    fn advice_names_the_limit_and_what_to_do() {
+        assert!(Limit::OpenFiles.advice().contains("ulimit -n"));
+        assert!(Limit::OpenFiles.advice().contains("--max-concurrency"));
+        assert!(Limit::DiskSpace.advice().contains("no space"));
+        assert_eq!(bytes_text(512 * 1024), "512 KiB");
+        assert_eq!(bytes_text(3 * 1024 * 1024), "3 MiB");
+        assert_eq!(bytes_text(1000), "1000 bytes");
+    }
+}
