@@ -386,7 +386,11 @@ impl Exec<'_> {
                 .map_err(redact_error);
             // A `command` agent's prompt file (`prompt_via = "file"`) stays in the attempt's
             // directory once its program has read it: masked like every other artifact.
-            crate::secrets::redact_file(&this.dir.join("prompt.txt"));
+            if cfg.kind == crate::model::AgentKind::Command
+                && cfg.prompt_via == crate::model::PromptVia::File
+            {
+                crate::secrets::redact_file(&this.dir.join("prompt.txt"));
+            }
             match &result {
                 Ok(reply) => self.add_usage(frame, n, &cfg.name, &reply.usage),
                 Err(e) => {
