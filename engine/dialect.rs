@@ -481,11 +481,10 @@ impl<'r> Walk<'r> {
         };
         // One `allOf` member and nothing else that constrains: that member.
         if let Some(all) = obj.get("allOf") {
+            // Nothing else beside it that strict mode keeps, but its annotations.
             let alone = obj.keys().all(|k| {
-                k == "allOf"
+                matches!(k.as_str(), "description" | "title")
                     || !STRICT_PERMITTED.contains(&k.as_str())
-                    || k == "description"
-                    || k == "title"
             });
             match all.as_array() {
                 Some(members) if members.len() == 1 && alone => {
@@ -820,10 +819,13 @@ impl Counts {
         if let Some(items) = obj.get("items") {
             self.walk(items, next);
         }
-        for key in ["anyOf"] {
-            for s in obj.get(key).and_then(Value::as_array).into_iter().flatten() {
-                self.walk(s, level);
-            }
+        for s in obj
+            .get("anyOf")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            self.walk(s, level);
         }
         for key in ["$defs", "definitions"] {
             for s in obj

@@ -26,8 +26,6 @@ pub use setup::{BuildError, PreflightError, build, find_program, preflight};
 /// What a backend can do natively.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Capabilities {
-    /// The backend constrains its output to a JSON Schema given in [`AgentCall::schema`].
-    pub json_schema: bool,
     /// The backend reports cost in dollars.
     pub cost: bool,
     /// The backend reports token usage.

@@ -217,7 +217,6 @@ impl ReplayBackend {
 impl Backend for ReplayBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            json_schema: false,
             cost: true,
             usage: true,
         }

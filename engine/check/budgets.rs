@@ -10,7 +10,6 @@
 
 use std::collections::HashSet;
 
-use super::outputs::dialects::stage_agents;
 use super::{Checked, StageId};
 use crate::diag::{Code, Diagnostic, Diagnostics};
 use crate::model::{Agent, AgentKind, Budget, StageKind};
@@ -71,7 +70,7 @@ fn budget(
     };
     for &id in covered {
         let stage = c.info(id).stage;
-        for (agent, called_at) in stage_agents(c, stage) {
+        for (agent, called_at) in c.stage_agents(stage) {
             let Some(why) = unreported(c, agent) else {
                 continue;
             };

@@ -71,6 +71,31 @@ pub struct Checked<'w> {
 }
 
 impl<'w> Checked<'w> {
+    /// The agents an agent stage can call: its agent (its name rendered over the params) and
+    /// the fallbacks that take over, each once; with the span of the stage's `agent`.
+    pub(crate) fn stage_agents(
+        &self,
+        stage: &Stage,
+    ) -> Vec<(&'w crate::model::Agent, crate::source::Span)> {
+        let crate::model::StageBody::Agent {
+            agent: Some(name), ..
+        } = &stage.body
+        else {
+            return Vec::new();
+        };
+        let rendered = crate::params::render_params(&name.value, &self.params)
+            .unwrap_or_else(|_| name.value.clone());
+        let agents = &self.workflow.agents;
+        let Some(first) = agents.iter().position(|a| a.name.value == rendered) else {
+            return Vec::new();
+        };
+        self.workflow
+            .fallback_chain(first)
+            .into_iter()
+            .map(|i| (&agents[i], name.span))
+            .collect()
+    }
+
     /// Returns a stage's info.
     pub fn info(&self, id: StageId) -> &StageInfo<'w> {
         &self.stages[id.0]

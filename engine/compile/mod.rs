@@ -215,20 +215,7 @@ impl Plan {
 
     /// An agent and its fallbacks (and theirs), each once, in the order they take over.
     pub fn fallback_chain(&self, agent: usize) -> Vec<usize> {
-        let agents = &self.workflow.agents;
-        let mut out = vec![agent];
-        let mut i = 0;
-        while i < out.len() {
-            for f in &agents[out[i]].fallbacks {
-                if let Some(j) = agents.iter().position(|a| a.name.value == f.value) {
-                    if !out.contains(&j) {
-                        out.push(j);
-                    }
-                }
-            }
-            i += 1;
-        }
-        out
+        self.workflow.fallback_chain(agent)
     }
 
     /// Returns a node.

@@ -65,6 +65,25 @@ pub struct Workflow {
 }
 
 impl Workflow {
+    /// An agent (by index) and its fallbacks (and theirs), each once, in the order they take
+    /// over.
+    pub fn fallback_chain(&self, agent: usize) -> Vec<usize> {
+        let agents = &self.agents;
+        let mut out = vec![agent];
+        let mut i = 0;
+        while i < out.len() {
+            for f in &agents[out[i]].fallbacks {
+                if let Some(j) = agents.iter().position(|a| a.name.value == f.value) {
+                    if !out.contains(&j) {
+                        out.push(j);
+                    }
+                }
+            }
+            i += 1;
+        }
+        out
+    }
+
     /// An empty workflow, held while the real one is still borrowed (see
     /// `compile::compile_parts`).
     pub fn placeholder() -> Workflow {

@@ -3,13 +3,35 @@
 
 use super::{CliBackend, Flavor};
 use crate::backend::{AgentCall, CallError};
+use crate::dialect::Lowered;
 use crate::model::{Permissions, PromptVia, SchemaDelivery};
+
+/// How a program is called: its argv and stdin, and the schema it is sent by flag, lowered
+/// to its dialect (what maps its answer back to the author's schema).
+#[derive(Debug)]
+pub(super) struct Invocation {
+    pub(super) argv: Vec<String>,
+    pub(super) stdin: Option<Vec<u8>>,
+    pub(super) lowered: Option<Lowered>,
+}
 
 impl CliBackend {
     /// The argv and the stdin of a call.
-    pub(super) fn invocation(
+    pub(super) fn invocation(&self, call: &AgentCall) -> Result<Invocation, CallError> {
+        let lowered = self.lowered(call)?;
+        let (argv, stdin) = self.argv_and_stdin(call, lowered.as_ref().map(|l| &l.schema))?;
+        Ok(Invocation {
+            argv,
+            stdin,
+            lowered,
+        })
+    }
+
+    /// The argv and the stdin of a call, given the schema sent by flag (if any).
+    fn argv_and_stdin(
         &self,
         call: &AgentCall,
+        native: Option<&serde_json::Value>,
     ) -> Result<(Vec<String>, Option<Vec<u8>>), CallError> {
         let model = call.model.as_ref().or(self.config.model.as_ref());
         let user: Vec<String> = self.config.args.iter().chain(&call.args).cloned().collect();
@@ -40,7 +62,7 @@ impl CliBackend {
                 if let Some(m) = model {
                     argv.extend(["--model".into(), m.clone()]);
                 }
-                if let Some(schema) = self.native_schema(call)? {
+                if let Some(schema) = native {
                     argv.extend(["--json-schema".into(), schema.to_string()]);
                 }
                 argv.extend(unless_set(
@@ -72,7 +94,7 @@ impl CliBackend {
                 if let Some(m) = model {
                     argv.extend(["--model".into(), m.clone()]);
                 }
-                if let Some(schema) = self.native_schema(call)? {
+                if let Some(schema) = native {
                     let path = call.dir.join("output-schema.json");
                     std::fs::write(&path, schema.to_string()).map_err(|e| CallError::Failed {
                         message: format!("cannot write {}: {e}", path.display()),
@@ -133,16 +155,13 @@ impl CliBackend {
     /// The schema sent natively (by flag), lowered to the CLI's dialect; `None` when the
     /// stage has none or it does not go by flag. A schema the dialect cannot express is a
     /// configuration error (the checker reports it before a run).
-    pub(super) fn native_schema(
-        &self,
-        call: &AgentCall,
-    ) -> Result<Option<serde_json::Value>, CallError> {
+    fn lowered(&self, call: &AgentCall) -> Result<Option<Lowered>, CallError> {
         let (Some(schema), SchemaDelivery::Lowered(dialect)) = (&call.schema, self.delivery())
         else {
             return Ok(None);
         };
         crate::dialect::lower(schema, dialect)
-            .map(|l| Some(l.schema))
+            .map(Some)
             .map_err(|refusals| CallError::Refused {
                 message: crate::dialect::refusals_text(&refusals),
             })
@@ -220,7 +239,6 @@ mod tests {
     use serde_json::Value;
 
     use super::*;
-    use crate::backend::Backend as _;
     use crate::backend::cli::test_support::{argv_of, backend, call_in};
     use crate::model::AgentKind;
 
@@ -272,7 +290,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("a temp dir");
         let mut b = backend(Codex, Edit);
         b.config.args = vec!["--sandbox".into(), "read-only".into()];
-        let argv = b.invocation(&call_in(dir.path(), None)).expect("argv").0;
+        let argv = b.invocation(&call_in(dir.path(), None)).expect("argv").argv;
         assert_eq!(argv.iter().filter(|a| *a == "--sandbox").count(), 1);
     }
 
@@ -286,11 +304,10 @@ mod tests {
             "properties": {"a": {"type": "string"}, "b": {"type": "integer"}},
         });
         let b = backend(AgentKind::Codex, Permissions::ReadOnly);
-        assert!(b.capabilities().json_schema);
         let argv = b
             .invocation(&call_in(dir.path(), Some(schema.clone())))
             .expect("argv")
-            .0;
+            .argv;
         let at = argv
             .iter()
             .position(|a| a == "--output-schema")
@@ -323,7 +340,7 @@ mod tests {
             "properties": {"a": {"type": "string"}},
         });
         let mut b = backend(AgentKind::Claude, Permissions::ReadOnly);
-        let (argv, stdin) = b
+        let Invocation { argv, stdin, .. } = b
             .invocation(&call_in(dir.path(), Some(schema.clone())))
             .expect("argv");
         let at = argv
@@ -339,7 +356,7 @@ mod tests {
         for kind in [AgentKind::Claude, AgentKind::Codex, AgentKind::Gemini] {
             b = backend(kind, Permissions::ReadOnly);
             b.config.structured_output = crate::model::StructuredOutput::Prompt;
-            let (argv, stdin) = b
+            let Invocation { argv, stdin, .. } = b
                 .invocation(&call_in(dir.path(), Some(schema.clone())))
                 .expect("argv");
             assert!(
@@ -358,7 +375,7 @@ mod tests {
         ] {
             b = backend(kind, Permissions::ReadOnly);
             b.config.structured_output = mode;
-            let (argv, stdin) = b
+            let Invocation { argv, stdin, .. } = b
                 .invocation(&call_in(dir.path(), Some(schema.clone())))
                 .expect("argv");
             assert!(!argv.iter().any(|a| a == "--json-schema"), "{argv:?}");

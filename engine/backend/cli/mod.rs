@@ -24,7 +24,7 @@ mod output;
 
 use super::process::{self, Ended, ProcSpec, SpawnError};
 use super::{AgentCall, AgentConfig, AgentReply, Backend, CallError, CallFuture, Capabilities};
-use crate::model::{AgentKind, Permissions, PromptVia, SchemaDelivery};
+use crate::model::{AgentKind, Permissions, PromptVia};
 use output::output_tail;
 
 /// Why a CLI agent's settings cannot make a backend.
@@ -97,22 +97,12 @@ struct CliBackend {
 impl Backend for CliBackend {
     fn capabilities(&self) -> Capabilities {
         match self.flavor {
-            // `claude -p --json-schema` validates the final answer against the schema and
-            // returns it as `structured_output`.
+            // claude reports its cost; codex and gemini their tokens only.
             Flavor::Claude => Capabilities {
-                json_schema: true,
                 cost: true,
                 usage: true,
             },
-            // `codex exec --output-schema FILE` sends the schema as the Responses API's
-            // strict `text.format` json_schema: the server constrains the final message.
-            Flavor::Codex => Capabilities {
-                json_schema: true,
-                cost: false,
-                usage: true,
-            },
-            Flavor::Gemini => Capabilities {
-                json_schema: false,
+            Flavor::Codex | Flavor::Gemini => Capabilities {
                 cost: false,
                 usage: true,
             },
@@ -127,7 +117,11 @@ impl Backend for CliBackend {
 
 impl CliBackend {
     async fn run(&self, call: &AgentCall) -> Result<AgentReply, CallError> {
-        let (argv, stdin) = self.invocation(call)?;
+        let invocation::Invocation {
+            argv,
+            stdin,
+            lowered,
+        } = self.invocation(call)?;
         // A retried call starts fresh files; the earlier output stays as `stdout.1`...
         for name in ["stdout", "stderr"] {
             invocation::set_aside(&call.dir.join(name));
@@ -205,13 +199,8 @@ impl CliBackend {
         };
         // An answer under a lowered schema is mapped back to the author's (a null that
         // stands for an absent optional field), which validates it.
-        if let (Some(schema), SchemaDelivery::Lowered(dialect)) = (&call.schema, self.delivery()) {
-            if let Some(text) = crate::dialect::lower(schema, dialect)
-                .ok()
-                .and_then(|l| l.restore_text(&reply.text))
-            {
-                reply.text = text;
-            }
+        if let Some(text) = lowered.and_then(|l| l.restore_text(&reply.text)) {
+            reply.text = text;
         }
         Ok(reply)
     }

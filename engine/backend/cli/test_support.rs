@@ -99,5 +99,5 @@ pub(super) fn argv_of(kind: AgentKind, permissions: Permissions) -> Vec<String> 
     backend(kind, permissions)
         .invocation(&call_in(dir.path(), None))
         .expect("an invocation")
-        .0
+        .argv
 }

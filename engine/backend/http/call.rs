@@ -19,7 +19,6 @@ use crate::model::StructuredOutput;
 impl Backend for HttpBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            json_schema: self.current_mode() != StructuredOutput::Off,
             cost: false,
             usage: true,
         }

@@ -9,7 +9,7 @@ use serde_json::Value as Json;
 use super::json_locate::pointer_range;
 use crate::check::Checked;
 use crate::diag::{Code, Diagnostic, Diagnostics};
-use crate::model::{Agent, SchemaDelivery, Stage, StageBody};
+use crate::model::{Agent, SchemaDelivery, Stage};
 use crate::source::{FileId, Span};
 
 /// Where a stage's schema was written, to point into it.
@@ -32,33 +32,6 @@ impl Written<'_> {
             Written::File { file, text, .. } => Span::new(*file, pointer_range(text, pointer)),
         }
     }
-}
-
-/// The agents a stage can call: its agent (its name rendered over the params) and the
-/// fallbacks that take over, each once; with the span of the stage's `agent`.
-pub(in crate::check) fn stage_agents<'w>(c: &Checked<'w>, stage: &Stage) -> Vec<(&'w Agent, Span)> {
-    let StageBody::Agent {
-        agent: Some(name), ..
-    } = &stage.body
-    else {
-        return Vec::new();
-    };
-    let rendered =
-        crate::params::render_params(&name.value, &c.params).unwrap_or_else(|_| name.value.clone());
-    let agents = &c.workflow.agents;
-    let mut chain: Vec<&Agent> = agents.iter().filter(|a| a.name.value == rendered).collect();
-    let mut i = 0;
-    while i < chain.len() {
-        for f in &chain[i].fallbacks {
-            if let Some(a) = agents.iter().find(|a| a.name.value == f.value) {
-                if !chain.iter().any(|b| std::ptr::eq(*b, a)) {
-                    chain.push(a);
-                }
-            }
-        }
-        i += 1;
-    }
-    chain.into_iter().map(|a| (a, name.span)).collect()
 }
 
 /// How a stage's schema reaches an agent.
@@ -88,7 +61,7 @@ pub(super) fn check(
     seen: &mut HashSet<(Span, String, String)>,
     diags: &mut Diagnostics,
 ) {
-    for (agent, called_at) in stage_agents(c, stage) {
+    for (agent, called_at) in c.stage_agents(stage) {
         let Some(SchemaDelivery::Lowered(dialect)) = delivery(c, agent) else {
             continue;
         };
