@@ -38,22 +38,28 @@ static TRANSIENT: LazyLock<Regex> = LazyLock::new(|| {
 /// codex (400 `invalid_json_schema`, "Invalid schema for response_format ..."). No retry can
 /// fix it.
 static SCHEMA_REFUSED: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(
-        r"--json-schema is not a valid JSON Schema|--json-schema must be a JSON object|invalid_json_schema|Invalid schema for response_format",
-    )
-    .expect("the schema-refusal pattern is valid")
+    Regex::new(r"invalid_json_schema|Invalid schema for response_format")
+        .expect("the schema-refusal pattern is valid")
 });
+
+/// claude's refusal of `--json-schema`: its whole stderr, one line starting with this.
+const CLAUDE_SCHEMA_REFUSED: &str = "Error: --json-schema ";
 
 /// What to do about a refused schema.
 const SCHEMA_REFUSED_HELP: &str = "the agent refused the stage's output schema, which no \
     retry can fix: change the schema (`ralph-flow check` says what each agent accepts), or set \
     `structured_output = \"prompt\"` on the agent to send the schema in the prompt";
 
-/// The refusal of an output schema, from what the agent printed, if that is what it is.
-pub(super) fn schema_refused(output: &str, message: &str) -> Option<CallError> {
-    SCHEMA_REFUSED.is_match(output).then(|| CallError::Refused {
+/// The refusal of an output schema in an error message the agent reported (codex's
+/// `error` and `turn.failed` events carry the service's body), if that is what it is.
+pub(super) fn schema_refused(message: &str) -> Option<CallError> {
+    SCHEMA_REFUSED.is_match(message).then(|| refused(message))
+}
+
+fn refused(message: &str) -> CallError {
+    CallError::Refused {
         message: format!("{message} ({SCHEMA_REFUSED_HELP})"),
-    })
+    }
 }
 
 /// Classifies an error message: a refused schema, a rate limit, missing authentication, a
@@ -63,7 +69,7 @@ pub(super) fn classify(
     retry_after: Option<Duration>,
     otherwise: impl FnOnce() -> CallError,
 ) -> CallError {
-    if let Some(refused) = schema_refused(message, message) {
+    if let Some(refused) = schema_refused(message) {
         refused
     } else if RATE_LIMITED.is_match(message) {
         CallError::RateLimited {
@@ -132,8 +138,11 @@ pub(super) fn no_result(agent: &str, out: &ProcOutput, output: &str) -> CallErro
         (code, None) => format!("{agent} exited with code {}", code.unwrap_or(-1)),
     };
     let message = format!("{ending}: {tail}");
-    if let Some(refused) = schema_refused(output, &message) {
-        refused
+    // Only claude refuses a schema with no result, and then says nothing else: a mention of
+    // a refusal anywhere in an agent's transcript (a file it read) is not one.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.stdout.is_empty() && stderr.trim_start().starts_with(CLAUDE_SCHEMA_REFUSED) {
+        refused(&message)
     } else if PERMANENT.is_match(output) {
         CallError::Failed { message }
     } else if RATE_LIMITED.is_match(output) {
@@ -232,6 +241,34 @@ pub(super) fn unix_now() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refusal_only_claude_itself_prints_is_a_refused_schema() {
+        use crate::backend::cli::test_support::captured;
+        let claude = captured(
+            "",
+            "Error: --json-schema is not a valid JSON Schema: strict mode: unknown keyword: \"foo\"\n",
+            "1",
+        );
+        let all = format!("\n{}", String::from_utf8_lossy(&claude.stderr));
+        assert!(matches!(
+            no_result("claude", &claude, &all),
+            CallError::Refused { .. }
+        ));
+        // A transcript that mentions a refusal (a file the agent read) and then crashed is
+        // not one: it is retried like any other crash.
+        let transcript = r#"{"type":"item.completed","item":{"type":"command_execution","aggregated_output":"Invalid schema for response_format 'x': invalid_json_schema; --json-schema is not a valid JSON Schema"}}"#;
+        let crashed = captured(transcript, "thread panicked\n", "101");
+        let all = format!("{transcript}\nthread panicked\n");
+        assert!(
+            matches!(
+                no_result("codex", &crashed, &all),
+                CallError::Transient { .. }
+            ),
+            "{:?}",
+            no_result("codex", &crashed, &all)
+        );
+    }
 
     #[test]
     fn retry_hints_are_read() {
