@@ -1,5 +1,5 @@
 //! The exit codes ralph-flow itself uses, defined once. A workflow's own exits take any other
-//! code; the checker refuses these three (RF021).
+//! code; declaring one of these is a warning of the checker (RF055).
 
 /// A configuration error: the workflow, its params or the command line (and a run that
 /// could not start).

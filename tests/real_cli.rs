@@ -28,8 +28,14 @@ fn real_cli_dir() -> Option<PathBuf> {
 
 /// Says why the test did nothing, on stderr past the test harness's capture (which hides
 /// `eprintln!` of passing tests).
+/// Where the CLIs are required (`RALPH_FLOW_REQUIRE_REAL_CLI`, set by .ci/run once they are
+/// installed), a test that cannot run them fails instead.
 fn skipped(why: &str) {
     use std::io::Write;
+    assert!(
+        std::env::var_os("RALPH_FLOW_REQUIRE_REAL_CLI").is_none(),
+        "the real CLIs are required here: {why}"
+    );
     let _ = writeln!(std::io::stderr(), "SKIPPED: {why}");
 }
 

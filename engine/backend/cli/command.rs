@@ -15,8 +15,10 @@ pub(super) fn parse(out: &ProcOutput) -> Result<AgentReply, CallError> {
                 // Only the end of a very long answer was kept: say so, with the true count.
                 text = format!("[... {} bytes cut ...]\n{text}", out.stdout_cut);
             }
+            // Any program: it reports no token usage, which is unknown, not 0.
             return Ok(AgentReply {
                 text,
+                usage: crate::backend::Usage::unreported_call(),
                 ..AgentReply::default()
             });
         }
