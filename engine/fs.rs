@@ -206,7 +206,13 @@ pub struct IoFailure {
 }
 
 impl IoFailure {
+    /// `what` is what was being done, as a verb: "write", "create" (the message says
+    /// "cannot {what}", so a `what` that says "cannot" or "could not" itself doubles it).
     pub fn new(what: &'static str, path: impl AsRef<Path>, source: std::io::Error) -> Self {
+        debug_assert!(
+            !what.starts_with("cannot") && !what.starts_with("could not"),
+            "IoFailure's `what` says \"cannot\" itself: {what:?}"
+        );
         IoFailure {
             what,
             path: path.as_ref().to_path_buf(),

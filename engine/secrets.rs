@@ -22,16 +22,26 @@
 //! that short. A URL's password is masked in its URL (`:PASSWORD@`) whatever its length.
 //!
 //! **Where.** This is the one masker. A run registers its secrets before anything starts
-//! (`run::register_secrets`); then every store write (`store::Write::redact`, from the run's
-//! one queue and the final event), every artifact record, every recording line, every
-//! progress line, every message and JSON document printed by the CLI, every tracing line,
-//! and every page, API body and metric of the monitor goes through [`redact`], which
+//! (`run::register_secrets`; a worker for each run it carries out, and for each unit of work
+//! it takes); then every store write (masked inside the store: each store's `commit` goes
+//! through `store::Write::masked`, whoever commits), every artifact record, every file a
+//! program streams its output to (`redact_streamed`, `redact_file`), every recording line,
+//! every progress line, every message and JSON document printed by the CLI, every tracing
+//! line, and every page, API body and metric of the monitor goes through [`redact`], which
 //! replaces each secret by `[REDACTED]`, in the forms a value takes once escaped for JSON
 //! or HTML too. A server that echoes a key (a proxy's login page, an error body with
 //! `Bearer <key>`) therefore leaves no copy of it anywhere.
+//!
+//! **Cost.** [`redact`] is one pass of an Aho-Corasick automaton over the registered forms
+//! (none when nothing is registered) and one search for `://` (a URL's password is masked
+//! whether or not anything is registered, so no text can skip the masker; a text without
+//! `://` holds no URL and costs only that search). Nothing is copied unless something is
+//! masked.
 
 use std::borrow::Cow;
 use std::sync::RwLock;
+
+use aho_corasick::{AhoCorasick, MatchKind};
 
 /// What a secret is replaced by.
 pub const MASK: &str = "[REDACTED]";
@@ -51,17 +61,34 @@ pub const WELL_KNOWN_SUFFIXES: &[&str] = &[
     "PASSWORD",
 ];
 
-/// Names of variables that hold secrets without a well-known ending.
-pub const WELL_KNOWN_NAMES: &[&str] = &["AWS_SECRET_ACCESS_KEY", "PGPASSWORD", "MYSQL_PWD"];
+/// Names of variables that hold secrets without a well-known ending (`AWS_SECRET_ACCESS_KEY`
+/// needs no entry: it ends with `_SECRET_ACCESS_KEY`).
+pub const WELL_KNOWN_NAMES: &[&str] = &["PGPASSWORD", "MYSQL_PWD"];
 
-/// A text to replace, and what replaces it.
-struct Needle {
-    text: String,
-    with: String,
+/// What a registered URL password is replaced by where it stands in its URL (`:PASSWORD@`).
+const URL_MASK: &str = ":[REDACTED]@";
+
+/// The registered texts and what replaces each, with one automaton that finds them all.
+struct Needles {
+    texts: Vec<String>,
+    /// What replaces `texts[i]`: [`MASK`], or [`URL_MASK`] for a password in its URL.
+    with: Vec<&'static str>,
+    /// Every text, leftmost-longest (a secret containing another is masked whole); rebuilt
+    /// when one is added (registration happens before a run starts), `None` while empty.
+    finder: Option<AhoCorasick>,
 }
 
-/// The needles, longest first (so that a secret containing another is masked whole).
-static SECRETS: RwLock<Vec<Needle>> = RwLock::new(Vec::new());
+static SECRETS: RwLock<Needles> = RwLock::new(Needles {
+    texts: Vec::new(),
+    with: Vec::new(),
+    finder: None,
+});
+
+fn needles() -> std::sync::RwLockReadGuard<'static, Needles> {
+    SECRETS
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// What [`register`] did with a value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -154,7 +181,7 @@ pub fn register(value: &str) -> Registered {
     }
     for n in needles {
         for form in escaped_forms(n) {
-            add(form, MASK.to_string());
+            add(form, MASK);
         }
     }
     Registered::Masked
@@ -197,7 +224,7 @@ fn register_url_passwords(text: &str) {
         for pw in [written, decoded.as_str()] {
             register(pw);
             for form in escaped_forms(pw) {
-                add(format!(":{form}@"), format!(":{MASK}@"));
+                add(format!(":{form}@"), URL_MASK);
             }
         }
     }
@@ -223,13 +250,28 @@ fn percent_decoded(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-fn add(text: String, with: String) {
-    let mut secrets = SECRETS
+fn add(text: String, with: &'static str) {
+    let mut needles = SECRETS
         .write()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if !secrets.iter().any(|s| s.text == text) {
-        secrets.push(Needle { text, with });
-        secrets.sort_by_key(|s| std::cmp::Reverse(s.text.len()));
+    if needles.texts.contains(&text) {
+        return;
+    }
+    needles.texts.push(text);
+    needles.with.push(with);
+    // A few dozen texts at most: built in microseconds, once per text registered.
+    match AhoCorasick::builder()
+        .match_kind(MatchKind::LeftmostLongest)
+        .build(&needles.texts)
+    {
+        Ok(finder) => needles.finder = Some(finder),
+        Err(e) => {
+            // Beyond the automaton's limits (never for texts of this size): the new text is
+            // not registered, and the warning says so without showing it.
+            tracing::warn!("a secret cannot be registered for masking: {e}");
+            needles.texts.pop();
+            needles.with.pop();
+        }
     }
 }
 
@@ -270,27 +312,26 @@ fn url_passwords(text: &str) -> Vec<std::ops::Range<usize>> {
     found
 }
 
-/// Whether masking may change a text: always, since the passwords of URLs are masked
-/// whether or not a secret is registered. (Kept for the callers that ask before they walk a
-/// value.)
-pub fn any() -> bool {
-    true
-}
-
-/// The text with every registered secret, and the password of every URL, masked.
+/// The text with every registered secret, and the password of every URL, masked: one pass
+/// of the automaton, then the URLs' passwords (only in a text with `://`). Borrowed, no copy,
+/// when nothing is masked.
 pub fn redact(text: &str) -> Cow<'_, str> {
-    let secrets = SECRETS
-        .read()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let mut out: Option<String> = None;
-    for s in secrets.iter() {
-        let cur = out.as_deref().unwrap_or(text);
-        if cur.contains(s.text.as_str()) {
-            let replaced = cur.replace(s.text.as_str(), &s.with);
-            out = Some(replaced);
+    {
+        let needles = needles();
+        if let Some(finder) = &needles.finder {
+            let mut last = 0;
+            for m in finder.find_iter(text) {
+                let o = out.get_or_insert_with(|| String::with_capacity(text.len()));
+                o.push_str(&text[last..m.start()]);
+                o.push_str(needles.with[m.pattern().as_usize()]);
+                last = m.end();
+            }
+            if let Some(o) = &mut out {
+                o.push_str(&text[last..]);
+            }
         }
     }
-    drop(secrets);
     let cur = out.as_deref().unwrap_or(text);
     let passwords = if cur.contains("://") {
         url_passwords(cur)
@@ -311,6 +352,23 @@ pub fn redact(text: &str) -> Cow<'_, str> {
     match out {
         Some(s) => Cow::Owned(s),
         None => Cow::Borrowed(text),
+    }
+}
+
+/// Whether [`redact`] would change a text (without building the masked copy).
+pub fn leaks(text: &str) -> bool {
+    needles().finder.as_ref().is_some_and(|f| f.is_match(text))
+        || (text.contains("://") && !url_passwords(text).is_empty())
+}
+
+/// Whether [`redact_json`] would change a JSON value (a string or a key in it).
+pub fn json_leaks(value: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match value {
+        Value::String(s) => leaks(s),
+        Value::Array(items) => items.iter().any(json_leaks),
+        Value::Object(map) => map.iter().any(|(k, v)| leaks(k) || json_leaks(v)),
+        _ => false,
     }
 }
 
@@ -345,15 +403,23 @@ pub fn redact_json(value: &mut serde_json::Value) {
 }
 
 /// Masks the secrets in a file, rewriting it only when it holds one. For artifacts that a
-/// program streamed to disk before anything could look at them.
+/// program streamed to disk before anything could look at them, when what was streamed is
+/// no longer all in memory (else [`redact_streamed`] spares the read).
 pub fn redact_file(path: &std::path::Path) {
     let Ok(bytes) = std::fs::read(path) else {
         return;
     };
+    redact_streamed(path, &bytes);
+}
+
+/// Masks the secrets in a file known to hold exactly `bytes` (a program's output kept whole
+/// in memory as it was streamed to the file): masked in memory, and the file rewritten only
+/// when that changed something. Nothing is read, and nothing is written in the common case.
+pub fn redact_streamed(path: &std::path::Path, bytes: &[u8]) {
     if bytes.is_empty() {
         return;
     }
-    let text = String::from_utf8_lossy(&bytes);
+    let text = String::from_utf8_lossy(bytes);
     if let Cow::Owned(clean) = redact(&text) {
         if let Err(e) = std::fs::write(path, clean) {
             tracing::warn!("cannot rewrite {} without its secrets: {e}", path.display());
@@ -476,6 +542,40 @@ mod tests {
         ] {
             assert!(!is_well_known(name), "{name}");
         }
+    }
+
+    #[test]
+    fn leaks_says_what_redact_would_change() {
+        register("leak-check-0123456789");
+        for text in [
+            "a leak-check-0123456789 here",
+            "https://u:pw@host/x",
+            "\"leak-check-0123456789\"",
+        ] {
+            assert!(leaks(text), "{text}");
+            assert!(matches!(redact(text), Cow::Owned(_)), "{text}");
+        }
+        for text in [
+            "nothing",
+            "https://example.com/a@b",
+            "https://u:[REDACTED]@h",
+        ] {
+            assert!(!leaks(text), "{text}");
+        }
+        assert!(json_leaks(
+            &serde_json::json!({"k": [1, "x leak-check-0123456789"]})
+        ));
+        assert!(json_leaks(&serde_json::json!({"leak-check-0123456789": 1})));
+        assert!(!json_leaks(&serde_json::json!({"k": [1, "clean", null]})));
+        assert_eq!(URL_MASK, format!(":{MASK}@"));
+    }
+
+    #[test]
+    fn a_secret_containing_another_is_masked_whole() {
+        register("inner-secret-42");
+        register("outer-inner-secret-42-tail");
+        assert_eq!(redact("x outer-inner-secret-42-tail y"), "x [REDACTED] y");
+        assert_eq!(redact("x inner-secret-42 y"), "x [REDACTED] y");
     }
 
     #[test]

@@ -555,31 +555,12 @@ fn a_damaged_store_is_found_before_anything_is_written_to_it() {
     p.wait_for(|| p.store_text().contains("waiting"));
     child.signal(nix::sys::signal::Signal::SIGKILL);
     let _ = child.finish();
-    let db = p.dir().join(".ralph-flow/state.db");
-    let (page_size, root) = {
-        // Bring the log into the file, as a checkpoint would, and find an index's page.
-        let conn = rusqlite::Connection::open(&db).unwrap();
-        conn.pragma_update(None, "wal_checkpoint", "TRUNCATE")
-            .unwrap();
-        let page_size: usize = conn
-            .pragma_query_value(None, "page_size", |r| r.get(0))
-            .unwrap();
-        let root: usize = conn
-            .query_row(
-                "SELECT rootpage FROM sqlite_master WHERE type = 'index' AND name = 'runs_started'",
-                [],
-                |r| r.get(0),
-            )
-            .unwrap();
-        (page_size, root)
-    };
-    // Damage that index page: the cells, not the page header.
-    let mut bytes = std::fs::read(&db).unwrap();
-    let start = (root - 1) * page_size;
-    for b in &mut bytes[start + 8..start + page_size] {
-        *b = 0xA5;
-    }
-    std::fs::write(&db, bytes).unwrap();
+    // Damage an index's page: the cells, not the page header.
+    common::damage_root_page(
+        &p.dir().join(".ralph-flow/state.db"),
+        "runs_started",
+        common::Damage::Cells,
+    );
     let out = p.run(&["run", "w.toml", "--no-wait"]);
     assert_eq!(out.code, 3, "{}", out.stderr);
     assert!(out.stderr.contains("is damaged"), "{}", out.stderr);

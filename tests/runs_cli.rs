@@ -416,7 +416,7 @@ fn usage_that_no_call_reported_shows_as_unknown_not_zero() {
     assert!(row("ask").contains("unknown"), "{out}");
     assert!(!row("ask").contains("0/0/0"), "{out}");
     assert!(
-        row("mixed").contains("≥ 100/10/0 (1 call unreported)"),
+        row("mixed").contains("≥ 100/10/0 (1 call reported no usage)"),
         "{out}"
     );
     assert!(

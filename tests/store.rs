@@ -406,16 +406,19 @@ fn unreported_usage_round_trips(db: &dyn Db) {
     let history = s.history("fix", "ask", "r2", 1).expect("history");
     assert_eq!(history[0].1.usage.unreported, 1, "{history:?}");
 
-    // Settled again with every call reported, and an attempt still running: 0 again.
+    // Settled again with every call reported: 0 again. And an attempt still running, its
+    // count read back by the read of running attempts too.
     let mut again = unknown;
     again.usage = usage(10);
     let mut running = a;
     running.attempt = 2;
-    running.usage = Usage::default();
+    running.state = ralph_flow::store::AttemptState::Running;
+    running.usage = Usage::unreported_call();
+    running.finished_at = None;
     s.commit(&[Write::Node(again.clone()), Write::Attempt(running.clone())])
         .expect("commit");
     assert_eq!(s.nodes("r").expect("nodes").last(), Some(&again));
-    assert_eq!(s.running_attempts("r").expect("running").len(), 0);
+    assert_eq!(s.running_attempts("r").expect("running"), [running.clone()]);
     assert_eq!(s.attempts("r", Some("ask")).expect("attempts")[1], running);
 }
 
@@ -1223,6 +1226,8 @@ fn a_version_5_store_is_read_as_it_is_and_migrated_on_open() {
                  exit_name TEXT, exit_code INTEGER, started_at INTEGER NOT NULL,
                  updated_at INTEGER NOT NULL, dir TEXT NOT NULL,
                  options TEXT NOT NULL DEFAULT '{}');
+             CREATE INDEX runs_started ON runs (started_at);
+             CREATE INDEX runs_workflow ON runs (workflow, started_at);
              CREATE TABLE nodes (run TEXT NOT NULL, scope TEXT NOT NULL, node TEXT NOT NULL,
                  seq INTEGER NOT NULL, state TEXT NOT NULL, finished_at INTEGER NOT NULL,
                  event TEXT, output TEXT, output_blob TEXT, action TEXT, feedback TEXT,
@@ -1253,13 +1258,23 @@ fn a_version_5_store_is_read_as_it_is_and_migrated_on_open() {
                  VALUES (OLD.run, OLD.seq, OLD.finished_at, OLD.scope, OLD.node, OLD.state,
                      OLD.event);
              END;
-             INSERT INTO runs VALUES ('r', 'fix', 'w.toml', 'h', '{}', 'finished', 'success',
-                 0, 1, 2, 'd', '{}');
+             CREATE TRIGGER nodes_keep_event_on_delete BEFORE DELETE ON nodes
+                 WHEN OLD.event IS NOT NULL
+             BEGIN
+                 INSERT INTO events (run, seq, at, scope, node, kind, message)
+                 VALUES (OLD.run, OLD.seq, OLD.finished_at, OLD.scope, OLD.node, OLD.state,
+                     OLD.event);
+             END;
+             -- A run whose executor was killed: stage `a` settled, `b`'s attempt running.
+             INSERT INTO runs VALUES ('r', 'fix', 'w.toml', 'h', '{}', 'running', NULL, NULL, 1,
+                 2, 'd', '{}');
              INSERT INTO events VALUES ('r', 1, 5, '', 'a', 'started', 'a started');
              INSERT INTO nodes VALUES ('r', '', 'a', 2, 'done', 9, 'a done', '{\"ok\":true}',
                  NULL, NULL, NULL, 1, 120, 30, 0, 0.5, 5);
              INSERT INTO attempts VALUES ('r', '', 'a', 1, 'ok', 'claude', 'd/a/1', NULL, 120,
                  30, 0, 0.5, 5, 9);
+             INSERT INTO attempts VALUES ('r', '', 'b', 1, 'running', 'claude', 'd/b/1', NULL,
+                 0, 0, 0, NULL, 10, NULL);
              PRAGMA user_version = 5;",
         )
         .expect("a version 5 store");
@@ -1277,14 +1292,33 @@ fn a_version_5_store_is_read_as_it_is_and_migrated_on_open() {
         cost_usd: Some(0.5),
         unreported: 0,
     };
+    let running = AttemptRecord {
+        run: "r".to_string(),
+        scope: String::new(),
+        node: "b".to_string(),
+        attempt: 1,
+        state: ralph_flow::store::AttemptState::Running,
+        agent: Some("claude".to_string()),
+        dir: "d/b/1".to_string(),
+        error: None,
+        usage: Usage::default(),
+        started_at: 10,
+        finished_at: None,
+    };
     let check = |s: &dyn Store| {
         let nodes = s.nodes("r").expect("nodes");
         assert_eq!(nodes.len(), 1);
         assert_eq!(nodes[0].output, json!({"ok": true}));
         assert_eq!(nodes[0].usage, expected_usage);
         let attempts = s.attempts("r", None).expect("attempts");
+        assert_eq!(attempts.len(), 2);
         assert_eq!(attempts[0].usage, expected_usage);
         assert_eq!(attempts[0].finished_at, Some(9));
+        assert_eq!(attempts[1], running);
+        assert_eq!(
+            s.running_attempts("r").expect("running"),
+            std::slice::from_ref(&running)
+        );
         let kinds: Vec<String> = s
             .events("r", None)
             .expect("events")
@@ -1296,7 +1330,6 @@ fn a_version_5_store_is_read_as_it_is_and_migrated_on_open() {
     // Read-only (`status` on a directory it cannot write): read as it is.
     let ro = SqliteStore::open_read_only(&path).expect("a version 5 store reads");
     check(&ro);
-    assert!(ro.running_attempts("r").expect("running").is_empty());
     drop(ro);
     assert_eq!(version(), 5, "reading changed nothing");
     let located = ralph_flow::store::Location::Sqlite(dir.path().to_path_buf())
@@ -1324,6 +1357,15 @@ fn a_version_5_store_is_read_as_it_is_and_migrated_on_open() {
         place("unreported") < place("output") && place("input_tokens") < place("output"),
         "nothing short behind the output: {columns:?}"
     );
+    // It ends as a new store is: the same tables (their columns, with or without a rowid),
+    // indexes and triggers.
+    let fresh = tempfile::tempdir().expect("tempdir");
+    drop(store(fresh.path()));
+    assert_eq!(
+        schema_of(&path),
+        schema_of(&fresh.path().join("state.db")),
+        "migrated from version 5, as new"
+    );
     // Settled again in the same scope: the trigger (made again with the new table) moves
     // the row's event into `events`, and the new count is kept.
     let mut again = node("r", "", "a", json!(2));
@@ -1337,6 +1379,52 @@ fn a_version_5_store_is_read_as_it_is_and_migrated_on_open() {
         .map(|e| e.kind)
         .collect();
     assert_eq!(kinds, ["started", "done"], "the event kept its place");
+}
+
+/// The schema of a SQLite store, to compare: each table's columns (name, type, not null,
+/// default, key) and whether it has a rowid (the text that made it keeps how it was written,
+/// and an added column), each index's and trigger's text.
+fn schema_of(path: &Path) -> Vec<(String, String, Vec<String>)> {
+    let conn = rusqlite::Connection::open(path).expect("open");
+    let entries: Vec<(String, String, Option<String>)> = conn
+        .prepare("SELECT type, name, sql FROM sqlite_master ORDER BY type, name")
+        .and_then(|mut stmt| {
+            stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+                .collect()
+        })
+        .expect("schema");
+    entries
+        .into_iter()
+        .map(|(kind, name, sql)| {
+            let sql = sql.unwrap_or_default();
+            let shape = if kind == "table" {
+                let mut columns: Vec<String> = conn
+                    .prepare(
+                        "SELECT name, type, \"notnull\", dflt_value, pk \
+                         FROM pragma_table_info(?1)",
+                    )
+                    .and_then(|mut stmt| {
+                        stmt.query_map([&name], |r| {
+                            Ok(format!(
+                                "{} {} {} {:?} {}",
+                                r.get::<_, String>(0)?,
+                                r.get::<_, String>(1)?,
+                                r.get::<_, i64>(2)?,
+                                r.get::<_, Option<String>>(3)?,
+                                r.get::<_, i64>(4)?
+                            ))
+                        })?
+                        .collect()
+                    })
+                    .expect("columns");
+                columns.push(format!("without rowid: {}", sql.contains("WITHOUT ROWID")));
+                columns
+            } else {
+                vec![sql]
+            };
+            (kind, name, shape)
+        })
+        .collect()
 }
 
 #[test]

@@ -5,8 +5,9 @@
 //! A `command` agent never reports usage. An `openai` agent reports what its server sends:
 //! OpenAI's API sends usage on a streamed answer when asked (`stream_options`), but other
 //! servers may not (llama-cpp-python's ignores the request), and which server answers cannot
-//! be known before the run, so it is a warning that says "may". The CLI agents, `anthropic`
-//! and `replay` report usage.
+//! be known before the run, so it is a warning that says "may". An `anthropic` agent is the
+//! same: Anthropic's API sends usage, a compatible server at another `base_url` may not. The
+//! CLI agents and `replay` report usage.
 
 use std::collections::HashSet;
 
@@ -19,8 +20,41 @@ use crate::source::Span;
 enum Unreported {
     /// A `command` agent: a program's answer is its stdout, with no usage.
     Command,
-    /// An `openai` agent on another server than OpenAI's: its `base_url`, rendered.
-    Server(Span, String),
+    /// An `openai` or `anthropic` agent on another server than its vendor's: where its
+    /// `base_url` is written, and the URL rendered.
+    Server(Vendor, Span, String),
+}
+
+/// Whose API an agent's kind speaks.
+#[derive(Clone, Copy)]
+enum Vendor {
+    OpenAi,
+    Anthropic,
+}
+
+impl Vendor {
+    fn name(self) -> &'static str {
+        match self {
+            Vendor::OpenAi => "OpenAI",
+            Vendor::Anthropic => "Anthropic",
+        }
+    }
+
+    /// Whether a rendered `base_url` is the vendor's own API, which reports usage.
+    fn serves(self, url: &str) -> bool {
+        match self {
+            Vendor::OpenAi => crate::model::is_openai_itself(Some(url)),
+            Vendor::Anthropic => {
+                let url = url.trim();
+                let rest = url
+                    .strip_prefix("https://")
+                    .or_else(|| url.strip_prefix("http://"))
+                    .unwrap_or(url);
+                let host = rest.split(['/', ':']).next().unwrap_or("");
+                host.eq_ignore_ascii_case("api.anthropic.com")
+            }
+        }
+    }
 }
 
 /// Reports each tokens budget over an agent of [`Unreported`], once per budget and agent.
@@ -96,24 +130,36 @@ fn budget(
                      `max_iterations` or a `timeout`, or give these stages an agent that \
                      reports usage (claude, codex, gemini, openai, anthropic)",
                 ),
-                Unreported::Server(at, url) => Diagnostic::new(
+                Unreported::Server(vendor, at, url) => Diagnostic::new(
                     Code::UsageUnreported,
                     tokens.span,
                     format!(
                         "{whose} tokens budget may not count the calls of agent `{name}`: its \
-                         server ({url}) is not OpenAI's, and some such servers send no token \
-                         usage (llama-cpp-python's does not)"
+                         server ({url}) is not {}'s, and some such servers send no token \
+                         usage{}",
+                        vendor.name(),
+                        match vendor {
+                            Vendor::OpenAi => " (llama-cpp-python's does not)",
+                            Vendor::Anthropic => "",
+                        }
                     ),
                 )
                 .label(format!("may not see what agent `{name}` uses"))
-                .related(at, "not OpenAI's API")
+                .related(at, format!("not {}'s API", vendor.name()))
                 .related(called_at, calls)
-                .help(
-                    "vLLM, llama.cpp's llama-server, LM Studio and Ollama send usage; a call \
-                     that reports none is recorded with its usage unknown, and the run says so \
-                     once per agent. Against a server that sends none, bound the work with \
-                     `max_iterations` or a `timeout` instead",
-                ),
+                .help(match vendor {
+                    Vendor::OpenAi => {
+                        "vLLM, llama.cpp's llama-server, LM Studio and Ollama send usage; a \
+                         call that reports none is recorded with its usage unknown, and the run \
+                         says so once per agent. Against a server that sends none, bound the \
+                         work with `max_iterations` or a `timeout` instead"
+                    }
+                    Vendor::Anthropic => {
+                        "a call that reports none is recorded with its usage unknown, and the \
+                         run says so once per agent. Against a server that sends none, bound \
+                         the work with `max_iterations` or a `timeout` instead"
+                    }
+                }),
             });
         }
     }
@@ -121,15 +167,12 @@ fn budget(
 
 /// Why an agent's calls may go uncounted, if they may.
 fn unreported(c: &Checked<'_>, a: &Agent) -> Option<Unreported> {
-    match a.kind.value {
-        AgentKind::Command => Some(Unreported::Command),
-        AgentKind::OpenAi => {
-            let url = a.base_url.as_ref()?;
-            let rendered = crate::params::render_params(&url.value, &c.params)
-                .unwrap_or_else(|_| url.value.clone());
-            (!crate::model::is_openai_itself(Some(&rendered)))
-                .then_some(Unreported::Server(url.span, rendered))
-        }
-        _ => None,
-    }
+    let vendor = match a.kind.value {
+        AgentKind::Command => return Some(Unreported::Command),
+        AgentKind::OpenAi => Vendor::OpenAi,
+        AgentKind::Anthropic => Vendor::Anthropic,
+        _ => return None,
+    };
+    let (at, url) = super::outputs::dialects::base_url(c, a)?;
+    (!vendor.serves(&url)).then_some(Unreported::Server(vendor, at, url))
 }

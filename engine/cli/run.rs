@@ -1,5 +1,6 @@
 //! `ralph-flow run`, `resume`, `approve` and `reject`.
 
+use nix::sys::signal::Signal;
 use ralph_flow::diag::error_chain;
 use ralph_flow::secrets::redact;
 use ralph_flow::text::printable;
@@ -223,7 +224,7 @@ fn detach(args: &RunArgs, prepared: &ralph_flow::run::Prepared, opts: &RunOption
     } else {
         println!("{id}");
     }
-    eprintln!(
+    say(&format!(
         "queued run {id}; a worker (`ralph-flow worker --store ...`{}) carries it out; follow \
          it with `ralph-flow status {id}` or `ralph-flow serve` on the same store",
         if labels.is_empty() {
@@ -231,7 +232,7 @@ fn detach(args: &RunArgs, prepared: &ralph_flow::run::Prepared, opts: &RunOption
         } else {
             format!(" with --labels {}", labels.join(","))
         }
-    );
+    ));
     0
 }
 
@@ -242,7 +243,7 @@ fn detach(args: &RunArgs, prepared: &ralph_flow::run::Prepared, opts: &RunOption
 fn go(
     prepared: &ralph_flow::run::Prepared,
     mut opts: RunOptions,
-) -> (Result<ralph_flow::run::RunResult, Failed>, Option<i32>) {
+) -> (Result<ralph_flow::run::RunResult, Failed>, Option<Signal>) {
     use tokio::signal::unix::{SignalKind, signal};
     let rt = match runtime() {
         Ok(rt) => rt,
@@ -259,11 +260,11 @@ fn go(
             return execute(prepared, opts).await;
         };
         let signals = async {
-            let number = tokio::select! {
-                _ = term.recv() => SIGTERM,
-                _ = hup.recv() => SIGHUP,
+            let caught_now = tokio::select! {
+                _ = term.recv() => Signal::SIGTERM,
+                _ = hup.recv() => Signal::SIGHUP,
             };
-            caught.set(Some(number));
+            caught.set(Some(caught_now));
             let _ = tell.send(true);
             // The run stops by itself now; this waits for it.
             std::future::pending::<std::convert::Infallible>().await
@@ -276,12 +277,19 @@ fn go(
     (result.map_err(Failed::from), caught.get())
 }
 
-/// The numbers of the signals that stop a run besides SIGINT.
-const SIGHUP: i32 = 1;
-const SIGTERM: i32 = 15;
+// The exit codes of `exit` are 128 + these signals, as a shell reports them.
+const _: () = assert!(128 + Signal::SIGTERM as i32 == ralph_flow::exit::TERMINATED);
+const _: () = assert!(128 + Signal::SIGHUP as i32 == ralph_flow::exit::HUNG_UP);
+
+/// Prints a line on stderr, ignoring a failure: after a terminal hangs up (SIGHUP), writing
+/// to it fails (EIO), and `eprintln!` would panic where the run ends.
+pub(super) fn say(line: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
 
 pub(super) fn fail(msg: &str) -> i32 {
-    eprintln!("error: {}", printable(&redact(msg)));
+    say(&format!("error: {}", printable(&redact(msg))));
     EXIT_CONFIG
 }
 
@@ -306,17 +314,18 @@ fn run_failed(e: &Failed) -> i32 {
 
 fn finish(
     args: &ExecArgs,
-    (result, signal): (Result<ralph_flow::run::RunResult, Failed>, Option<i32>),
+    (result, signal): (Result<ralph_flow::run::RunResult, Failed>, Option<Signal>),
 ) -> i32 {
     let r = match result {
         Ok(r) => r,
         Err(e) => return run_failed(&e),
     };
-    // Stopped by SIGTERM or SIGHUP: 128 + the signal, as a shell reports it.
-    let code = match (&r.end, signal) {
-        (RunEnd::Interrupted, Some(SIGTERM)) => ralph_flow::exit::TERMINATED,
-        (RunEnd::Interrupted, Some(SIGHUP)) => ralph_flow::exit::HUNG_UP,
-        _ => r.end.code(),
+    // Stopped by SIGTERM or SIGHUP: 128 + the signal, as a shell reports it
+    // (`exit::TERMINATED`, `exit::HUNG_UP`).
+    let stopped_by = signal.filter(|_| matches!(r.end, RunEnd::Interrupted));
+    let code = match stopped_by {
+        Some(sig) => 128 + sig as i32,
+        None => r.end.code(),
     };
     if args.json {
         let (status, exit, message) = match &r.end {
@@ -372,7 +381,7 @@ fn finish(
             code,
             message,
         } => {
-            eprintln!(
+            say(&format!(
                 "run {} ended: {name} (exit code {code}){}{}",
                 r.run_id,
                 usage_text(&r.usage),
@@ -380,10 +389,10 @@ fn finish(
                     .as_ref()
                     .map(|m| format!("\n  {}", printable(&redact(m)).replace('\n', "\n  ")))
                     .unwrap_or_default()
-            );
+            ));
         }
         RunEnd::Waiting(gates) => {
-            eprintln!(
+            say(&format!(
                 "run {} is waiting on {}; answer with `ralph-flow approve {} GATE` or `ralph-flow reject {} GATE --comment ...`, then `ralph-flow resume {}`",
                 r.run_id,
                 if gates.is_empty() {
@@ -394,18 +403,16 @@ fn finish(
                 r.run_id,
                 r.run_id,
                 r.run_id
-            );
+            ));
         }
         RunEnd::Interrupted => {
-            let by = match signal {
-                Some(SIGTERM) => " by SIGTERM",
-                Some(SIGHUP) => " by SIGHUP",
-                _ => "",
-            };
-            eprintln!(
+            let by = stopped_by
+                .map(|sig| format!(" by {}", sig.as_str()))
+                .unwrap_or_default();
+            say(&format!(
                 "run {} was interrupted{by}; continue it with `ralph-flow resume {}`",
                 r.run_id, r.run_id
-            );
+            ));
         }
     }
     code
@@ -413,20 +420,14 @@ fn finish(
 
 /// Shows a run's usage shortly: ` · 13.5k tokens · $0.0336`; ` · tokens unknown (3 calls
 /// reported no usage)` when no call reported any, ` · ≥ 13.5k tokens (1 call reported no
-/// usage)` when some did not.
+/// usage)` when some did not ([`tokens_note`](ralph_flow::run::progress::tokens_note)).
 fn usage_text(u: &ralph_flow::backend::Usage) -> String {
-    use ralph_flow::run::progress::short_tokens;
-    let mut s = String::new();
-    match u.unreported_text() {
-        Some(why) if u.is_unknown() => s.push_str(&format!(" · tokens unknown ({why})")),
-        Some(why) => s.push_str(&format!(" · ≥ {} tokens ({why})", short_tokens(u.tokens()))),
-        None if u.tokens() > 0 => {
-            s.push_str(&format!(" · {} tokens", short_tokens(u.tokens())));
-            if u.cached_tokens > 0 {
-                s.push_str(&format!(" ({} cached)", short_tokens(u.cached_tokens)));
-            }
-        }
-        None => {}
+    use ralph_flow::run::progress::{short_tokens, tokens_note};
+    let mut s = tokens_note(u);
+    if let Some(why) = u.unreported_text() {
+        s.push_str(&format!(" ({why})"));
+    } else if u.tokens() > 0 && u.cached_tokens > 0 {
+        s.push_str(&format!(" ({} cached)", short_tokens(u.cached_tokens)));
     }
     if let Some(c) = u.cost_usd {
         s.push_str(&format!(" · ${c:.4}"));
@@ -516,9 +517,7 @@ pub fn resume(args: &ResumeArgs) -> i32 {
                 missing.join(", ")
             ));
         }
-        eprintln!(
-            "note: the workflow changed since the run started; continuing with the new version"
-        );
+        say("note: the workflow changed since the run started; continuing with the new version");
     }
     drop(store);
     let mut opts = opts;
@@ -560,41 +559,17 @@ pub fn answer(args: &AnswerArgs, approved: bool) -> i32 {
         Err(e) => return fail(&error_chain(&e)),
     };
     if let Some(e) = &answered.event_error {
-        eprintln!(
+        say(&format!(
             "warning: the answer is recorded, but not its event: {}",
             error_chain(e)
-        );
+        ));
     }
     let verb = if approved { "approved" } else { "rejected" };
-    // A run queued with `run --detach` is carried by workers: one already queued (an answer
-    // to another of its gates queued it, or its worker stopped) is claimed by a worker, which
-    // continues it with the answer; `resume` is for runs that no worker carries.
-    let carried_by_workers = !answered.run_running
-        && !answered.run_queued
-        && store
-            .run(&answered.approval.run)
-            .ok()
-            .flatten()
-            .is_some_and(|r| {
-                r.status == RunStatus::Queued
-                    && ralph_flow::run::worker::Workspace::from_options(&r.options).is_some()
-            });
-    let next = if answered.run_running {
-        "the run picks the answer up".to_string()
-    } else if answered.run_queued {
-        "the run is queued again; a worker carries it on".to_string()
-    } else if carried_by_workers {
-        "the run is queued; a worker carries it on with the answer".to_string()
-    } else {
-        format!(
-            "continue the run with `ralph-flow resume {}`",
-            answered.approval.run
-        )
-    };
-    eprintln!(
+    let next = answered.next.text(&answered.approval.run);
+    say(&format!(
         "{verb} gate `{}` of run {} as {by}; {next}",
         answered.gate.qualified(),
         answered.approval.run
-    );
+    ));
     0
 }

@@ -8,7 +8,7 @@ use ralph_flow::store::{
     AttemptRecord, Event, GateRequest, Location, LockOwner, NodeRecord, NodeState, RunRecord,
     RunStatus, Store,
 };
-use ralph_flow::store::{now_ms, rfc3339};
+use ralph_flow::store::{Known, now_ms, rfc3339};
 use ralph_flow::text::duration_ms;
 use ralph_flow::text::printable;
 use serde::Serialize;
@@ -275,18 +275,26 @@ struct StatusView<'a> {
     #[serde(flatten)]
     run: RunView<'a>,
     lock: Option<LockOwner>,
-    #[serde(serialize_with = "ralph_flow::store::serialize_shown")]
     nodes: &'a [NodeRecord],
     pending_gates: Vec<GateView<'a>>,
-    /// The usage of every settled stage; its counts are `null` when no call reported any.
-    #[serde(serialize_with = "shown_usage")]
-    total: Usage,
-    /// How many calls reported no usage: the counts leave their tokens out.
-    usage_unknown_calls: u64,
+    /// The usage of every settled stage: see [`Total`].
+    #[serde(flatten)]
+    total: Total,
 }
 
-fn shown_usage<S: serde::Serializer>(u: &Usage, s: S) -> Result<S::Ok, S::Error> {
-    u.shown().serialize(s)
+/// A run's usage, as `status --json` writes it: `total` (its counts `null` when no call
+/// reported any, [`Usage::serialize_shown`]) and `usage_unknown_calls` (how many calls
+/// reported no usage: the counts leave their tokens out).
+struct Total(Usage);
+
+impl Serialize for Total {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(2))?;
+        m.serialize_entry("total", &self.0.as_shown())?;
+        m.serialize_entry("usage_unknown_calls", &self.0.unreported)?;
+        m.end()
+    }
 }
 
 fn show_status(args: &StatusArgs) -> Result<(), Failure> {
@@ -330,8 +338,7 @@ fn show_status(args: &StatusArgs) -> Result<(), Failure> {
         lock,
         nodes: &nodes,
         pending_gates: gate_views,
-        usage_unknown_calls: total.unreported,
-        total,
+        total: Total(total),
     };
     if args.json {
         return print_json(&view);
@@ -420,7 +427,7 @@ fn status_text(view: &StatusView<'_>) -> String {
         }
         out += &format!("    approve: {}\n    reject:  {}\n", g.approve, g.reject);
     }
-    out += &format!("\n{}\n", total_text(&view.total));
+    out += &format!("\n{}\n", total_text(&view.total.0));
     out
 }
 
@@ -430,21 +437,8 @@ struct LogsView<'a> {
     stage: Option<&'a str>,
     events: &'a [Event],
     /// The stage's attempts (with `--stage` only).
-    #[serde(
-        skip_serializing_if = "Option::is_none",
-        serialize_with = "shown_attempts"
-    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
     attempts: Option<&'a [AttemptRecord]>,
-}
-
-fn shown_attempts<S: serde::Serializer>(
-    attempts: &Option<&[AttemptRecord]>,
-    s: S,
-) -> Result<S::Ok, S::Error> {
-    match attempts {
-        Some(a) => ralph_flow::store::serialize_shown(a, s),
-        None => s.serialize_none(),
-    }
 }
 
 /// Gives each loop, for_each and group row what its body did: the usage of every stage
@@ -518,7 +512,7 @@ fn show_logs(args: &LogsArgs) -> Result<(), Failure> {
             let used = usage
                 .get(&(e.scope.as_str(), e.node.as_str()))
                 .filter(|_| NodeState::parse(&e.kind).is_some())
-                .filter(|u| u.tokens() > 0 || u.cost_usd.is_some() || u.unreported > 0)
+                .filter(|u| !u.is_empty())
                 .map_or_else(String::new, |u| format!("{} {}", tokens(u), cost(u)));
             vec![
                 rfc3339(e.at),
@@ -596,32 +590,34 @@ fn exit_text(run: &RunRecord) -> String {
     }
 }
 
-/// Tokens as `IN/OUT/CACHED`: `unknown` when no call reported usage, and a lower bound
-/// (`≥ IN/OUT/CACHED (N calls unreported)`) when some calls did not. Never a 0 for a call
-/// that reported nothing.
+/// Tokens as `IN/OUT/CACHED` ([`Known`]): `unknown` when no call reported usage, and a
+/// lower bound (`≥ IN/OUT/CACHED (N calls reported no usage)`) when some calls did not.
+/// Never a 0 for a call that reported nothing.
 fn tokens(u: &Usage) -> String {
-    let counts = format!("{}/{}/{}", u.input_tokens, u.output_tokens, u.cached_tokens);
-    match u.unreported {
-        0 => counts,
-        _ if u.is_unknown() => String::from("unknown"),
-        n => format!(
-            "≥ {counts} ({n} call{} unreported)",
-            if n == 1 { "" } else { "s" }
-        ),
+    match (in_out_cached(u), u.unreported_text()) {
+        (known @ Known::AtLeast(_), Some(why)) => format!("{known} ({why})"),
+        (known, _) => known.to_string(),
     }
 }
 
-/// The total line of `status` and `logs`.
+/// The counts as `IN/OUT/CACHED`, known as the tokens are.
+fn in_out_cached(u: &Usage) -> Known<String> {
+    u.known()
+        .map(|_| format!("{}/{}/{}", u.input_tokens, u.output_tokens, u.cached_tokens))
+}
+
+/// The total line of `status` and `logs`: `total: IN/OUT/CACHED tokens (in/out/cached),
+/// cost C`, with a lower bound or `unknown` said as [`tokens`] does.
 fn total_text(u: &Usage) -> String {
-    let cost = cost(u);
-    match u.unreported_text() {
-        None => format!("total: {} tokens (in/out/cached), cost {cost}", tokens(u)),
-        Some(why) if u.is_unknown() => format!("total: unknown tokens ({why}), cost {cost}"),
-        Some(why) => format!(
-            "total: ≥ {}/{}/{} tokens (in/out/cached; {why}), cost {cost}",
-            u.input_tokens, u.output_tokens, u.cached_tokens
-        ),
-    }
+    let known = in_out_cached(u);
+    let what = (known != Known::Unknown).then_some("in/out/cached");
+    let why = u.unreported_text();
+    let notes: Vec<&str> = what.into_iter().chain(why.as_deref()).collect();
+    format!(
+        "total: {known} tokens ({}), cost {}",
+        notes.join("; "),
+        cost(u)
+    )
 }
 
 fn cost(u: &Usage) -> String {

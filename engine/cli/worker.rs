@@ -1,5 +1,5 @@
 //! `ralph-flow worker`: claims queued runs from a shared PostgreSQL store and carries them
-//! out, until Ctrl-C or SIGTERM.
+//! out, until Ctrl-C, SIGTERM or SIGHUP.
 
 use std::path::PathBuf;
 use std::rc::Rc;
@@ -12,7 +12,7 @@ use ralph_flow::run::worker::{WorkerOptions, work};
 use ralph_flow::store::Location;
 use ralph_flow::text::printable;
 
-use super::run::{duration, fail, runtime};
+use super::run::{duration, fail, runtime, say};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -52,8 +52,9 @@ pub struct Args {
     verbose: bool,
 }
 
-/// `ralph-flow worker`. Exits 0 when SIGTERM stopped it, 130 after Ctrl-C, 3 when it
-/// cannot start.
+/// `ralph-flow worker`. Exits 0 when SIGTERM or SIGHUP (a service manager's stop, a closed
+/// terminal) stopped it, 130 after Ctrl-C, 3 when it cannot start. Each stops it the same
+/// way: it stops claiming, and hands its runs back to the queue.
 pub fn run(args: &Args) -> i32 {
     let cwd = match std::env::current_dir() {
         Ok(d) => d,
@@ -123,20 +124,25 @@ pub fn run(args: &Args) -> i32 {
     };
     let local = tokio::task::LocalSet::new();
     let (stop, stopped) = tokio::sync::watch::channel(false);
+    // Never `eprintln!`: after SIGHUP its terminal is gone, and writing to it fails.
     let report: ralph_flow::run::worker::Report =
-        Rc::new(|line: &str| eprintln!("{}", printable(&ralph_flow::secrets::redact(line))));
+        Rc::new(|line: &str| say(&printable(&ralph_flow::secrets::redact(line))));
     let result = local.block_on(&rt, async move {
         let by_signal = async {
             #[cfg(unix)]
             {
                 use tokio::signal::unix::{SignalKind, signal};
-                let Ok(mut term) = signal(SignalKind::terminate()) else {
+                let (Ok(mut term), Ok(mut hup)) = (
+                    signal(SignalKind::terminate()),
+                    signal(SignalKind::hangup()),
+                ) else {
                     let _ = tokio::signal::ctrl_c().await;
                     return ralph_flow::exit::INTERRUPTED;
                 };
                 tokio::select! {
                     _ = tokio::signal::ctrl_c() => ralph_flow::exit::INTERRUPTED,
                     _ = term.recv() => 0,
+                    _ = hup.recv() => 0,
                 }
             }
             #[cfg(not(unix))]
@@ -157,11 +163,11 @@ pub fn run(args: &Args) -> i32 {
     });
     match result {
         (Ok(end), code) => {
-            eprintln!(
+            say(&format!(
                 "worker stopped after {} run{}",
                 end.runs,
                 if end.runs == 1 { "" } else { "s" }
-            );
+            ));
             code
         }
         (Err(e), _) => fail(&error_chain(&e)),

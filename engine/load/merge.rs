@@ -54,7 +54,17 @@ pub(super) fn merge_include(wf: &mut Workflow, inc: Workflow, diags: &mut Diagno
     add_all(&mut wf.stages, inc.stages, "stage", diags);
     wf.prompt_path.extend(inc.prompt_path);
     wf.file_roots.extend(inc.file_roots);
-    wf.secrets.extend(inc.secrets);
+    add_secrets(&mut wf.secrets, inc.secrets);
+}
+
+/// Adds the names of `secrets` lists not listed already (the first listing is kept: a name
+/// listed by a base, an include and the file itself is one secret).
+fn add_secrets(into: &mut Vec<Spanned<String>>, from: Vec<Spanned<String>>) {
+    for name in from {
+        if !into.iter().any(|n| n.value == name.value) {
+            into.push(name);
+        }
+    }
 }
 
 /// Merges a file into the base it extends: the child's agents replace the base's agents of
@@ -110,7 +120,7 @@ pub(super) fn merge_extends(
     prompt_path.append(&mut base.prompt_path);
     base.prompt_path = prompt_path;
     base.file_roots.extend(child.file_roots);
-    base.secrets.extend(child.secrets);
+    add_secrets(&mut base.secrets, child.secrets);
     base.worktree = child.worktree.or(base.worktree);
     base.sources = child.sources;
     base.file = child.file;

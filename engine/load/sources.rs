@@ -152,6 +152,20 @@ impl Loader<'_> {
             let file = self.read(&lock_path, Some(src.span), Code::PresetSource, "lockfile")?;
             match lock::LockFile::parse(&self.sources.get(file).text) {
                 Ok(l) => l,
+                // Said where the lockfile has it, both entries shown.
+                Err(lock::LockError::Duplicate(d)) => {
+                    self.diags.push(
+                        Diagnostic::new(
+                            Code::PresetSource,
+                            Span::new(file, d.at.clone()),
+                            d.what(),
+                        )
+                        .label("pinned again here")
+                        .related(Span::new(file, d.first.clone()), "first pinned here")
+                        .help(lock::Duplicate::ADVICE),
+                    );
+                    return None;
+                }
                 Err(e) => {
                     self.diags.push(
                         Diagnostic::new(

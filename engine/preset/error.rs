@@ -1,9 +1,10 @@
 //! What can go wrong fetching and pinning git presets. Each error says its own part and keeps
 //! its cause as its `source` ([`crate::diag::error_chain`] joins them).
 
+use std::ops::Range;
 use std::path::PathBuf;
 
-use super::lock::VERSION;
+use super::lock::{Locked, VERSION};
 
 /// Why a git source could not be fetched or pinned.
 #[derive(Debug, thiserror::Error)]
@@ -86,17 +87,48 @@ pub enum LockError {
 
 /// Two entries of a lockfile that pin the same repository and revision.
 #[derive(Debug, thiserror::Error)]
-#[error(
-    "{at}: source `{name}` (`{git}` at `{rev}`) is pinned twice (also at {first}); keep one of \
-     the two `[[source]]` entries (the right commit), or delete both and run `ralph-flow \
-     presets fetch WORKFLOW` to pin it again"
-)]
+#[error("line {}: {}; {}", self.line, self.what(), Duplicate::ADVICE)]
 pub struct Duplicate {
-    /// Where the second entry is: `line N` (or `entry N`).
-    pub at: String,
-    /// Where the first one is.
-    pub first: String,
+    /// The second entry's bytes in the lockfile's text, and its first line (from 1).
+    pub at: Range<usize>,
+    pub line: usize,
+    /// The first entry's bytes, and its first line.
+    pub first: Range<usize>,
+    pub first_line: usize,
     pub name: String,
     pub git: String,
     pub rev: String,
+}
+
+impl Duplicate {
+    /// What to do about it.
+    pub const ADVICE: &str = "keep one of the two `[[source]]` entries (the right commit), \
+         or delete both and run `ralph-flow presets fetch WORKFLOW` to pin it again";
+
+    /// The entry at `at` of a lockfile's `text`, which pins what the entry at `first` pins.
+    pub fn new(text: &str, at: Range<usize>, first: Range<usize>, entry: &Locked) -> Self {
+        let line = |r: &Range<usize>| {
+            text.get(..r.start)
+                .map_or(0, |before| before.matches('\n').count())
+                + 1
+        };
+        Duplicate {
+            line: line(&at),
+            first_line: line(&first),
+            at,
+            first,
+            name: entry.name.clone(),
+            git: entry.git.clone(),
+            rev: entry.rev.clone(),
+        }
+    }
+
+    /// What is wrong, where the second entry is shown: "source `team` (`../presets` at
+    /// `v1`) is pinned twice (also at line 2)".
+    pub fn what(&self) -> String {
+        format!(
+            "source `{}` (`{}` at `{}`) is pinned twice (also at line {})",
+            self.name, self.git, self.rev, self.first_line
+        )
+    }
 }

@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::error::{Duplicate, LockError, PresetError};
+use super::error::PresetError;
+pub use super::error::{Duplicate, LockError};
 
 /// The lockfile's name; it sits beside the workflow files that declare the sources.
 pub const LOCK_NAME: &str = "ralph-flow.lock";
@@ -35,14 +36,23 @@ pub struct Locked {
     pub hash: String,
 }
 
+/// A lockfile as read, each entry with where it is in the text.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Read {
+    version: u32,
+    #[serde(default, rename = "source")]
+    sources: Vec<toml::Spanned<Locked>>,
+}
+
 impl LockFile {
     /// Parses a lockfile's text.
     pub fn parse(text: &str) -> Result<LockFile, LockError> {
-        let lock: LockFile = toml::from_str(text).map_err(LockError::Syntax)?;
-        if lock.version != VERSION {
-            return Err(LockError::Version(lock.version));
+        let read: Read = toml::from_str(text).map_err(LockError::Syntax)?;
+        if read.version != VERSION {
+            return Err(LockError::Version(read.version));
         }
-        for s in &lock.sources {
+        for s in read.sources.iter().map(toml::Spanned::as_ref) {
             if s.commit.len() != 40 || !s.commit.bytes().all(|b| b.is_ascii_hexdigit()) {
                 return Err(LockError::NotACommit {
                     name: s.name.clone(),
@@ -52,26 +62,28 @@ impl LockFile {
         }
         // One entry per repository and revision: of two, `find` would take the first and the
         // other would be silently ignored (a merge that kept both sides, an edit by hand).
-        let lines = source_lines(text, lock.sources.len());
-        for (i, s) in lock.sources.iter().enumerate() {
-            if let Some(first) = lock.sources[..i]
+        for (i, entry) in read.sources.iter().enumerate() {
+            let e = entry.as_ref();
+            if let Some(first) = read.sources[..i]
                 .iter()
-                .position(|f| f.git == s.git && f.rev == s.rev)
+                .find(|f| f.as_ref().git == e.git && f.as_ref().rev == e.rev)
             {
-                return Err(LockError::Duplicate(Box::new(Duplicate {
-                    at: lines
-                        .get(i)
-                        .map_or(format!("entry {}", i + 1), |l| format!("line {l}")),
-                    first: lines
-                        .get(first)
-                        .map_or(format!("entry {}", first + 1), |l| format!("line {l}")),
-                    name: s.name.clone(),
-                    git: s.git.clone(),
-                    rev: s.rev.clone(),
-                })));
+                return Err(LockError::Duplicate(Box::new(Duplicate::new(
+                    text,
+                    entry.span(),
+                    first.span(),
+                    e,
+                ))));
             }
         }
-        Ok(lock)
+        Ok(LockFile {
+            version: read.version,
+            sources: read
+                .sources
+                .into_iter()
+                .map(toml::Spanned::into_inner)
+                .collect(),
+        })
     }
 
     /// The entry for a repository and revision.
@@ -103,30 +115,6 @@ impl LockFile {
              # commit and a content hash. Written by ralph-flow; commit it with your workflows.\n\
              {body}"
         ))
-    }
-}
-
-/// The line (from 1) of each `[[source]]` header of a lockfile's text, in order; empty when
-/// their count is not `entries` (entries written another way, as an inline array).
-fn source_lines(text: &str, entries: usize) -> Vec<usize> {
-    let lines: Vec<usize> = text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| {
-            let l = l.trim();
-            l.strip_prefix("[[")
-                .and_then(|r| r.split_once("]]"))
-                .is_some_and(|(key, rest)| {
-                    matches!(key.trim(), "source" | "\"source\"" | "'source'")
-                        && (rest.trim().is_empty() || rest.trim_start().starts_with('#'))
-                })
-        })
-        .map(|(i, _)| i + 1)
-        .collect();
-    if lines.len() == entries {
-        lines
-    } else {
-        Vec::new()
     }
 }
 

@@ -184,18 +184,7 @@ impl Exec<'_> {
                     // runs again on `resume`.
                     usage.add(&spent);
                     let detail = format!("agent `{agent_name}`: {message}");
-                    self.attempt_record(
-                        &at,
-                        AttemptState::Interrupted,
-                        Some(&agent_name),
-                        Some(detail.clone()),
-                        &usage,
-                    );
-                    return self.shared.limit_reached(
-                        Some(super::command::qualified(&scope, &node.name)),
-                        limit,
-                        detail,
-                    );
+                    return self.limit_met(&at, Some(&agent_name), limit, detail, &usage);
                 }
                 Err((e, agent_name, spent)) => {
                     usage.add(&spent);
@@ -384,13 +373,6 @@ impl Exec<'_> {
                 .await
                 .map(redact_reply)
                 .map_err(redact_error);
-            // A `command` agent's prompt file (`prompt_via = "file"`) stays in the attempt's
-            // directory once its program has read it: masked like every other artifact.
-            if cfg.kind == crate::model::AgentKind::Command
-                && cfg.prompt_via == crate::model::PromptVia::File
-            {
-                crate::secrets::redact_file(&this.dir.join("prompt.txt"));
-            }
             match &result {
                 Ok(reply) => self.add_usage(frame, n, &cfg.name, &reply.usage),
                 Err(e) => {
@@ -491,6 +473,10 @@ impl Exec<'_> {
                     message,
                     retry_after: None,
                 }))
+            }
+            // A limit of the worker's machine where it kept the call's files.
+            Ok(super::units::UnitResult::Limit { limit, message }) => {
+                Err(CallError::Limit { limit, message })
             }
             Ok(super::units::UnitResult::Program(_)) => Err(CallError::Failed {
                 message: "a worker answered an agent call with a program's output".into(),

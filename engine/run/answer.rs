@@ -1,8 +1,9 @@
 //! Answering a gate: `ralph-flow approve`/`reject` and the monitor's buttons write the same
 //! records (the answer, in one transaction with the removal of the request, then its event),
-//! and an executor polling the gate picks the answer up.
+//! and say the same of what happens next ([`Next`]): an executor polling the gate picks the
+//! answer up, a worker carries a detached run on, or `resume` continues the run.
 
-use crate::store::{Approval, Event, GateRequest, Store, StoreError, Write, now_ms};
+use crate::store::{Approval, Event, GateRequest, RunStatus, Store, StoreError, Write, now_ms};
 
 /// Who is answering, when nobody says: `$USER`, else `$LOGNAME`, else the name of the
 /// process's user in the system's user database, else `uid N`; never "unknown".
@@ -56,6 +57,33 @@ fn waiting_text(waiting: &[String]) -> String {
     }
 }
 
+/// What happens to a run once a gate of it is answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Next {
+    /// An executor carries the run out and polls the gate: it picks the answer up.
+    PicksUp,
+    /// The answer queued a detached run (`run --detach`) that waited: a worker carries it on.
+    Requeued,
+    /// A detached run queued already (another answer queued it, or its worker stopped): a
+    /// worker claims it and carries it on with the answer.
+    Queued,
+    /// Nothing carries the run: `ralph-flow resume RUN` continues it.
+    Resume,
+}
+
+impl Next {
+    /// What happens next, as the CLI and the monitor say it.
+    pub fn text(self, run: &str) -> String {
+        match self {
+            Next::PicksUp => "the run picks the answer up".to_string(),
+            Next::Requeued => "the run is queued again; a worker carries it on".to_string(),
+            Next::Queued => "the run is queued; a worker carries it on with the answer".to_string(),
+            Next::Resume => format!("continue the run with `ralph-flow resume {run}`"),
+        }
+    }
+}
+
 /// A recorded answer.
 #[derive(Debug)]
 pub struct Answered {
@@ -64,8 +92,8 @@ pub struct Answered {
     pub gate: GateRequest,
     /// Whether the run was being executed (an executor polls the gate) when it was answered.
     pub run_running: bool,
-    /// Whether the answer queued a detached run again (a worker carries it on).
-    pub run_queued: bool,
+    /// What happens to the run now.
+    pub next: Next,
     /// The answer is recorded but its event is not (the log misses one line).
     pub event_error: Option<StoreError>,
 }
@@ -138,21 +166,33 @@ pub fn answer(
                 .unwrap_or_default()
         ),
     };
-    let mut write = Write::Event(event);
-    write.redact();
-    let event_error = store.commit(&[write]).err();
-    // A detached run that waited is queued again by the answer: a worker carries it on.
-    let run_queued = record.status == crate::store::RunStatus::Waiting
-        && store
-            .run(&record.id)
-            .ok()
-            .flatten()
-            .is_some_and(|r| r.status == crate::store::RunStatus::Queued);
+    let event_error = store.commit(&[Write::Event(event)]).err();
+    let run_running = record.status == RunStatus::Running;
+    let next = if run_running {
+        Next::PicksUp
+    } else {
+        // A detached run that waited is queued again by the answer (the store does it); one
+        // queued already is too (an answer to another of its gates, or its worker stopped):
+        // either way a worker carries it on, and `resume` is for runs no worker carries.
+        let now = store.run(&record.id).ok().flatten();
+        match now {
+            Some(r) if r.status == RunStatus::Queued && record.status == RunStatus::Waiting => {
+                Next::Requeued
+            }
+            Some(r)
+                if r.status == RunStatus::Queued
+                    && super::worker::Workspace::from_options(&r.options).is_some() =>
+            {
+                Next::Queued
+            }
+            _ => Next::Resume,
+        }
+    };
     Ok(Answered {
         approval,
         gate: target,
-        run_running: record.status == crate::store::RunStatus::Running,
-        run_queued,
+        run_running,
+        next,
         event_error,
     })
 }

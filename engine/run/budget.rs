@@ -7,11 +7,21 @@ use super::frame::*;
 use crate::backend::Usage;
 use crate::check::StageId as NodeId;
 use crate::compile::Target;
+use crate::model::Budget;
 use crate::params::resolve_count;
 use crate::store::NodeState;
 
 /// How many denials a loop keeps for its outcome's message.
 const DENIALS_KEPT: usize = 5;
+
+/// Whose a budget is: the stage's own, an enclosing loop's (its usage summed under `key`),
+/// the run's.
+#[derive(Clone, Copy)]
+enum Whose<'a> {
+    Stage(NodeId),
+    Loop { key: &'a str, node: NodeId },
+    Run,
+}
 
 impl Exec<'_> {
     pub(super) fn budget_outcome(
@@ -57,51 +67,54 @@ impl Exec<'_> {
 
     /// Says, once per agent, that a call under a tokens budget reported no usage.
     fn note_unreported(&self, frame: &Frame<'_>, n: NodeId, agent: &str) {
-        let Some(budget) = self.tokens_budget(frame, n) else {
+        if self.shared.unreported_noted.borrow().contains(agent) {
+            return;
+        }
+        let Some((_, whose)) = self
+            .budgets_over(frame, n)
+            .find(|(b, _)| b.tokens.is_some())
+        else {
             return;
         };
-        if !self
-            .shared
+        self.shared
             .unreported_noted
             .borrow_mut()
-            .insert(agent.to_string())
-        {
-            return;
-        }
-        let text = format!(
+            .insert(agent.to_string());
+        self.shared.warn(format!(
             "agent `{agent}` reported no token usage for a call of stage `{}` (the answer \
-             carried none), so the tokens budget of {budget} cannot count its calls that \
-             report none; their usage shows as unknown",
-            self.plan.node(n).name
-        );
-        tracing::warn!("{text}");
-        self.shared.progress.note(&format!("! {text}"));
-        self.shared.event("", "", "warning", text);
+             carried none), so the tokens budget of {} cannot count its calls that report \
+             none; their usage shows as unknown",
+            self.plan.node(n).name,
+            self.whose_name(whose)
+        ));
     }
 
-    /// The innermost tokens budget over stage `n` in `frame`: the stage's own, an enclosing
-    /// loop's, the run's (`stage `x``, `loop `l``, `the run`).
-    fn tokens_budget(&self, frame: &Frame<'_>, n: NodeId) -> Option<String> {
-        let has_tokens =
-            |b: &Option<Box<crate::model::Budget>>| b.as_ref().is_some_and(|b| b.tokens.is_some());
-        if has_tokens(&self.plan.stage(n).keys().budget) {
-            return Some(format!("stage `{}`", self.plan.node(n).name));
+    /// The budgets over stage `n` in `frame`, innermost first: the stage's own, the
+    /// enclosing loops' (each summed under its usage key), the run's.
+    fn budgets_over<'f>(
+        &'f self,
+        frame: &'f Frame<'f>,
+        n: NodeId,
+    ) -> impl Iterator<Item = (&'f Budget, Whose<'f>)> {
+        let stage = self.plan.stage(n).keys().budget.as_deref();
+        let loops = std::iter::successors(Some(frame), |f| f.parent).filter_map(|f| {
+            let (key, l) = f.usage_key.as_ref()?;
+            let b = self.plan.stage(*l).keys().budget.as_deref()?;
+            Some((b, Whose::Loop { key, node: *l }))
+        });
+        let run = self.plan.workflow.budget.as_ref();
+        (stage.map(|b| (b, Whose::Stage(n))).into_iter())
+            .chain(loops)
+            .chain(run.map(|b| (b, Whose::Run)))
+    }
+
+    /// A budget's owner as messages name it: `stage `x``, `loop `l``, `the run`.
+    fn whose_name(&self, whose: Whose<'_>) -> String {
+        match whose {
+            Whose::Stage(n) => format!("stage `{}`", self.plan.node(n).name),
+            Whose::Loop { node, .. } => format!("loop `{}`", self.plan.node(node).name),
+            Whose::Run => String::from("the run"),
         }
-        let mut cur = Some(frame);
-        while let Some(f) = cur {
-            if let Some((_, l)) = &f.usage_key {
-                if has_tokens(&self.plan.stage(*l).keys().budget) {
-                    return Some(format!("loop `{}`", self.plan.node(*l).name));
-                }
-            }
-            cur = f.parent;
-        }
-        self.plan
-            .workflow
-            .budget
-            .as_ref()
-            .is_some_and(|b| b.tokens.is_some())
-            .then(|| String::from("the run"))
     }
 
     /// Keeps a stage's denied actions for the loops around it, whose outcome names them
@@ -141,65 +154,43 @@ impl Exec<'_> {
         n: NodeId,
         stage_usage: &Usage,
     ) -> Option<(Target, String)> {
-        let check =
-            |b: &crate::model::Budget, u: &Usage, what: String| -> Option<(Target, String)> {
-                let tokens = b
-                    .tokens
-                    .as_ref()
-                    .and_then(|t| resolve_count(&t.value, &self.plan.params).ok());
-                let over_tokens = tokens.is_some_and(|t| u.tokens() >= t);
-                let over_cost = b
-                    .cost_usd
-                    .as_ref()
-                    .is_some_and(|c| u.cost_usd.unwrap_or(0.0) >= c.value);
-                if !(over_tokens || over_cost) {
-                    return None;
-                }
-                let t = b
-                    .on_exceeded
-                    .as_ref()
-                    .map(|a| self.target_of(&a.value))
-                    .unwrap_or(Target::Fail);
-                let spent = if over_tokens {
-                    format!("{} tokens of {}", u.tokens(), tokens.unwrap_or(0))
-                } else {
-                    format!(
-                        "${:.4} of ${:.4}",
-                        u.cost_usd.unwrap_or(0.0),
-                        b.cost_usd.as_ref().map_or(0.0, |c| c.value)
-                    )
-                };
-                Some((t, format!("the budget of {what} is spent ({spent})")))
-            };
-        if let Some(b) = &self.plan.stage(n).keys().budget {
-            if let Some(r) = check(
-                b,
-                stage_usage,
-                format!("stage `{}`", self.plan.node(n).name),
-            ) {
-                return Some(r);
-            }
-        }
         let all = self.shared.usage.borrow();
-        let mut cur = Some(frame);
-        while let Some(f) = cur {
-            if let Some((key, l)) = &f.usage_key {
-                if let Some(b) = &self.plan.stage(*l).keys().budget {
-                    let u = all.get(key).cloned().unwrap_or_default();
-                    if let Some(r) = check(b, &u, format!("loop `{}`", self.plan.node(*l).name)) {
-                        return Some(r);
-                    }
-                }
+        let nothing = Usage::default();
+        self.budgets_over(frame, n).find_map(|(b, whose)| {
+            let u = match whose {
+                Whose::Stage(_) => stage_usage,
+                Whose::Loop { key, .. } => all.get(key).unwrap_or(&nothing),
+                Whose::Run => all.get("").unwrap_or(&nothing),
+            };
+            let tokens = b
+                .tokens
+                .as_ref()
+                .and_then(|t| resolve_count(&t.value, &self.plan.params).ok());
+            let over_tokens = tokens.is_some_and(|t| u.tokens() >= t);
+            let over_cost = b
+                .cost_usd
+                .as_ref()
+                .is_some_and(|c| u.cost_usd.unwrap_or(0.0) >= c.value);
+            if !(over_tokens || over_cost) {
+                return None;
             }
-            cur = f.parent;
-        }
-        if let Some(b) = &self.plan.workflow.budget {
-            let u = all.get("").cloned().unwrap_or_default();
-            if let Some(r) = check(b, &u, "the run".to_string()) {
-                return Some(r);
-            }
-        }
-        None
+            let t = b
+                .on_exceeded
+                .as_ref()
+                .map(|a| self.target_of(&a.value))
+                .unwrap_or(Target::Fail);
+            let spent = if over_tokens {
+                format!("{} tokens of {}", u.tokens(), tokens.unwrap_or(0))
+            } else {
+                format!(
+                    "${:.4} of ${:.4}",
+                    u.cost_usd.unwrap_or(0.0),
+                    b.cost_usd.as_ref().map_or(0.0, |c| c.value)
+                )
+            };
+            let what = self.whose_name(whose);
+            Some((t, format!("the budget of {what} is spent ({spent})")))
+        })
     }
 
     /// Builds every agent's backend (a bad setting fails the run before anything starts)
@@ -238,9 +229,7 @@ impl Exec<'_> {
                     missing.join(" or "),
                     missing.join(" and ")
                 );
-                tracing::warn!("{text}");
-                self.shared.progress.note(&format!("! {text}"));
-                self.shared.event("", "", "warning", text);
+                self.shared.warn(text);
             }
         }
         Ok(())

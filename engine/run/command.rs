@@ -102,23 +102,8 @@ impl Exec<'_> {
                 );
                 let out = match self.run_program(n, &scope, attempt, &spec).await {
                     Ok(o) => o,
-                    // Too many open files, a full disk, the file size limit: the machine's
-                    // problem, not the stage's. The run stops as resumable and the stage
-                    // runs again on `resume`.
-                    Err(NotRun::Limit(hit)) => {
-                        let msg = hit.to_string();
-                        self.attempt_record(
-                            &at,
-                            AttemptState::Interrupted,
-                            None,
-                            Some(msg.clone()),
-                            &Usage::default(),
-                        );
-                        return self.shared.limit_reached(
-                            Some(qualified(&scope, &node.name)),
-                            hit.limit,
-                            msg,
-                        );
+                    Err(NotRun::Limit { limit, message }) => {
+                        return self.limit_met(&at, None, limit, message, &Usage::default());
                     }
                     Err(NotRun::Failed(msg)) => {
                         self.attempt_record(
@@ -342,6 +327,10 @@ impl Exec<'_> {
                     Ok(out)
                 }
                 super::units::UnitResult::Failed(why) => Err(NotRun::Failed(why)),
+                // A limit of the worker's machine: the run stops as for one met here.
+                super::units::UnitResult::Limit { limit, message } => {
+                    Err(NotRun::Limit { limit, message })
+                }
                 super::units::UnitResult::Agent(_) => Err(NotRun::Failed(
                     "a worker answered a program with an agent's reply".into(),
                 )),
@@ -357,18 +346,37 @@ impl Exec<'_> {
             }
             None => None,
         };
-        process::run(spec).await.map_err(|e| {
-            if let process::SpawnError::Limit(hit) = e {
-                return NotRun::Limit(hit);
-            }
-            let why = crate::diag::error_chain(&e);
-            NotRun::Failed(if e.names_program() {
-                why
-            } else {
-                let program = spec.argv.first().cloned().unwrap_or_default();
-                format!("`{program}` could not start: {why}")
-            })
+        process::run(spec).await.map_err(|e| match e {
+            process::SpawnError::Limit(hit) => NotRun::Limit {
+                limit: hit.limit,
+                message: hit.to_string(),
+            },
+            e => NotRun::Failed(e.message(spec.argv.first().map_or("", String::as_str))),
         })
+    }
+
+    /// A limit of the machine met by an attempt (too many open files, a full disk, the file
+    /// size limit, where its program or agent started or its output was written): the
+    /// machine's problem, not the stage's. The attempt is recorded as interrupted (with
+    /// `message`, and the agent that met it), no stage settles, and the run stops as
+    /// resumable (see [`Shared::limit_reached`]); the stage runs again on `resume`.
+    pub(super) fn limit_met(
+        &self,
+        at: &AttemptAt<'_>,
+        agent: Option<&str>,
+        limit: process::Limit,
+        message: String,
+        usage: &Usage,
+    ) -> Outcome {
+        self.attempt_record(
+            at,
+            AttemptState::Interrupted,
+            agent,
+            Some(message.clone()),
+            usage,
+        );
+        self.shared
+            .limit_reached(Some(qualified(at.scope, at.stage)), limit, message)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -439,48 +447,28 @@ impl Exec<'_> {
 }
 
 /// How much of a command's argv a progress line or a message shows, in bytes as quoted.
-pub(super) const SHOWN_ARGV: usize = 400;
+const SHOWN_ARGV: usize = 400;
 
-/// A command as people read it (each word quoted for a POSIX shell), cut after
-/// [`SHOWN_ARGV`] bytes with an ellipsis and the argv's whole size: a `--set` of 100 KiB used
-/// forty times in an argv is not echoed as 4 MB to the progress and every message.
-pub(super) fn shown_argv(argv: &[String]) -> String {
-    let mut shown = String::new();
-    for (i, word) in argv.iter().enumerate() {
-        if i > 0 {
-            shown.push(' ');
-        }
-        // A long word is cut before it is quoted (quoting 100 KiB to show 400 bytes of it
-        // is waste); the cut is marked below.
-        let room = SHOWN_ARGV.saturating_sub(shown.len()) + 1;
-        let mut end = word.len().min(room);
-        while !word.is_char_boundary(end) {
-            end -= 1;
-        }
-        shown.push_str(&crate::shell::quote(&word[..end]));
-        if shown.len() > SHOWN_ARGV || end < word.len() {
-            let mut cut = shown.len().min(SHOWN_ARGV);
-            while !shown.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            shown.truncate(cut);
-            let bytes = argv.iter().map(String::len).sum::<usize>() + argv.len() - 1;
-            return format!("{shown}… ({} arguments, {bytes} bytes in all)", argv.len());
-        }
-    }
-    shown
+/// A command as people read it: each word quoted for a POSIX shell, cut after
+/// [`SHOWN_ARGV`] bytes (see [`crate::shell::join_shown`]).
+fn shown_argv(argv: &[String]) -> String {
+    crate::shell::join_shown(argv, SHOWN_ARGV)
 }
 
 /// Why a stage's program did not run to its end.
 enum NotRun {
     /// It could not start or be carried out (the stage fails and takes its `on_error`).
     Failed(String),
-    /// A limit of the machine was reached (the run stops; see [`Shared::limit_reached`]).
-    Limit(process::LimitHit),
+    /// A limit of the machine (here or a worker's) was reached: what could not be done, with
+    /// the system's error (the run stops; see [`Exec::limit_met`]).
+    Limit {
+        limit: process::Limit,
+        message: String,
+    },
 }
 
 /// A stage as the run's messages name it: `SCOPE/STAGE`, or `STAGE` at the top level.
-pub(super) fn qualified(scope: &str, stage: &str) -> String {
+fn qualified(scope: &str, stage: &str) -> String {
     if scope.is_empty() {
         stage.to_string()
     } else {
@@ -505,33 +493,4 @@ fn feedback_streams(stdout: &[u8], stderr: &[u8]) -> String {
         ));
     }
     s
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_long_argv_is_shown_cut_with_its_whole_size() {
-        let short = vec!["echo".to_string(), "a b".to_string()];
-        assert_eq!(shown_argv(&short), "echo 'a b'");
-        let big = "x".repeat(100 * 1024);
-        let mut argv = vec!["printf".to_string(), "%s".to_string()];
-        argv.extend(std::iter::repeat_n(big, 40));
-        let shown = shown_argv(&argv);
-        assert!(
-            shown.len() < SHOWN_ARGV + 100,
-            "{} bytes shown",
-            shown.len()
-        );
-        assert!(shown.starts_with("printf '%s' xxx"), "{shown}");
-        let total = 6 + 2 + 40 * 100 * 1024 + 41;
-        assert!(
-            shown.ends_with(&format!("… (42 arguments, {total} bytes in all)")),
-            "{shown}"
-        );
-        // Cut inside a multi-byte character: at the boundary before it.
-        let wide = vec!["é".repeat(SHOWN_ARGV)];
-        assert!(shown_argv(&wide).contains('…'));
-    }
 }

@@ -106,9 +106,9 @@ pub(crate) fn scopes_of<'a>(scopes: impl Iterator<Item = &'a str>) -> HashSet<St
 }
 
 impl Shared {
-    /// Queues a write for the next group commit.
-    pub fn write(&self, mut w: Write) {
-        w.redact();
+    /// Queues a write for the next group commit (the store masks its secrets as it commits
+    /// it).
+    pub fn write(&self, w: Write) {
         self.pending.borrow_mut().push(w);
         self.queued.set(self.queued.get() + 1);
     }
@@ -288,6 +288,14 @@ impl Shared {
             self.preload_subflows(&child.plan, &child.sources)?;
         }
         Ok(())
+    }
+
+    /// Says something the run's user should know of: in the log (`tracing`), in the
+    /// progress (`! TEXT`), and as a `warning` event of the run.
+    pub fn warn(&self, text: String) {
+        tracing::warn!("{text}");
+        self.progress.note(&format!("! {text}"));
+        self.event("", "", "warning", text);
     }
 
     /// Queues an event.

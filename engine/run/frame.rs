@@ -69,13 +69,15 @@ impl Frame<'_> {
 /// its commit is done: the view reads it back from the store when asked for.
 pub(crate) const KEEP_BYTES: usize = 1024;
 
-/// What templates see of a settled stage. Kept small (80 bytes): a run holds one for each
+/// What templates see of a settled stage. Kept small (48 bytes): a run holds one for each
 /// stage that settled in a frame that is still running (the top level's: every stage).
 #[derive(Clone, Debug)]
 pub(crate) struct View {
     output: Kept,
     pub feedback: Option<Box<str>>,
-    usage: Usage,
+    /// `None` for a usage of nothing ([`Usage::is_empty`]: most stages, whose usage is in
+    /// their attempts' or that call no agent), which then takes no room.
+    usage: Option<Box<Usage>>,
     attempts: u32,
     pub state: NodeState,
 }
@@ -117,7 +119,7 @@ impl View {
             state,
             feedback: feedback.map(Into::into),
             attempts,
-            usage,
+            usage: (!usage.is_empty()).then(|| Box::new(usage)),
         }
     }
 
@@ -176,7 +178,10 @@ impl View {
                 .unwrap_or_default(),
         );
         e.insert("attempts", Value::from(self.attempts));
-        e.insert("usage", super::context::to_value(&self.usage));
+        e.insert(
+            "usage",
+            super::context::to_value(self.usage.as_deref().unwrap_or(&Usage::default())),
+        );
         Value::from(e)
     }
 }
@@ -365,14 +370,39 @@ mod tests {
     use super::*;
 
     /// A run holds a view for every settled stage of its running frames: 10,000 of them in
-    /// a long chain. (88 bytes since the usage counts the calls that reported none: 80 KB
-    /// more at 10,000 stages.)
+    /// a long chain. (The usage, 48 bytes, is boxed, and left out when there is none.)
     #[test]
     fn a_view_stays_small() {
         assert!(
-            std::mem::size_of::<View>() <= 88,
+            std::mem::size_of::<View>() <= 48,
             "{}",
             std::mem::size_of::<View>()
+        );
+    }
+
+    #[test]
+    fn a_views_usage_takes_room_only_when_there_is_one() {
+        let view = |usage: Usage| View::new(&Json::Null, NodeState::Done, None, 1, usage);
+        let input = |v: &View| {
+            v.value()
+                .get_attr("usage")
+                .and_then(|u| u.get_attr("input_tokens"))
+                .expect("usage.input_tokens")
+        };
+        let used = view(Usage {
+            input_tokens: 3,
+            ..Usage::default()
+        });
+        assert!(used.usage.is_some());
+        assert_eq!(input(&used), Value::from(3));
+        let unknown = view(Usage::unreported_call());
+        assert_eq!(unknown.usage.as_deref(), Some(&Usage::unreported_call()));
+        let none = view(Usage::default());
+        assert!(none.usage.is_none());
+        assert_eq!(
+            input(&none),
+            Value::from(0),
+            "templates see a usage of nothing"
         );
     }
 

@@ -528,11 +528,9 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
             RunEnd::Interrupted => "interrupted".to_string(),
         },
     };
-    // Written straight to the store, not through the run's queue: masked as it would be.
-    let mut event = Write::Event(event);
-    event.redact();
+    // Written straight to the store, not through the run's queue (the store masks it).
     store
-        .commit(&[event])
+        .commit(&[Write::Event(event)])
         .and_then(|()| store.set_status(&shared.run.id, status, exit))
         .and_then(|()| store.unlock(&shared.run.id, &owner))?;
     let outputs = super::RanOutputs(top.outputs.clone());

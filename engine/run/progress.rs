@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::backend::Usage;
-use crate::store::NodeState;
+use crate::store::{Known, NodeState};
 use crate::text::duration;
 
 /// How progress is shown.
@@ -63,6 +63,17 @@ pub fn short_tokens(n: u64) -> String {
         format!("{:.1}k", n as f64 / 1000.0)
     } else {
         format!("{:.1}M", n as f64 / 1_000_000.0)
+    }
+}
+
+/// A usage's tokens in a line ([`Known`], [`short_tokens`]): ` · 13.5k tokens`; ` · ≥ 13.5k
+/// tokens` when some calls reported no usage; ` · tokens unknown` when none reported any;
+/// nothing when no token was counted.
+pub fn tokens_note(u: &Usage) -> String {
+    match u.known() {
+        Known::Exact(0) => String::new(),
+        Known::Unknown => String::from(" · tokens unknown"),
+        known => format!(" · {} tokens", known.map(short_tokens)),
     }
 }
 
@@ -152,13 +163,7 @@ impl Progress {
         if state != NodeState::Skipped {
             text.push_str(&format!(" in {}", duration(elapsed)));
         }
-        if usage.is_unknown() {
-            text.push_str(" · tokens unknown");
-        } else if usage.unreported > 0 {
-            text.push_str(&format!(" · ≥ {} tokens", short_tokens(usage.tokens())));
-        } else if usage.tokens() > 0 {
-            text.push_str(&format!(" · {} tokens", short_tokens(usage.tokens())));
-        }
+        text.push_str(&tokens_note(usage));
         if let Some(c) = usage.cost_usd {
             text.push_str(&format!(" · ${c:.4}"));
         }

@@ -82,6 +82,14 @@ pub enum UnitResult {
     Agent(Result<AgentReply, CallError>),
     /// The work could not be done there (its workspace, its program could not start).
     Failed(String),
+    /// A limit of the worker's machine was reached (too many open files, a full disk, the
+    /// file size limit) where it started the program or kept its files: not the stage's
+    /// failure, so the coordinator stops the run as resumable, as for a limit met where it
+    /// runs. `message`: what could not be done, on which worker, with the system's error.
+    Limit {
+        limit: crate::backend::process::Limit,
+        message: String,
+    },
 }
 
 impl ProgramDone {

@@ -747,7 +747,8 @@ const UNIT_ENV: &str = "RALPH_FLOW_UNIT";
 /// The runs whose workflows this worker has prepared (for their agents' settings), by id.
 type PreparedRuns = Rc<RefCell<std::collections::HashMap<String, Rc<Prepared>>>>;
 
-/// A run's workflow as stored with it, prepared once per worker.
+/// A run's workflow as stored with it, prepared once per worker; its secrets registered
+/// (`run::register_secrets`) before any unit of the run is carried out here.
 fn prepared_run(
     store: &Rc<RefCell<PgStore>>,
     cache: &PreparedRuns,
@@ -855,7 +856,10 @@ async fn carry_unit(
             return;
         }
     };
-    let value = serde_json::to_value(&result).unwrap_or(Json::Null);
+    // What the program printed or the agent answered: stored masked, as the run's own
+    // records are.
+    let mut value = serde_json::to_value(&result).unwrap_or(Json::Null);
+    crate::secrets::redact_json(&mut value);
     match store.borrow_mut().finish_unit(id, &owner, &value) {
         Ok(true) => report(&format!("unit {id} ({}) done", unit.key)),
         Ok(false) => report(&format!(
@@ -928,10 +932,11 @@ async fn unit_work(
         .join(&unit.run)
         .join(unit.id.to_string());
     if let Err(e) = std::fs::create_dir_all(&files) {
-        return Ok(UnitResult::Failed(format!(
-            "cannot create {}: {e}",
-            files.display()
-        )));
+        let what = || format!("cannot create {}", files.display());
+        return Ok(match crate::backend::process::LimitHit::of(what, e) {
+            Ok(hit) => limit_here(hit.limit, &hit.to_string()),
+            Err(e) => UnitResult::Failed(format!("{}: {e}", what())),
+        });
     }
     if let Some(run_dir) = files.parent() {
         touch(run_dir);
@@ -952,6 +957,11 @@ async fn unit_work(
                 Ok(w) => w,
                 Err(e) => return Ok(UnitResult::Failed(format!("an unreadable program: {e}"))),
             };
+            // The run's secrets are registered (with its workflow prepared), so that its
+            // program's files and its result are masked as on the run's own executor.
+            if let Err(e) = prepared_run(store, prepared, &unit.run) {
+                return Ok(UnitResult::Failed(e));
+            }
             let mut env = w.env;
             env.push((UNIT_ENV.to_string(), tag.clone()));
             let spec = crate::backend::process::ProcSpec {
@@ -967,14 +977,11 @@ async fn unit_work(
             };
             match crate::backend::process::run(&spec).await {
                 Ok(out) => UnitResult::Program(ProgramDone::of(&out)),
+                Err(crate::backend::process::SpawnError::Limit(hit)) => {
+                    limit_here(hit.limit, &hit.to_string())
+                }
                 Err(e) => {
-                    let why = crate::diag::error_chain(&e);
-                    UnitResult::Failed(if e.names_program() {
-                        why
-                    } else {
-                        let program = spec.argv.first().cloned().unwrap_or_default();
-                        format!("`{program}` could not start: {why}")
-                    })
+                    UnitResult::Failed(e.message(spec.argv.first().map_or("", String::as_str)))
                 }
             }
         }
@@ -1013,7 +1020,12 @@ async fn unit_work(
             };
             let mut call = w.call(cwd.clone(), files.clone());
             call.env.push((UNIT_ENV.to_string(), tag.clone()));
-            UnitResult::Agent(backend.call(&call).await)
+            match backend.call(&call).await {
+                Err(crate::backend::CallError::Limit { limit, message }) => {
+                    limit_here(limit, &message)
+                }
+                answer => UnitResult::Agent(answer),
+            }
         }
         other => UnitResult::Failed(format!("a unit of an unknown kind `{other}`")),
     };
@@ -1027,6 +1039,16 @@ async fn unit_work(
         }
     }
     Ok(result)
+}
+
+/// A unit's result for a limit of this machine that its work met (`what`: what could not be
+/// done, with the system's error), naming this worker: the coordinator stops the run as
+/// resumable.
+fn limit_here(limit: crate::backend::process::Limit, what: &str) -> super::units::UnitResult {
+    super::units::UnitResult::Limit {
+        limit,
+        message: format!("worker {}: {what}", crate::store::holder_id()),
+    }
 }
 
 /// A clone of `url` at `dir` (without a checkout), unless there is one.

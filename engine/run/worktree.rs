@@ -12,7 +12,9 @@
 //! worktree an earlier run left in the state directory, that run not running any more) and
 //! then moves it where the new one goes (`git worktree move`: nothing in it is lost, the
 //! files git ignores such as build output included). It never takes one with uncommitted
-//! changes other than those its run recorded leaving there ([`WorkState`]).
+//! changes other than those its run recorded leaving there ([`WorkState`]), and asks the
+//! claim again just before the move: a resume of that run finds its worktree under the same
+//! lock, so one that started meanwhile holds its run's lock by then and keeps its worktree.
 
 use std::path::{Path, PathBuf};
 
@@ -96,7 +98,8 @@ async fn repo_lock(repo: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, Work
 pub struct Leftover {
     /// The run that made it.
     pub run: String,
-    /// That run can still be resumed (it waits or was stopped): it would work there again.
+    /// That run can still be resumed (it was stopped before its end): the message for changes
+    /// it did not record tells how to go on with them.
     pub resumable: bool,
     /// [`WorkState::digest`] of the worktree as the run recorded leaving it, if it did.
     pub left: Option<String>,
@@ -105,8 +108,9 @@ pub struct Leftover {
 /// Decides whether a worktree that has the branch another worktree needs may be taken.
 pub trait Claim {
     /// Who left the worktree at `path`, when it may be taken (it is in the state directory,
-    /// left by another run that is not running), else why not. [`ensure`] then checks that
-    /// it has no changes but those its run recorded leaving there.
+    /// left by another run that is not running and will not go on by itself), else why not.
+    /// [`ensure`] then checks that it has no changes but those its run recorded leaving
+    /// there, and asks again just before it moves it.
     fn leftover(&self, path: &Path) -> Result<Leftover, String>;
 }
 
@@ -114,8 +118,6 @@ pub trait Claim {
 /// left it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkState {
-    /// Its HEAD commit.
-    pub head: String,
     /// Nothing differs from HEAD: no change to a tracked file, staged or not, and no new file
     /// (files git ignores do not count).
     pub clean: bool,
@@ -125,7 +127,10 @@ pub struct WorkState {
 }
 
 /// Reads a worktree's [`WorkState`], changing nothing in it (its index included: the files
-/// are hashed through an index of their own, and `git status` takes no optional lock).
+/// are hashed through an index of their own, and `git status` takes no optional lock). That
+/// index starts as a copy of the worktree's own, its time kept, so that git hashes only the
+/// files whose stat data changed (an index made from HEAD has none: every file would be
+/// hashed, under the repository's worktree lock).
 pub async fn state(dir: &Path) -> Result<WorkState, WorktreeError> {
     use sha2::{Digest, Sha256};
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -156,9 +161,14 @@ pub async fn state(dir: &Path) -> Result<WorkState, WorktreeError> {
             std::process::id(),
             N.fetch_add(1, Ordering::Relaxed)
         ));
+        let own = git(dir, &["rev-parse", "--git-path", "index"]).await?;
+        let own = dir.join(own.trim_end_matches(['\n', '\r']));
         let env: [(&str, &std::ffi::OsStr); 2] = [("GIT_INDEX_FILE", index.as_os_str()), quiet[0]];
         let tree = async {
-            git_with(dir, &["read-tree", &head], &env).await?;
+            if copy_index(&own, &index).is_err() {
+                // No index of its own to start from: HEAD's tree (every file hashed).
+                git_with(dir, &["read-tree", &head], &env).await?;
+            }
             git_with(dir, &["add", "--all"], &env).await?;
             git_with(dir, &["write-tree"], &env).await
         }
@@ -172,10 +182,21 @@ pub async fn state(dir: &Path) -> Result<WorkState, WorktreeError> {
         h.update([0]);
     }
     Ok(WorkState {
-        head,
         clean,
         digest: format!("{:x}", h.finalize()),
     })
+}
+
+/// Copies an index with its modification time: git trusts an entry's stat data only when
+/// it is older than the index file (a file changed in the same instant as the index was
+/// written is hashed again), so a copy made later must not look newer.
+fn copy_index(from: &Path, to: &Path) -> std::io::Result<()> {
+    let modified = std::fs::metadata(from)?.modified()?;
+    std::fs::copy(from, to)?;
+    std::fs::File::options()
+        .write(true)
+        .open(to)?
+        .set_modified(modified)
 }
 
 /// The worktree that has `branch` checked out (the main working tree included), with the
@@ -216,11 +237,8 @@ async fn may_take(
     other: &Path,
     locked: Option<&str>,
     branch: &str,
-    claim: Option<&dyn Claim>,
+    claim: &dyn Claim,
 ) -> Result<Leftover, String> {
-    let Some(claim) = claim else {
-        return Err("ralph-flow leaves it alone".to_string());
-    };
     let leftover = claim.leftover(other)?;
     let shown = other.display();
     if let Some(why) = locked {
@@ -237,39 +255,47 @@ async fn may_take(
     let now = state(other)
         .await
         .map_err(|e| format!("its state cannot be read: {}", crate::diag::error_chain(&e)))?;
-    if now.clean || leftover.left.as_deref() == Some(now.digest.as_str()) {
-        return Ok(leftover);
+    if !now.clean && leftover.left.as_deref() != Some(now.digest.as_str()) {
+        let run = &leftover.run;
+        let whose = match (&leftover.left, leftover.resumable) {
+            (Some(_), _) => format!("they changed since run `{run}` left it"),
+            (None, true) => format!(
+                "run `{run}` stopped without recording what it left there; `ralph-flow resume \
+                 {run}` continues that run in it"
+            ),
+            (None, false) => format!("run `{run}` did not record leaving them"),
+        };
+        return Err(format!(
+            "it has uncommitted changes that ralph-flow did not leave there ({whose}); in it, \
+             commit them on `{branch}`, stash them (`git stash -u`) or discard them, then run \
+             again"
+        ));
     }
-    let run = &leftover.run;
-    let whose = match (&leftover.left, leftover.resumable) {
-        (Some(_), _) => format!("they changed since run `{run}` left it"),
-        (None, true) => format!(
-            "run `{run}` stopped without recording what it left there; `ralph-flow resume {run}` \
-             continues that run in it"
-        ),
-        (None, false) => format!("run `{run}` did not record leaving them"),
-    };
-    Err(format!(
-        "it has uncommitted changes that ralph-flow did not leave there ({whose}); in it, \
-         commit them on `{branch}`, stash them (`git stash -u`) or discard them, then run again"
-    ))
+    // Hashing its files took a while: the run that left it may have been resumed meanwhile.
+    // Its resume holds the run's lock before it looks for its worktree (under the lock held
+    // here), so asking again now is enough.
+    if claim.leftover(other)? != leftover {
+        return Err(format!(
+            "run `{}`, which made it, changed while it was being looked at; run again",
+            leftover.run
+        ));
+    }
+    Ok(leftover)
 }
 
 /// Makes sure a worktree of `repo` exists at `path` on `branch` (created from `base` when
-/// the branch does not exist yet). An existing worktree there is reused (resume). When the
-/// branch is checked out in another worktree that `claim` lets it take (and that holds no
-/// change but those its run left there), that worktree is moved to `path`: its path before,
-/// and who left it, are returned.
+/// the branch does not exist yet). An existing worktree there is reused (resume), once the
+/// lock is held: so a worktree is never found by a resume while another run moves it away.
+/// When the branch is checked out in another worktree that `claim` lets it take (and that
+/// holds no change but those its run left there), that worktree is moved to `path`: its
+/// path before, and who left it, are returned.
 pub async fn ensure(
     repo: &Path,
     path: &Path,
     branch: &str,
     base: &str,
-    claim: Option<&dyn Claim>,
+    claim: &dyn Claim,
 ) -> Result<Option<(PathBuf, Leftover)>, WorktreeError> {
-    if path.join(".git").exists() {
-        return Ok(None);
-    }
     // Both come from templates (an item, an agent's output): never let one read as an
     // option of git. Git refuses such ref names anyway; say so plainly.
     for (what, value) in [("branch", branch), ("base", base)] {
@@ -282,6 +308,9 @@ pub async fn ensure(
     }
     let _held = WORKTREES.lock().await;
     let _locked = repo_lock(repo).await?;
+    if path.join(".git").exists() {
+        return Ok(None);
+    }
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(|source| {
             WorktreeError::Io(crate::fs::IoFailure::new("create", parent, source))
@@ -386,6 +415,15 @@ pub async fn remove(repo: &Path, path: &Path) -> Result<(), WorktreeError> {
 
 #[cfg(test)]
 mod tests {
+    /// A claim that takes nothing: every worktree holding the branch is left alone.
+    struct NoClaim;
+
+    impl Claim for NoClaim {
+        fn leftover(&self, _: &Path) -> Result<Leftover, String> {
+            Err("ralph-flow leaves it alone".to_string())
+        }
+    }
+
     use super::*;
 
     #[tokio::test]
@@ -393,7 +431,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let path = tmp.path().join("wt");
         for (branch, base) in [("--orphan", "HEAD"), ("b", "--detach"), ("", "HEAD")] {
-            let err = ensure(tmp.path(), &path, branch, base, None)
+            let err = ensure(tmp.path(), &path, branch, base, &NoClaim)
                 .await
                 .err()
                 .map(|e| e.to_string())
@@ -459,13 +497,13 @@ mod tests {
             &["checkout", "--quiet", "-B", "work", "origin/main"],
         );
         let wt = tmp.path().join("wt");
-        let err = ensure(&clone, &wt, "item/a", "main", None)
+        let err = ensure(&clone, &wt, "item/a", "main", &NoClaim)
             .await
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(err.contains("names no commit"), "{err}");
-        ensure(&clone, &wt, "item/a", "origin/main", None)
+        ensure(&clone, &wt, "item/a", "origin/main", &NoClaim)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(sh(&wt, &["symbolic-ref", "--short", "HEAD"]), "item/a");
@@ -509,7 +547,7 @@ mod tests {
         (repo, old)
     }
 
-    async fn held(repo: &Path, new: &Path, claim: Option<&dyn Claim>) -> String {
+    async fn held(repo: &Path, new: &Path, claim: &dyn Claim) -> String {
         ensure(repo, new, "b", "HEAD", claim)
             .await
             .err()
@@ -527,7 +565,7 @@ mod tests {
         std::fs::create_dir_all(old.join("target")).unwrap_or_else(|e| panic!("{e}"));
         std::fs::write(old.join("target/cache"), "c").unwrap_or_else(|e| panic!("{e}"));
         let new = tmp.path().join("runs/r2/item");
-        let err = held(&repo, &new, None).await;
+        let err = held(&repo, &new, &NoClaim).await;
         assert!(
             err.contains("`b` is checked out in the worktree") && err.contains("old"),
             "{err}"
@@ -538,10 +576,10 @@ mod tests {
                 Err("run r1 is running".into())
             }
         }
-        let err = held(&repo, &new, Some(&No)).await;
+        let err = held(&repo, &new, &No).await;
         assert!(err.contains("run r1 is running"), "{err}");
         assert!(old.join(".git").exists() && !new.exists());
-        let taken = ensure(&repo, &new, "b", "HEAD", Some(&Lets(None)))
+        let taken = ensure(&repo, &new, "b", "HEAD", &Lets(None))
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
@@ -557,12 +595,7 @@ mod tests {
             Some("c")
         );
         // Found again where it is now (a resume).
-        assert!(
-            ensure(&repo, &new, "b", "HEAD", Some(&Lets(None)))
-                .await
-                .ok()
-                == Some(None)
-        );
+        assert!(ensure(&repo, &new, "b", "HEAD", &Lets(None)).await.ok() == Some(None));
     }
 
     /// A worktree with uncommitted changes is taken only when they are exactly those its run
@@ -571,6 +604,7 @@ mod tests {
     async fn uncommitted_changes_are_taken_only_as_their_run_left_them() {
         let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let (repo, old) = repo_with_worktree(tmp.path());
+        let head = sh(&old, &["rev-parse", "HEAD"]);
         let clean = state(&old).await.unwrap_or_else(|e| panic!("{e}"));
         assert!(clean.clean);
         // What git ignores is no change.
@@ -580,12 +614,13 @@ mod tests {
         std::fs::write(old.join("a.txt"), "changed\n").unwrap_or_else(|e| panic!("{e}"));
         std::fs::write(old.join("new.txt"), "new\n").unwrap_or_else(|e| panic!("{e}"));
         let left = state(&old).await.unwrap_or_else(|e| panic!("{e}"));
-        assert!(!left.clean && left.head == clean.head && left.digest != clean.digest);
+        assert!(!left.clean && left.digest != clean.digest);
+        assert_eq!(sh(&old, &["rev-parse", "HEAD"]), head);
         // The index is not touched.
         assert_eq!(sh(&old, &["diff", "--cached", "--name-only"]), "");
         let new = tmp.path().join("new");
         for recorded in [None, Some(clean.digest.clone())] {
-            let err = held(&repo, &new, Some(&Lets(recorded))).await;
+            let err = held(&repo, &new, &Lets(recorded)).await;
             assert!(
                 err.contains("uncommitted changes") && err.contains("stash"),
                 "{err}"
@@ -593,7 +628,7 @@ mod tests {
         }
         // Changed again after the run left it: still refused.
         std::fs::write(old.join("new.txt"), "newer\n").unwrap_or_else(|e| panic!("{e}"));
-        let err = held(&repo, &new, Some(&Lets(Some(left.digest.clone())))).await;
+        let err = held(&repo, &new, &Lets(Some(left.digest.clone()))).await;
         assert!(err.contains("uncommitted changes"), "{err}");
         assert_eq!(
             std::fs::read_to_string(old.join("a.txt")).ok().as_deref(),
@@ -603,7 +638,7 @@ mod tests {
         // As the run left it: taken, changes and all.
         std::fs::write(old.join("new.txt"), "new\n").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(state(&old).await.ok(), Some(left.clone()));
-        let taken = ensure(&repo, &new, "b", "HEAD", Some(&Lets(Some(left.digest))))
+        let taken = ensure(&repo, &new, "b", "HEAD", &Lets(Some(left.digest)))
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert!(taken.is_some());
@@ -628,7 +663,7 @@ mod tests {
                 &old.to_string_lossy(),
             ],
         );
-        let err = held(&repo, &tmp.path().join("new"), Some(&Lets(None))).await;
+        let err = held(&repo, &tmp.path().join("new"), &Lets(None)).await;
         assert!(err.contains("locked (on a stick)"), "{err}");
         assert!(old.join(".git").exists());
     }

@@ -3,10 +3,12 @@
 //! A worktree a run keeps (its `cleanup` says so, or the run stopped) stays under
 //! `STATE_DIR/worktrees/RUN/`, with its branch checked out. A later run that needs that branch
 //! takes the worktree over (see [`super::worktree::Claim`]): only one in this state directory,
-//! made by another run that is not running (finished, failed, stopped or waiting: its lock is
-//! free or its holder dead, and it is not queued for a worker), and holding no uncommitted
-//! change but those its run recorded leaving there (`@left:PATH`, written when it keeps a
-//! worktree). Anything else is left alone, and the stage fails saying why and what to do.
+//! made by another run that is not running and will not go on by itself (finished, failed
+//! or stopped: its lock is free or its holder dead, and it is neither queued for a worker nor
+//! waiting on a gate, after whose answer it would work there again), and holding no
+//! uncommitted change but those its run recorded leaving there (`@left:PATH`, written when it
+//! keeps a worktree). Anything else is left alone, and the stage fails saying why and what
+//! to do.
 
 use std::path::{Path, PathBuf};
 
@@ -15,6 +17,7 @@ use serde_json::{Value as Json, json};
 
 use super::RunEnd;
 use super::context::*;
+use super::error::WorktreeError;
 use super::exec::*;
 use super::frame::*;
 use super::worktree::{Claim, Leftover};
@@ -68,21 +71,12 @@ impl Exec<'_> {
             format!("{}/{scope}", self.prefix)
         };
         let path = self.worktree_path(&full.split('/').map(sanitize).collect::<Vec<_>>().join("/"));
-        let taken = super::worktree::ensure(
-            &self.shared.opts.cwd,
-            &path,
-            branch.trim(),
-            base.trim(),
-            Some(self),
-        )
-        .await
-        .map_err(|source| StageError::Worktree {
-            stage: name.clone(),
-            source,
-        })?;
-        if let Some((from, leftover)) = taken {
-            self.took_over(scope, name, &from, &leftover, &path, branch.trim());
-        }
+        self.ensure_worktree(scope, name, &path, branch.trim(), base.trim())
+            .await
+            .map_err(|source| StageError::Worktree {
+                stage: name.clone(),
+                source,
+            })?;
         // A run on workers: the branch as the last machine that worked on it left it.
         if let Some(p) = &self.shared.publisher {
             p.restore(&path, branch.trim())
@@ -129,18 +123,9 @@ impl Exec<'_> {
             None => "HEAD".to_string(),
         };
         let path = self.worktree_path("@run");
-        let taken = super::worktree::ensure(
-            &self.shared.opts.cwd,
-            &path,
-            branch.trim(),
-            base.trim(),
-            Some(self),
-        )
-        .await
-        .map_err(RunError::RunWorktree)?;
-        if let Some((from, leftover)) = taken {
-            self.took_over("", "", &from, &leftover, &path, branch.trim());
-        }
+        self.ensure_worktree("", "", &path, branch.trim(), base.trim())
+            .await
+            .map_err(RunError::RunWorktree)?;
         if let Some(p) = &self.shared.publisher {
             p.restore(&path, branch.trim()).await.map_err(|source| {
                 RunError::Halted(super::error::Halt::Publish {
@@ -178,22 +163,7 @@ impl Exec<'_> {
             .and_then(|w| w.cleanup.as_ref())
             .map(|c| c.value)
             .unwrap_or_default();
-        let remove = match cleanup {
-            Cleanup::Always => true,
-            Cleanup::Never => false,
-            Cleanup::OnSuccess => *code == 0,
-        };
-        if remove {
-            if let Err(e) = super::worktree::remove(&self.shared.opts.cwd, path).await {
-                self.shared.progress.note(&format!(
-                    "! could not remove {}: {}",
-                    path.display(),
-                    crate::diag::error_chain(&e)
-                ));
-            }
-        } else {
-            self.record_left(path).await;
-        }
+        self.leave(path, cleanup, *code == 0).await;
     }
 
     pub(super) async fn leave_worktree(&self, frame: &Frame<'_>, n: NodeId, cwd: &Path, ok: bool) {
@@ -207,21 +177,44 @@ impl Exec<'_> {
             return;
         };
         let cleanup = w.cleanup.as_ref().map(|c| c.value).unwrap_or_default();
+        self.leave(path, cleanup, ok).await;
+    }
+
+    /// Makes sure the worktree at `path` exists on `branch` (from `base`), taking over one an
+    /// earlier run left on that branch when this run's claim lets it, and saying so.
+    async fn ensure_worktree(
+        &self,
+        scope: &str,
+        node: &str,
+        path: &Path,
+        branch: &str,
+        base: &str,
+    ) -> Result<(), WorktreeError> {
+        let taken =
+            super::worktree::ensure(&self.shared.opts.cwd, path, branch, base, self).await?;
+        if let Some((from, leftover)) = taken {
+            self.took_over(scope, node, &from, &leftover, path, branch);
+        }
+        Ok(())
+    }
+
+    /// Leaves a worktree as its `cleanup` says, given whether its loop, item or run
+    /// succeeded: removes it (a failure is noted, not fatal), or keeps it and records what it
+    /// holds.
+    async fn leave(&self, path: &Path, cleanup: Cleanup, ok: bool) {
         let remove = match cleanup {
             Cleanup::Always => true,
             Cleanup::Never => false,
             Cleanup::OnSuccess => ok,
         };
-        if remove {
-            if let Err(e) = super::worktree::remove(&self.shared.opts.cwd, path).await {
-                self.shared.progress.note(&format!(
-                    "! could not remove {}: {}",
-                    path.display(),
-                    crate::diag::error_chain(&e)
-                ));
-            }
-        } else {
+        if !remove {
             self.record_left(path).await;
+        } else if let Err(e) = super::worktree::remove(&self.shared.opts.cwd, path).await {
+            self.shared.progress.note(&format!(
+                "! could not remove {}: {}",
+                path.display(),
+                crate::diag::error_chain(&e)
+            ));
         }
     }
 
@@ -239,12 +232,7 @@ impl Exec<'_> {
             Ok(st) => self.record_decision(
                 "",
                 &format!("@left:{}", rel.to_string_lossy()),
-                json!({
-                    "path": path.to_string_lossy(),
-                    "head": st.head,
-                    "clean": st.clean,
-                    "digest": st.digest,
-                }),
+                json!({ "digest": st.digest }),
             ),
             Err(e) => self.shared.progress.note(&format!(
                 "! could not record what {} holds (a later run takes it over only when it \
@@ -294,9 +282,10 @@ fn canonical(p: &Path) -> PathBuf {
 
 impl Claim for Exec<'_> {
     /// A worktree may be taken when it lies in this state directory's `worktrees/RUN/`, RUN
-    /// being another run of this store that is not running: not queued for a worker, and its
-    /// lock free or held by a process known to be dead (or, on another host, whose lease
-    /// expired: `LockOwner::lapsed`, as for taking the run over).
+    /// being another run of this store that is not running and will not go on by itself:
+    /// neither queued for a worker nor waiting on a gate (answered, it goes on in its
+    /// worktrees), and its lock free or held by a process known to be dead (or, on another
+    /// host, whose lease expired: `LockOwner::lapsed`, as for taking the run over).
     fn leftover(&self, path: &Path) -> Result<Leftover, String> {
         let root = self.shared.opts.state_dir.join("worktrees");
         let shown = path.display();
@@ -341,10 +330,21 @@ impl Claim for Exec<'_> {
                  remove {shown}`) once nothing in it is needed, then run again"
             )
         })?;
-        if record.status == RunStatus::Queued {
-            return Err(format!(
-                "run `{run}`, which made it, is queued for a worker that will work in it"
-            ));
+        match record.status {
+            RunStatus::Queued => {
+                return Err(format!(
+                    "run `{run}`, which made it, is queued for a worker that will work in it"
+                ));
+            }
+            RunStatus::Waiting => {
+                return Err(format!(
+                    "run `{run}`, which made it, waits on a gate and works in it again once the \
+                     gate is answered; answer it (`ralph-flow status {run}` names it) and let \
+                     the run end, or remove the worktree (`git worktree remove {shown}`) once \
+                     nothing in it is needed, then run again"
+                ));
+            }
+            _ => {}
         }
         if let Some(holder) = store.lock_holder(&run).map_err(unreadable)? {
             if !holder.lapsed(&crate::store::host_name(), super::now_ms()) {

@@ -265,6 +265,10 @@ pub(crate) async fn answer(
                 "answered": a.gate.qualified(),
                 "approval": a.approval,
                 "run_running": a.run_running,
+                // What happens to the run now (`picks_up`, `requeued`, `queued`, `resume`),
+                // and the monitor's and `approve`'s words for it.
+                "next": a.next,
+                "next_text": a.next.text(&a.approval.run),
             }))
         }
         Ok(Ok(Some(Err(e)))) => {

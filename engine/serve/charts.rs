@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use super::layout::xml;
-use super::view::{RunDetail, attempt_usage_text, cost_text, qualified, tokens_text};
+use super::view::{RunDetail, attempt_usage_text, cost_text, qualified};
 use crate::store::{AttemptState, Usage, now_ms};
 use crate::text::duration_ms;
 
@@ -113,7 +113,7 @@ pub fn usage(run: &RunDetail) -> String {
     for a in &run.attempts {
         per_stage.entry(&a.node).or_default().add(&a.usage);
     }
-    per_stage.retain(|_, u| u.tokens() > 0 || u.cost_usd.is_some() || u.unreported > 0);
+    per_stage.retain(|_, u| !u.is_empty());
     if per_stage.is_empty() {
         return r#"<p class="empty">No tokens used yet.</p>"#.into();
     }
@@ -146,7 +146,7 @@ pub fn usage(run: &RunDetail) -> String {
             short = xml(&shorten(stage, 36)),
             ox = LABEL_W + wi,
             vx = LABEL_W + wi + wo + 6,
-            tokens = xml(&tokens_text(u)),
+            tokens = xml(&u.known().to_string()),
         );
     }
     out.push_str("</svg>");
@@ -157,7 +157,7 @@ pub fn usage(run: &RunDetail) -> String {
         .filter_map(|a| a.finished_at.map(|f| (f, a.usage.tokens())))
         .collect();
     // Calls that reported no usage make the total a lower bound.
-    let at_least = if run.attempts.iter().any(|a| a.usage.unreported > 0) {
+    let at_least = if per_stage.values().any(|u| u.unreported > 0) {
         "≥ "
     } else {
         ""

@@ -110,13 +110,13 @@ pub fn text(store: &mut dyn Store) -> Result<String, StoreError> {
             u.unreported
         );
     }
-    out.push_str("# HELP ralph_flow_cost_usd_total Cost reported by the backends, by agent.\n# TYPE ralph_flow_cost_usd_total counter\n");
-    for (agent, u) in by_agent.iter().filter(|(_, u)| !u.is_unknown()) {
+    out.push_str("# HELP ralph_flow_cost_usd_total Cost reported by the backends, by agent (an agent none of whose calls reported a cost has no sample).\n# TYPE ralph_flow_cost_usd_total counter\n");
+    // Nor is a cost never reported a 0: codex's and openai's calls report none.
+    for (agent, cost) in by_agent.iter().filter_map(|(a, u)| Some((a, u.cost_usd?))) {
         let _ = writeln!(
             out,
-            "ralph_flow_cost_usd_total{{agent=\"{}\"}} {}",
+            "ralph_flow_cost_usd_total{{agent=\"{}\"}} {cost}",
             label(agent),
-            u.cost_usd.unwrap_or(0.0)
         );
     }
     let _ = writeln!(
@@ -157,5 +157,72 @@ pub(crate) async fn metrics(State(m): State<Arc<Monitor>>) -> Response {
         )
             .into_response(),
         Err(f) => f.into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::sqlite::SqliteStore;
+    use crate::store::{AttemptRecord, RunRecord, Write};
+
+    /// Tokens and cost are samples only of what an agent reported: an agent that reports
+    /// tokens but no cost (codex, openai) has no cost sample, not a 0.
+    #[test]
+    fn a_cost_no_call_reported_has_no_sample() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut s = SqliteStore::open(&dir.path().join("state.db")).expect("open");
+        s.create_run(&RunRecord {
+            id: "r".into(),
+            workflow: "w".into(),
+            file: "w.toml".into(),
+            workflow_hash: String::new(),
+            params: serde_json::json!({}),
+            status: RunStatus::Finished,
+            exit: Some(("done".into(), 0)),
+            started_at: 1,
+            updated_at: 2,
+            dir: "d".into(),
+            options: serde_json::json!({}),
+        })
+        .expect("create");
+        let attempt = |node: &str, agent: &str, cost_usd: Option<f64>| {
+            Write::Attempt(AttemptRecord {
+                run: "r".into(),
+                scope: String::new(),
+                node: node.into(),
+                attempt: 1,
+                state: AttemptState::Ok,
+                agent: Some(agent.into()),
+                dir: format!("d/{node}"),
+                error: None,
+                usage: Usage {
+                    input_tokens: 10,
+                    output_tokens: 2,
+                    cost_usd,
+                    ..Usage::default()
+                },
+                started_at: 1,
+                finished_at: Some(2),
+            })
+        };
+        s.commit(&[
+            attempt("a", "codex", None),
+            attempt("b", "claude", Some(0.25)),
+        ])
+        .expect("commit");
+        let text = text(&mut s).expect("metrics");
+        assert!(
+            text.contains("ralph_flow_tokens_total{agent=\"codex\",direction=\"input\"} 10"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ralph_flow_cost_usd_total{agent=\"claude\"} 0.25"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("ralph_flow_cost_usd_total{agent=\"codex\""),
+            "no 0 for a cost never reported: {text}"
+        );
     }
 }

@@ -269,11 +269,13 @@ async fn detail(m: &Arc<Monitor>, id: String) -> Result<(view::RunDetail, Arc<Dr
     .await
 }
 
-/// Every part of the run page that refreshes, rendered.
+/// Every part of the run page that refreshes, rendered. The templates get only what they
+/// read (`run.gates` of the run's records, not its nodes and attempts, which the charts have
+/// drawn already): each value given is converted for them on every refresh.
 fn parts(m: &Monitor, run: &view::RunDetail, drawing: &Drawing) -> minijinja::Value {
     let events: Vec<&crate::store::Event> = run.events.iter().rev().take(200).collect();
     context! {
-        run => minijinja::Value::from(Serde(run)),
+        run => context! { gates => minijinja::Value::from(Serde(&run.gates)) },
         s => minijinja::Value::from(Serde(&run.summary)),
         graph => minijinja::Value::from_safe_string(svg(drawing, Some(&run.summary.id), &run.live)),
         note => drawing.note.clone(),
@@ -430,17 +432,10 @@ pub(crate) async fn answer(
         Ok(Ok(Some(Ok(a)))) => {
             m.touch();
             format!(
-                "{} gate {}{}",
+                "{} gate {}; {}",
                 if approved { "Approved" } else { "Rejected" },
                 a.gate.qualified(),
-                if a.run_running {
-                    "; the run picks the answer up".to_string()
-                } else {
-                    format!(
-                        "; continue the run with `ralph-flow resume {}`",
-                        a.approval.run
-                    )
-                }
+                a.next.text(&a.approval.run)
             )
         }
         Ok(Ok(Some(Err(e)))) => format!("Not answered: {}", error_chain(&e)),

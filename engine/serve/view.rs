@@ -8,8 +8,8 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::store::{
-    AttemptRecord, AttemptState, Event, GateRequest, NodeRecord, RunRecord, RunStatus, Store,
-    StoreError, Usage, now_ms, rfc3339,
+    AttemptRecord, AttemptState, Event, GateRequest, Known, NodeRecord, RunRecord, RunStatus,
+    Store, StoreError, Usage, now_ms, rfc3339,
 };
 use crate::text::duration_ms;
 
@@ -32,19 +32,10 @@ pub struct RunSummary {
     pub updated_at: i64,
     pub duration_ms: i64,
     pub duration: String,
-    /// Its counts are `null` when no call reported usage ([`Usage::shown`]).
-    #[serde(serialize_with = "shown_usage")]
-    pub usage: Usage,
-    /// Input plus output tokens; `null` when no call reported usage, a lower bound when
-    /// some did not (`usage_unknown_calls`).
-    pub tokens: Option<u64>,
-    /// What the tokens column says: `13530`, `≥ 13530` or `unknown`.
-    pub tokens_text: String,
-    /// How many calls reported no usage.
-    pub usage_unknown_calls: u64,
-    /// `3 calls reported no usage`, when some did.
-    pub usage_note: Option<String>,
-    pub cost: String,
+    /// The run's usage (its attempts'), serialized with what is said of it: see
+    /// [`RunUsage`].
+    #[serde(flatten)]
+    pub usage: RunUsage,
     pub gates_waiting: usize,
     pub stages_done: usize,
     pub stages_failed: usize,
@@ -52,16 +43,38 @@ pub struct RunSummary {
     pub running: Vec<String>,
 }
 
+/// A run's usage, summed over its attempts. A summary writes it as `usage` (its counts
+/// `null` when no call reported usage, [`Usage::serialize_shown`]) and what is said of it,
+/// made from it as it is written: `tokens` (input plus output; `null` when no call reported
+/// usage, a lower bound when some did not), `tokens_text` (`13530`, `≥ 13530` or
+/// `unknown`), `usage_unknown_calls` (how many calls reported no usage), `usage_note` (`3
+/// calls reported no usage`, when some did) and `cost` ([`cost_text`]).
+#[derive(Clone, Debug, Default)]
+pub struct RunUsage(pub Usage);
+
+impl Serialize for RunUsage {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let u = &self.0;
+        let known = u.known();
+        let mut m = s.serialize_map(Some(6))?;
+        m.serialize_entry("usage", &u.as_shown())?;
+        m.serialize_entry("tokens", &known.value())?;
+        m.serialize_entry("tokens_text", &known.to_string())?;
+        m.serialize_entry("usage_unknown_calls", &u.unreported)?;
+        m.serialize_entry("usage_note", &u.unreported_text())?;
+        m.serialize_entry("cost", &cost_text(u.cost_usd))?;
+        m.end()
+    }
+}
+
 /// Everything about one run that the run page shows.
 #[derive(Clone, Debug, Serialize)]
 pub struct RunDetail {
     pub summary: RunSummary,
     pub record: RunRecord,
-    /// Settled nodes, without the executor's own decisions (`@...`); each usage as
-    /// [`Usage::shown`] writes it.
-    #[serde(serialize_with = "crate::store::serialize_shown")]
+    /// Settled nodes, without the executor's own decisions (`@...`).
     pub nodes: Vec<NodeRecord>,
-    #[serde(serialize_with = "crate::store::serialize_shown")]
     pub attempts: Vec<AttemptRecord>,
     pub gates: Vec<GateView>,
     pub events: Vec<Event>,
@@ -176,12 +189,7 @@ pub fn summary(
         updated_at: run.updated_at,
         duration_ms: (end - run.started_at).max(0),
         duration: duration_ms((end - run.started_at).max(0)),
-        tokens: usage.known_tokens(),
-        tokens_text: tokens_text(&usage),
-        usage_unknown_calls: usage.unreported,
-        usage_note: usage.unreported_text(),
-        cost: cost_text(usage.cost_usd),
-        usage,
+        usage: RunUsage(usage),
         gates_waiting: gates,
         stages_done: nodes
             .iter()
@@ -202,31 +210,16 @@ pub fn summary(
     }
 }
 
-/// Serializes a usage as [`Usage::shown`] does.
-fn shown_usage<S: serde::Serializer>(u: &Usage, s: S) -> Result<S::Ok, S::Error> {
-    u.shown().serialize(s)
-}
-
-/// Input plus output tokens as a page shows them: `13530`; `≥ 13530` when some calls
-/// reported no usage; `unknown` when none reported any.
-pub fn tokens_text(u: &Usage) -> String {
-    match u.known_tokens() {
-        None => "unknown".into(),
-        Some(n) if u.unreported > 0 => format!("≥ {n}"),
-        Some(n) => n.to_string(),
-    }
-}
-
 /// An attempt's usage in words: `12 tokens in, 3 out`; `usage unknown: the agent reported
-/// none`; with a lower bound said as such.
+/// none`; a lower bound said as such (`≥ 12 tokens in, 3 out (1 call reported no usage)`).
 pub fn attempt_usage_text(u: &Usage) -> String {
-    if u.is_unknown() {
-        return "usage unknown: the agent reported none".into();
-    }
-    let counts = format!("{} tokens in, {} out", u.input_tokens, u.output_tokens);
-    match u.unreported_text() {
-        Some(why) => format!("at least {counts} ({why})"),
-        None => counts,
+    let known = u
+        .known()
+        .map(|_| format!("{} tokens in, {} out", u.input_tokens, u.output_tokens));
+    match (known, u.unreported_text()) {
+        (Known::Unknown, _) => "usage unknown: the agent reported none".into(),
+        (known, Some(why)) => format!("{known} ({why})"),
+        (known, None) => known.to_string(),
     }
 }
 

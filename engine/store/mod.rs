@@ -10,6 +10,7 @@ pub mod sqlite;
 
 pub use sqlite::{default_path, open_default};
 
+use std::borrow::Cow;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -214,6 +215,12 @@ impl Usage {
         self.input_tokens.saturating_add(self.output_tokens)
     }
 
+    /// Whether nothing was counted: no token, no cost, no call that reported none (a usage
+    /// with nothing to show).
+    pub fn is_empty(&self) -> bool {
+        *self == Usage::default()
+    }
+
     /// Whether nothing is known of this usage: calls reported none, and no call counted a
     /// token or a cost.
     pub fn is_unknown(&self) -> bool {
@@ -223,10 +230,18 @@ impl Usage {
             && self.cost_usd.is_none()
     }
 
-    /// The input plus output tokens when they are known (a lower bound when some calls
-    /// reported none, see [`Usage::unreported`]); `None` when nothing is known.
-    pub fn known_tokens(&self) -> Option<u64> {
-        (!self.is_unknown()).then(|| self.tokens())
+    /// What is known of the input plus output tokens: exactly that many, at least that many
+    /// (some calls reported none, see [`Usage::unreported`]), or nothing. Whatever shows a
+    /// count of a usage goes through this ([`Known::map`] for another count than the
+    /// tokens), and says it as [`Known`]'s `Display` does.
+    pub fn known(&self) -> Known {
+        if self.is_unknown() {
+            Known::Unknown
+        } else if self.unreported > 0 {
+            Known::AtLeast(self.tokens())
+        } else {
+            Known::Exact(self.tokens())
+        }
     }
 
     /// `N calls reported no usage`, when some did.
@@ -240,54 +255,85 @@ impl Usage {
         })
     }
 
-    /// This usage as JSON for people and scripts that read it (`status --json`, the
-    /// monitor's API): as stored, except that the counts are `null` when the usage is
-    /// unknown, so that no 0 stands for "not reported".
-    pub fn shown(&self) -> serde_json::Value {
-        let mut v = serde_json::to_value(self).unwrap_or_default();
-        if self.is_unknown() {
-            for key in ["input_tokens", "output_tokens", "cached_tokens"] {
-                v[key] = serde_json::Value::Null;
-            }
+    /// Serializes this usage for people and scripts that read it (`status --json`, `logs
+    /// --json`, `run --json`, the monitor's API): as stored, except that the counts are
+    /// `null` when the usage is unknown, so that no 0 stands for "not reported". The
+    /// `serialize_with` of every record and summary that holds a usage; recordings and worker
+    /// payloads write [`Usage`] itself.
+    pub fn serialize_shown<S: serde::Serializer>(
+        &self,
+        s: S,
+    ) -> std::result::Result<S::Ok, S::Error> {
+        self.as_shown().serialize(s)
+    }
+
+    /// This usage as [`Usage::serialize_shown`] writes it, to serialize.
+    pub fn as_shown(&self) -> impl Serialize + use<> {
+        #[derive(Serialize)]
+        struct Shown {
+            input_tokens: Option<u64>,
+            output_tokens: Option<u64>,
+            cached_tokens: Option<u64>,
+            cost_usd: Option<f64>,
+            #[serde(skip_serializing_if = "is_zero")]
+            unreported: u64,
         }
-        v
+        let count = |n: u64| (!self.is_unknown()).then_some(n);
+        Shown {
+            input_tokens: count(self.input_tokens),
+            output_tokens: count(self.output_tokens),
+            cached_tokens: count(self.cached_tokens),
+            cost_usd: self.cost_usd,
+            unreported: self.unreported,
+        }
+    }
+
+    /// This usage as JSON, as [`Usage::serialize_shown`] writes it.
+    pub fn shown(&self) -> serde_json::Value {
+        self.serialize_shown(serde_json::value::Serializer)
+            .unwrap_or_default()
     }
 }
 
-/// A record that holds a usage (a node's settlement, an attempt).
-pub trait WithUsage: Serialize {
-    fn usage(&self) -> &Usage;
+/// What is known of a count of a [`Usage`] ([`Usage::known`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Known<T = u64> {
+    /// Every call reported its usage.
+    Exact(T),
+    /// A lower bound: some calls reported none, and their share is not in it.
+    AtLeast(T),
+    /// No call reported any usage.
+    Unknown,
 }
 
-impl WithUsage for NodeRecord {
-    fn usage(&self) -> &Usage {
-        &self.usage
+impl<T> Known<T> {
+    /// Another count, or the same written otherwise, known as this one is.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Known<U> {
+        match self {
+            Known::Exact(n) => Known::Exact(f(n)),
+            Known::AtLeast(n) => Known::AtLeast(f(n)),
+            Known::Unknown => Known::Unknown,
+        }
+    }
+
+    /// The count (a lower bound or not), unless nothing is known.
+    pub fn value(self) -> Option<T> {
+        match self {
+            Known::Exact(n) | Known::AtLeast(n) => Some(n),
+            Known::Unknown => None,
+        }
     }
 }
 
-impl WithUsage for AttemptRecord {
-    fn usage(&self) -> &Usage {
-        &self.usage
+/// `N`; `≥ N` for a lower bound; `unknown`.
+impl<T: std::fmt::Display> std::fmt::Display for Known<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Known::Exact(n) => write!(f, "{n}"),
+            Known::AtLeast(n) => write!(f, "≥ {n}"),
+            Known::Unknown => f.write_str("unknown"),
+        }
     }
-}
-
-/// Serializes records as stored, each usage as [`Usage::shown`] writes it (no 0 for a usage
-/// that no call reported): a `serialize_with` for what people and scripts read.
-pub fn serialize_shown<R, T, S>(records: &R, s: S) -> std::result::Result<S::Ok, S::Error>
-where
-    R: AsRef<[T]>,
-    T: WithUsage,
-    S: serde::Serializer,
-{
-    use serde::ser::{Error, SerializeSeq};
-    let records = records.as_ref();
-    let mut seq = s.serialize_seq(Some(records.len()))?;
-    for r in records {
-        let mut v = serde_json::to_value(r).map_err(S::Error::custom)?;
-        v["usage"] = r.usage().shown();
-        seq.serialize_element(&v)?;
-    }
-    seq.end()
 }
 
 /// The state of a run.
@@ -464,6 +510,9 @@ pub struct NodeRecord {
     pub feedback: Option<String>,
     /// How many attempts it took.
     pub attempts: u32,
+    /// Serialized as [`Usage::serialize_shown`] writes it: nothing but display serializes a
+    /// record (the stores write columns).
+    #[serde(serialize_with = "Usage::serialize_shown")]
     pub usage: Usage,
     pub started_at: i64,
     pub finished_at: i64,
@@ -482,6 +531,8 @@ pub struct AttemptRecord {
     /// The attempt's artifact directory.
     pub dir: String,
     pub error: Option<String>,
+    /// Serialized as [`Usage::serialize_shown`] writes it (see [`NodeRecord::usage`]).
+    #[serde(serialize_with = "Usage::serialize_shown")]
     pub usage: Usage,
     pub started_at: i64,
     pub finished_at: Option<i64>,
@@ -553,13 +604,10 @@ pub enum Write {
 }
 
 impl Write {
-    /// Masks the registered secrets in every text the record holds (see
-    /// [`crate::secrets`]).
+    /// Masks the registered secrets (and URLs' passwords) in every text the record holds
+    /// (see [`crate::secrets`]).
     pub fn redact(&mut self) {
         use crate::secrets::{redact_in_place as r, redact_json};
-        if !crate::secrets::any() {
-            return;
-        }
         match self {
             Write::Node(n) => {
                 redact_json(&mut n.output);
@@ -574,6 +622,32 @@ impl Write {
             }
             Write::Approval(a) => a.comment.iter_mut().for_each(r),
         }
+    }
+
+    /// Whether [`Write::redact`] would change the record.
+    fn leaks(&self) -> bool {
+        use crate::secrets::{json_leaks, leaks};
+        let any = |t: &Option<String>| t.as_deref().is_some_and(leaks);
+        match self {
+            Write::Node(n) => json_leaks(&n.output) || any(&n.feedback) || any(&n.action),
+            Write::Attempt(a) => any(&a.error),
+            Write::Event(e) => leaks(&e.message),
+            Write::Gate(g) => leaks(&g.message) || g.show.iter().any(|s| leaks(s)),
+            Write::Approval(a) => any(&a.comment),
+        }
+    }
+
+    /// The writes as a store keeps them, every text masked: what each store's
+    /// [`Store::commit`] writes, so that no caller can commit a secret. The writes
+    /// themselves when nothing in them is masked (the common case: no copy); else a copy,
+    /// masked from the first record that needs it.
+    pub fn masked(writes: &[Write]) -> Cow<'_, [Write]> {
+        let Some(first) = writes.iter().position(Write::leaks) else {
+            return Cow::Borrowed(writes);
+        };
+        let mut copy = writes.to_vec();
+        copy[first..].iter_mut().for_each(Write::redact);
+        Cow::Owned(copy)
     }
 }
 
@@ -677,7 +751,8 @@ pub trait Store: Send {
     /// Sets a run's status and, once finished, its exit.
     fn set_status(&mut self, id: &str, status: RunStatus, exit: Option<(&str, i64)>) -> Result<()>;
 
-    /// Writes a group of records in one durable transaction.
+    /// Writes a group of records in one durable transaction, their secrets masked
+    /// ([`Write::masked`]: the store masks what it is given, whoever commits it).
     fn commit(&mut self, writes: &[Write]) -> Result<()>;
 
     /// Returns every settled node of a run, in the order they were written.
@@ -896,7 +971,9 @@ mod tests {
         u.add(&Usage::unreported_call());
         u.add(&Usage::unreported_call());
         assert!(u.is_unknown());
-        assert_eq!(u.known_tokens(), None);
+        assert_eq!(u.known(), Known::Unknown);
+        assert_eq!(u.known().to_string(), "unknown");
+        assert!(!u.is_empty());
         assert_eq!(
             u.unreported_text().as_deref(),
             Some("2 calls reported no usage")
@@ -912,9 +989,42 @@ mod tests {
             ..Usage::default()
         });
         assert!(!u.is_unknown(), "a lower bound now");
-        assert_eq!(u.known_tokens(), Some(12));
+        assert_eq!(u.known(), Known::AtLeast(12));
+        assert_eq!(u.known().to_string(), "≥ 12");
         assert_eq!(u.shown()["input_tokens"], 10);
         assert_eq!(u.shown()["unreported"], 2);
+        let all = Usage {
+            input_tokens: 10,
+            output_tokens: 2,
+            ..Usage::default()
+        };
+        assert_eq!(all.known(), Known::Exact(12));
+        assert_eq!(all.known().map(|n| n * 2).to_string(), "24");
+        assert_eq!(all.shown(), serde_json::to_value(&all).expect("writes"));
+        assert!(Usage::default().is_empty() && !all.is_empty());
+        assert_eq!(Usage::default().known(), Known::Exact(0));
+    }
+
+    /// Records are serialized only to be shown: their usage as [`Usage::shown`] writes it.
+    #[test]
+    fn a_records_usage_is_serialized_as_shown() {
+        let record = AttemptRecord {
+            run: "r".into(),
+            scope: String::new(),
+            node: "n".into(),
+            attempt: 1,
+            state: AttemptState::Ok,
+            agent: None,
+            dir: "d".into(),
+            error: None,
+            usage: Usage::unreported_call(),
+            started_at: 1,
+            finished_at: Some(2),
+        };
+        let v = serde_json::to_value(&record).expect("writes");
+        assert_eq!(v["usage"], record.usage.shown());
+        assert!(v["usage"]["input_tokens"].is_null(), "{v}");
+        assert_eq!(v["node"], "n");
     }
 
     #[test]

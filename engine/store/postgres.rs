@@ -1025,7 +1025,9 @@ impl Store for PgStore {
     }
 
     fn commit(&mut self, writes: &[Write]) -> Result<()> {
-        let writes = writes.to_vec();
+        // Copied anyway (for the connection's thread): masked in place, whoever commits.
+        let mut writes = writes.to_vec();
+        writes.iter_mut().for_each(Write::redact);
         let key = write_key();
         let fence = self.fence.clone();
         self.call(move |c| write_all(c, &writes, key, fence.as_ref()))

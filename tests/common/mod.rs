@@ -397,3 +397,86 @@ pub fn checkout_with(files: &[(&str, &str)]) -> tempfile::TempDir {
     commit_all(dir.path());
     dir
 }
+
+/// `c` under the shell's `ulimit` arguments (`-n 32`, `-f 4096`): the same program, arguments,
+/// environment and directory, started by `sh -c 'ulimit ...; exec ...'`, so that a limit of
+/// the machine is met for real (the shell exits 99 when it cannot set the limit).
+pub fn under_ulimit(ulimit: &str, c: &Command) -> Command {
+    let mut sh = Command::new("sh");
+    sh.arg("-c")
+        .arg(format!("ulimit {ulimit} || exit 99; exec \"$0\" \"$@\""))
+        .arg(c.get_program())
+        .args(c.get_args());
+    for (key, value) in c.get_envs() {
+        match value {
+            Some(value) => sh.env(key, value),
+            None => sh.env_remove(key),
+        };
+    }
+    if let Some(dir) = c.get_current_dir() {
+        sh.current_dir(dir);
+    }
+    sh
+}
+
+impl Project {
+    /// Runs ralph-flow to its end under the shell's `ulimit` arguments (see
+    /// [`under_ulimit`]).
+    pub fn run_limited(&self, ulimit: &str, args: &[&str]) -> Out {
+        let out = under_ulimit(ulimit, &self.command(args)).output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        Out {
+            code: out.status.code().unwrap_or(-1),
+            json: serde_json::from_str(&stdout).unwrap_or(serde_json::Value::Null),
+            stdout,
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    /// The newest run of the project's store: its id and status.
+    pub fn last_run(&self) -> (String, ralph_flow::store::RunStatus) {
+        let store = self.store().expect("a store");
+        let run = store.runs(1).unwrap().into_iter().next().expect("a run");
+        (run.id, run.status)
+    }
+}
+
+/// What [`damage_root_page`] overwrites of a page.
+pub enum Damage {
+    /// Its header: `PRAGMA quick_check` itself then fails ("database disk image is
+    /// malformed") instead of listing what it found.
+    Header,
+    /// Its cells: `PRAGMA quick_check` lists what it finds wrong.
+    Cells,
+}
+
+/// Damages a SQLite store as a failing disk would: its log brought into the file (as a
+/// checkpoint would), then the root page of the table or index `name` overwritten (0xA5).
+pub fn damage_root_page(db: &Path, name: &str, damage: Damage) {
+    let (page_size, root) = {
+        let conn = rusqlite::Connection::open(db).unwrap();
+        conn.pragma_update(None, "wal_checkpoint", "TRUNCATE")
+            .unwrap();
+        let page_size: usize = conn
+            .pragma_query_value(None, "page_size", |r| r.get(0))
+            .unwrap();
+        let root: usize = conn
+            .query_row(
+                "SELECT rootpage FROM sqlite_master WHERE name = ?1",
+                [name],
+                |r| r.get(0),
+            )
+            .unwrap();
+        (page_size, root)
+    };
+    let mut bytes = std::fs::read(db).unwrap();
+    let start = (root - 1) * page_size;
+    let range = match damage {
+        Damage::Header => start..start + 8,
+        Damage::Cells => start + 8..start + page_size,
+    };
+    for b in &mut bytes[range] {
+        *b = 0xA5;
+    }
+    std::fs::write(db, bytes).unwrap();
+}

@@ -179,8 +179,8 @@ function rep(s, from, to,    out, i) {
 }'
 }
 
-# Prints a capture's stdout and stderr with this call's values: `fake_print CASE`. The
-# stderr lines holding `fake_drop_stderr` (when set) are left out.
+# Prints a capture's stdout and stderr with this call's values: `fake_print CASE`. When
+# `fake_stderr_filter` is set, stderr goes through that command (a function) first.
 fake_print() {
     f=$FAKE_CAPTURES/$fake_name/$1
     if [ ! -f "$f.stdout" ]; then
@@ -188,11 +188,70 @@ fake_print() {
         exit 2
     fi
     fake_subst <"$f.stdout"
-    if [ -n "${fake_drop_stderr:-}" ]; then
-        fake_subst <"$f.stderr" | grep -v -F -e "$fake_drop_stderr" >&2
+    if [ -n "${fake_stderr_filter:-}" ]; then
+        fake_subst <"$f.stderr" | "$fake_stderr_filter" >&2
     else
         fake_subst <"$f.stderr" >&2
     fi
+}
+
+# Keeps, of a Rust program's log lines (`TIME  LEVEL target: message`, as tracing prints
+# them), those that RUST_LOG enables, as tracing-subscriber's EnvFilter does: the directive
+# whose target is the longest prefix of the line's target decides (`LEVEL` alone applies to
+# every target, `TARGET` alone means `TARGET=trace`); a RUST_LOG that has none for a target
+# (`ralph_flow=debug`, empty) shows nothing of it. Unset, `$1` is the filter (the program's
+# default). Other lines pass. Only what the capture holds can be shown: a RUST_LOG that
+# enables more than the capture's did shows no more.
+fake_rust_log() {
+    if [ -n "${RUST_LOG+set}" ]; then
+        filter=$RUST_LOG
+    else
+        filter=$1
+    fi
+    FS_FILTER=$filter awk '
+function rank(l) {
+    l = tolower(l)
+    if (l == "off") return 0
+    if (l == "error") return 1
+    if (l == "warn") return 2
+    if (l == "info") return 3
+    if (l == "debug") return 4
+    if (l == "trace") return 5
+    return -1
+}
+BEGIN {
+    n = split(ENVIRON["FS_FILTER"], dirs, ",")
+    for (i = 1; i <= n; i++) {
+        d = dirs[i]
+        gsub(/^[ \t]+|[ \t]+$/, "", d)
+        if (d == "") continue
+        eq = index(d, "=")
+        if (eq > 0) {
+            t[i] = substr(d, 1, eq - 1); r[i] = rank(substr(d, eq + 1))
+        } else if (rank(d) >= 0) {
+            t[i] = ""; r[i] = rank(d)
+        } else {
+            t[i] = d; r[i] = 5
+        }
+        used[i] = 1
+    }
+}
+{
+    if (!match($0, /^[0-9][0-9-]*T[0-9:.]+Z +(ERROR|WARN|INFO|DEBUG|TRACE) [^ :]+(::[^ :]+)*:/)) {
+        print
+        next
+    }
+    split(substr($0, 1, RLENGTH - 1), w, / +/)
+    level = rank(w[2]); target = w[3]
+    best = -1; allowed = 0
+    for (i = 1; i <= n; i++) {
+        if (!used[i] || r[i] < 0) continue
+        if (substr(target, 1, length(t[i])) == t[i] && length(t[i]) >= best) {
+            best = length(t[i]); allowed = r[i]
+        }
+    }
+    if (level <= allowed) print
+}'
 }
 
 # Writes, in the working directory, the files the real CLI wrote in a case (its `.files`:
@@ -210,11 +269,29 @@ fake_write_files() {
     done <"$files"
 }
 
-# Prints a capture, writes the files the real CLI wrote, and exits with its exit code:
-# `fake_replay CASE`.
+# Makes the commits the real CLI made in a case run in a git repository (its `.repo`:
+# `commits: NEWEST ... init`, the capture's own `init` last), as the mock's model made them
+# (`git add -A && git commit -q -m MESSAGE`), when the working directory is in a git
+# repository: `fake_commit CASE`. A commit git refuses (no identity, nothing to commit) is
+# not made, as the real CLI's would not be.
+fake_commit() {
+    repo=$FAKE_CAPTURES/$fake_name/$1.repo
+    [ -f "$repo" ] || return 0
+    made=$(sed -n 's/^commits: //p' "$repo")
+    [ -n "$made" ] || return 0
+    git rev-parse --is-inside-work-tree >/dev/null 2>&1 || return 0
+    # Oldest first, the capture's `init` left out.
+    for m in $(printf '%s\n' $made | sed '$d' | sed -n '1!G;h;$p'); do
+        { git add -A && git commit -q -m "$m"; } >/dev/null 2>&1 || return 0
+    done
+}
+
+# Prints a capture, leaves what the real CLI left (the files it wrote, the commits it made)
+# and exits with its exit code: `fake_replay CASE`.
 fake_replay() {
     fake_print "$1"
     fake_write_files "$1"
+    fake_commit "$1"
     exit "$(cat "$FAKE_CAPTURES/$fake_name/$1.exit")"
 }
 

@@ -13,6 +13,21 @@ pub(super) struct Invocation {
     pub(super) argv: Vec<String>,
     pub(super) stdin: Option<Vec<u8>>,
     pub(super) lowered: Option<Lowered>,
+    /// The prompt's file, for a `command` agent that reads it from one.
+    pub(super) prompt_file: Option<PromptFile>,
+}
+
+/// A prompt written to a file for the program (`prompt_via = "file"`, `prompt.txt` in the
+/// call's directory): it stays there once the program has read it, so it is masked like
+/// every other artifact when this is dropped, once the program is done, however the call
+/// ends (an error, a timeout, the run stopped).
+#[derive(Debug)]
+pub(super) struct PromptFile(std::path::PathBuf);
+
+impl Drop for PromptFile {
+    fn drop(&mut self) {
+        crate::secrets::redact_file(&self.0);
+    }
 }
 
 impl CliBackend {
@@ -20,10 +35,13 @@ impl CliBackend {
     pub(super) fn invocation(&self, call: &AgentCall) -> Result<Invocation, CallError> {
         let lowered = self.lowered(call)?;
         let (argv, stdin) = self.argv_and_stdin(call, lowered.as_ref().map(|l| &l.schema))?;
+        let prompt_file = matches!(self.flavor, Flavor::Command(PromptVia::File))
+            .then(|| PromptFile(call.dir.join(PROMPT_FILE)));
         Ok(Invocation {
             argv,
             stdin,
             lowered,
+            prompt_file,
         })
     }
 
@@ -96,9 +114,8 @@ impl CliBackend {
                 }
                 if let Some(schema) = native {
                     let path = call.dir.join("output-schema.json");
-                    std::fs::write(&path, schema.to_string()).map_err(|e| CallError::Failed {
-                        message: format!("cannot write {}: {e}", path.display()),
-                    })?;
+                    std::fs::write(&path, schema.to_string())
+                        .map_err(|e| write_failed(&path, e))?;
                     argv.extend(["--output-schema".into(), path.display().to_string()]);
                 }
                 argv.extend(extra);
@@ -125,12 +142,9 @@ impl CliBackend {
                 match via {
                     PromptVia::Stdin => Ok((argv, prompt)),
                     PromptVia::File => {
-                        let path = call.dir.join("prompt.txt");
-                        std::fs::write(&path, prompt.as_deref().unwrap_or_default()).map_err(
-                            |e| CallError::Failed {
-                                message: format!("cannot write {}: {e}", path.display()),
-                            },
-                        )?;
+                        let path = call.dir.join(PROMPT_FILE);
+                        std::fs::write(&path, prompt.as_deref().unwrap_or_default())
+                            .map_err(|e| write_failed(&path, e))?;
                         place(&mut argv, "{prompt_file}", &path.display().to_string());
                         Ok((argv, None))
                     }
@@ -216,6 +230,23 @@ pub(super) fn set_aside(path: &std::path::Path) {
             }
             return;
         }
+    }
+}
+
+/// The file of a call's directory that holds the prompt of a `command` agent with
+/// `prompt_via = "file"`.
+const PROMPT_FILE: &str = "prompt.txt";
+
+/// A file of the call that could not be written: a limit of the machine (too many open
+/// files, a full disk, the file size limit) stops the run as resumable
+/// ([`CallError::Limit`]); anything else fails the call.
+fn write_failed(path: &std::path::Path, e: std::io::Error) -> CallError {
+    let what = || format!("cannot write {}", path.display());
+    match crate::backend::process::LimitHit::of(what, e) {
+        Ok(hit) => hit.into(),
+        Err(e) => CallError::Failed {
+            message: format!("{}: {e}", what()),
+        },
     }
 }
 
@@ -382,6 +413,32 @@ mod tests {
             let prompt = String::from_utf8(stdin.expect("a prompt")).expect("UTF-8");
             assert!(!prompt.contains("2020-12"), "{prompt}");
         }
+    }
+
+    #[test]
+    fn a_call_file_that_meets_a_limit_of_the_machine_is_the_limit_not_a_failure() {
+        let schema = serde_json::json!({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"], "additionalProperties": false});
+        let b = backend(AgentKind::Codex, Permissions::ReadOnly);
+        // Writing /dev/full fails as a full disk does (ENOSPC).
+        let full = tempfile::tempdir().expect("a temp dir");
+        std::os::unix::fs::symlink("/dev/full", full.path().join("output-schema.json"))
+            .expect("a link");
+        let err = b
+            .invocation(&call_in(full.path(), Some(schema.clone())))
+            .expect_err("no space");
+        let CallError::Limit { limit, message } = &err else {
+            panic!("{err:?}");
+        };
+        assert_eq!(*limit, crate::backend::process::Limit::DiskSpace);
+        assert!(message.starts_with("cannot write "), "{message}");
+        assert!(message.contains("output-schema.json"), "{message}");
+        // Any other failure to write it fails the call.
+        let other = tempfile::tempdir().expect("a temp dir");
+        std::fs::create_dir(other.path().join("output-schema.json")).expect("a directory");
+        let err = b
+            .invocation(&call_in(other.path(), Some(schema)))
+            .expect_err("a directory");
+        assert!(matches!(err, CallError::Failed { .. }), "{err:?}");
     }
 
     #[test]

@@ -121,6 +121,7 @@ impl CliBackend {
             argv,
             stdin,
             lowered,
+            prompt_file,
         } = self.invocation(call)?;
         // A retried call starts fresh files; the earlier output stays as `stdout.1`...
         for name in ["stdout", "stderr"] {
@@ -158,7 +159,10 @@ impl CliBackend {
                 Flavor::Command(_) => None,
             },
         };
-        let out = process::run(&spec).await.map_err(|e| match e {
+        let out = process::run(&spec).await;
+        // The program is done with its prompt file: masked now (on every path: dropped).
+        drop(prompt_file);
+        let out = out.map_err(|e| match e {
             SpawnError::NotFound { .. } => CallError::Missing {
                 message: e.to_string(),
             },

@@ -149,10 +149,19 @@ impl HttpBackend {
 
         let limits = Limits::start(call.timeout, call.idle_timeout);
         tracing::debug!(url = %self.url, "sending request");
-        let mut response = limits
-            .bound(request.send(), &[])
-            .await?
-            .map_err(|e| self.send_error(e))?;
+        let mut response = limits.bound(request.send(), &[]).await?.map_err(|e| {
+            // Too many open files for the connection's socket: the machine's limit, not
+            // the server's; the run stops as resumable instead of retrying.
+            let limit = crate::backend::process::Limit::in_chain(&e);
+            let error = self.send_error(e);
+            match limit {
+                Some(limit) => CallError::Limit {
+                    limit,
+                    message: error.text().to_string(),
+                },
+                None => error,
+            }
+        })?;
         let status = response.status();
         tracing::debug!(url = %self.url, %status, "response headers");
         let retry_after = retry_after(response.headers(), SystemTime::now());

@@ -42,12 +42,22 @@ pub enum SpawnFailure {
     },
 }
 
-/// Errors are equal when they are of the same kind and say the same (I/O errors have no
-/// equality of their own).
 impl SpawnError {
+    /// The whole message, causes included, naming the program (`program`, the argv's first
+    /// word) where the error does not: "`make` could not start: the working directory /x
+    /// does not exist".
+    pub fn message(&self, program: &str) -> String {
+        let why = crate::diag::error_chain(self);
+        if self.names_program() {
+            why
+        } else {
+            format!("`{program}` could not start: {why}")
+        }
+    }
+
     /// Tells whether the message names the program (an empty command or a missing working
-    /// directory does not: the caller says which program could not start).
-    pub fn names_program(&self) -> bool {
+    /// directory does not).
+    fn names_program(&self) -> bool {
         !matches!(
             self,
             SpawnError::Other(SpawnFailure::EmptyCommand | SpawnFailure::NoWorkingDirectory(_))
@@ -55,6 +65,8 @@ impl SpawnError {
     }
 }
 
+/// Errors are equal when they are of the same kind and say the same (I/O errors have no
+/// equality of their own).
 impl PartialEq for SpawnError {
     fn eq(&self, other: &Self) -> bool {
         match (self, other) {
@@ -85,5 +97,14 @@ mod tests {
         assert!(!empty.names_program());
         let cwd = SpawnError::Other(SpawnFailure::NoWorkingDirectory("/nope".into()));
         assert!(!cwd.names_program() && !cwd.to_string().contains('`'));
+        // The message names it either way, once.
+        assert_eq!(
+            not_found.message("x"),
+            "`x` was not found; install it or put it on PATH"
+        );
+        assert_eq!(
+            cwd.message("make"),
+            "`make` could not start: the working directory /nope does not exist"
+        );
     }
 }

@@ -27,7 +27,9 @@ pub enum Limit {
 }
 
 impl Limit {
-    /// The limit an I/O error says was reached, if it says one was.
+    /// The limit an I/O error says was reached, if it says one was. An `EFBIG` takes the
+    /// `SIGXFSZ` its write left pending in this thread (see [`file_size_exceeded`]), so that
+    /// a later failed write that keeps no errno is not taken for the file size limit too.
     pub fn of(e: &io::Error) -> Option<Limit> {
         let errno = Errno::from_raw(e.raw_os_error()?);
         Some(match errno {
@@ -35,7 +37,10 @@ impl Limit {
             Errno::ENFILE => Limit::SystemFiles,
             Errno::ENOSPC => Limit::DiskSpace,
             Errno::EDQUOT => Limit::DiskQuota,
-            Errno::EFBIG => Limit::FileSize,
+            Errno::EFBIG => {
+                file_size_exceeded();
+                Limit::FileSize
+            }
             _ => return None,
         })
     }
@@ -54,9 +59,10 @@ impl Limit {
     }
 
     /// The limit an error met: the one its chain's I/O error says (see [`Limit::in_chain`]),
-    /// else, for SQLite's errors, which keep no errno: "database or disk is full" is the file
-    /// size limit when one is set, else the disk space; a "disk I/O error" is the file size
-    /// limit when a write of this process went beyond it ([`file_size_exceeded`]).
+    /// else, for SQLite's errors, which keep no errno, whether a write of this thread went
+    /// beyond the file size limit ([`file_size_exceeded`]): then "database or disk is full"
+    /// and "disk I/O error" are that limit; else the first is the disk space and the second
+    /// no limit.
     pub fn met_by(e: &(dyn std::error::Error + 'static)) -> Option<Limit> {
         use rusqlite::ErrorCode::{DiskFull, SystemIoFailure};
         if let Some(limit) = Limit::in_chain(e) {
@@ -66,9 +72,10 @@ impl Limit {
         while let Some(err) = cur {
             if let Some(rusqlite::Error::SqliteFailure(f, _)) = err.downcast_ref() {
                 return match f.code {
-                    DiskFull => Some(match soft_limit(Resource::RLIMIT_FSIZE) {
-                        Some(_) => Limit::FileSize,
-                        None => Limit::DiskSpace,
+                    DiskFull => Some(if file_size_exceeded() {
+                        Limit::FileSize
+                    } else {
+                        Limit::DiskSpace
                     }),
                     SystemIoFailure => file_size_exceeded().then_some(Limit::FileSize),
                     _ => None,
@@ -166,6 +173,17 @@ impl LimitHit {
     }
 }
 
+/// An agent's call stopped by a limit of the machine: [`crate::backend::CallError::Limit`],
+/// saying what could not be done.
+impl From<LimitHit> for crate::backend::CallError {
+    fn from(hit: LimitHit) -> Self {
+        crate::backend::CallError::Limit {
+            limit: hit.limit,
+            message: hit.to_string(),
+        }
+    }
+}
+
 /// Makes a write beyond the file size limit (`ulimit -f`) fail with `EFBIG`, which the
 /// executor handles, instead of killing ralph-flow with `SIGXFSZ` and no word: the signal is
 /// blocked in the calling thread, and the threads it starts later inherit the mask. (Setting
@@ -180,14 +198,21 @@ pub fn block_file_size_signal() {
     }
 }
 
-/// Tells whether a write of this process went beyond the file size limit since the last
-/// call: the kernel then raised `SIGXFSZ`, which [`block_file_size_signal`] keeps pending
-/// (seen in `/proc/self/status`); it is taken, so the next call says only what comes after.
-/// A library that reports a failed write without its errno (SQLite's "disk I/O error") is so
-/// told apart from one that met the limit.
+/// Tells whether a write of this thread went beyond the file size limit since the last
+/// call: the kernel then raised `SIGXFSZ`, which [`block_file_size_signal`] keeps pending; it
+/// is taken, so the next call says only what comes after. A library that reports a failed
+/// write without its errno (SQLite's "disk I/O error", "database or disk is full") is so told
+/// apart from one that met the limit.
+///
+/// The kernel sends `SIGXFSZ` to the thread that wrote (`send_sig`, thread-directed), where
+/// it stays pending while blocked, so the calling thread's pending set is read
+/// (`/proc/thread-self/status`: `/proc/self/status` shows the main thread's, and a signal
+/// pending in a thread of tokio's blocking pool would never be seen, or be taken for the
+/// caller's). The set shared by the process (`ShdPnd`) is read too, for a `SIGXFSZ` sent to
+/// the process (`kill`); `sigwait` takes either.
 pub fn file_size_exceeded() -> bool {
     use nix::sys::signal::{SigSet, Signal};
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+    let Ok(status) = std::fs::read_to_string("/proc/thread-self/status") else {
         return false;
     };
     let bit = 1u64 << (Signal::SIGXFSZ as u32 - 1);
@@ -229,17 +254,59 @@ mod tests {
     fn sqlites_errors_without_an_errno_are_told_too() {
         let sqlite =
             |code: i32| rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), None);
-        // SQLITE_FULL: the disk, unless a file size limit is set.
-        let full = Limit::met_by(&sqlite(rusqlite::ffi::SQLITE_FULL));
-        if soft_limit(Resource::RLIMIT_FSIZE).is_none() {
-            assert_eq!(full, Some(Limit::DiskSpace));
-        }
+        // SQLITE_FULL with no write beyond the file size limit: the disk, whatever the limit.
+        assert_eq!(
+            Limit::met_by(&sqlite(rusqlite::ffi::SQLITE_FULL)),
+            Some(Limit::DiskSpace)
+        );
         // SQLITE_IOERR_WRITE with no write beyond the file size limit: not a limit.
         assert_eq!(
             Limit::met_by(&sqlite(rusqlite::ffi::SQLITE_IOERR_WRITE)),
             None
         );
         assert_eq!(Limit::met_by(&sqlite(rusqlite::ffi::SQLITE_CORRUPT)), None);
+    }
+
+    #[test]
+    fn a_pending_file_size_signal_is_read_once_and_in_this_thread_only() {
+        use nix::sys::signal::{Signal, raise};
+        let sqlite =
+            |code: i32| rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), None);
+        let efbig = io::Error::from_raw_os_error(Errno::EFBIG as i32);
+        // This test's thread, as every thread of ralph-flow, keeps the signal pending.
+        block_file_size_signal();
+        // A write beyond the limit, as the kernel reports it: EFBIG and the signal.
+        raise(Signal::SIGXFSZ).expect("raised");
+        // Another thread has none pending: the signal is this thread's.
+        let elsewhere = std::thread::spawn(|| {
+            block_file_size_signal();
+            file_size_exceeded()
+        });
+        assert!(!elsewhere.join().expect("joined"));
+        // The EFBIG takes it: a later failure that keeps no errno is not the limit.
+        assert_eq!(Limit::of(&efbig), Some(Limit::FileSize));
+        assert!(!file_size_exceeded());
+        assert_eq!(
+            Limit::met_by(&sqlite(rusqlite::ffi::SQLITE_IOERR_WRITE)),
+            None
+        );
+        // SQLite's "database or disk is full" is the file size limit only after a write
+        // beyond it, once.
+        raise(Signal::SIGXFSZ).expect("raised");
+        assert_eq!(
+            Limit::met_by(&sqlite(rusqlite::ffi::SQLITE_FULL)),
+            Some(Limit::FileSize)
+        );
+        assert_eq!(
+            Limit::met_by(&sqlite(rusqlite::ffi::SQLITE_FULL)),
+            Some(Limit::DiskSpace)
+        );
+        raise(Signal::SIGXFSZ).expect("raised");
+        assert_eq!(
+            Limit::met_by(&sqlite(rusqlite::ffi::SQLITE_IOERR_WRITE)),
+            Some(Limit::FileSize)
+        );
+        assert!(!file_size_exceeded());
     }
 
     #[test]

@@ -197,16 +197,19 @@ pub async fn run(spec: &ProcSpec) -> Result<ProcOutput, SpawnError> {
         Some(s) => (s.code(), s.signal()),
         None => (None, None),
     };
+    let limited = stdout_sink.hit.is_some() || stderr_sink.hit.is_some();
+    if !limited {
+        stdout_sink.finish();
+        stderr_sink.finish();
+    }
+    // What the program wrote reached its files before anyone could look: mask secrets now,
+    // also (as far as the machine lets) before a limit it met is returned.
+    mask_streamed(&stdout_sink, spec.stdout_path.as_deref());
+    mask_streamed(&stderr_sink, spec.stderr_path.as_deref());
     // Its output could not be kept for a limit of the machine: the program was stopped, and
     // the run stops with it (the stage runs again on resume).
     if let Some(hit) = stdout_sink.hit.take().or_else(|| stderr_sink.hit.take()) {
         return Err(SpawnError::Limit(hit));
-    }
-    stdout_sink.finish();
-    stderr_sink.finish();
-    // What the program wrote reached its files before anyone could look: mask secrets now.
-    for path in [&spec.stdout_path, &spec.stderr_path].into_iter().flatten() {
-        crate::secrets::redact_file(path);
     }
     Ok(ProcOutput {
         code,
@@ -218,6 +221,25 @@ pub async fn run(spec: &ProcSpec) -> Result<ProcOutput, SpawnError> {
         ended,
         elapsed: start.elapsed(),
     })
+}
+
+/// Masks the secrets in a stream's file. A stream that got no byte made no file: nothing to
+/// do (no system call). One kept whole in memory is the file's content: masked there, the
+/// file rewritten only when that changed something (no read). Only a stream beyond
+/// [`MEMORY_CAP`](super::MEMORY_CAP), or one whose file met a limit of the machine, has its
+/// file read back and masked.
+fn mask_streamed(sink: &Sink, path: Option<&std::path::Path>) {
+    let Some(path) = path else {
+        return;
+    };
+    if sink.kept.is_empty() && sink.dropped == 0 {
+        return;
+    }
+    if sink.dropped == 0 && sink.hit.is_none() {
+        crate::secrets::redact_streamed(path, &sink.kept);
+    } else {
+        crate::secrets::redact_file(path);
+    }
 }
 
 /// Why a program could not start, from the spawn's error.

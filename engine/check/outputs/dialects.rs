@@ -41,14 +41,21 @@ pub(super) fn delivery(c: &Checked<'_>, a: &Agent) -> Option<SchemaDelivery> {
         .as_ref()
         .map(|m| m.value)
         .unwrap_or_default();
-    let base_url = a.base_url.as_ref().map(|u| {
-        crate::params::render_params(&u.value, &c.params).unwrap_or_else(|_| u.value.clone())
-    });
+    let base_url = base_url(c, a).map(|(_, url)| url);
     crate::model::schema_delivery(
         a.kind.value,
         mode,
         crate::model::is_openai_itself(base_url.as_deref()),
     )
+}
+
+/// An agent's `base_url` with the workflow's params rendered into it (as written when it
+/// does not render), and where it is written; `None` when the agent has none.
+pub(in crate::check) fn base_url(c: &Checked<'_>, a: &Agent) -> Option<(Span, String)> {
+    let url = a.base_url.as_ref()?;
+    let rendered =
+        crate::params::render_params(&url.value, &c.params).unwrap_or_else(|_| url.value.clone());
+    Some((url.span, rendered))
 }
 
 /// Reports what each agent of the stage would refuse in its schema; `seen` keeps one report

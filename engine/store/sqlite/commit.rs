@@ -50,7 +50,8 @@ impl SqliteStore {
         self.on_busy = Some(Box::new(report));
     }
 
-    /// [`Store::commit`](crate::store::Store::commit).
+    /// [`Store::commit`](crate::store::Store::commit), once the writes are masked
+    /// ([`Write::masked`]).
     pub(super) fn commit_writes(&mut self, writes: &[Write]) -> Result<()> {
         self.check_file()?;
         // Serialize and spill first, so the write lock is held only for the inserts.

@@ -165,42 +165,38 @@ impl SqliteStore {
     }
 
     /// `PRAGMA quick_check`: fails on a damaged store, before anything is written to it. A
-    /// store too damaged for the check to run (SQLite's "malformed") is a damaged store too.
+    /// store too damaged for the check to run (SQLite's "malformed") is a damaged store too
+    /// (see [`super::sql_error`]).
     fn quick_check(&self) -> Result<()> {
         let problems: Vec<String> = self
             .conn
             .prepare("PRAGMA quick_check")
             .and_then(|mut stmt| stmt.query_map([], |row| row.get(0))?.collect())
-            .map_err(|e| or_damaged(&self.path, self.error("cannot check", e)))?;
+            .map_err(|e| self.error("cannot check", e))?;
         if problems.len() == 1 && problems[0] == "ok" {
             return Ok(());
         }
-        Err(damaged(&self.path, &problems.join("; ")))
+        Err(damaged(&self.path, "cannot write to", &problems.join("; ")))
     }
 }
 
-/// The error of a damaged store (`why`: what SQLite found), with how to recover it.
-pub(super) fn damaged(path: &Path, why: &str) -> StoreError {
-    StoreError::State(format!(
-        "{} is damaged ({why}); nothing was written to it. Move it aside and recover what can \
-         be recovered with `sqlite3 {} .recover`",
-        path.display(),
-        path.display()
-    ))
-}
-
-/// A store error that says the file is damaged (SQLite's "database disk image is
-/// malformed", "file is not a database") as a damaged store's error, with how to recover it;
-/// any other error as it is.
-pub(super) fn or_damaged(path: &Path, e: StoreError) -> StoreError {
+/// Tells whether SQLite says the file is damaged ("database disk image is malformed", "file
+/// is not a database").
+pub(super) fn is_damage(e: &rusqlite::Error) -> bool {
     use rusqlite::ErrorCode::{DatabaseCorrupt, NotADatabase};
-    match &e {
-        StoreError::Sqlite {
-            source: rusqlite::Error::SqliteFailure(f, _),
-            ..
-        } if matches!(f.code, DatabaseCorrupt | NotADatabase) => {
-            damaged(path, &crate::diag::error_chain(&e))
-        }
-        _ => e,
-    }
+    matches!(
+        e,
+        rusqlite::Error::SqliteFailure(f, _) if matches!(f.code, DatabaseCorrupt | NotADatabase)
+    )
+}
+
+/// The error of a damaged store: what could not be done (`what`, such as "cannot read"),
+/// what SQLite found (`why`), and how to recover it.
+pub(super) fn damaged(path: &Path, what: &str, why: &str) -> StoreError {
+    StoreError::State(format!(
+        "{what} {}: the file is damaged ({why}). Move it aside and recover what can be \
+         recovered with `sqlite3 {} .recover`",
+        path.display(),
+        crate::shell::quote(&path.to_string_lossy())
+    ))
 }

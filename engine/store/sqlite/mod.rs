@@ -112,7 +112,7 @@ impl Store for SqliteStore {
     }
 
     fn commit(&mut self, writes: &[Write]) -> Result<()> {
-        self.commit_writes(writes)
+        self.commit_writes(&Write::masked(writes))
     }
 
     fn nodes(&self, run: &str) -> Result<Vec<NodeRecord>> {
@@ -185,6 +185,8 @@ impl Store for SqliteStore {
     }
 }
 
+/// A store error of SQLite's: one that says the file is busy says for how long it waited; one
+/// that says it is damaged, whichever read or write found it, says how to recover it.
 fn sql_error(path: &Path, what: &str, e: rusqlite::Error) -> StoreError {
     if commit::is_busy(&e) {
         StoreError::State(format!(
@@ -192,6 +194,8 @@ fn sql_error(path: &Path, what: &str, e: rusqlite::Error) -> StoreError {
             path.display(),
             BUSY_TIMEOUT.as_secs()
         ))
+    } else if integrity::is_damage(&e) {
+        integrity::damaged(path, what, &e.to_string())
     } else {
         StoreError::Sqlite {
             what: what.to_string(),

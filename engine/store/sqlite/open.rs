@@ -6,7 +6,7 @@ use std::path::Path;
 
 use rusqlite::Connection;
 
-use super::integrity::{identity, marker_path, or_damaged, unclean_markers, wal_path};
+use super::integrity::{identity, marker_path, unclean_markers, wal_path};
 use super::schema::{OLDEST_READABLE, SCHEMA_VERSION};
 use super::{BUSY_TIMEOUT, SqliteStore, sql_error};
 use crate::store::{Result, StoreError};
@@ -64,13 +64,11 @@ impl SqliteStore {
             seqs: Default::default(),
             version: SCHEMA_VERSION,
         };
-        // A damaged file is said so, with how to recover it, whichever step finds it.
-        let damaged = |e| or_damaged(path, e);
-        store.configure(durability).map_err(damaged)?;
+        store.configure(durability)?;
         if !unclean.is_empty() {
-            store.after_crash(&unclean).map_err(damaged)?;
+            store.after_crash(&unclean)?;
         }
-        store.migrate().map_err(damaged)?;
+        store.migrate()?;
         for (m, _) in unclean {
             let _ = fs::remove_file(m);
         }
@@ -120,7 +118,7 @@ impl SqliteStore {
         let version: i64 = store
             .conn
             .pragma_query_value(None, "user_version", |row| row.get(0))
-            .map_err(|e| or_damaged(path, store.error("cannot read", e)))?;
+            .map_err(|e| store.error("cannot read", e))?;
         // A store one version behind is read as it is (what it lacks reads as "none"), so
         // that `status`, `runs` and `logs` still read a state directory they cannot write.
         if !(OLDEST_READABLE..=SCHEMA_VERSION).contains(&version) {

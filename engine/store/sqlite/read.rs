@@ -5,33 +5,45 @@ use rusqlite::{Row, params};
 
 use super::SqliteStore;
 use super::rows::{parse_col, usage_from_row};
+use super::schema::UNREPORTED_SINCE;
 use crate::store::{AttemptRecord, AttemptState, Event, NodeRecord, NodeState, Result};
 
-/// The columns of `nodes n`, aliased so that joins can use them.
-const NODE_COLUMNS: &str = "n.run, n.scope, n.node, n.state, n.output, n.output_blob, \
-                            n.action, n.feedback, n.attempts, n.input_tokens, n.output_tokens, \
-                            n.cached_tokens, n.cost_usd, n.unreported, n.started_at, \
-                            n.finished_at";
+/// The columns of `nodes n` (aliased so that joins can use them) with `$unreported` for
+/// the count of calls that reported no usage: the column, or `0` in a store older than
+/// [`UNREPORTED_SINCE`] (opened read-only), which has none.
+macro_rules! node_columns {
+    ($unreported:literal) => {
+        concat!(
+            "n.run, n.scope, n.node, n.state, n.output, n.output_blob, n.action, n.feedback, \
+             n.attempts, n.input_tokens, n.output_tokens, n.cached_tokens, n.cost_usd, ",
+            $unreported,
+            ", n.started_at, n.finished_at"
+        )
+    };
+}
 
-const ATTEMPT_COLUMNS: &str = "run, scope, node, attempt, state, agent, dir, error, \
-                               input_tokens, output_tokens, cached_tokens, cost_usd, \
-                               unreported, started_at, finished_at";
+/// The columns of `attempts`, the count as in [`node_columns`].
+macro_rules! attempt_columns {
+    ($unreported:literal) => {
+        concat!(
+            "run, scope, node, attempt, state, agent, dir, error, input_tokens, output_tokens, \
+             cached_tokens, cost_usd, ",
+            $unreported,
+            ", started_at, finished_at"
+        )
+    };
+}
 
-/// The same, of a store at schema version 5 opened read-only (no `unreported` yet: 0).
-const NODE_COLUMNS_V5: &str = "n.run, n.scope, n.node, n.state, n.output, n.output_blob, \
-                               n.action, n.feedback, n.attempts, n.input_tokens, \
-                               n.output_tokens, n.cached_tokens, n.cost_usd, 0, n.started_at, \
-                               n.finished_at";
-
-const ATTEMPT_COLUMNS_V5: &str = "run, scope, node, attempt, state, agent, dir, error, \
-                                  input_tokens, output_tokens, cached_tokens, cost_usd, 0, \
-                                  started_at, finished_at";
+const NODE_COLUMNS: &str = node_columns!("n.unreported");
+const NODE_COLUMNS_BEFORE_UNREPORTED: &str = node_columns!("0");
+const ATTEMPT_COLUMNS: &str = attempt_columns!("unreported");
+const ATTEMPT_COLUMNS_BEFORE_UNREPORTED: &str = attempt_columns!("0");
 
 impl SqliteStore {
     /// The columns of a node record, as this store's schema has them.
     fn node_columns(&self) -> &'static str {
-        if self.version < 6 {
-            NODE_COLUMNS_V5
+        if self.version < UNREPORTED_SINCE {
+            NODE_COLUMNS_BEFORE_UNREPORTED
         } else {
             NODE_COLUMNS
         }
@@ -39,8 +51,8 @@ impl SqliteStore {
 
     /// The columns of an attempt record, as this store's schema has them.
     fn attempt_columns(&self) -> &'static str {
-        if self.version < 6 {
-            ATTEMPT_COLUMNS_V5
+        if self.version < UNREPORTED_SINCE {
+            ATTEMPT_COLUMNS_BEFORE_UNREPORTED
         } else {
             ATTEMPT_COLUMNS
         }

@@ -144,14 +144,12 @@ DROP TABLE nodes;
 ALTER TABLE nodes_v3 RENAME TO nodes;
 ";
 
-/// Version 5: a stage's settlement event kept in its node row. Version 6 rebuilds the table
-/// again (NODES_V6), with its triggers. `event` is the event's
+/// Version 5: a stage's settlement event kept in its node row. `event` is the event's
 /// message, or NULL when the row holds none; the event's number is the row's `seq` (nodes and
 /// events are numbered by one count from now on), its time `finished_at` and its kind
 /// `state`. The table is rebuilt so that the columns a read of events needs come before the
 /// output: a column after a long output is reached only through the output's overflow pages.
-/// The triggers move the event into `events`, number and all, before the row is updated (a
-/// stage settled again in the same scope) or deleted, so that no event is lost.
+/// Its triggers are [`NODE_EVENT_TRIGGERS`]. Version 6 rebuilds the table again (NODES_V6).
 const NODE_EVENTS_V5: &str = "
 CREATE TABLE nodes_v5 (
     run           TEXT NOT NULL,
@@ -179,16 +177,6 @@ SELECT run, scope, node, seq, state, finished_at, output, output_blob, action, f
     attempts, input_tokens, output_tokens, cached_tokens, cost_usd, started_at FROM nodes;
 DROP TABLE nodes;
 ALTER TABLE nodes_v5 RENAME TO nodes;
-CREATE TRIGGER nodes_keep_event_on_update BEFORE UPDATE ON nodes WHEN OLD.event IS NOT NULL
-BEGIN
-    INSERT INTO events (run, seq, at, scope, node, kind, message)
-    VALUES (OLD.run, OLD.seq, OLD.finished_at, OLD.scope, OLD.node, OLD.state, OLD.event);
-END;
-CREATE TRIGGER nodes_keep_event_on_delete BEFORE DELETE ON nodes WHEN OLD.event IS NOT NULL
-BEGIN
-    INSERT INTO events (run, seq, at, scope, node, kind, message)
-    VALUES (OLD.run, OLD.seq, OLD.finished_at, OLD.scope, OLD.node, OLD.state, OLD.event);
-END;
 ";
 
 /// Version 6: the count of calls that reported no usage (`unreported`), in `nodes` and in
@@ -196,8 +184,9 @@ END;
 /// output: reached only through a long output's overflow pages. So `nodes` is rebuilt (as
 /// version 5 did) with every column but the texts before the output: its number and event,
 /// then the attempts and the usage, then the output, the action and the feedback. The
-/// triggers of version 5 go with the old table and are made again. In `attempts` the column
-/// joins the usage at the end (`error`, the one long text there, is already before it).
+/// triggers of version 5 go with the old table ([`NODE_EVENT_TRIGGERS`] makes them again). In
+/// `attempts` the column joins the usage at the end (`error`, the one long text there, is
+/// already before it).
 const NODES_V6: &str = "
 CREATE TABLE nodes_v6 (
     run           TEXT NOT NULL,
@@ -228,6 +217,15 @@ SELECT run, scope, node, seq, state, finished_at, event, attempts, input_tokens,
     feedback FROM nodes;
 DROP TABLE nodes;
 ALTER TABLE nodes_v6 RENAME TO nodes;
+ALTER TABLE attempts ADD COLUMN unreported INTEGER NOT NULL DEFAULT 0;
+";
+
+/// The triggers of `nodes` since version 5: they move a row's settlement event into
+/// `events`, number and all, before the row is updated (a stage settled again in the same
+/// scope) or deleted, so that no event is lost. A table's triggers go when it is dropped, so
+/// they are made once the table is in its last shape: after the last version that rebuilds
+/// it ([`NODES_REBUILT`]).
+const NODE_EVENT_TRIGGERS: &str = "
 CREATE TRIGGER nodes_keep_event_on_update BEFORE UPDATE ON nodes WHEN OLD.event IS NOT NULL
 BEGIN
     INSERT INTO events (run, seq, at, scope, node, kind, message)
@@ -238,8 +236,14 @@ BEGIN
     INSERT INTO events (run, seq, at, scope, node, kind, message)
     VALUES (OLD.run, OLD.seq, OLD.finished_at, OLD.scope, OLD.node, OLD.state, OLD.event);
 END;
-ALTER TABLE attempts ADD COLUMN unreported INTEGER NOT NULL DEFAULT 0;
 ";
+
+/// The last schema version that rebuilds `nodes` (and so drops its triggers).
+const NODES_REBUILT: i64 = 6;
+
+/// The schema version that added the count of calls that reported no usage (`unreported`,
+/// in `nodes` and `attempts`): a store of an older version opened read-only reads it as 0.
+pub(super) const UNREPORTED_SINCE: i64 = 6;
 
 impl SqliteStore {
     /// Brings the schema up to [`SCHEMA_VERSION`], one version at a time, in one transaction
@@ -296,7 +300,14 @@ impl SqliteStore {
             // rebuilt so that the column is not behind the output (NODES_V6).
             tx.execute_batch(NODES_V6).map_err(fail)?;
         }
-        // A later version adds `if version < 7 { ... }` here.
+        // A later version adds `if version < 7 { ... }` here (and, if it rebuilds `nodes`,
+        // moves NODES_REBUILT to 7).
+        if version < NODES_REBUILT {
+            // Made once `nodes` has its last shape: on a store at version 4 or older, after
+            // both rebuilds above; on a store at version 5, again after version 6 dropped
+            // them with the old table. Either way the store ends as a new one.
+            tx.execute_batch(NODE_EVENT_TRIGGERS).map_err(fail)?;
+        }
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)
             .map_err(fail)?;
         tx.commit().map_err(fail)
