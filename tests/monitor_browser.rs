@@ -100,6 +100,10 @@ async fn runs_show_up_live_and_a_gate_is_approved_by_clicking() {
         .await;
     b.execute("window.kept = 'yes'; return 1;", vec![]).await;
     let plan_gate = "form.gate[data-gate=\"plan_loop#1/approve_plan\"]";
+    // First in the store (the run picked the answer up and went on to the next gate), then
+    // on the page: a timeout then tells a run that did not go on from a page that did not
+    // follow it.
+    tokio::task::block_in_place(|| waits_on(&c, &id, "plan_loop#1/approve_plan"));
     b.wait_until("the plan gate's form, live", T, async || {
         b.exists(plan_gate).await
     })
@@ -157,5 +161,32 @@ async fn runs_show_up_live_and_a_gate_is_approved_by_clicking() {
     for shot in ["monitor-runs.png", "monitor-gate.png", "monitor-run.png"] {
         let png = std::fs::read(shots.join(shot)).unwrap();
         assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "{shot}");
+    }
+}
+
+/// Waits until the run waits on `gate` in the store (`status --json`), or panics with what
+/// `status` says after [`T`].
+fn waits_on(c: &Checkout, run: &str, gate: &str) {
+    let deadline = std::time::Instant::now() + T;
+    loop {
+        let (_, out, err) = c.run(&["status", run, "--json"]);
+        let status: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+        let waiting = status["pending_gates"].as_array().is_some_and(|gates| {
+            gates.iter().any(|g| {
+                format!(
+                    "{}/{}",
+                    g["scope"].as_str().unwrap_or_default(),
+                    g["gate"].as_str().unwrap_or_default()
+                ) == gate
+            })
+        });
+        if waiting {
+            return;
+        }
+        if std::time::Instant::now() >= deadline {
+            let (_, text, _) = c.run(&["status", run]);
+            panic!("run {run} does not wait on {gate} after {T:?}:\n{text}\n{out}\n{err}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
 }

@@ -68,7 +68,12 @@
   }
   if (parts.length && window.EventSource) {
     var es = new EventSource("/api/changes");
-    es.addEventListener("open", function () { if (dot) dot.classList.add("on"); });
+    // A change made before the stream was open (or while it reconnected) sends no event:
+    // the parts are fetched again each time it opens.
+    es.addEventListener("open", function () {
+      if (dot) dot.classList.add("on");
+      refresh();
+    });
     es.addEventListener("error", function () { if (dot) dot.classList.remove("on"); });
     es.addEventListener("change", refresh);
     refresh();
