@@ -35,6 +35,20 @@ pub struct Out {
     pub json: serde_json::Value,
 }
 
+impl Out {
+    /// What a finished process left: its exit code (-1 when a signal ended it), its output,
+    /// and its stdout as JSON when it is JSON.
+    pub fn of(out: &std::process::Output) -> Out {
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        Out {
+            code: out.status.code().unwrap_or(-1),
+            json: serde_json::from_str(&stdout).unwrap_or(serde_json::Value::Null),
+            stdout,
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+}
+
 pub fn fakes() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fakes")
 }
@@ -171,13 +185,7 @@ impl Project {
     /// Runs ralph-flow to its end.
     pub fn run(&self, args: &[&str]) -> Out {
         let out = self.command(args).output().unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        Out {
-            code: out.status.code().unwrap_or(-1),
-            json: serde_json::from_str(&stdout).unwrap_or(serde_json::Value::Null),
-            stdout,
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        }
+        Out::of(&out)
     }
 
     /// Runs ralph-flow to its end with extra environment variables.
@@ -187,13 +195,7 @@ impl Project {
             c.env(k, v);
         }
         let out = c.output().unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        Out {
-            code: out.status.code().unwrap_or(-1),
-            json: serde_json::from_str(&stdout).unwrap_or(serde_json::Value::Null),
-            stdout,
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        }
+        Out::of(&out)
     }
 
     /// Starts ralph-flow in the background.
@@ -323,13 +325,7 @@ impl Running {
 
     pub fn finish(self) -> Out {
         let out = self.child.wait_with_output().unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        Out {
-            code: out.status.code().unwrap_or(-1),
-            json: serde_json::from_str(&stdout).unwrap_or(serde_json::Value::Null),
-            stdout,
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        }
+        Out::of(&out)
     }
 }
 
@@ -424,13 +420,7 @@ impl Project {
     /// [`under_ulimit`]).
     pub fn run_limited(&self, ulimit: &str, args: &[&str]) -> Out {
         let out = under_ulimit(ulimit, &self.command(args)).output().unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        Out {
-            code: out.status.code().unwrap_or(-1),
-            json: serde_json::from_str(&stdout).unwrap_or(serde_json::Value::Null),
-            stdout,
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        }
+        Out::of(&out)
     }
 
     /// The newest run of the project's store: its id and status.
