@@ -42,15 +42,25 @@ fn main() {
          |---|---|---:|---:|---:|---:|---:|"
     );
     for durability in [Durability::Normal, Durability::Full] {
-        let cases: [(&str, usize, usize, usize); 3] = [
+        // (name, commits, nodes per commit, output size, fenced: the run locked with a
+        // lease, as an executor holds it, so every commit checks the lease).
+        let cases: [(&str, usize, usize, usize, bool); 4] = [
             (
                 "1 node (2 KiB output + attempt end + event)",
                 5000,
                 1,
                 2 * 1024,
+                false,
             ),
-            ("8 nodes in one group commit", 1000, 8, 2 * 1024),
-            ("1 node, 100 KiB output (spilled)", 500, 1, 100 * 1024),
+            ("1 node, fenced by the run's lease", 5000, 1, 2 * 1024, true),
+            ("8 nodes in one group commit", 1000, 8, 2 * 1024, false),
+            (
+                "1 node, 100 KiB output (spilled)",
+                500,
+                1,
+                100 * 1024,
+                false,
+            ),
         ];
         let floor = format!("floor {durability:?}").to_lowercase();
         if floor.contains(&filter) {
@@ -64,7 +74,7 @@ fn main() {
                 us(stats.p99),
             );
         }
-        for (i, (name, commits, per_commit, size)) in cases.into_iter().enumerate() {
+        for (i, (name, commits, per_commit, size, fenced)) in cases.into_iter().enumerate() {
             let commits = commits / scale;
             let label = format!("{name} {durability:?}").to_lowercase();
             if !label.contains(&filter) {
@@ -74,7 +84,7 @@ fn main() {
                 .path()
                 .join(format!("{durability:?}-{i}"))
                 .join("state.db");
-            let (times, rss) = bench(&path, durability, commits, per_commit, size);
+            let (times, rss) = bench(&path, durability, commits, per_commit, size, fenced);
             let stats = Stats::of(times);
             println!(
                 "| {name} | {durability:?} | {commits} | {} | {} | {} | {} |",
@@ -135,7 +145,7 @@ fn postgres_cases(url: &str, filter: &str, scale: usize) {
         }
         let store = PgStore::connect(url).expect("connect");
         let run = format!("{RUN}-{i}-{}", std::process::id());
-        let (times, _) = bench_store(Box::new(store), &run, commits, per_commit, 2 * 1024);
+        let (times, _) = bench_store(Box::new(store), &run, commits, per_commit, 2 * 1024, false);
         let stats = Stats::of(times);
         println!(
             "| {name} | postgres | {commits} | {} | {} | {} | {} |",
@@ -155,9 +165,10 @@ fn bench(
     commits: usize,
     per_commit: usize,
     size: usize,
+    fenced: bool,
 ) -> (Vec<Duration>, Option<(u64, u64)>) {
     let store = SqliteStore::open_with(path, durability).expect("open the store");
-    bench_store(Box::new(store), RUN, commits, per_commit, size)
+    bench_store(Box::new(store), RUN, commits, per_commit, size, fenced)
 }
 
 /// [`bench`] on any store, in run `run`.
@@ -167,6 +178,7 @@ fn bench_store(
     commits: usize,
     per_commit: usize,
     size: usize,
+    fenced: bool,
 ) -> (Vec<Duration>, Option<(u64, u64)>) {
     store
         .create_run(&RunRecord {
@@ -183,6 +195,10 @@ fn bench_store(
             options: serde_json::json!({}),
         })
         .expect("create the run");
+    if fenced {
+        let owner = ralph_flow::store::current_owner().with_lease(Duration::from_secs(3600));
+        store.lock(run, &owner).expect("lock the run");
+    }
     let filler = "lorem ipsum dolor sit amet, ".repeat(size / 28 + 1);
     let mut times = Vec::with_capacity(commits);
     let mut rss_before = None;

@@ -14,6 +14,11 @@ pub const TERMINATED: i32 = 143;
 /// A run was stopped by SIGHUP (128 + 1), as Ctrl-C stops it; it can be resumed.
 pub const HUNG_UP: i32 = 129;
 
+/// A run was cancelled (`ralph-flow cancel`, the monitor's button): its stages were
+/// stopped and it cannot be resumed. Below the codes shells give to commands that cannot
+/// run (126, 127) and to signals (128 + N), and apart from the sysexits range (64-78).
+pub const CANCELLED: i32 = 125;
+
 /// Each code of ralph-flow's own, with what it means.
 pub const ENGINE: &[(i32, &str)] = &[
     (CONFIG, "configuration error"),
@@ -21,6 +26,7 @@ pub const ENGINE: &[(i32, &str)] = &[
     (INTERRUPTED, "interrupted"),
     (TERMINATED, "run stopped by SIGTERM"),
     (HUNG_UP, "run stopped by SIGHUP"),
+    (CANCELLED, "run cancelled"),
 ];
 
 /// The exits every workflow has, with their codes, unless it declares them itself.

@@ -241,6 +241,64 @@ async fn output_held_open_by_a_grandchild_does_not_hold_the_run() {
     );
 }
 
+/// A program that ends by itself, nothing left in its group, after starting daemons that
+/// left its group and session: `setsid sleep`, and a double fork under `setsid` (the
+/// daemon's parent exits, so it is nobody's child of ours). Found by the program's tag, they
+/// are stopped soon after it ends, though the program's run returned at once.
+#[tokio::test(flavor = "current_thread")]
+async fn daemons_that_left_the_group_are_stopped_after_the_program_ends() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let one = dir.path().join("setsid.pid");
+    let two = dir.path().join("double.pid");
+    // Each daemon has left the session (it runs `sleep`, after `setsid`) before the program
+    // ends, so that the end finds an empty group.
+    let script = r#"setsid sleep 300 >/dev/null 2>&1 </dev/null &
+echo $! > "$1"
+setsid sh -c 'sleep 300 & echo $! > "$0"' "$2" >/dev/null 2>&1 </dev/null &
+for i in $(seq 200); do
+  [ -s "$2" ] && [ "$(cat /proc/$(cat "$1")/comm)" = sleep ] && [ "$(cat /proc/$(cat "$2")/comm)" = sleep ] && break
+  sleep 0.05
+done
+echo started"#;
+    let spec = ProcSpec {
+        argv: vec![
+            "/bin/sh".into(),
+            "-c".into(),
+            script.into(),
+            "sh".into(),
+            one.to_string_lossy().into_owned(),
+            two.to_string_lossy().into_owned(),
+        ],
+        cwd: dir.path().to_path_buf(),
+        ..ProcSpec::default()
+    };
+    let start = Instant::now();
+    let out = run(&spec).await.expect("runs");
+    assert_eq!(
+        out.stdout,
+        b"started\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(8),
+        "the end waits for no daemon: {:?}",
+        start.elapsed()
+    );
+    let daemons = [read_pid(&one).await, read_pid(&two).await];
+    let mut survivors = Vec::new();
+    for pid in daemons {
+        if !gone(pid, Duration::from_secs(6)).await {
+            let _ = kill(Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            survivors.push(pid);
+        }
+    }
+    assert!(
+        survivors.is_empty(),
+        "daemons {survivors:?} outlived their program"
+    );
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn dropping_the_future_kills_the_group() {
     let dir = tempfile::tempdir().expect("temp dir");

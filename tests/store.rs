@@ -120,11 +120,56 @@ on_both_stores!(
     lock_is_reentrant_and_unlock_releases,
     a_live_lease_holds_against_every_host,
     an_expired_lease_is_taken_over_from_any_host,
+    two_tenures_of_one_process_are_fenced_from_each_other,
     answering_a_gate,
     history_across_runs_newest_first,
     two_connections_see_each_others_writes,
     unreported_usage_round_trips,
+    a_cancelled_run_stays_cancelled_and_its_gates_are_withdrawn,
 );
+
+/// `Store::cancel`: the status, who and why, and the gates withdrawn, at once; a cancelled
+/// run's status is kept whatever is written after (an executor that has not noticed); a
+/// finished or cancelled run, and no run, are refused.
+fn a_cancelled_run_stays_cancelled_and_its_gates_are_withdrawn(db: &dyn Db) {
+    let mut s = db.open();
+    s.create_run(&run_record("r", "fix", 1)).expect("create");
+    s.commit(&[Write::Gate(gate("r", "", "approve_spec"))])
+        .expect("gate");
+    let c = ralph_flow::store::Cancellation {
+        by: "alice".into(),
+        at: 7_000,
+        reason: Some("wrong spec".into()),
+    };
+    assert_eq!(s.cancel("r", &c).expect("cancel"), RunStatus::Running);
+    assert!(s.pending_gates("r").expect("gates").is_empty());
+    let run = s.run("r").expect("read").expect("run");
+    assert_eq!(run.status, RunStatus::Cancelled);
+    assert_eq!(run.cancellation(), Some(c.clone()));
+    s.set_status("r", RunStatus::Interrupted, None)
+        .expect("kept, not refused");
+    s.set_status("r", RunStatus::Finished, Some(("success", 0)))
+        .expect("kept, not refused");
+    let run = s.run("r").expect("read").expect("run");
+    assert_eq!(run.status, RunStatus::Cancelled);
+    assert_eq!(run.exit, None);
+    let again = s.cancel("r", &c).expect_err("cancelled already");
+    assert!(
+        again.to_string().contains("was cancelled already by alice"),
+        "{again}"
+    );
+    s.create_run(&run_record("f", "fix", 2)).expect("create");
+    s.set_status("f", RunStatus::Finished, Some(("success", 0)))
+        .expect("finish");
+    let done = s.cancel("f", &c).expect_err("finished");
+    assert!(
+        done.to_string()
+            .contains("has already finished with `success` (0)"),
+        "{done}"
+    );
+    assert!(s.cancel("nope", &c).is_err());
+    assert!(s.set_status("nope", RunStatus::Running, None).is_err());
+}
 
 fn run_record(id: &str, workflow: &str, started_at: i64) -> RunRecord {
     RunRecord {
@@ -252,6 +297,7 @@ fn owner(pid: u32) -> LockOwner {
         since: 1_700_000_000_000,
         holder: String::new(),
         expires: None,
+        ..LockOwner::default()
     }
 }
 
@@ -265,6 +311,7 @@ fn leased(holder: &str, since: i64, until: i64) -> LockOwner {
         since: now + since,
         holder: holder.to_string(),
         expires: Some(now + until),
+        ..LockOwner::default()
     }
 }
 
@@ -644,7 +691,13 @@ fn lock_conflict_with_a_live_process(db: &dyn Db) {
         )),
         "{msg}"
     );
-    assert!(msg.ends_with("wait for it to end or stop it"), "{msg}");
+    assert!(
+        msg.ends_with(&format!(
+            "for as long as that process lives (a lock without a lease, from an older \
+             ralph-flow); stop it (`kill {parent}` on test-host) and try again"
+        )),
+        "{msg}"
+    );
     assert_eq!(s.lock_holder("r").expect("holder"), Some(owner(parent)));
 
     // Unlocking with another pid leaves the holder's row.
@@ -704,19 +757,27 @@ fn a_live_lease_holds_against_every_host(db: &dyn Db) {
     same_host.host = "ana-host".into();
     b.lock("r", &same_host)
         .expect_err("same host, live process, live lease");
-    // On the holder's host, a dead holder's live lease is taken over at once (`kill -9`,
-    // then `resume` on the same machine); from elsewhere it is not.
+    // A holder provably gone (its pid free, on this boot and in this PID namespace) has its
+    // live lease taken over at once (`kill -9`, then `resume` on the same machine); one
+    // whose identity is unknown (a lock of an older ralph-flow) holds until its lease ends.
     let mut child = std::process::Command::new("true").spawn().expect("spawn");
     let dead = child.id();
     child.wait().expect("wait");
-    let mut gone = leased("gone", 0, 60_000);
-    gone.pid = dead;
-    a.lock("r2", &gone).expect("lock r2");
-    b.lock("r2", &leased("elsewhere", 0, 60_000))
-        .expect_err("not from another host while the lease lives");
+    let mut unknown = leased("unknown", 0, 60_000);
+    unknown.pid = dead;
+    a.lock("r2", &unknown).expect("lock r2");
     let mut here = leased("here", 0, 60_000);
-    here.host = gone.host.clone();
-    b.lock("r2", &here).expect("a dead holder on this host");
+    here.host = unknown.host.clone();
+    b.lock("r2", &here)
+        .expect_err("an unknown holder's live lease holds");
+    let mut gone =
+        ralph_flow::store::current_owner().with_lease(std::time::Duration::from_secs(60));
+    gone.pid = dead;
+    a.lock("r3", &gone).expect("lock r3");
+    let kept = a.lock_holder("r3").expect("read").expect("held");
+    assert_eq!(kept.identity(), gone.identity(), "who the holder is, kept");
+    assert!(kept.identity().is_some());
+    b.lock("r3", &here).expect("a holder provably gone");
     // The holder renews it: the expiry moves on.
     let before = a.lock_holder("r").expect("read").expect("held").expires;
     std::thread::sleep(std::time::Duration::from_millis(20));
@@ -743,15 +804,12 @@ fn an_expired_lease_is_taken_over_from_any_host(db: &dyn Db) {
     b.lock("r", &leased("bob", 0, 60_000))
         .expect_err("not expired yet");
     std::thread::sleep(std::time::Duration::from_millis(300));
-    // On the holder's own host its process is asked instead: alive, it keeps the run even
-    // with its lease lapsed (a SQLite store does not fence a holder that lost its lock).
-    let mut neighbour = leased("neighbour", 0, 60_000);
-    neighbour.host = ana.host.clone();
-    b.lock("r", &neighbour)
-        .expect_err("a live holder on this host keeps its run");
-    let bob = leased("bob", 0, 60_000);
+    // Its process lives (it is this one), on this host too: that keeps nothing past the
+    // lease.
+    let mut bob = leased("bob", 0, 60_000);
+    bob.host = ana.host.clone();
     b.lock("r", &bob)
-        .expect("take over an expired lease from another host");
+        .expect("take over an expired lease, its holder alive");
     assert_eq!(
         a.lock_holder("r").expect("read").expect("held").holder,
         "bob"
@@ -762,13 +820,101 @@ fn an_expired_lease_is_taken_over_from_any_host(db: &dyn Db) {
         matches!(err, ralph_flow::store::StoreError::LeaseLost { .. }),
         "{err:?}"
     );
-    assert!(err.to_string().contains("bob-host holds it"), "{err}");
+    assert!(
+        err.to_string()
+            .contains(&format!("pid {} on ana-host holds it now", bob.pid)),
+        "{err}"
+    );
     a.unlock("r", &ana).expect("unlock");
     assert_eq!(
         b.lock_holder("r").expect("read").expect("held").holder,
         "bob"
     );
     b.renew("r", &bob).expect("the new holder renews");
+}
+
+/// Two coordinators in one process (a worker that takes back a run it lost) are two tenures:
+/// once the second took the run over, every write of the first is refused (a commit, a
+/// status change, a renewal), nothing of it is applied, and a lapsed lease is lost even
+/// before anyone takes it.
+fn two_tenures_of_one_process_are_fenced_from_each_other(db: &dyn Db) {
+    use ralph_flow::store::{StoreError, current_owner};
+    use std::time::Duration;
+    let mut first = db.open();
+    first
+        .create_run(&run_record("r", "fix", 1))
+        .expect("create");
+    let t1 = current_owner().with_lease(Duration::from_millis(300));
+    first.lock("r", &t1).expect("lock");
+    first
+        .commit(&[Write::Event(event("r", "a", "started", 1))])
+        .expect("a fenced commit while the lease holds");
+    std::thread::sleep(Duration::from_millis(400));
+    // The lease lapsed, and nobody took it yet: the first tenure's writes are refused all
+    // the same (any worker may take the run from now on).
+    let err = first
+        .commit(&[Write::Event(event("r", "a", "late", 2))])
+        .expect_err("a lapsed lease fences");
+    assert!(matches!(err, StoreError::LeaseLost { .. }), "{err:?}");
+    assert!(err.to_string().contains("its lease ended at"), "{err}");
+    let mut second = db.open_second();
+    let t2 = current_owner().with_lease(Duration::from_secs(60));
+    assert_eq!((t1.pid, &t1.host), (t2.pid, &t2.host), "one process");
+    assert_ne!(t1.holder, t2.holder, "two tenures");
+    second
+        .lock("r", &t2)
+        .expect("the second tenure takes the run over");
+    let err = first
+        .commit(&[
+            Write::Node(node("r", "", "a", json!({"x": 1}))),
+            Write::Event(event("r", "a", "failed", 3)),
+        ])
+        .expect_err("the old tenure is fenced");
+    assert!(matches!(err, StoreError::LeaseLost { .. }), "{err:?}");
+    assert!(
+        err.to_string()
+            .contains(&format!("pid {} on {} holds it now", t2.pid, t2.host)),
+        "{err}"
+    );
+    let err = first
+        .set_status("r", RunStatus::Interrupted, None)
+        .expect_err("the old tenure's status change is fenced");
+    assert!(matches!(err, StoreError::LeaseLost { .. }), "{err:?}");
+    let err = first.renew("r", &t1).expect_err("and its renewal");
+    assert!(matches!(err, StoreError::LeaseLost { .. }), "{err:?}");
+    // A gate's timeout answered by the old tenure: refused too; the new one answers.
+    second
+        .commit(&[Write::Gate(gate("r", "", "approve_spec"))])
+        .expect("a gate waits");
+    let err = first
+        .answer(&approval("r", "", "approve_spec", false))
+        .expect_err("the old tenure's answer is fenced");
+    assert!(matches!(err, StoreError::LeaseLost { .. }), "{err:?}");
+    assert_eq!(pending_named(second.as_ref(), "approve_spec"), 1);
+    second
+        .answer(&approval("r", "", "approve_spec", true))
+        .expect("the new tenure answers");
+    // Nothing of the refused writes is there; the new tenure writes and finishes the run,
+    // whose status the old one cannot turn back.
+    assert!(second.nodes("r").expect("nodes").is_empty());
+    assert_eq!(second.events("r", None).expect("events").len(), 1);
+    second
+        .commit(&[Write::Node(node("r", "", "a", json!({"x": 2})))])
+        .expect("the new tenure commits");
+    second
+        .set_status("r", RunStatus::Finished, Some(("success", 0)))
+        .expect("status");
+    first
+        .set_status("r", RunStatus::Interrupted, None)
+        .expect_err("a finished run stays finished");
+    let run = second.run("r").expect("run").expect("r");
+    assert_eq!(run.status, RunStatus::Finished);
+    assert_eq!(second.nodes("r").expect("nodes")[0].output, json!({"x": 2}));
+    first.unlock("r", &t1).expect("unlock: no effect");
+    assert_eq!(
+        second.lock_holder("r").expect("read").expect("held").holder,
+        t2.holder
+    );
 }
 
 fn answering_a_gate(db: &dyn Db) {
@@ -1275,6 +1421,7 @@ fn a_version_5_store_is_read_as_it_is_and_migrated_on_open() {
                  30, 0, 0.5, 5, 9);
              INSERT INTO attempts VALUES ('r', '', 'b', 1, 'running', 'claude', 'd/b/1', NULL,
                  0, 0, 0, NULL, 10, NULL);
+             INSERT INTO locks VALUES ('r', 4242, 'h', 1, 'h:4242:tenure', 99);
              PRAGMA user_version = 5;",
         )
         .expect("a version 5 store");
@@ -1326,6 +1473,10 @@ fn a_version_5_store_is_read_as_it_is_and_migrated_on_open() {
             .map(|e| e.kind)
             .collect();
         assert_eq!(kinds, ["started", "done"]);
+        // A lock without its holder's identity (version 7 added it): unknown.
+        let lock = s.lock_holder("r").expect("lock").expect("held");
+        assert_eq!((lock.pid, lock.expires), (4242, Some(99)));
+        assert_eq!(lock.identity(), None);
     };
     // Read-only (`status` on a directory it cannot write): read as it is.
     let ro = SqliteStore::open_read_only(&path).expect("a version 5 store reads");
@@ -1479,11 +1630,14 @@ fn postgres_migrates_a_version_4_schema_keeping_its_records() {
     ])
     .expect("commit");
     drop(s);
-    // What version 4 had: the same tables without the count.
+    // What version 4 had: the same tables without the count (nor the identity of a lock's
+    // holder, which version 6 added, nor the workers, which version 7 added).
     let mut c = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
     c.batch_execute(
         "ALTER TABLE nodes DROP COLUMN unreported; \
          ALTER TABLE attempts DROP COLUMN unreported; \
+         ALTER TABLE locks DROP COLUMN started, DROP COLUMN boot, DROP COLUMN pidns; \
+         DROP TABLE workers; \
          UPDATE ralph_flow_schema SET version = 4;",
     )
     .expect("back to version 4");
@@ -1897,7 +2051,7 @@ fn postgres_units_are_claimed_once_by_labels_adopted_by_key_and_fenced_by_lease(
         coord.unit(ids[1]).expect("unit").expect("there").state,
         UnitState::Queued
     );
-    coord.forget_unit(ids[7]).expect("forget");
+    coord.forget_unit(ids[7], "boss").expect("forget");
     assert!(coord.unit(ids[7]).expect("unit").is_none());
     // A resource of capacity 1 (a merge queue): while one unit that holds it runs under a
     // live lease, no worker claims another; once it is done, the next goes.

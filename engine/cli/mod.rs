@@ -1,5 +1,6 @@
 //! Subcommands of the command line, one file each.
 
+mod cancel;
 mod check;
 mod fmt;
 mod graph;
@@ -56,6 +57,9 @@ enum Command {
     Approve(run::AnswerArgs),
     /// Reject a gate of a run; the comment is the next attempt's feedback.
     Reject(run::AnswerArgs),
+    /// Cancel a queued, running or waiting run: its stages are stopped, its gates withdrawn,
+    /// and it cannot be resumed.
+    Cancel(cancel::Args),
     /// List runs, newest first.
     Runs(runs::RunsArgs),
     /// Show a run: its settled stages, the gates it waits on and its usage.
@@ -108,6 +112,7 @@ pub fn main() -> i32 {
         Command::Resume(args) => run::resume(&args),
         Command::Approve(args) => run::answer(&args, true),
         Command::Reject(args) => run::answer(&args, false),
+        Command::Cancel(args) => cancel::run(&args),
         Command::Runs(args) => runs::runs(&args),
         Command::Status(args) => runs::status(&args),
         Command::Logs(args) => runs::logs(&args),

@@ -336,6 +336,7 @@ fn finish(
             } => ("finished", Some(name.clone()), message.clone()),
             RunEnd::Waiting(_) => ("waiting", None, None),
             RunEnd::Interrupted => ("interrupted", None, None),
+            RunEnd::Cancelled(c) => ("cancelled", None, c.reason.clone()),
         };
         // The keys in order, as a JSON object's; the outputs are written one at a time.
         #[derive(serde::Serialize)]
@@ -414,6 +415,15 @@ fn finish(
                 r.run_id, r.run_id
             ));
         }
+        RunEnd::Cancelled(c) => {
+            say(&format!(
+                "run {} was cancelled: {} (by {} at {}); its stages were stopped",
+                r.run_id,
+                printable(&redact(c.reason.as_deref().unwrap_or("no reason given"))),
+                printable(&redact(&c.by)),
+                ralph_flow::store::rfc3339(c.at)
+            ));
+        }
     }
     code
 }
@@ -435,7 +445,7 @@ fn usage_text(u: &ralph_flow::backend::Usage) -> String {
     s
 }
 
-fn open_store(location: &Location) -> Result<Box<dyn Store + Send>, Failed> {
+pub(super) fn open_store(location: &Location) -> Result<Box<dyn Store + Send>, Failed> {
     if !location.exists() {
         return Err(Failed::NoState(location.to_string()));
     }
@@ -482,6 +492,17 @@ pub fn resume(args: &ResumeArgs) -> i32 {
                 .as_ref()
                 .map(|(n, c)| format!(" with `{n}` ({c})"))
                 .unwrap_or_default(),
+            record.file
+        ));
+    }
+    if record.status == RunStatus::Cancelled {
+        return fail(&format!(
+            "run `{}` was cancelled {}, so it cannot be resumed; start a new run with \
+             `ralph-flow run {}`",
+            record.id,
+            record
+                .cancellation()
+                .map_or_else(|| String::from("(by someone unknown)"), |c| c.text()),
             record.file
         ));
     }

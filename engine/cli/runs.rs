@@ -6,7 +6,7 @@ use ralph_flow::backend::Usage;
 use ralph_flow::secrets::redact;
 use ralph_flow::store::{
     AttemptRecord, Event, GateRequest, Location, LockOwner, NodeRecord, NodeState, RunRecord,
-    RunStatus, Store,
+    RunStatus, Store, Unplaced,
 };
 use ralph_flow::store::{Known, now_ms, rfc3339};
 use ralph_flow::text::duration_ms;
@@ -207,6 +207,10 @@ struct RunView<'a> {
     #[serde(flatten)]
     run: &'a RunRecord,
     duration_ms: i64,
+    /// Its work that waits for a worker none of the live ones can take, and why (only on a
+    /// store with workers).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    unplaced: Vec<Unplaced>,
 }
 
 impl<'a> RunView<'a> {
@@ -220,17 +224,34 @@ impl<'a> RunView<'a> {
         RunView {
             run,
             duration_ms: (end - run.started_at).max(0),
+            unplaced: Vec::new(),
         }
+    }
+
+    /// With why its work waits, read from `store` for a run that waits for workers (queued,
+    /// or running with units).
+    fn placed_by(mut self, store: &dyn Store) -> Result<Self, Failure> {
+        if matches!(self.run.status, RunStatus::Queued | RunStatus::Running) {
+            self.unplaced = store.unplaced(&self.run.id)?;
+        }
+        Ok(self)
     }
 }
 
 fn list(args: &RunsArgs) -> Result<(), Failure> {
     let place = location(&args.state_dir, args.store.as_deref())?;
-    let runs = match open(&place)? {
+    let store = open(&place)?;
+    let runs = match &store {
         Some(store) => store.runs(args.limit)?,
         None => Vec::new(),
     };
-    let views: Vec<RunView<'_>> = runs.iter().map(RunView::new).collect();
+    let views: Vec<RunView<'_>> = match &store {
+        Some(store) => runs
+            .iter()
+            .map(|r| RunView::new(r).placed_by(store.as_ref()))
+            .collect::<Result<_, _>>()?,
+        None => runs.iter().map(RunView::new).collect(),
+    };
     if args.json {
         return print_json(&views);
     }
@@ -244,7 +265,11 @@ fn list(args: &RunsArgs) -> Result<(), Failure> {
             vec![
                 v.run.id.clone(),
                 v.run.workflow.clone(),
-                v.run.status.as_str().to_string(),
+                match v.unplaced.first() {
+                    // Why it waits, shortly: the whole line is in `status`.
+                    Some(u) => format!("{} ({})", v.run.status.as_str(), u.text()),
+                    None => v.run.status.as_str().to_string(),
+                },
                 exit_text(v.run),
                 rfc3339(v.run.started_at),
                 duration_ms(v.duration_ms),
@@ -334,7 +359,7 @@ fn show_status(args: &StatusArgs) -> Result<(), Failure> {
         })
         .collect();
     let view = StatusView {
-        run: RunView::new(&run),
+        run: RunView::new(&run).placed_by(store.as_ref())?,
         lock,
         nodes: &nodes,
         pending_gates: gate_views,
@@ -362,6 +387,12 @@ fn status_text(view: &StatusView<'_>) -> String {
         rfc3339(run.started_at),
         duration_ms(view.run.duration_ms),
     );
+    if let Some(c) = run.cancellation() {
+        out += &format!("cancelled {}\n", c.text());
+    }
+    for u in &view.run.unplaced {
+        out += &format!("{}\n", u.line());
+    }
     if let Some(lock) = &view.lock {
         out += &format!(
             "held by pid {} on {} since {}\n",

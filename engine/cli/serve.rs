@@ -1,6 +1,5 @@
 //! `ralph-flow serve`: the live web monitor.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -9,9 +8,11 @@ use ralph_flow::serve::{Options, serve};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Where to listen (loopback only, unless --allow-remote). Port 0 picks a free port.
-    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:7700")]
-    addr: SocketAddr,
+    /// Where to listen: an address or a host name and a port (`127.0.0.1:7700`,
+    /// `localhost:7700`, `[::1]:7700`); a name listens on every address it resolves to.
+    /// Loopback only, unless --allow-remote. Port 0 picks a free port.
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:7700")]
+    addr: String,
     /// The state directory whose runs are shown.
     #[arg(long, value_name = "DIR", default_value = ".ralph-flow")]
     state_dir: PathBuf,
@@ -20,9 +21,15 @@ pub struct Args {
     #[arg(long, value_name = "URL")]
     store: Option<String>,
     /// Serve other machines too (an address that is not loopback). Needs an access token of
-    /// at least 16 characters in RALPH_FLOW_TOKEN.
+    /// your own in RALPH_FLOW_TOKEN: at least 16 letters, digits or `-._~`, not one character
+    /// repeated (`openssl rand -hex 16` makes one).
     #[arg(long)]
     allow_remote: bool,
+    /// A host name the monitor answers to (the `Host` of a request), besides loopback's, the
+    /// addresses it listens on and --addr's name; repeat it for more. Others get 421
+    /// (DNS-rebinding protection).
+    #[arg(long = "allow-host", value_name = "NAME")]
+    allow_host: Vec<String>,
     /// How often the store is asked whether something changed (`500ms`, `2s`).
     #[arg(long, value_name = "DURATION", default_value = "300ms", value_parser = super::run::duration)]
     poll: Duration,
@@ -43,12 +50,13 @@ pub fn run(args: &Args) -> i32 {
         }
     };
     let opts = Options {
-        addr: args.addr,
+        addr: args.addr.clone(),
         store,
         allow_remote: args.allow_remote,
         token: std::env::var("RALPH_FLOW_TOKEN")
             .ok()
             .filter(|t| !t.is_empty()),
+        allowed_hosts: args.allow_host.clone(),
         poll: args.poll,
     };
     let shown = opts.store.to_string();

@@ -45,8 +45,21 @@ pub enum AnswerError {
         gate: String,
         places: Vec<String>,
     },
+    #[error(
+        "run `{run}` was cancelled {how}: its gates no longer wait for an answer, and it cannot \
+         go on; start a new run with `ralph-flow run`"
+    )]
+    Cancelled { run: String, how: String },
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// The error for an answer to a cancelled run.
+fn cancelled(record: &crate::store::RunRecord) -> AnswerError {
+    AnswerError::Cancelled {
+        run: record.id.clone(),
+        how: record.cancellation().map_or_else(String::new, |c| c.text()),
+    }
 }
 
 fn waiting_text(waiting: &[String]) -> String {
@@ -118,6 +131,9 @@ pub fn answer(
     let Some(record) = store.run(run)? else {
         return Err(AnswerError::NoRun(run.to_string()));
     };
+    if record.status == RunStatus::Cancelled {
+        return Err(cancelled(&record));
+    }
     let pending = store.pending_gates(&record.id)?;
     let matching: Vec<&GateRequest> = match pending.iter().find(|g| g.qualified() == gate) {
         Some(g) => vec![g],
@@ -149,7 +165,13 @@ pub fn answer(
         by: by.to_string(),
         at: now_ms(),
     };
-    store.answer(&approval)?;
+    if let Err(e) = store.answer(&approval) {
+        // Cancelled meanwhile (which withdrew the gate): said as such.
+        return Err(match store.run(&record.id) {
+            Ok(Some(now)) if now.status == RunStatus::Cancelled => cancelled(&now),
+            _ => e.into(),
+        });
+    }
     let verb = if approved { "approved" } else { "rejected" };
     let event = Event {
         run: record.id.clone(),
@@ -177,6 +199,14 @@ pub fn answer(
         let now = store.run(&record.id).ok().flatten();
         match now {
             Some(r) if r.status == RunStatus::Queued && record.status == RunStatus::Waiting => {
+                Next::Requeued
+            }
+            // Queued by the answer and claimed by a worker already, before this read.
+            Some(r)
+                if r.status == RunStatus::Running
+                    && record.status == RunStatus::Waiting
+                    && super::worker::Workspace::from_options(&r.options).is_some() =>
+            {
                 Next::Requeued
             }
             Some(r)

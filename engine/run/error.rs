@@ -142,6 +142,11 @@ pub enum RunError {
     NoSuchRun(String),
     #[error("run `{id}` has finished (exit {exit}); start a new one with `ralph-flow run`")]
     Finished { id: String, exit: String },
+    /// A cancelled run cannot go on: `how` says by whom, when and why.
+    #[error(
+        "run `{id}` was cancelled {how}, so it cannot go on; start a new one with `ralph-flow run`"
+    )]
+    Cancelled { id: String, how: String },
     /// Agents that cannot run here: each `file:line:col: agent ...: why`.
     #[error(
         "{} agent{} of this workflow cannot run here, so nothing was started:\n  {}\nInstall or set what is named, give the agent a `fallbacks` entry that can run, or point it at another backend with `--set` or an override.",

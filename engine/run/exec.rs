@@ -141,6 +141,15 @@ impl Shared {
         if writes.is_empty() {
             return;
         }
+        // A coordinator that lost its lease writes nothing more (its store would refuse it
+        // anyway, unless the lease lapsed with nobody taking it yet): what its stopping
+        // stages queue (interrupted attempts, failures) is the next holder's to decide.
+        if matches!(
+            &*self.store_error.borrow(),
+            Some(Halt::Store(crate::store::StoreError::LeaseLost { .. }))
+        ) {
+            return;
+        }
         self.count(|w| w.commits += 1);
         // The records of what was committed go to the writer too (one wake-up per commit).
         self.artifacts.hand_over();

@@ -192,6 +192,12 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
                         .map_or("?".to_string(), |(n, c)| format!("{n} = {c}")),
                 });
             }
+            if run.status == RunStatus::Cancelled {
+                return Err(RunError::Cancelled {
+                    id: id.clone(),
+                    how: run.cancellation().map_or_else(String::new, |c| c.text()),
+                });
+            }
             // A run started with `--replay` or `--record` resumes with it.
             let stored = |key: &str| {
                 run.options
@@ -271,7 +277,12 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
             (run, HashMap::new())
         }
     };
-    let owner = crate::store::current_owner().with_lease(opts.lease);
+    // The tenure this executor holds the run by: a worker's claim (which took the lock
+    // already), else a new one. Every write of this store to the run is fenced by it.
+    let owner = match &opts.owner {
+        Some(claimed) => claimed.clone(),
+        None => crate::store::current_owner().with_lease(opts.lease),
+    };
     store.lock(&run.id, &owner)?;
     // A queued run (`run --detach`) starts here, on a worker: nothing of it ran before.
     let first_start = run.status == RunStatus::Queued && resumed.is_empty();
@@ -338,10 +349,17 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         _ => None,
     };
     // `earlier_runs` reads through the store's connection where it can be shared, and the
-    // lease is renewed through it (only a store other machines reach needs that: a SQLite
-    // file serves one machine, where a live holder keeps its run whatever its lease says,
+    // lease is renewed through it; a SQLite store's lease is renewed through a connection of
+    // its own, opened when first needed (a live holder keeps its run by its lease alone,
     // `LockOwner::lapsed`).
     let lease_store = store.share();
+    // A cancel (`ralph-flow cancel`, the monitor) is read through a handle of its own: the
+    // executor's connection shared where it can be (PostgreSQL), else the SQLite file
+    // opened to read.
+    let cancel_store = match store.share() {
+        Some(s) => Some(s),
+        None => location.open_to_read().ok().flatten(),
+    };
     let memory = match store.share() {
         Some(s) => super::memory::MemoryStore::ready(s, location.clone()),
         None => super::memory::MemoryStore::later(location.clone()),
@@ -470,16 +488,43 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         std::future::pending::<()>().await;
     };
     let heartbeat = async {
-        match lease_store {
-            Some(store) => heartbeat(&shared, store, &owner).await,
+        match owner.lease() {
+            Some(_) => heartbeat(&shared, lease_store, durability, &owner).await,
             None => std::future::pending().await,
         }
     };
+    let cancelled: RefCell<Option<crate::store::Cancellation>> = RefCell::new(None);
+    let cancel_watch = async {
+        match cancel_store {
+            Some(store) => watch_cancel(&shared, store, &cancelled).await,
+            None => std::future::pending().await,
+        }
+    };
+    let programs_before = crate::backend::process::programs_started();
     let end = tokio::select! {
         end = exec.run_body(&top) => end,
         () = ctrl_c => BodyEnd::Stopped,
         () = heartbeat => BodyEnd::Stopped,
+        () = cancel_watch => BodyEnd::Stopped,
     };
+    // Nothing a run started outlives it: what its stages left running (descendants that left
+    // their process group, such as `setsid` daemons, and groups still dying from their stop)
+    // is stopped, and waited for, before the run reports its end and lets go of its lock. A
+    // run spread as units leaves its units' programs to the workers that hold them; one that
+    // started no program (agents over HTTP, a replay) has nothing to look for.
+    if shared.opts.spread.is_none()
+        && crate::backend::process::programs_started() != programs_before
+    {
+        let id = shared.run.id.clone();
+        let stopped = tokio::task::spawn_blocking(move || {
+            crate::backend::process::stop_leftovers(Some(("RALPH_FLOW_RUN", &id)), &[], &[])
+        })
+        .await
+        .unwrap_or(0);
+        if stopped > 0 {
+            tracing::debug!("stopped {stopped} process(es) that the run's programs left running");
+        }
+    }
     shared.flush();
     // Every artifact is on disk before the run reports its end.
     shared.artifacts.hand_over();
@@ -490,8 +535,22 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         ));
     }
     shared.progress.finish();
+    // A cancel that came after the watcher last looked (the run ended meanwhile) still
+    // ends it as cancelled: the store keeps a cancelled run's status whatever is written.
+    let cancelled = cancelled.into_inner().or_else(|| {
+        let store = shared.store.borrow();
+        let run = store.run(&shared.run.id).ok().flatten()?;
+        (run.status == RunStatus::Cancelled).then(|| cancellation_of(&run))
+    });
     let end = if let Some(halt) = shared.store_error.borrow_mut().take() {
         return Err(RunError::Halted(halt));
+    } else if let Some(c) = cancelled {
+        // Units it asked for after the cancel, before it noticed, are withdrawn too (the
+        // cancel withdrew those there were then).
+        if let Some(units) = &shared.units {
+            units.cancel_all();
+        }
+        RunEnd::Cancelled(c)
     } else if *shared.interrupt.borrow() {
         RunEnd::Interrupted
     } else {
@@ -505,6 +564,7 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         RunEnd::Exit { name, code, .. } => (RunStatus::Finished, Some((name.as_str(), *code))),
         RunEnd::Waiting(_) => (RunStatus::Waiting, None),
         RunEnd::Interrupted => (RunStatus::Interrupted, None),
+        RunEnd::Cancelled(_) => (RunStatus::Cancelled, None),
     };
     let event = crate::store::Event {
         run: shared.run.id.clone(),
@@ -526,6 +586,12 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
             ),
             RunEnd::Waiting(g) => format!("waiting on {}", g.join(", ")),
             RunEnd::Interrupted => "interrupted".to_string(),
+            RunEnd::Cancelled(c) => format!(
+                "stopped by pid {} on {}: the run was cancelled {}",
+                owner.pid,
+                owner.host,
+                c.text()
+            ),
         },
     };
     // Written straight to the store, not through the run's queue (the store masks it).
@@ -547,12 +613,20 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
     })
 }
 
-/// Renews the run's lease every third of it, on a connection of its own (on tokio's
-/// blocking pool, so a slow store does not hold the executor up). When the lease is lost
-/// (another process took the run over, or it could not be renewed before it expired: the
-/// run may be another machine's now), the run stops as a failed commit stops it: its programs are stopped and
-/// nothing more is written. Never completes otherwise.
-async fn heartbeat(shared: &Shared, store: Box<dyn Store + Send>, owner: &crate::store::LockOwner) {
+/// Renews the run's lease every third of it, on a connection of its own (`store`, a shared
+/// handle on the executor's, or else one opened on the run's store when first needed), on
+/// tokio's blocking pool, so a slow store does not hold the executor up. When the lease is
+/// lost (another tenure took the run over, or it could not be renewed before it expired:
+/// the run may be another's now), the run stops as a failed commit stops it: its programs
+/// are stopped, nothing more is written (no settlement, no status: the next holder owns
+/// them), and units under way on workers are left to the next coordinator. Never completes
+/// otherwise.
+async fn heartbeat(
+    shared: &Shared,
+    store: Option<Box<dyn Store + Send>>,
+    durability: crate::store::sqlite::Durability,
+    owner: &crate::store::LockOwner,
+) {
     use crate::store::StoreError;
     let lease = Duration::from_millis(
         owner
@@ -561,6 +635,7 @@ async fn heartbeat(shared: &Shared, store: Box<dyn Store + Send>, owner: &crate:
     );
     let period = lease / 3;
     let store = Arc::new(std::sync::Mutex::new(store));
+    let location = shared.opts.location();
     let mut renewed = tokio::time::Instant::now();
     // A renewal under way, and when it was sent (the lease runs from no earlier).
     type Renewal = (
@@ -582,8 +657,15 @@ async fn heartbeat(shared: &Shared, store: Box<dyn Store + Send>, owner: &crate:
         tokio::time::sleep(period).await;
         let (mut call, sent) = inflight.take().unwrap_or_else(|| {
             let (store, run, owner) = (store.clone(), shared.run.id.clone(), owner.clone());
+            let location = location.clone();
             let call = tokio::task::spawn_blocking(move || match store.lock() {
-                Ok(mut s) => s.renew(&run, &owner),
+                Ok(mut handle) => match &mut *handle {
+                    Some(s) => s.renew(&run, &owner),
+                    // A SQLite store: its connection for the lease, opened once.
+                    None => handle
+                        .insert(location.open(durability)?)
+                        .renew(&run, &owner),
+                },
                 Err(_) => Err(StoreError::State("the lease's connection failed".into())),
             });
             (call, tokio::time::Instant::now())
@@ -609,6 +691,58 @@ async fn heartbeat(shared: &Shared, store: Box<dyn Store + Send>, owner: &crate:
                 ),
             });
             break;
+        }
+    }
+    std::future::pending::<()>().await;
+}
+
+/// How often a run reads whether it was cancelled: one read of its row, so a cancel stops
+/// its stages within about this long.
+const CANCEL_POLL: Duration = Duration::from_secs(1);
+
+/// Who cancelled a cancelled run, as its record says (a run cancelled by an older
+/// ralph-flow, without the record, by someone unknown).
+fn cancellation_of(run: &RunRecord) -> crate::store::Cancellation {
+    run.cancellation()
+        .unwrap_or_else(|| crate::store::Cancellation {
+            by: "someone".into(),
+            at: run.updated_at,
+            reason: None,
+        })
+}
+
+/// Reads the run's status every [`CANCEL_POLL`] through `store` (on tokio's blocking pool,
+/// so a slow store does not hold the executor up). Once it is cancelled (`ralph-flow
+/// cancel`, the monitor), it keeps who did it in `cancelled` and stops the run as Ctrl-C
+/// does: no stage starts, running ones are stopped with their programs. A read that fails
+/// is tried again at the next poll (the commits say when the store is gone). Never
+/// completes.
+async fn watch_cancel(
+    shared: &Shared,
+    store: Box<dyn Store + Send>,
+    cancelled: &RefCell<Option<crate::store::Cancellation>>,
+) {
+    let store = Arc::new(std::sync::Mutex::new(store));
+    loop {
+        tokio::time::sleep(CANCEL_POLL).await;
+        let (store, id) = (store.clone(), shared.run.id.clone());
+        let read = tokio::task::spawn_blocking(move || match store.lock() {
+            Ok(s) => s.run(&id).ok().flatten(),
+            Err(_) => None,
+        })
+        .await;
+        if let Ok(Some(run)) = read {
+            if run.status == RunStatus::Cancelled {
+                let c = cancellation_of(&run);
+                shared.progress.note(&format!(
+                    "! run {} was cancelled {}; stopping its stages",
+                    run.id,
+                    c.text()
+                ));
+                *cancelled.borrow_mut() = Some(c);
+                let _ = shared.interrupt.send(true);
+                break;
+            }
         }
     }
     std::future::pending::<()>().await;

@@ -10,6 +10,7 @@ pub mod answer;
 pub mod artifacts;
 mod attempt;
 mod budget;
+pub mod cancel;
 mod command;
 mod context;
 pub mod error;
@@ -221,10 +222,15 @@ pub struct RunOptions {
     /// Woken when the store says something happened (a worker's listener): a coordinator
     /// waiting for its units looks at once instead of at its next poll.
     pub unit_wake: Option<std::sync::Arc<tokio::sync::Notify>>,
+    /// The tenure that already holds the run (a worker's claim took its lock): the run goes
+    /// on under it, so the claim and the executor are one holder. `None`: the executor
+    /// draws a tenure of its own as it takes the run.
+    pub owner: Option<crate::store::LockOwner>,
 }
 
-/// The default lease of a run (see [`RunOptions::lease`]).
-pub const LEASE: Duration = Duration::from_secs(30);
+/// The default lease of a run (see [`RunOptions::lease`]); the store's own default, which it
+/// uses for a lock whose owner names none.
+pub const LEASE: Duration = crate::store::LEASE;
 
 /// The environment variable that sets the lease.
 pub const LEASE_ENV: &str = "RALPH_FLOW_LEASE";
@@ -270,6 +276,7 @@ impl RunOptions {
             publish: None,
             spread: None,
             unit_wake: None,
+            owner: None,
         }
     }
 }
@@ -287,6 +294,9 @@ pub enum RunEnd {
     Waiting(Vec<String>),
     /// Ctrl-C stopped it.
     Interrupted,
+    /// It was cancelled (`ralph-flow cancel`, the monitor) while it ran: its stages were
+    /// stopped as Ctrl-C stops them, and it cannot be resumed.
+    Cancelled(crate::store::Cancellation),
 }
 
 /// What [`execute`] returns.
@@ -363,6 +373,7 @@ impl RunEnd {
             RunEnd::Exit { code, .. } => i32::try_from(*code).unwrap_or(1),
             RunEnd::Waiting(_) => crate::exit::WAITING,
             RunEnd::Interrupted => crate::exit::INTERRUPTED,
+            RunEnd::Cancelled(_) => crate::exit::CANCELLED,
         }
     }
 }

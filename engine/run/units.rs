@@ -316,6 +316,23 @@ impl Units {
         }
     }
 
+    /// Withdraws every unit of the run that has not finished (the run was cancelled):
+    /// queued ones are cancelled, and the workers that run the others stop them when they
+    /// next renew their lease.
+    pub fn cancel_all(&self) {
+        if let Err(e) = self
+            .store
+            .borrow_mut()
+            .cancel_units(&self.run, &self.holder)
+        {
+            tracing::warn!(
+                "cannot cancel the units of run {}: {}",
+                self.run,
+                crate::diag::error_chain(&e)
+            );
+        }
+    }
+
     /// Waits for the turn of the git workspace `cwd` is in (none outside git, or without a
     /// publisher): a unit there, or a program the coordinator runs there itself, works
     /// alone, since the workspace is brought up to what each unit left.
@@ -455,7 +472,7 @@ impl Units {
             }
         };
         guard.id = None;
-        if let Err(e) = self.store.borrow_mut().forget_unit(id) {
+        if let Err(e) = self.store.borrow_mut().forget_unit(id, &self.holder) {
             tracing::warn!("cannot forget unit {id}: {}", crate::diag::error_chain(&e));
         }
         // The coordinator's copy of the workspace: what the unit left.

@@ -329,9 +329,29 @@ pub async fn work(
             format!(", labels {}", opts.labels.join(", "))
         }
     ));
+    let mut seen: Option<std::time::Instant> = None;
     loop {
         if *stop.borrow() {
             break;
+        }
+        // Say that this worker, with its labels, is here (at most once a second), so that
+        // `status` and the monitor can tell why work none of the live workers can take waits.
+        if seen.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+            let owner = crate::store::current_owner();
+            let said = store.borrow_mut().worker_seen(
+                crate::store::holder_id(),
+                &owner.host,
+                owner.pid,
+                &opts.labels,
+                live_for(opts.poll),
+            );
+            if let Err(e) = said {
+                tracing::warn!(
+                    "cannot record this worker in the store: {}",
+                    crate::diag::error_chain(&e)
+                );
+            }
+            seen = Some(std::time::Instant::now());
         }
         if pruned.is_none_or(|t| t.elapsed() >= PRUNE_EVERY) {
             let gone = prune_units(&opts.state_dir, UNIT_FILES_KEPT);
@@ -419,9 +439,21 @@ pub async fn work(
         done += 1;
     }
     while units.join_next().await.is_some() {}
+    if let Err(e) = store.borrow_mut().worker_gone(crate::store::holder_id()) {
+        tracing::warn!(
+            "cannot record that this worker stopped: {}",
+            crate::diag::error_chain(&e)
+        );
+    }
     stop_listening.store(true, Ordering::Relaxed);
     let _ = listener.join();
     Ok(WorkerEnd { runs: done })
+}
+
+/// How long a worker that polls every `poll` counts as live after it was last seen: three
+/// of its polls (a wake-up may come late), and never less than 30 s.
+fn live_for(poll: Duration) -> Duration {
+    (poll * 3).max(Duration::from_secs(30))
 }
 
 /// Carries out one claimed run to its end, reporting how it ended; a run that could not
@@ -436,7 +468,7 @@ async fn carry(
     report: Report,
 ) {
     let id = run.id.clone();
-    let result = carry_out(&run, &store, &opts, stop).await;
+    let result = carry_out(&run, &owner, &store, &opts, stop).await;
     let line = match result {
         Ok(RunEnd::Exit { name, code, .. }) => format!("run {id} ended: {name} (exit code {code})"),
         Ok(RunEnd::Waiting(gates)) => {
@@ -455,6 +487,26 @@ async fn carry(
                 }
             )
         }
+        Ok(RunEnd::Cancelled(c)) => {
+            format!(
+                "run {id} was cancelled {}; its stages were stopped",
+                c.text()
+            )
+        }
+        // Cancelled before it started here: nothing ran; the claim's lock is let go.
+        Err(WorkerError::Run(RunError::Cancelled { how, .. })) => {
+            let released = store.borrow_mut().unlock(&id, &owner);
+            format!(
+                "run {id} was cancelled {how} before it started here{}",
+                match released {
+                    Ok(()) => String::new(),
+                    Err(e) => format!(
+                        " (its lock could not be released: {})",
+                        crate::diag::error_chain(&e)
+                    ),
+                }
+            )
+        }
         Ok(RunEnd::Interrupted) => match store.borrow_mut().requeue(&id, &owner) {
             Ok(()) => format!("run {id} stopped and handed back to the queue"),
             Err(e) => format!(
@@ -462,12 +514,37 @@ async fn carry(
                 crate::diag::error_chain(&e)
             ),
         },
-        Err(WorkerError::Run(RunError::Halted(Halt::Store(e @ StoreError::LeaseLost { .. })))) => {
-            format!("! run {id}: {}", crate::diag::error_chain(&e))
+        Err(
+            WorkerError::Store(e @ StoreError::LeaseLost { .. })
+            | WorkerError::Run(
+                RunError::Store(e @ StoreError::LeaseLost { .. })
+                | RunError::Halted(Halt::Store(e @ StoreError::LeaseLost { .. })),
+            ),
+        ) => format!("! run {id}: {}", crate::diag::error_chain(&e)),
+        // The store failed under the run (out of reach past the lease, say), or refused it
+        // (another tenure holds it): the run is not marked anything because of it. Its lock
+        // is released if this tenure still holds it (else its lease ends by itself), and a
+        // worker takes it over and goes on.
+        Err(
+            WorkerError::Store(e)
+            | WorkerError::Run(RunError::Store(e) | RunError::Halted(Halt::Store(e))),
+        ) => {
+            let released = store.borrow_mut().unlock(&id, &owner);
+            format!(
+                "! run {id} stopped on the store: {}\n  it is left as it is, for a worker to \
+                 take over{}",
+                crate::diag::error_chain(&e),
+                match released {
+                    Ok(()) => String::new(),
+                    Err(_) => " once its lease ends".into(),
+                }
+            )
         }
         Err(e) => {
             let why = crate::diag::error_chain(&e);
-            let mut s = store.borrow_mut();
+            // Fenced by this claim's tenure: nothing is recorded once another holds the run
+            // (a finished run's status never goes back).
+            let mut s = store.borrow().fenced(&id, &owner);
             let noted = s
                 .commit(&[Write::Event(Event {
                     run: id.clone(),
@@ -502,6 +579,7 @@ async fn carry(
 
 async fn carry_out(
     run: &RunRecord,
+    owner: &LockOwner,
     store: &Rc<RefCell<PgStore>>,
     opts: &WorkerOptions,
     stop: watch::Receiver<bool>,
@@ -535,6 +613,8 @@ async fn carry_out(
     o.store = Some(opts.store.clone());
     o.wait = false;
     o.resume = Some(run.id.clone());
+    // The executor goes on under the claim's tenure: one holder from claim to end.
+    o.owner = Some(owner.clone());
     o.stop = Some(stop);
     o.publish = place.git.as_ref().map(|g| g.url.clone());
     o.spread = Some(store.borrow().labels(&run.id)?);
@@ -809,10 +889,15 @@ async fn carry_unit(
         }
     };
     let result = tokio::select! {
-        r = unit_work(&unit, &store, &opts, &prepared) => match r {
+        r = unit_work(&unit, &owner, &store, &opts, &prepared) => match r {
             Ok(r) => r,
+            // Lost before its work started: nothing ran here, nothing is recorded.
+            Err(UnitNotDone::Lost(why)) => {
+                report(&format!("unit {id} ({}) not started: {why}", unit.key));
+                return;
+            }
             // No access to its repository here: another worker may have it.
-            Err((url, why)) => {
+            Err(UnitNotDone::Unreachable(url, why)) => {
                 if let Ok(mut m) = unreachable.lock() {
                     m.insert(url.clone(), std::time::Instant::now());
                 }
@@ -874,14 +959,24 @@ async fn carry_unit(
     }
 }
 
+/// Why a claimed unit's work was not done here.
+enum UnitNotDone {
+    /// Its repository (the URL) cannot be cloned here (why).
+    Unreachable(String, String),
+    /// This worker no longer holds it (why): its lease lapsed before the work started
+    /// (the store out of reach), and another worker may be doing it.
+    Lost(String),
+}
+
 /// Does a unit's work where it says: a clone of its repository on its branch as published
 /// (`STATE_DIR/units/clones/HASH`), published again afterwards; or its directory.
 async fn unit_work(
     unit: &crate::store::postgres::Unit,
+    owner: &LockOwner,
     store: &Rc<RefCell<PgStore>>,
     opts: &WorkerOptions,
     prepared: &PreparedRuns,
-) -> Result<super::units::UnitResult, (String, String)> {
+) -> Result<super::units::UnitResult, UnitNotDone> {
     use super::units::{AgentWork, CommandWork, Place, ProgramDone, UnitResult};
     let Some(place) = Place::from_json(&unit.place) else {
         return Ok(UnitResult::Failed(format!(
@@ -903,7 +998,10 @@ async fn unit_work(
                 .collect();
             let dir = opts.state_dir.join("units").join("clones").join(hash);
             if let Err(e) = clone_into(url, &dir).await {
-                return Err((url.clone(), crate::diag::error_chain(&e)));
+                return Err(UnitNotDone::Unreachable(
+                    url.clone(),
+                    crate::diag::error_chain(&e),
+                ));
             }
             touch(&dir);
             let p = super::publish::Publisher::new(url.clone());
@@ -940,6 +1038,19 @@ async fn unit_work(
     }
     if let Some(run_dir) = files.parent() {
         touch(run_dir);
+    }
+    // Only while this worker still holds the unit: its lease may have lapsed while the
+    // store was out of reach, and then what is stopped next may be the copy of the worker
+    // that holds it now.
+    match store.borrow_mut().renew_unit(unit.id, owner) {
+        Ok(true) => {}
+        Ok(false) => return Err(UnitNotDone::Lost("another worker holds it now".into())),
+        Err(e) => {
+            return Err(UnitNotDone::Lost(format!(
+                "its lease could not be renewed: {}",
+                crate::diag::error_chain(&e)
+            )));
+        }
     }
     // A unit taken over on this machine: what its earlier holder (killed) left running of
     // it is stopped first, so that its work never runs beside an earlier copy of itself.

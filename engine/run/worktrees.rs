@@ -284,8 +284,8 @@ impl Claim for Exec<'_> {
     /// A worktree may be taken when it lies in this state directory's `worktrees/RUN/`, RUN
     /// being another run of this store that is not running and will not go on by itself:
     /// neither queued for a worker nor waiting on a gate (answered, it goes on in its
-    /// worktrees), and its lock free or held by a process known to be dead (or, on another
-    /// host, whose lease expired: `LockOwner::lapsed`, as for taking the run over).
+    /// worktrees), and its lock free or lapsed (its lease expired, or its holder is provably
+    /// gone: `LockOwner::lapsed`, as for taking the run over).
     fn leftover(&self, path: &Path) -> Result<Leftover, String> {
         let root = self.shared.opts.state_dir.join("worktrees");
         let shown = path.display();

@@ -284,3 +284,60 @@ pub(crate) async fn answer(
         Err(f) => f.into_response(),
     }
 }
+
+#[derive(Deserialize)]
+pub(crate) struct CancelBody {
+    #[serde(default)]
+    reason: Option<String>,
+    #[serde(default)]
+    by: Option<String>,
+}
+
+/// `POST /api/runs/ID/cancel` with `{"reason", "by"}` (both optional): what `ralph-flow
+/// cancel` does. With the cookie (a browser), it needs the page's `X-CSRF-Token`, as an
+/// answer does. 409 for a run that ended or was cancelled already.
+pub(crate) async fn cancel(
+    State(m): State<Arc<Monitor>>,
+    Extension(how): Extension<Authorized>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    axum::Json(body): axum::Json<CancelBody>,
+) -> Response {
+    use crate::run::cancel::CancelError;
+    let given = headers.get("x-csrf-token").and_then(|v| v.to_str().ok());
+    if !csrf_ok(&m, how, given) {
+        return failure(
+            StatusCode::FORBIDDEN,
+            "refused: send the X-CSRF-Token of the pages, or authorize with Authorization: Bearer",
+        )
+        .into_response();
+    }
+    let result = blocking(&m, move |m| {
+        let by = body.by.clone().unwrap_or_else(super::pages::by);
+        Ok(m.with_store(|s| Ok(crate::run::cancel::cancel(s, &id, body.reason.clone(), &by))))
+    })
+    .await;
+    match result {
+        Ok(Ok(Some(Ok(c)))) => {
+            m.touch();
+            json(&serde_json::json!({
+                "cancelled": c.run,
+                "was": c.was,
+                "cancellation": c.cancellation,
+                // What happens to the run now, in `cancel`'s words.
+                "next_text": c.next(),
+            }))
+        }
+        Ok(Ok(Some(Err(e)))) => {
+            let status = match e {
+                CancelError::NoRun(_) => StatusCode::NOT_FOUND,
+                CancelError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+                CancelError::Refused(_) => StatusCode::CONFLICT,
+            };
+            failure(status, &error_chain(&e)).into_response()
+        }
+        Ok(Ok(None)) => failure(StatusCode::NOT_FOUND, "there is no run store yet").into_response(),
+        Ok(Err(e)) => store_failure(&e).into_response(),
+        Err(f) => f.into_response(),
+    }
+}

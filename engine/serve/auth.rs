@@ -61,6 +61,56 @@ impl Token {
     }
 }
 
+/// Why a token given by the user (`RALPH_FLOW_TOKEN`) is refused: it guards every run's
+/// prompts and answers and the gates' buttons, so it must not be guessable, and it travels
+/// in the printed URL and in a cookie, so it must pass through both unchanged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WeakToken {
+    #[error("is only whitespace")]
+    Blank,
+    #[error("holds whitespace")]
+    Whitespace,
+    #[error(
+        "holds {0:?}, which a URL or a cookie would change (use letters, digits, `-`, `.`, `_` and `~`)"
+    )]
+    Character(char),
+    #[error("is {0} characters long, fewer than {MIN_TOKEN_LEN}")]
+    Short(usize),
+    #[error("is one character repeated")]
+    Repeated,
+}
+
+/// The fewest characters a token given by the user may have.
+pub const MIN_TOKEN_LEN: usize = 16;
+
+/// Tells what makes a token given by the user unfit, if anything does.
+pub(crate) fn weakness(secret: &str) -> Option<WeakToken> {
+    if secret.chars().all(char::is_whitespace) {
+        return Some(WeakToken::Blank);
+    }
+    if secret.chars().any(char::is_whitespace) {
+        return Some(WeakToken::Whitespace);
+    }
+    // The URL's unreserved characters: the printed `?token=` and the cookie carry them as
+    // they are (a `+` would be read as a space, a `;` would end the cookie).
+    if let Some(c) = secret
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | '~')))
+    {
+        return Some(WeakToken::Character(c));
+    }
+    let len = secret.chars().count();
+    if len < MIN_TOKEN_LEN {
+        return Some(WeakToken::Short(len));
+    }
+    let mut chars = secret.chars();
+    let first = chars.next();
+    if chars.all(|c| Some(c) == first) {
+        return Some(WeakToken::Repeated);
+    }
+    None
+}
+
 fn constant_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
@@ -238,6 +288,24 @@ mod tests {
             r.secret(),
             Token::random().unwrap_or_else(|e| panic!("{e}")).secret()
         );
+    }
+
+    #[test]
+    fn weak_tokens_are_told_apart_and_strong_ones_pass() {
+        assert_eq!(weakness(&" ".repeat(16)), Some(WeakToken::Blank));
+        assert_eq!(weakness(""), Some(WeakToken::Blank));
+        assert_eq!(weakness("0123456789 abcdef0"), Some(WeakToken::Whitespace));
+        assert_eq!(weakness("0123456789abcdef\t"), Some(WeakToken::Whitespace));
+        assert_eq!(
+            weakness("0123456789abcdef+/"),
+            Some(WeakToken::Character('+'))
+        );
+        assert_eq!(weakness("short"), Some(WeakToken::Short(5)));
+        assert_eq!(weakness(&"a".repeat(40)), Some(WeakToken::Repeated));
+        assert_eq!(weakness("0123456789abcdef"), None);
+        assert_eq!(weakness("a1B2-c3.d4_e5~f6"), None);
+        let r = Token::random().unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(weakness(r.secret()), None, "the random token passes");
     }
 
     #[test]

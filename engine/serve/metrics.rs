@@ -30,6 +30,7 @@ pub fn text(store: &mut dyn Store) -> Result<String, StoreError> {
         "interrupted",
         "orphaned",
         "finished",
+        "cancelled",
     ]
     .into_iter()
     .map(|s| (s, 0))

@@ -170,7 +170,8 @@ pub(crate) async fn runs(State(m): State<Arc<Monitor>>, Query(q): Query<RunsQuer
         context! {
             runs => Serde(&runs), total, q => q.q, state => q.state,
             state_dir => m.location().to_string(),
-            states => ["queued", "running", "waiting", "interrupted", "orphaned", "finished"],
+            states => ["queued", "running", "waiting", "interrupted", "orphaned", "finished",
+                       "cancelled"],
         },
     )
 }
@@ -441,6 +442,53 @@ pub(crate) async fn answer(
         Ok(Ok(Some(Err(e)))) => format!("Not answered: {}", error_chain(&e)),
         Ok(Ok(None)) => "Not answered: there is no run store yet".into(),
         Ok(Err(e)) => format!("Not answered: {}", error_chain(&e)),
+        Err(f) => return f.into_response(),
+    };
+    let location = format!(
+        "/runs/{}?msg={}",
+        super::layout::url_part(&id),
+        super::layout::url_part(&msg)
+    );
+    Redirect::to(&location).into_response()
+}
+
+#[derive(Deserialize)]
+pub(crate) struct CancelForm {
+    #[serde(default)]
+    reason: String,
+    #[serde(default)]
+    csrf: String,
+}
+
+/// `POST /runs/ID/cancel`: the run page's Cancel run button, behind the same CSRF rule as
+/// the gates' buttons.
+pub(crate) async fn cancel(
+    State(m): State<Arc<Monitor>>,
+    Extension(how): Extension<Authorized>,
+    Path(id): Path<String>,
+    Form(form): Form<CancelForm>,
+) -> Response {
+    if !csrf_ok(&m, how, Some(&form.csrf)) {
+        return failure(
+            StatusCode::FORBIDDEN,
+            "refused: the form's CSRF token is missing or wrong; reload the page and cancel again",
+        )
+        .into_response();
+    }
+    let run = id.clone();
+    let reason = Some(form.reason);
+    let result = blocking(&m, move |m| {
+        Ok(m.with_store(|s| Ok(crate::run::cancel::cancel(s, &run, reason, &by()))))
+    })
+    .await;
+    let msg = match result {
+        Ok(Ok(Some(Ok(c)))) => {
+            m.touch();
+            format!("Cancelled run {}; {}", c.run, c.next())
+        }
+        Ok(Ok(Some(Err(e)))) => format!("Not cancelled: {}", error_chain(&e)),
+        Ok(Ok(None)) => "Not cancelled: there is no run store yet".into(),
+        Ok(Err(e)) => format!("Not cancelled: {}", error_chain(&e)),
         Err(f) => return f.into_response(),
     };
     let location = format!(

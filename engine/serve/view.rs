@@ -41,6 +41,9 @@ pub struct RunSummary {
     pub stages_failed: usize,
     /// The stages running now (`scope/stage` attempt N).
     pub running: Vec<String>,
+    /// Why its units of work wait (`stage S waits for a worker: no live worker has the
+    /// label ...`), on a store with workers; why the run itself waits is its `state_text`.
+    pub waiting_for: Vec<String>,
 }
 
 /// A run's usage, summed over its attempts. A summary writes it as `usage` (its counts
@@ -143,7 +146,7 @@ pub fn summary(
     }
     let state = if orphaned {
         "orphaned"
-    } else if gates > 0 && run.status != RunStatus::Finished {
+    } else if gates > 0 && !matches!(run.status, RunStatus::Finished | RunStatus::Cancelled) {
         "waiting"
     } else {
         run.status.as_str()
@@ -166,6 +169,10 @@ pub fn summary(
             run.id
         ),
         (None, "queued") => "queued: waits for a worker".to_string(),
+        (None, "cancelled") => match run.cancellation() {
+            Some(c) => format!("cancelled {}", c.text()),
+            None => "cancelled".to_string(),
+        },
         (None, s) => s.to_string(),
     };
     let running = attempts
@@ -207,6 +214,7 @@ pub fn summary(
             })
             .count(),
         running,
+        waiting_for: Vec::new(),
     }
 }
 
@@ -248,9 +256,32 @@ pub fn runs(store: &mut dyn Store) -> Result<Vec<RunSummary>, StoreError> {
         let attempts = store.attempts(&run.id, None)?;
         let gates = store.pending_gates(&run.id)?.len();
         let lost = orphaned(store, &run)?;
-        out.push(summary(&run, &nodes, &attempts, gates, lost));
+        let s = summary(&run, &nodes, &attempts, gates, lost);
+        out.push(placed(s, store, &run, lost)?);
     }
     Ok(out)
+}
+
+/// A summary with why the run's work waits for workers, when none of the live ones can take
+/// it ([`Store::unplaced`]): a queued run's state says why, and each unit that waits is in
+/// `waiting_for`.
+fn placed(
+    mut s: RunSummary,
+    store: &dyn Store,
+    run: &RunRecord,
+    orphaned: bool,
+) -> Result<RunSummary, StoreError> {
+    if orphaned || !matches!(run.status, RunStatus::Queued | RunStatus::Running) {
+        return Ok(s);
+    }
+    for u in store.unplaced(&run.id)? {
+        if u.stage.is_empty() {
+            s.state_text = u.line();
+        } else {
+            s.waiting_for.push(u.line());
+        }
+    }
+    Ok(s)
 }
 
 /// One run with everything its page shows; `None` when there is no such run.
@@ -264,6 +295,7 @@ pub fn run(store: &mut dyn Store, id: &str) -> Result<Option<RunDetail>, StoreEr
     let events = store.events(&record.id, None)?;
     let lost = orphaned(store, &record)?;
     let summary = summary(&record, &all, &attempts, gates.len(), lost);
+    let summary = placed(summary, store, &record, lost)?;
     let live = live_states(&record, lost, &all, &attempts, &gates);
     let nodes = all
         .into_iter()

@@ -5,6 +5,7 @@
 //! Everything a resume needs is here; artifacts people read live on disk beside it.
 //! [`sqlite::SqliteStore`] is the default; a PostgreSQL store can implement the same trait.
 
+pub mod liveness;
 pub mod postgres;
 pub mod sqlite;
 
@@ -56,12 +57,14 @@ pub enum StoreError {
     /// the caller draws another.
     #[error("run {0} already exists")]
     RunExists(String),
-    /// This process's lease on a run ended and another process took the run over (or the
-    /// lease was released): the write was refused, and this process must stop working on
-    /// the run without writing anything more (the new holder carries it on).
+    /// This coordinator's lease on a run ended (it lapsed, another tenure took the run
+    /// over, or the lease was released): the write was refused, whatever process sent it,
+    /// and this coordinator must stop working on the run without writing anything more (the
+    /// run's next holder carries it on).
     #[error(
-        "this process no longer holds run {run} ({now}); it stops without writing more, and \
-         the run goes on where it is held now"
+        "this coordinator no longer holds run {run} ({now}); it stops without writing more, \
+         and the run goes on with whoever takes it over (`ralph-flow resume {run}` where no \
+         worker does)"
     )]
     LeaseLost { run: String, now: String },
 }
@@ -351,6 +354,11 @@ pub enum RunStatus {
     /// Waits for a worker (`run --detach`, or a detached run whose gate was answered or
     /// whose worker stopped): `ralph-flow worker` claims it.
     Queued,
+    /// Cancelled (`ralph-flow cancel`, the monitor): nothing carries it on, no worker claims
+    /// it, `resume` refuses it. Who cancelled it, when and why is in its options
+    /// ([`RunRecord::cancellation`]). A running run's executor reads it and stops. Once
+    /// cancelled, a run's status never changes again (both stores' `set_status` keep it).
+    Cancelled,
 }
 
 impl RunStatus {
@@ -362,6 +370,7 @@ impl RunStatus {
             RunStatus::Interrupted => "interrupted",
             RunStatus::Finished => "finished",
             RunStatus::Queued => "queued",
+            RunStatus::Cancelled => "cancelled",
         }
     }
 
@@ -373,6 +382,7 @@ impl RunStatus {
             "interrupted" => RunStatus::Interrupted,
             "finished" => RunStatus::Finished,
             "queued" => RunStatus::Queued,
+            "cancelled" => RunStatus::Cancelled,
             _ => return None,
         })
     }
@@ -403,7 +413,112 @@ pub struct RunRecord {
     pub options: serde_json::Value,
 }
 
+/// Work that waits for a worker that no live worker can take ([`Store::unplaced`]): a
+/// queued run, or a unit of work of a stage, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Unplaced {
+    /// `""` for the run itself, else the stage whose unit waits (`SCOPE/STAGE`).
+    pub stage: String,
+    /// The labels a worker needs to take it.
+    pub labels: Vec<String>,
+    /// Those of them that no live worker has (empty when each has a live worker, but none
+    /// has them all; or when it needs none and no worker is live).
+    pub missing: Vec<String>,
+    /// The last worker seen that had them all, live or gone.
+    pub last_seen: Option<SeenWorker>,
+}
+
+/// A worker as it was last seen.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SeenWorker {
+    pub host: String,
+    pub pid: u32,
+    /// When (milliseconds since the Unix epoch, by the store's clock).
+    pub seen: i64,
+    /// How long before the store was asked.
+    pub ago_ms: i64,
+}
+
+impl Unplaced {
+    /// Why it waits: `no live worker has the label `arm` (last seen: worker host:pid 3m 05s
+    /// ago)`, or `(never seen)`.
+    pub fn text(&self) -> String {
+        let list = |l: &[String]| {
+            l.iter()
+                .map(|x| format!("`{x}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let why = match (self.missing.as_slice(), self.labels.as_slice()) {
+            (_, []) => "no worker is live".to_string(),
+            ([one], _) => format!("no live worker has the label `{one}`"),
+            ([], all) => format!("no live worker has all of the labels {}", list(all)),
+            (some, _) => format!("no live worker has the labels {}", list(some)),
+        };
+        let seen = match &self.last_seen {
+            Some(w) => format!(
+                "last seen: worker {}:{} {} ago",
+                w.host,
+                w.pid,
+                crate::text::duration_ms(w.ago_ms.max(0))
+            ),
+            None if self.labels.is_empty() => "no worker seen yet".to_string(),
+            None => "never seen".to_string(),
+        };
+        format!("{why} ({seen})")
+    }
+
+    /// The line `status` shows: `queued: WHY` for the run, `stage S waits for a worker: WHY`
+    /// for a unit.
+    pub fn line(&self) -> String {
+        if self.stage.is_empty() {
+            format!("queued: {}", self.text())
+        } else {
+            format!("stage {} waits for a worker: {}", self.stage, self.text())
+        }
+    }
+}
+
+/// Who cancelled a run, when and why: kept in the run's `options` under
+/// [`Cancellation::KEY`] (a TEXT column in both stores, so no schema changes), where
+/// `status --json`, `runs --json`, the monitor and `resume` read it with the run.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cancellation {
+    /// Who cancelled it (the user name, or what `--by` said).
+    pub by: String,
+    /// When (milliseconds since the Unix epoch).
+    pub at: i64,
+    /// Why, when they said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl Cancellation {
+    /// The key of the run's options that holds it.
+    pub const KEY: &'static str = "cancelled";
+
+    /// `by ana at 2026-11-27T00:10:00Z: too slow` (or without the reason).
+    pub fn text(&self) -> String {
+        format!(
+            "by {} at {}{}",
+            self.by,
+            rfc3339(self.at),
+            self.reason
+                .as_ref()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default()
+        )
+    }
+}
+
 impl RunRecord {
+    /// Who cancelled the run, when and why, if it was cancelled.
+    pub fn cancellation(&self) -> Option<Cancellation> {
+        self.options
+            .get(Cancellation::KEY)
+            .and_then(|v| Cancellation::deserialize(v).ok())
+    }
+
     /// The run's params as `--set` pairs (text as is, other values as JSON): what `resume`
     /// prepares the workflow with again.
     pub fn param_sets(&self) -> Vec<(String, String)> {
@@ -651,18 +766,24 @@ impl Write {
     }
 }
 
-/// Who holds a run: a process, and the lease it holds the run by.
+/// Who holds a run: one coordinator's tenure, and the lease it holds the run by.
 ///
-/// A lock with a lease (`expires`) is held until it expires unless its holder renews it (a
-/// heartbeat; every fenced commit renews it too); once expired, any process on any host
-/// may take it over. A lock without a lease (written by an older ralph-flow) is held while
-/// its process lives, as only a process on the same host can tell.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// `holder` is a token drawn afresh each time a coordinator takes a run ([`current_owner`]):
+/// not a process, so two coordinators in one process (a worker that takes back a run it
+/// lost) are two holders, and a store fences each one's writes from the other's. A lock with
+/// a lease (`expires`) is held until it expires unless its holder renews it (a heartbeat;
+/// a fenced commit renews it too); once expired, any process on any host may take it over,
+/// and the old holder's writes are refused. The pid, host and start are for display and for
+/// one shortcut: a holder that is provably gone on this machine (see [`LockOwner::lapsed`])
+/// is taken over before its lease ends. A lock without a lease (written by an older
+/// ralph-flow) is held while its process lives, as only a process on the same host can tell.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LockOwner {
     pub pid: u32,
     pub host: String,
     pub since: i64,
-    /// The holder's unique id (`host:pid:random`): two processes never share one.
+    /// The holder's tenure token (`host:pid:random`, drawn for each taking of a run): two
+    /// tenures never share one, even in one process.
     #[serde(default)]
     pub holder: String,
     /// When the lease ends unless renewed (milliseconds since the Unix epoch); `None` for a
@@ -671,6 +792,16 @@ pub struct LockOwner {
     /// counts it from when it takes or renews the lock.
     #[serde(default)]
     pub expires: Option<i64>,
+    /// The holder process's start time, in clock ticks after boot (`/proc/PID/stat`, field
+    /// 22); `None` when unknown (a lock of an older ralph-flow).
+    #[serde(default)]
+    pub started: Option<u64>,
+    /// The boot id of the holder's machine (`/proc/sys/kernel/random/boot_id`).
+    #[serde(default)]
+    pub boot: Option<String>,
+    /// The inode of the holder's PID namespace (`/proc/self/ns/pid`).
+    #[serde(default)]
+    pub pidns: Option<u64>,
 }
 
 impl LockOwner {
@@ -687,23 +818,47 @@ impl LockOwner {
         self.expires.map(|e| (e - self.since).max(1))
     }
 
-    /// Whether this lock is free for a process on `host` to take at `now`. A holder on that
-    /// host is known dead or alive, lease or not: a live one keeps the run even when its
-    /// lease has lapsed (a laptop that slept), since a SQLite store does not fence the writes
-    /// of a holder that lost its lock (and its executor renews no lease: only PostgreSQL is
-    /// reached from other hosts). A holder elsewhere holds until its lease expires (without
-    /// a lease: for good). Both taking a lock ([`LockOwner::may_take`]) and calling a run
-    /// orphaned (the monitor, `status`) go by this.
+    /// Who the holder process is, when the lock says (see [`liveness`]).
+    pub fn identity(&self) -> Option<liveness::Identity> {
+        Some(liveness::Identity {
+            start: self.started?,
+            boot: self.boot.clone()?,
+            pidns: self.pidns?,
+        })
+    }
+
+    /// Whether this lock is free for a process on `host` to take at `now`: its lease has
+    /// lapsed, or its holder is provably gone (same boot and PID namespace as this process,
+    /// and its pid free, a zombie, or another process by its start time): a live pid never
+    /// keeps a run past its lease, and only that proof ends one sooner. A lock of an older
+    /// ralph-flow, without a lease or a start time, is held while its pid lives on its host
+    /// (and for good elsewhere). Both taking a lock ([`LockOwner::may_take`]) and calling a
+    /// run orphaned (the monitor, `status`) go by this.
     pub fn lapsed(&self, host: &str, now: i64) -> bool {
-        if self.host == host {
-            !process_alive(self.pid)
-        } else {
-            self.expires.is_some_and(|expires| expires < now)
+        self.lapsed_seen_from(host, now, liveness::boot_id(), liveness::pid_namespace())
+    }
+
+    /// [`LockOwner::lapsed`] as seen from a machine with this boot id and PID namespace.
+    fn lapsed_seen_from(
+        &self,
+        host: &str,
+        now: i64,
+        here_boot: Option<&str>,
+        here_ns: Option<u64>,
+    ) -> bool {
+        if self.expires.is_some_and(|expires| expires < now) {
+            return true;
+        }
+        match self.identity() {
+            Some(identity) => liveness::gone(self.pid, &identity, here_boot, here_ns),
+            // Unknown: the lease alone decides, but a legacy lock has none.
+            None => self.expires.is_none() && self.host == host && !process_alive(self.pid),
         }
     }
 
-    /// Whether this owner may take the lock `held` has: it is the same holder, its process on
-    /// this host is dead, or, on another host, its lease has expired. Else why not.
+    /// Whether this owner may take the lock `held` has: it is the same tenure (a worker's
+    /// claim, then its executor), or the lock has lapsed ([`LockOwner::lapsed`]). Else why
+    /// not, with what to do.
     pub fn may_take(
         &self,
         held: &LockOwner,
@@ -713,24 +868,58 @@ impl LockOwner {
         if !held.holder.is_empty() && held.holder == self.holder {
             return Ok(());
         }
+        // A lock of an older ralph-flow by this pid: that process is this one, or gone.
         if held.holder.is_empty() && held.host == self.host && held.pid == self.pid {
             return Ok(());
         }
         if held.lapsed(&self.host, now) {
             return Ok(());
         }
-        let until = held
-            .expires
-            .map(|e| format!(", its lease runs until {}", rfc3339(e)))
-            .unwrap_or_default();
-        Err(format!(
-            "run {run} is held by pid {} on {} since {}{until}; wait for it to end or stop it",
-            held.pid,
-            held.host,
-            rfc3339(held.since)
-        ))
+        Err(held.refusal(run, now))
+    }
+
+    /// Why a run this lock holds cannot be taken now, and what to do.
+    pub fn refusal(&self, run: &str, now: i64) -> String {
+        let (pid, host) = (self.pid, &self.host);
+        let held = format!(
+            "run {run} is held by pid {pid} on {host} since {}",
+            rfc3339(self.since)
+        );
+        match self.expires {
+            // Not lapsed, so the lease ends now or later: never a time in the past.
+            Some(expires) => format!(
+                "{held}; its lease runs until {} (in {}) and moves on while that process \
+                 renews it. If that process is gone, try again after that time; if it is \
+                 not, stop it (`kill {pid}` on {host}) and try again",
+                rfc3339(expires),
+                crate::text::duration(Duration::from_millis(
+                    u64::try_from(expires.saturating_sub(now)).unwrap_or(0)
+                ))
+            ),
+            None => format!(
+                "{held}, for as long as that process lives (a lock without a lease, from an \
+                 older ralph-flow); stop it (`kill {pid}` on {host}) and try again"
+            ),
+        }
     }
 }
+
+/// What a store says of a run's lock when a tenure finds its lease lost: `held` is the
+/// lock as it is now, `holder` the tenure that lost it.
+pub(crate) fn lost_to(held: Option<&LockOwner>, holder: &str) -> String {
+    match held {
+        None => "nobody holds it now".into(),
+        Some(h) if h.holder == holder => format!(
+            "its lease ended at {} before it was renewed: the store was out of reach, or \
+             this process was stopped",
+            h.expires.map_or_else(|| "an unknown time".into(), rfc3339)
+        ),
+        Some(h) => format!("pid {} on {} holds it now", h.pid, h.host),
+    }
+}
+
+/// The default lease of a run's lock (`run::LEASE`, `RALPH_FLOW_LEASE` changes it for a run).
+pub const LEASE: Duration = Duration::from_secs(30);
 
 /// Milliseconds of a duration, saturating.
 pub fn ms(d: Duration) -> i64 {
@@ -786,19 +975,37 @@ pub trait Store: Send {
     /// Answers a waiting gate. Fails when the gate is not waiting.
     fn answer(&mut self, approval: &Approval) -> Result<()>;
 
-    /// Takes the run's lock for `owner`, with its lease if it has one (see [`LockOwner`]).
-    /// Fails, naming the holder, when another holds it: a live lease, or a lock without a
-    /// lease whose process lives (or lives on another host). Takes over an expired lease
-    /// from any host, and a lock whose holder on this host is dead.
+    /// Cancels a run that has not ended (queued, running, waiting, interrupted), in one
+    /// transaction: its status becomes [`RunStatus::Cancelled`], `cancellation` is kept in
+    /// its options, its waiting gates are withdrawn (and, in the PostgreSQL store, its units
+    /// of work that wait or run on workers are cancelled). A running run's executor reads the
+    /// status and stops its stages. Returns the status the run had. Refused
+    /// ([`StoreError::Refused`], saying why) for a run that finished or was cancelled
+    /// already, and for no such run.
+    fn cancel(&mut self, run: &str, cancellation: &Cancellation) -> Result<RunStatus>;
+
+    /// The work of a run that waits for a worker and that no live worker can take (its
+    /// labels): the run itself while queued, and its queued units of work. Empty on a store
+    /// without workers (SQLite).
+    fn unplaced(&self, run: &str) -> Result<Vec<Unplaced>> {
+        let _ = run;
+        Ok(Vec::new())
+    }
+
+    /// Takes the run's lock for `owner`'s tenure, with its lease if it has one (see
+    /// [`LockOwner`]). Fails, naming the holder and what to do, unless the lock is free,
+    /// this tenure's, or lapsed ([`LockOwner::lapsed`]: its lease expired, or its holder is
+    /// provably gone).
     ///
-    /// Once a store has taken a run with a lease, its writes to that run are fenced: a
-    /// commit (and a status change) checks, in its own transaction, that the lease is still
-    /// this owner's, renewing it, and fails with [`StoreError::LeaseLost`] when it is not
-    /// (the PostgreSQL store; the SQLite store serves one machine and checks in `renew`).
+    /// Once a store has taken a run with a lease, its writes to that run are fenced by that
+    /// tenure: a commit (and a status change) checks, in its own transaction, that the lock
+    /// still has this tenure's token and an unexpired lease, renewing it, and fails with
+    /// [`StoreError::LeaseLost`] when it has not (whatever process sends it).
     fn lock(&mut self, run: &str, owner: &LockOwner) -> Result<()>;
 
     /// Renews `owner`'s lease on the run for another lease length (a heartbeat). Fails with
-    /// [`StoreError::LeaseLost`] when the run is no longer held by `owner`.
+    /// [`StoreError::LeaseLost`] when the run is no longer held by `owner`'s tenure, or its
+    /// lease lapsed before this renewal.
     fn renew(&mut self, run: &str, owner: &LockOwner) -> Result<()>;
 
     /// Releases the run's lock if `owner` holds it.
@@ -833,15 +1040,20 @@ pub trait Store: Send {
     ) -> Result<Vec<(String, NodeRecord)>>;
 }
 
-/// Returns the lock owner for this process, now, without a lease (see
-/// [`LockOwner::with_lease`]); its holder id is this process's ([`holder_id`]).
+/// Returns a lock owner for a new tenure of this process, now, without a lease (see
+/// [`LockOwner::with_lease`]): a fresh holder token ([`new_tenure`]), and who this process
+/// is (pid, host, start time, boot and PID namespace: see [`LockOwner::lapsed`]).
 pub fn current_owner() -> LockOwner {
+    let me = liveness::this_process();
     LockOwner {
         pid: std::process::id(),
         host: host_name(),
         since: now_ms(),
-        holder: holder_id().to_string(),
+        holder: new_tenure(),
         expires: None,
+        started: me.as_ref().map(|m| m.start),
+        boot: me.as_ref().map(|m| m.boot.clone()),
+        pidns: me.map(|m| m.pidns),
     }
 }
 
@@ -852,17 +1064,43 @@ pub fn host_name() -> String {
         .unwrap_or_else(|_| String::from("localhost"))
 }
 
-/// This process's holder id: `host:pid:random`, drawn once.
+/// This process's id, `host:pid:random`, drawn once: what names a worker in what it says.
+/// Not a lock holder: each taking of a run draws a tenure of its own ([`new_tenure`]).
 pub fn holder_id() -> &'static str {
     static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     ID.get_or_init(|| {
-        let mut bytes = [0u8; 6];
-        if getrandom::fill(&mut bytes).is_err() {
-            bytes[..6].copy_from_slice(&now_ms().to_le_bytes()[..6]);
-        }
-        let random: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-        format!("{}:{}:{random}", host_name(), std::process::id())
+        format!(
+            "{}:{}:{}",
+            host_name(),
+            std::process::id(),
+            random_hex::<6>()
+        )
     })
+}
+
+/// A new tenure token, `host:pid:random`: unique to one taking of a run (or of a unit of
+/// work), so that a store tells two coordinators of one process apart.
+pub fn new_tenure() -> String {
+    format!(
+        "{}:{}:{}",
+        host_name(),
+        std::process::id(),
+        random_hex::<8>()
+    )
+}
+
+/// `N` random bytes in hex; without the system's generator, the time and a counter.
+fn random_hex<const N: usize>() -> String {
+    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut bytes = [0u8; N];
+    if getrandom::fill(&mut bytes).is_err() {
+        let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mix = (now_ms() as u64).rotate_left(20) ^ n;
+        for (b, m) in bytes.iter_mut().zip(mix.to_le_bytes().iter().cycle()) {
+            *b = *m;
+        }
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Returns the milliseconds since the Unix epoch.
@@ -939,6 +1177,50 @@ pub(crate) fn answered_gate<'a>(
     }))
 }
 
+/// Why a run in `status` cannot be cancelled (it ended), or `None` when it can: the one
+/// rule of both stores' [`Store::cancel`].
+pub(crate) fn cancel_refusal(
+    run: &str,
+    status: RunStatus,
+    options: &str,
+    exit: Option<(String, i64)>,
+) -> Option<String> {
+    match status {
+        RunStatus::Finished => Some(format!(
+            "run {run} has already finished{}; there is nothing to cancel",
+            exit.map(|(n, c)| format!(" with `{n}` ({c})"))
+                .unwrap_or_default()
+        )),
+        RunStatus::Cancelled => {
+            let how = serde_json::from_str::<serde_json::Value>(options)
+                .ok()
+                .and_then(|o| o.get(Cancellation::KEY).cloned())
+                .and_then(|v| Cancellation::deserialize(&v).ok())
+                .map(|c| format!(" {}", c.text()))
+                .unwrap_or_default();
+            Some(format!("run {run} was cancelled already{how}"))
+        }
+        RunStatus::Running | RunStatus::Waiting | RunStatus::Interrupted | RunStatus::Queued => {
+            None
+        }
+    }
+}
+
+/// The run's options (JSON text) with `cancellation` kept in them.
+pub(crate) fn options_cancelled(options: &str, cancellation: &Cancellation) -> Result<String> {
+    let mut value: serde_json::Value = serde_json::from_str(options)
+        .map_err(|e| StoreError::json("cannot read a run's options", e))?;
+    if !value.is_object() {
+        value = serde_json::Value::Object(serde_json::Map::new());
+    }
+    let cancelled = serde_json::to_value(cancellation)
+        .map_err(|e| StoreError::json("cannot write a cancellation", e))?;
+    if let Some(map) = value.as_object_mut() {
+        map.insert(Cancellation::KEY.to_string(), cancelled);
+    }
+    serde_json::to_string(&value).map_err(|e| StoreError::json("cannot write a run's options", e))
+}
+
 fn describe_scope(scope: &str) -> String {
     if scope.is_empty() {
         String::from("top level")
@@ -963,6 +1245,144 @@ pub(crate) fn process_alive(pid: u32) -> bool {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// A lock of this process (its identity as recorded) with a lease from now to `until_ms`
+    /// from now.
+    fn held_by_me(until_ms: i64) -> LockOwner {
+        let mut held = current_owner();
+        held.expires = Some(now_ms() + until_ms);
+        held
+    }
+
+    /// A child that exited and was not reaped: a zombie, with the start time it had.
+    fn zombie() -> (std::process::Child, u64) {
+        let mut child = std::process::Command::new("sleep")
+            .arg("0.2")
+            .spawn()
+            .expect("spawn sleep");
+        let pid = child.id();
+        let liveness::Seen::Running(start) = liveness::seen(pid) else {
+            let _ = child.kill();
+            panic!("a child just spawned is running");
+        };
+        let t = std::time::Instant::now();
+        while liveness::seen(pid) != liveness::Seen::Exited {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "the child never exited"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        (child, start)
+    }
+
+    #[test]
+    fn a_zombie_holder_is_provably_gone_before_its_lease_ends() {
+        let (mut child, start) = zombie();
+        let mut held = held_by_me(60_000);
+        held.pid = child.id();
+        held.started = Some(start);
+        assert!(process_alive(held.pid), "a zombie still has its pid");
+        assert!(
+            held.lapsed(&host_name(), now_ms()),
+            "a zombie holds nothing"
+        );
+        let me = current_owner().with_lease(Duration::from_secs(30));
+        assert_eq!(me.may_take(&held, "r", now_ms()), Ok(()));
+        let _ = child.wait();
+    }
+
+    #[test]
+    fn a_live_pid_that_started_at_another_time_is_another_process() {
+        let mut held = held_by_me(60_000);
+        assert!(
+            !held.lapsed(&host_name(), now_ms()),
+            "this very process, alive, holds its live lease"
+        );
+        // The recorded pid now names an unrelated live process (a reused pid).
+        held.started = held.started.map(|s| s + 1);
+        assert!(process_alive(held.pid));
+        assert!(held.lapsed(&host_name(), now_ms()));
+    }
+
+    #[test]
+    fn in_another_pid_namespace_or_boot_only_the_lease_decides() {
+        let mut child = std::process::Command::new("true").spawn().expect("spawn");
+        let dead = child.id();
+        child.wait().expect("reaped");
+        let mut held = held_by_me(60_000);
+        held.pid = dead;
+        assert!(held.lapsed(&host_name(), now_ms()), "gone here, for sure");
+        // The same pid in another PID namespace (a container with the same host name) says
+        // nothing of the holder: its lease holds.
+        let mut other_ns = held.clone();
+        other_ns.pidns = other_ns.pidns.map(|n| n + 1);
+        assert!(!other_ns.lapsed(&host_name(), now_ms()));
+        assert!(!held.lapsed_seen_from(
+            &host_name(),
+            now_ms(),
+            liveness::boot_id(),
+            liveness::pid_namespace().map(|n| n + 1)
+        ));
+        // Another boot: the pid is not the holder's either.
+        let mut other_boot = held.clone();
+        other_boot.boot = Some("another-boot".into());
+        assert!(!other_boot.lapsed(&host_name(), now_ms()));
+        let err = current_owner()
+            .may_take(&other_boot, "r", now_ms())
+            .expect_err("a live lease holds");
+        assert!(err.contains("its lease runs until"), "{err}");
+        // An unknown identity (a lock of an older ralph-flow, with a lease): the lease.
+        let mut unknown = held.clone();
+        unknown.started = None;
+        assert!(!unknown.lapsed(&host_name(), now_ms()));
+        // Once the lease lapsed, any of them is taken over.
+        for mut h in [other_ns, other_boot, unknown] {
+            h.expires = Some(now_ms() - 1);
+            assert!(h.lapsed(&host_name(), now_ms()), "{h:?}");
+        }
+    }
+
+    #[test]
+    fn a_live_holder_never_keeps_its_run_past_its_lease() {
+        let held = held_by_me(-1);
+        assert!(process_alive(held.pid));
+        assert!(held.lapsed(&host_name(), now_ms()));
+        // A new tenure of the same process is another holder: it takes the lapsed lock
+        // over, but not a live one.
+        let next = current_owner().with_lease(Duration::from_secs(30));
+        assert_ne!(next.holder, held.holder);
+        assert_eq!(next.may_take(&held, "r", now_ms()), Ok(()));
+        let live = held_by_me(60_000);
+        let err = next.may_take(&live, "r", now_ms()).expect_err("live lease");
+        assert!(
+            err.contains(&format!("held by pid {} on {}", live.pid, live.host)),
+            "{err}"
+        );
+        assert!(err.contains(&format!("kill {}", live.pid)), "{err}");
+        let until = rfc3339(live.expires.expect("a lease"));
+        assert!(err.contains(&until) && until >= rfc3339(now_ms()), "{err}");
+    }
+
+    #[test]
+    fn a_legacy_lock_without_lease_or_start_is_held_while_its_pid_lives_on_its_host() {
+        let legacy = |pid: u32, host: &str| LockOwner {
+            pid,
+            host: host.into(),
+            since: 1,
+            ..LockOwner::default()
+        };
+        let mut child = std::process::Command::new("true").spawn().expect("spawn");
+        let dead = child.id();
+        child.wait().expect("reaped");
+        assert!(!legacy(std::process::id(), "h").lapsed("h", now_ms()));
+        assert!(legacy(dead, "h").lapsed("h", now_ms()));
+        assert!(!legacy(dead, "elsewhere").lapsed("h", now_ms()));
+        let err = current_owner()
+            .may_take(&legacy(std::process::id(), "h"), "r", now_ms())
+            .expect_err("held");
+        assert!(err.contains("for as long as that process lives"), "{err}");
+    }
 
     #[test]
     fn unreported_calls_are_counted_apart_and_shown_as_unknown() {

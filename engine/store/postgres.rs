@@ -13,6 +13,7 @@
 
 mod queue;
 mod units;
+mod workers;
 
 pub use queue::{Accept, listen};
 pub use units::{AcceptUnit, Unit, UnitState};
@@ -23,12 +24,12 @@ use std::time::{Duration, Instant};
 use ::postgres::{Client, GenericClient, NoTls, Row};
 
 use super::{
-    Approval, AttemptRecord, AttemptState, Event, GateRequest, LockOwner, NodeRecord, NodeState,
-    Result, RunRecord, RunStatus, Store, StoreError, Usage, Write,
+    Approval, AttemptRecord, AttemptState, Cancellation, Event, GateRequest, LockOwner, NodeRecord,
+    NodeState, Result, RunRecord, RunStatus, Store, StoreError, Usage, Write,
 };
 
 /// The schema this version reads and writes.
-pub const SCHEMA_VERSION: i32 = 5;
+pub const SCHEMA_VERSION: i32 = 7;
 
 /// How long a lost connection is retried before the call fails (a restart of the server, a
 /// failover, a network cut).
@@ -190,6 +191,28 @@ CREATE INDEX units_claimable ON units (id) WHERE state IN ('queued', 'running');
 ALTER TABLE nodes ADD COLUMN unreported BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE attempts ADD COLUMN unreported BIGINT NOT NULL DEFAULT 0;
 "#,
+    r#"
+-- Who a lock's holder process is (its start time in clock ticks after boot, the boot id, its
+-- PID namespace): a holder provably gone is taken over before its lease ends (see
+-- store::LockOwner::lapsed). NULL in older locks: unknown, and the lease alone decides.
+ALTER TABLE locks ADD COLUMN started BIGINT;
+ALTER TABLE locks ADD COLUMN boot TEXT;
+ALTER TABLE locks ADD COLUMN pidns BIGINT;
+"#,
+    r#"
+-- The workers, as each last said it was there (`ralph-flow worker` writes its row whenever it
+-- looks for work): which labels live workers have, so that `status`, `runs` and the monitor
+-- can say why queued work is not taken (see postgres/workers.rs). Times by the server's
+-- clock; `until` is when the worker counts as gone unless it looks again.
+CREATE TABLE workers (
+    id     TEXT PRIMARY KEY,
+    host   TEXT NOT NULL,
+    pid    BIGINT NOT NULL,
+    labels TEXT[] NOT NULL DEFAULT '{}',
+    seen   BIGINT NOT NULL,
+    until  BIGINT NOT NULL
+);
+"#,
 ];
 
 /// The channel workers listen on: a run queued, a gate of a detached run answered, a lease
@@ -232,13 +255,16 @@ struct Fence {
 /// server, so that the clocks of the machines sharing it need not agree.
 pub(crate) const NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::BIGINT";
 
-/// Renews the fencing lease ($3 ms from now), in the transaction of a write.
+/// Renews the fencing lease ($3 ms from now), in the transaction of a write, if the lock is
+/// still this tenure's ($2) and its lease has not lapsed: a lapsed lease is lost, taken
+/// over or not (any worker may take it from then on).
 const FENCE: &str = "UPDATE locks SET expires = \
-     (extract(epoch from clock_timestamp()) * 1000)::BIGINT + $3 WHERE run = $1 AND holder = $2";
+     (extract(epoch from clock_timestamp()) * 1000)::BIGINT + $3 WHERE run = $1 AND holder = $2 \
+     AND (expires IS NULL OR expires >= (extract(epoch from clock_timestamp()) * 1000)::BIGINT)";
 
 /// Checks (and renews) the lease in a write's transaction; fails with
-/// [`StoreError::LeaseLost`] when another holds the run now (the transaction is then
-/// dropped: nothing of the write is applied).
+/// [`StoreError::LeaseLost`] when another tenure holds the run now, or this one's lease
+/// lapsed (the transaction is then dropped: nothing of the write is applied).
 fn fenced(c: &mut impl GenericClient, fence: Option<&Fence>) -> Result<()> {
     let Some(f) = fence else {
         return Ok(());
@@ -250,22 +276,16 @@ fn fenced(c: &mut impl GenericClient, fence: Option<&Fence>) -> Result<()> {
     {
         return Ok(());
     }
-    let now = c
-        .query_opt("SELECT pid, host FROM locks WHERE run = $1", &[&f.run])
+    let held = c
+        .query_opt(
+            &format!("SELECT {LOCK_COLUMNS} FROM locks WHERE run = $1"),
+            &[&f.run],
+        )
         .map_err(fail)?
-        .map_or_else(
-            || "nobody holds it".to_string(),
-            |r| {
-                format!(
-                    "pid {} on {} holds it",
-                    r.get::<_, i64>(0),
-                    r.get::<_, String>(1)
-                )
-            },
-        );
+        .map(|r| lock_from_row(&r));
     Err(StoreError::LeaseLost {
         run: f.run.clone(),
-        now,
+        now: super::lost_to(held.as_ref(), &f.holder),
     })
 }
 
@@ -411,6 +431,20 @@ impl PgStore {
             shown: self.shown.clone(),
             fence: None,
         }
+    }
+
+    /// Another handle on the same connection whose writes to `run` are fenced by `owner`'s
+    /// tenure, as if it had taken the run itself: for a worker that speaks for a run it
+    /// claimed (it records why it could not carry it out), so that nothing it writes lands
+    /// once another tenure holds the run.
+    pub fn fenced(&self, run: &str, owner: &LockOwner) -> PgStore {
+        let mut handle = self.share();
+        handle.fence = Some(Fence {
+            run: run.to_string(),
+            holder: owner.holder.clone(),
+            lease: owner.lease().unwrap_or(super::ms(super::LEASE)),
+        });
+        handle
     }
 
     /// Runs `f` on the connection's thread and waits for its result. When the connection is
@@ -807,12 +841,15 @@ fn write_all(c: &mut Client, writes: &[Write], key: i64, fence: Option<&Fence>) 
     tx.commit().map_err(fail)
 }
 
-fn answer_gate(c: &mut Client, approval: &Approval, key: i64) -> Result<()> {
+fn answer_gate(c: &mut Client, approval: &Approval, key: i64, fence: Option<&Fence>) -> Result<()> {
     let fail = |e| pg("cannot answer a gate", e);
     let mut tx = c.transaction().map_err(fail)?;
     if applied_before(&mut tx, APPLY_KEY, key).map_err(fail)? {
         return Ok(());
     }
+    // The executor's own answer (a gate's timeout) is fenced by its tenure, as its commits
+    // are; another process's (`approve`) has no fence.
+    fenced(&mut tx, fence)?;
     let waiting = pending(&mut tx, &approval.run, true)?;
     let target = super::answered_gate(approval, &waiting, || {
         tx.query_opt("SELECT 1 FROM runs WHERE id = $1", &[&approval.run])
@@ -890,7 +927,7 @@ fn notify(c: &mut impl GenericClient, run: &str) -> std::result::Result<(), ::po
         .map(drop)
 }
 
-const LOCK_COLUMNS: &str = "pid, host, since, holder, expires";
+const LOCK_COLUMNS: &str = "pid, host, since, holder, expires, started, boot, pidns";
 
 fn lock_from_row(r: &Row) -> LockOwner {
     LockOwner {
@@ -899,6 +936,13 @@ fn lock_from_row(r: &Row) -> LockOwner {
         since: r.get(2),
         holder: r.get(3),
         expires: r.get(4),
+        started: r
+            .get::<_, Option<i64>>(5)
+            .and_then(|s| u64::try_from(s).ok()),
+        boot: r.get(6),
+        pidns: r
+            .get::<_, Option<i64>>(7)
+            .and_then(|n| u64::try_from(n).ok()),
     }
 }
 
@@ -927,10 +971,11 @@ fn take_lock(tx: &mut ::postgres::Transaction<'_>, run: &str, owner: &LockOwner)
     // The lease runs from now by the server's clock.
     let expires = owner.lease().map(|l| now.saturating_add(l));
     tx.execute(
-        "INSERT INTO locks (run, pid, host, since, holder, expires) \
-         VALUES ($1, $2, $3, $4, $5, $6) \
+        "INSERT INTO locks (run, pid, host, since, holder, expires, started, boot, pidns) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
          ON CONFLICT (run) DO UPDATE SET pid = excluded.pid, host = excluded.host, \
-         since = excluded.since, holder = excluded.holder, expires = excluded.expires",
+         since = excluded.since, holder = excluded.holder, expires = excluded.expires, \
+         started = excluded.started, boot = excluded.boot, pidns = excluded.pidns",
         &[
             &run,
             &i64::from(owner.pid),
@@ -938,6 +983,9 @@ fn take_lock(tx: &mut ::postgres::Transaction<'_>, run: &str, owner: &LockOwner)
             &owner.since,
             &owner.holder,
             &expires,
+            &owner.started.and_then(|s| i64::try_from(s).ok()),
+            &owner.boot,
+            &owner.pidns.and_then(|n| i64::try_from(n).ok()),
         ],
     )
     .map_err(fail)?;
@@ -1003,10 +1051,12 @@ impl Store for PgStore {
             let fail = |e| pg("cannot set a run's status", e);
             let mut tx = c.transaction().map_err(fail)?;
             fenced(&mut tx, fence.as_ref())?;
+            // A cancelled run stays cancelled: an executor that has not yet seen the cancel
+            // does not undo it (see `RunStatus::Cancelled`).
             let changed_rows = tx
                 .execute(
                     "UPDATE runs SET status = $2, exit_name = $3, exit_code = $4, updated_at = $5 \
-                     WHERE id = $1",
+                     WHERE id = $1 AND (status <> 'cancelled' OR $2 = 'cancelled')",
                     &[
                         &id,
                         &status.as_str(),
@@ -1016,12 +1066,30 @@ impl Store for PgStore {
                     ],
                 )
                 .map_err(fail)?;
-            if changed_rows == 0 {
+            let cancelled = changed_rows == 0
+                && tx
+                    .query_opt(
+                        "SELECT 1 FROM runs WHERE id = $1 AND status = 'cancelled'",
+                        &[&id],
+                    )
+                    .map_err(fail)?
+                    .is_some();
+            if changed_rows == 0 && !cancelled {
                 return Err(StoreError::Refused(format!("there is no run {id}")));
             }
             changed(&mut tx).map_err(fail)?;
             tx.commit().map_err(fail)
         })
+    }
+
+    fn unplaced(&self, run: &str) -> Result<Vec<super::Unplaced>> {
+        self.unplaced_work(run)
+    }
+
+    fn cancel(&mut self, run: &str, cancellation: &Cancellation) -> Result<RunStatus> {
+        let (run, cancellation) = (run.to_string(), cancellation.clone());
+        let key = write_key();
+        self.call(move |c| queue::cancel_run(c, &run, &cancellation, key))
     }
 
     fn commit(&mut self, writes: &[Write]) -> Result<()> {
@@ -1140,7 +1208,8 @@ impl Store for PgStore {
     fn answer(&mut self, approval: &Approval) -> Result<()> {
         let approval = approval.clone();
         let key = write_key();
-        self.call(move |c| answer_gate(c, &approval, key))
+        let fence = self.fence.clone().filter(|f| f.run == approval.run);
+        self.call(move |c| answer_gate(c, &approval, key, fence.as_ref()))
     }
 
     fn lock(&mut self, run: &str, owner: &LockOwner) -> Result<()> {

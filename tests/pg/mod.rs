@@ -17,6 +17,8 @@ struct Server {
     pg_ctl: PathBuf,
     data: PathBuf,
     log: PathBuf,
+    /// The server's options (`pg_ctl -o`), to start it again after [`stop`].
+    opts: String,
 }
 
 static SERVER: OnceLock<Option<Server>> = OnceLock::new();
@@ -142,6 +144,7 @@ fn start() -> Option<Server> {
                 pg_ctl: pg_ctl.clone(),
                 data: data.clone(),
                 log: dir.join("log"),
+                opts,
             });
         }
         assert!(
@@ -190,6 +193,55 @@ pub fn restart() {
     assert!(
         ok,
         "pg_ctl restart: {}",
+        std::fs::read_to_string(&server.log).unwrap_or_default()
+    );
+}
+
+/// Stops the server (every connection is cut, new ones refused) until [`start_again`]: an
+/// outage. Only for a test binary whose tests all expect it.
+pub fn stop() {
+    let server = SERVER
+        .get()
+        .and_then(Option::as_ref)
+        .expect("a server is running");
+    let ok = as_server_user(&server.pg_ctl)
+        .arg("-D")
+        .arg(&server.data)
+        .args(["-m", "fast", "-w", "stop"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap()
+        .success();
+    assert!(
+        ok,
+        "pg_ctl stop: {}",
+        std::fs::read_to_string(&server.log).unwrap_or_default()
+    );
+}
+
+/// Starts the server again after [`stop`], on the same port.
+pub fn start_again() {
+    let server = SERVER
+        .get()
+        .and_then(Option::as_ref)
+        .expect("a server was running");
+    let ok = as_server_user(&server.pg_ctl)
+        .arg("-D")
+        .arg(&server.data)
+        .args(["-o", &server.opts, "-l"])
+        .arg(&server.log)
+        .args(["-w", "start"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap()
+        .success();
+    assert!(
+        ok,
+        "pg_ctl start: {}",
         std::fs::read_to_string(&server.log).unwrap_or_default()
     );
 }

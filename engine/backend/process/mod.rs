@@ -25,7 +25,7 @@ pub use error::{SpawnError, SpawnFailure};
 pub use group::processes_with_env;
 pub use leftovers::{start_ticks, stop_leftovers};
 pub use limit::{Limit, LimitHit};
-pub use spawn::run;
+pub use spawn::{programs_started, run};
 
 /// A program to run. Never through a shell: `argv[0]` is the program.
 #[derive(Clone, Debug, Default)]

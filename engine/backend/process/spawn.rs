@@ -19,6 +19,15 @@ use super::{
     EOF_GRACE, Ended, KILL_GRACE, ProcOutput, ProcSpec, SpawnError, SpawnFailure, TAG_ENV,
 };
 
+/// How many programs [`run`] started in this process.
+static STARTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many programs [`run`] has started in this process so far: a run that sees the same
+/// count at its end as at its start started none, and has no process to look for.
+pub fn programs_started() -> u64 {
+    STARTED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// `/dev/null` for a program's input: one descriptor opened once and duplicated for each
 /// program (a `dup` instead of an `open` of the path every time).
 fn dev_null() -> Stdio {
@@ -80,6 +89,7 @@ pub async fn run(spec: &ProcSpec) -> Result<ProcOutput, SpawnError> {
         to: boot_ticks(),
     };
     let mut child = spawned.map_err(|e| start_error(spec, program, e))?;
+    STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let pid = child
         .id()
         .and_then(|id| i32::try_from(id).ok())

@@ -16,7 +16,7 @@ use super::{
     APPLY_KEY, CHANNEL, NOW_MS, PgStore, RUN_COLUMNS, applied_before, changed, insert_run, notify,
     pg, run_from_row, take_lock, write_key,
 };
-use crate::store::{LockOwner, Result, RunRecord, RunStatus, StoreError, now_ms};
+use crate::store::{Cancellation, LockOwner, Result, RunRecord, RunStatus, StoreError, now_ms};
 
 /// Whether a worker can carry a run out here (its working directory, its repository).
 pub type Accept = Arc<dyn Fn(&RunRecord) -> bool + Send + Sync>;
@@ -145,7 +145,9 @@ impl PgStore {
     }
 
     /// Hands a detached run back to the queue (a worker that stops): queued again unless it
-    /// finished or waits on a gate, its lock released if `owner` holds it, the workers woken.
+    /// finished or waits on a gate, or another tenure holds it now (a coordinator that lost
+    /// its run does not queue what its successor runs), its lock released if `owner` holds
+    /// it, the workers woken.
     pub fn requeue(&mut self, run: &str, owner: &LockOwner) -> Result<()> {
         let (run, owner) = (run.to_string(), owner.clone());
         self.call(move |c| {
@@ -153,8 +155,9 @@ impl PgStore {
             let mut tx = c.transaction().map_err(fail)?;
             tx.execute(
                 "UPDATE runs SET status = 'queued', updated_at = $2 WHERE id = $1 AND detached \
-                 AND status IN ('running', 'interrupted')",
-                &[&run, &now_ms()],
+                 AND status IN ('running', 'interrupted') AND NOT EXISTS (SELECT 1 FROM locks l \
+                 WHERE l.run = $1 AND l.holder <> $3)",
+                &[&run, &now_ms(), &owner.holder],
             )
             .map_err(fail)?;
             tx.execute(
@@ -196,6 +199,60 @@ impl PgStore {
             Ok(queued > 0)
         })
     }
+}
+
+/// [`Store::cancel`](crate::store::Store::cancel) in one transaction: the run's row is
+/// locked first (`FOR UPDATE`), so a worker's claim, which skips locked rows, either
+/// claimed it before (and its executor finds it cancelled) or finds it cancelled and passes
+/// it by; its waiting gates are withdrawn and its unfinished units cancelled (a unit a
+/// worker runs becomes `cancelling`: the worker stops it when it next renews its lease).
+pub(super) fn cancel_run(
+    c: &mut Client,
+    run: &str,
+    cancellation: &Cancellation,
+    key: i64,
+) -> Result<RunStatus> {
+    let fail = |e| pg("cannot cancel a run", e);
+    let mut tx = c.transaction().map_err(fail)?;
+    let row = tx
+        .query_opt(
+            "SELECT status, options, exit_name, exit_code FROM runs WHERE id = $1 FOR UPDATE",
+            &[&run],
+        )
+        .map_err(fail)?;
+    let Some(row) = row else {
+        return Err(StoreError::Refused(format!("there is no run {run}")));
+    };
+    let (status, options): (String, String) = (row.get(0), row.get(1));
+    let exit = row
+        .get::<_, Option<String>>(2)
+        .zip(row.get::<_, Option<i64>>(3));
+    let status = RunStatus::parse(&status).ok_or_else(|| {
+        StoreError::State(format!(
+            "run {run} has a status this version does not know (`{status}`); use the \
+             ralph-flow that wrote it"
+        ))
+    })?;
+    // A retried cancel whose first try committed finds its own work done.
+    if applied_before(&mut tx, APPLY_KEY, key).map_err(fail)? {
+        return Ok(status);
+    }
+    if let Some(why) = crate::store::cancel_refusal(run, status, &options, exit) {
+        return Err(StoreError::Refused(why));
+    }
+    let options = crate::store::options_cancelled(&options, cancellation)?;
+    tx.execute(
+        "UPDATE runs SET status = 'cancelled', options = $2, updated_at = $3 WHERE id = $1",
+        &[&run, &options, &now_ms()],
+    )
+    .map_err(fail)?;
+    tx.execute("DELETE FROM gates WHERE run = $1", &[&run])
+        .map_err(fail)?;
+    tx.execute(super::units::CANCEL_RUN_UNITS, &[&run])
+        .map_err(fail)?;
+    changed(&mut tx).map_err(fail)?;
+    tx.commit().map_err(fail)?;
+    Ok(status)
 }
 
 /// Listens on [`CHANNEL`] on a connection of its own (a thread) and calls `wake` on each

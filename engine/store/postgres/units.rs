@@ -18,6 +18,11 @@ const CANDIDATES: i64 = 32;
 /// stopped the work, or its lease expired), else `cancelled`.
 const CANCEL: &str = "CASE WHEN state = 'running' THEN 'cancelling' ELSE 'cancelled' END";
 
+/// Cancels every unit of a run (`$1`) that has not finished: what a cancelled run's units
+/// become (see [`CANCEL`]).
+pub(super) const CANCEL_RUN_UNITS: &str = "UPDATE units SET state = CASE WHEN state = 'running' \
+     THEN 'cancelling' ELSE 'cancelled' END WHERE run = $1 AND state IN ('queued', 'running')";
+
 /// Where a unit is: queued, running on a worker, done (with its result) or cancelled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum UnitState {
@@ -81,11 +86,20 @@ fn unit_from_row(r: &Row) -> Result<Unit> {
     })
 }
 
-/// Fails with [`StoreError::LeaseLost`] unless `holder` holds the run's lock.
+/// Whether the tenure `$2` holds the lock of the unit's run (`units.run`) under a lease that
+/// has not lapsed: what a coordinator's writes to units require.
+const HELD_BY: &str = "EXISTS (SELECT 1 FROM locks l WHERE l.run = units.run AND l.holder = $2 \
+     AND (l.expires IS NULL OR l.expires >= (extract(epoch from clock_timestamp()) * 1000)::BIGINT))";
+
+/// Fails with [`StoreError::LeaseLost`] unless the tenure `holder` holds the run's lock
+/// under a lease that has not lapsed.
 fn coordinates(tx: &mut ::postgres::Transaction<'_>, run: &str, holder: &str) -> Result<()> {
     let held = tx
         .query_opt(
-            "SELECT 1 FROM locks WHERE run = $1 AND holder = $2",
+            &format!(
+                "SELECT 1 FROM locks WHERE run = $1 AND holder = $2 \
+                 AND (expires IS NULL OR expires >= {NOW_MS})"
+            ),
             &[&run, &holder],
         )
         .map_err(|e| pg("cannot check the run's lease", e))?
@@ -223,15 +237,15 @@ impl PgStore {
     }
 
     /// Cancels a unit that has not finished (its worker stops it when it next renews), if
-    /// `coordinator` still holds the unit's run.
+    /// `coordinator` still holds the unit's run under a live lease: a coordinator that lost
+    /// its run leaves its units to the next one, which adopts them.
     pub fn cancel_unit(&mut self, id: i64, coordinator: &str) -> Result<()> {
         let coordinator = coordinator.to_string();
         self.call(move |c| {
             c.execute(
                 &format!(
                     "UPDATE units SET state = {CANCEL} WHERE id = $1 \
-                     AND state IN ('queued', 'running') AND EXISTS (SELECT 1 FROM locks l \
-                     WHERE l.run = units.run AND l.holder = $2)"
+                     AND state IN ('queued', 'running') AND {HELD_BY}"
                 ),
                 &[&id, &coordinator],
             )
@@ -240,12 +254,36 @@ impl PgStore {
         })
     }
 
-    /// Forgets a unit whose result the coordinator has used.
-    pub fn forget_unit(&mut self, id: i64) -> Result<()> {
+    /// Cancels every unit of a cancelled run that has not finished (those its coordinator
+    /// asked for after the run was cancelled, before it noticed), if `coordinator` still
+    /// holds the run.
+    pub fn cancel_units(&mut self, run: &str, coordinator: &str) -> Result<()> {
+        let (run, coordinator) = (run.to_string(), coordinator.to_string());
         self.call(move |c| {
-            c.execute("DELETE FROM units WHERE id = $1", &[&id])
-                .map(drop)
-                .map_err(|e| pg("cannot forget a unit of work", e))
+            c.execute(
+                &format!(
+                    "{CANCEL_RUN_UNITS} AND EXISTS (SELECT 1 FROM locks l \
+                     WHERE l.run = units.run AND l.holder = $2)"
+                ),
+                &[&run, &coordinator],
+            )
+            .map(drop)
+            .map_err(|e| pg("cannot cancel the units of a run", e))
+        })
+    }
+
+    /// Forgets a unit whose result the coordinator has used, if `coordinator` still holds
+    /// the unit's run: a coordinator that lost its run leaves the unit to its successor,
+    /// which may be waiting for the same result.
+    pub fn forget_unit(&mut self, id: i64, coordinator: &str) -> Result<()> {
+        let coordinator = coordinator.to_string();
+        self.call(move |c| {
+            c.execute(
+                &format!("DELETE FROM units WHERE id = $1 AND {HELD_BY}"),
+                &[&id, &coordinator],
+            )
+            .map(drop)
+            .map_err(|e| pg("cannot forget a unit of work", e))
         })
     }
 
@@ -272,6 +310,8 @@ impl PgStore {
                     &format!(
                         "SELECT {UNIT_COLUMNS} FROM units u WHERE labels <@ $1::TEXT[] \
                          AND (state = 'queued' OR (state = 'running' AND expires < {NOW_MS})) \
+                         AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.id = u.run \
+                         AND r.status = 'cancelled') \
                          AND NOT EXISTS (SELECT 1 FROM units o WHERE o.run = u.run \
                          AND o.stage = u.stage AND o.id <> u.id \
                          AND o.state IN ('running', 'cancelling') AND o.expires >= {NOW_MS}) \

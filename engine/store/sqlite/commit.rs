@@ -101,8 +101,26 @@ impl SqliteStore {
         let mut reported: Option<Duration> = None;
         let mut recounted = false;
         loop {
-            match write_all(&mut self.conn, writes, outputs, shows, &mut self.seqs) {
-                Ok(()) => {
+            let fence = self.fence.as_ref();
+            match write_all(
+                &mut self.conn,
+                writes,
+                outputs,
+                shows,
+                &mut self.seqs,
+                fence,
+            ) {
+                // Refused by the fence (only a fenced commit is): this tenure lost the run.
+                Ok(false) => {
+                    return Err(match fence {
+                        Some(f) => f.lost(self),
+                        None => StoreError::State(format!(
+                            "a commit to {} was refused for a lease this store does not hold",
+                            self.path.display()
+                        )),
+                    });
+                }
+                Ok(true) => {
                     if let Some(run) = writes.iter().rev().find_map(|w| match w {
                         Write::Event(e) => Some(e.run.as_str()),
                         Write::Node(n) => Some(n.run.as_str()),

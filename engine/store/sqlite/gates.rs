@@ -58,6 +58,14 @@ impl SqliteStore {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(fail)?;
+        // The executor's own answer (a gate's timeout) is fenced by its tenure, as its
+        // commits are; another process's (`approve`) has no fence.
+        if let Some(f) = self.fence.as_ref().filter(|f| f.guards(&approval.run))
+            && !f.holds(&tx).map_err(fail)?
+        {
+            drop(tx);
+            return Err(f.lost(self));
+        }
         let waiting = pending(&tx, &approval.run).map_err(fail)?;
         let target = crate::store::answered_gate(approval, &waiting, || {
             tx.query_row("SELECT 1 FROM runs WHERE id = ?1", [&approval.run], |_| {

@@ -40,8 +40,8 @@ pub use open::{Durability, PAGE_SIZE};
 pub use schema::SCHEMA_VERSION;
 
 use crate::store::{
-    Approval, AttemptRecord, Event, GateRequest, LockOwner, NodeRecord, Result, RunRecord,
-    RunStatus, Store, StoreError, Write,
+    Approval, AttemptRecord, Cancellation, Event, GateRequest, LockOwner, NodeRecord, Result,
+    RunRecord, RunStatus, Store, StoreError, Write,
 };
 
 /// How long a write waits for another process that holds the file.
@@ -68,6 +68,9 @@ pub struct SqliteStore {
     /// The file's schema version: [`SCHEMA_VERSION`], but for a read-only store of an
     /// older version this build reads as it is (see `schema::OLDEST_READABLE`).
     version: i64,
+    /// The run this store took with a lease, and the tenure that took it: its commits and
+    /// status changes of that run are fenced by it (see [`Store::lock`]).
+    fence: Option<locks::Fence>,
 }
 
 impl Drop for SqliteStore {
@@ -109,6 +112,10 @@ impl Store for SqliteStore {
 
     fn set_status(&mut self, id: &str, status: RunStatus, exit: Option<(&str, i64)>) -> Result<()> {
         self.write_status(id, status, exit)
+    }
+
+    fn cancel(&mut self, run: &str, cancellation: &Cancellation) -> Result<RunStatus> {
+        self.cancel_run(run, cancellation)
     }
 
     fn commit(&mut self, writes: &[Write]) -> Result<()> {

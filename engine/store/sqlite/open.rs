@@ -63,6 +63,7 @@ impl SqliteStore {
             marker: None,
             seqs: Default::default(),
             version: SCHEMA_VERSION,
+            fence: None,
         };
         store.configure(durability)?;
         if !unclean.is_empty() {
@@ -106,6 +107,7 @@ impl SqliteStore {
             marker: None,
             seqs: Default::default(),
             version: SCHEMA_VERSION,
+            fence: None,
         };
         store
             .conn

@@ -7,11 +7,12 @@ use super::{SqliteStore, sql_error};
 use crate::store::{Result, StoreError};
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// The oldest schema version a read-only store of this build reads as it is (without
-/// bringing it up to date, which needs a store that can be written): version 5 lacks only
-/// the count of calls that reported no usage, read as 0.
+/// bringing it up to date, which needs a store that can be written): version 5 lacks the
+/// count of calls that reported no usage, read as 0, and versions 5 and 6 the identity of a
+/// lock's holder, read as unknown.
 pub const OLDEST_READABLE: i64 = 5;
 
 const SCHEMA_V1: &str = "
@@ -245,6 +246,10 @@ const NODES_REBUILT: i64 = 6;
 /// in `nodes` and `attempts`): a store of an older version opened read-only reads it as 0.
 pub(super) const UNREPORTED_SINCE: i64 = 6;
 
+/// The schema version that added the identity of a lock's holder (`started`, `boot`,
+/// `pidns` in `locks`): a store of an older version opened read-only reads it as unknown.
+pub(super) const IDENTITY_SINCE: i64 = 7;
+
 impl SqliteStore {
     /// Brings the schema up to [`SCHEMA_VERSION`], one version at a time, in one transaction
     /// (so two processes opening a new file at once do not both create it).
@@ -300,8 +305,19 @@ impl SqliteStore {
             // rebuilt so that the column is not behind the output (NODES_V6).
             tx.execute_batch(NODES_V6).map_err(fail)?;
         }
-        // A later version adds `if version < 7 { ... }` here (and, if it rebuilds `nodes`,
-        // moves NODES_REBUILT to 7).
+        if version < 7 {
+            // Who a lock's holder process is (its start time, the boot id, its PID
+            // namespace): a holder provably gone is taken over before its lease ends (see
+            // store::LockOwner::lapsed). NULL in the locks of older versions: unknown.
+            tx.execute_batch(
+                "ALTER TABLE locks ADD COLUMN started INTEGER;
+                 ALTER TABLE locks ADD COLUMN boot TEXT;
+                 ALTER TABLE locks ADD COLUMN pidns INTEGER;",
+            )
+            .map_err(fail)?;
+        }
+        // A later version adds `if version < 8 { ... }` here (and, if it rebuilds `nodes`,
+        // moves NODES_REBUILT to 8).
         if version < NODES_REBUILT {
             // Made once `nodes` has its last shape: on a store at version 4 or older, after
             // both rebuilds above; on a store at version 5, again after version 6 dropped

@@ -5,6 +5,7 @@ use rusqlite::{Connection, TransactionBehavior, params};
 
 use super::blobs::Output;
 use super::gates::insert_approval;
+use super::locks::Fence;
 use super::rows::UsageCols;
 use crate::store::Write;
 
@@ -110,14 +111,22 @@ fn settles(e: &crate::store::Event, n: &crate::store::NodeRecord) -> bool {
 }
 
 /// Writes everything in one transaction (raw errors, for the retry of a busy file).
+/// `false`, with nothing written, when `fence` (the tenure this store took a run with) has
+/// lost its lease: checked under the write lock, in the same transaction.
 pub(super) fn write_all(
     conn: &mut Connection,
     writes: &[Write],
     outputs: &[Output],
     shows: &[Option<String>],
     seq: &mut Seqs,
-) -> rusqlite::Result<()> {
+    fence: Option<&Fence>,
+) -> rusqlite::Result<bool> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    if let Some(fence) = fence
+        && !fence.holds(&tx)?
+    {
+        return Ok(false);
+    }
     seq.check(&tx)?;
     let mut rows = writes.iter().zip(outputs).zip(shows).peekable();
     while let Some(((write, output), show)) = rows.next() {
@@ -184,7 +193,7 @@ pub(super) fn write_all(
             }
         }
     }
-    tx.commit()
+    tx.commit().map(|()| true)
 }
 
 /// Writes a node's row: its number in the run, and the message of its settlement event

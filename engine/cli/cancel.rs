@@ -1,0 +1,80 @@
+//! `ralph-flow cancel`: cancels a queued, running or waiting run.
+
+use std::path::PathBuf;
+
+use ralph_flow::diag::error_chain;
+use ralph_flow::run::cancel::{CancelError, cancel};
+use ralph_flow::store::Location;
+
+use super::run::{fail, say};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The run (`ralph-flow runs` lists them).
+    run: String,
+    /// Why: recorded with the cancel, and shown by `status`, `logs` and the monitor.
+    #[arg(long, value_name = "TEXT")]
+    reason: Option<String>,
+    /// Who cancels (default: $USER, else $LOGNAME, else the login name of the user).
+    #[arg(long)]
+    by: Option<String>,
+    /// The state directory.
+    #[arg(long, value_name = "DIR", default_value = ".ralph-flow")]
+    state_dir: PathBuf,
+    /// A PostgreSQL store (`postgres://...`) instead of the state directory's SQLite file
+    /// (also RALPH_FLOW_STORE).
+    #[arg(long, value_name = "URL")]
+    store: Option<String>,
+}
+
+/// `ralph-flow cancel`: a queued, waiting or interrupted run is cancelled at once; a running
+/// one is marked cancelled and its executor, wherever it runs, stops its stages and ends it
+/// with exit code 125. Every failure is a configuration error (exit 3): no such run, a run
+/// that ended, a store that cannot be reached.
+pub fn run(args: &Args) -> i32 {
+    let location = match Location::new(args.store.as_deref(), &args.state_dir) {
+        Ok(l) => l,
+        Err(e) => return fail(&error_chain(&e)),
+    };
+    let mut store = match super::run::open_store(&location) {
+        Ok(s) => s,
+        Err(e) => return fail(&error_chain(&e)),
+    };
+    let by = args
+        .by
+        .clone()
+        .unwrap_or_else(ralph_flow::run::answer::who_answers);
+    let done = match cancel(store.as_mut(), &args.run, args.reason.clone(), &by) {
+        Ok(done) => done,
+        Err(e @ CancelError::NoRun(_)) => {
+            let recent: Vec<String> = store
+                .runs(5)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|r| format!("{} ({}, {})", r.id, r.workflow, r.status.as_str()))
+                .collect();
+            return fail(&format!(
+                "{}{}",
+                error_chain(&e),
+                if recent.is_empty() {
+                    String::new()
+                } else {
+                    format!("; recent runs: {}", recent.join(", "))
+                }
+            ));
+        }
+        Err(e) => return fail(&error_chain(&e)),
+    };
+    if let Some(e) = &done.event_error {
+        say(&format!(
+            "warning: the cancel is recorded, but not its event: {}",
+            error_chain(e)
+        ));
+    }
+    say(&format!(
+        "cancelled run {} as {by}; {}",
+        done.run,
+        done.next()
+    ));
+    0
+}
