@@ -236,13 +236,8 @@ pub(crate) async fn answer(
     headers: HeaderMap,
     axum::Json(body): axum::Json<AnswerBody>,
 ) -> Response {
-    let given = headers.get("x-csrf-token").and_then(|v| v.to_str().ok());
-    if !csrf_ok(&m, how, given) {
-        return failure(
-            StatusCode::FORBIDDEN,
-            "refused: send the X-CSRF-Token of the pages, or authorize with Authorization: Bearer",
-        )
-        .into_response();
+    if let Some(refused) = csrf_refused(&m, how, &headers) {
+        return refused;
     }
     let result = blocking(&m, move |m| {
         let by = body.by.clone().unwrap_or_else(super::pages::by);
@@ -285,6 +280,19 @@ pub(crate) async fn answer(
     }
 }
 
+/// The refusal of a write that a browser sent without the pages' `X-CSRF-Token` (a script
+/// with the bearer token needs none); `None` when it may go on.
+fn csrf_refused(m: &Monitor, how: Authorized, headers: &HeaderMap) -> Option<Response> {
+    let given = headers.get("x-csrf-token").and_then(|v| v.to_str().ok());
+    (!csrf_ok(m, how, given)).then(|| {
+        failure(
+            StatusCode::FORBIDDEN,
+            "refused: send the X-CSRF-Token of the pages, or authorize with Authorization: Bearer",
+        )
+        .into_response()
+    })
+}
+
 #[derive(Deserialize)]
 pub(crate) struct CancelBody {
     #[serde(default)]
@@ -304,13 +312,8 @@ pub(crate) async fn cancel(
     axum::Json(body): axum::Json<CancelBody>,
 ) -> Response {
     use crate::run::cancel::CancelError;
-    let given = headers.get("x-csrf-token").and_then(|v| v.to_str().ok());
-    if !csrf_ok(&m, how, given) {
-        return failure(
-            StatusCode::FORBIDDEN,
-            "refused: send the X-CSRF-Token of the pages, or authorize with Authorization: Bearer",
-        )
-        .into_response();
+    if let Some(refused) = csrf_refused(&m, how, &headers) {
+        return refused;
     }
     let result = blocking(&m, move |m| {
         let by = body.by.clone().unwrap_or_else(super::pages::by);

@@ -395,12 +395,8 @@ pub(crate) async fn answer(
     Path(id): Path<String>,
     Form(form): Form<AnswerForm>,
 ) -> Response {
-    if !csrf_ok(&m, how, Some(&form.csrf)) {
-        return failure(
-            StatusCode::FORBIDDEN,
-            "refused: the form's CSRF token is missing or wrong; reload the page and answer again",
-        )
-        .into_response();
+    if let Some(refused) = form_csrf_refused(&m, how, &form.csrf, "answer") {
+        return refused;
     }
     let approved = match form.decision.as_str() {
         "approve" => true,
@@ -452,6 +448,21 @@ pub(crate) async fn answer(
     Redirect::to(&location).into_response()
 }
 
+/// The refusal of a form posted without the page's CSRF token (`verb`: what to do again
+/// once the page is reloaded); `None` when it may go on.
+fn form_csrf_refused(m: &Monitor, how: Authorized, csrf: &str, verb: &str) -> Option<Response> {
+    (!csrf_ok(m, how, Some(csrf))).then(|| {
+        failure(
+            StatusCode::FORBIDDEN,
+            &format!(
+                "refused: the form's CSRF token is missing or wrong; reload the page and {verb} \
+                 again"
+            ),
+        )
+        .into_response()
+    })
+}
+
 #[derive(Deserialize)]
 pub(crate) struct CancelForm {
     #[serde(default)]
@@ -468,12 +479,8 @@ pub(crate) async fn cancel(
     Path(id): Path<String>,
     Form(form): Form<CancelForm>,
 ) -> Response {
-    if !csrf_ok(&m, how, Some(&form.csrf)) {
-        return failure(
-            StatusCode::FORBIDDEN,
-            "refused: the form's CSRF token is missing or wrong; reload the page and cancel again",
-        )
-        .into_response();
+    if let Some(refused) = form_csrf_refused(&m, how, &form.csrf, "cancel") {
+        return refused;
     }
     let run = id.clone();
     let reason = Some(form.reason);
