@@ -118,10 +118,11 @@ fn tone(state: &str, exit_code: Option<i64>) -> &'static str {
     }
 }
 
-/// Whether a run marked running has lost its executor: its lock's holder was a process on
-/// this host that is gone (a `kill -9`, a crash; a clean exit changes the status first), or
-/// its lease expired unrenewed (a holder on any host). No holder yet means the run is
-/// starting; a holder on another host with a live lease counts as alive.
+/// Whether a run marked running has lost its executor, as a takeover would judge it
+/// ([`LockOwner::lapsed`](crate::store::LockOwner::lapsed)): its lease expired unrenewed, or
+/// its holder is provably gone from this host (its pid free, a zombie or another process: a
+/// `kill -9`, a crash; a clean exit changes the status first). No holder yet means the run
+/// is starting; a holder with a live lease that is not provably gone counts as alive.
 pub fn orphaned(store: &dyn Store, run: &RunRecord) -> Result<bool, StoreError> {
     if run.status != RunStatus::Running {
         return Ok(false);
