@@ -283,4 +283,84 @@ impl StageError {
     pub fn message(&self) -> String {
         crate::diag::error_chain(self)
     }
+
+    /// The limit of the machine this error met, if it met one (see [`WorktreeError::limit`]):
+    /// then the run stops as resumable instead of the stage failing.
+    pub fn limit(&self) -> Option<crate::backend::process::Limit> {
+        match self {
+            StageError::Worktree { source, .. } => source.limit(),
+            _ => None,
+        }
+    }
+}
+
+impl WorktreeError {
+    /// The limit of the machine that git, or a file of the worktree, met: from the errno
+    /// where there is one, else from git's own words, which quote the system's message
+    /// (`fatal: ...: No space left on device`). A write beyond the file size limit that git
+    /// reports without the system's message ("unable to write file") is not recognized.
+    pub fn limit(&self) -> Option<crate::backend::process::Limit> {
+        use crate::backend::process::Limit;
+        match self {
+            WorktreeError::Spawn(e) => Limit::of(e),
+            WorktreeError::Io(f) => Limit::of(&f.source),
+            WorktreeError::Git { stderr, .. } => {
+                // The system's messages (strerror), the longer first: ENFILE's contains
+                // EMFILE's.
+                [
+                    ("Too many open files in system", Limit::SystemFiles),
+                    ("Too many open files", Limit::OpenFiles),
+                    ("No space left on device", Limit::DiskSpace),
+                    ("Disk quota exceeded", Limit::DiskQuota),
+                    ("File too large", Limit::FileSize),
+                ]
+                .into_iter()
+                .find(|(said, _)| stderr.contains(said))
+                .map(|(_, limit)| limit)
+            }
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod limit_tests {
+    use super::*;
+    use crate::backend::process::Limit;
+
+    #[test]
+    fn git_failures_under_a_limit_of_the_machine_are_that_limit() {
+        let git = |stderr: &str| WorktreeError::Git {
+            command: "worktree add".into(),
+            stderr: stderr.into(),
+        };
+        // As git says them: the system's message at the end of its own.
+        for (stderr, limit) in [
+            (
+                "fatal: could not open '.git/worktrees/w/HEAD.lock': Too many open files",
+                Limit::OpenFiles,
+            ),
+            (
+                "fatal: unable to create '.git/index.lock': Too many open files in system",
+                Limit::SystemFiles,
+            ),
+            (
+                "error: unable to write sha1 file: No space left on device",
+                Limit::DiskSpace,
+            ),
+            ("fatal: write error: Disk quota exceeded", Limit::DiskQuota),
+        ] {
+            assert_eq!(git(stderr).limit(), Some(limit), "{stderr}");
+        }
+        // git's words without the system's: not told.
+        assert_eq!(git("error: unable to write file big.bin").limit(), None);
+        assert_eq!(git("fatal: invalid reference: main").limit(), None);
+        let spawn = WorktreeError::Spawn(std::io::Error::from_raw_os_error(24));
+        assert_eq!(spawn.limit(), Some(Limit::OpenFiles));
+        let stage = StageError::Worktree {
+            stage: "s".into(),
+            source: git("fatal: No space left on device"),
+        };
+        assert_eq!(stage.limit(), Some(Limit::DiskSpace));
+    }
 }

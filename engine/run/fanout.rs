@@ -132,6 +132,14 @@ impl Exec<'_> {
                         .await
                     {
                         Ok(p) => p,
+                        Err(e) if e.limit().is_some() => {
+                            // A limit of the machine: the run stops as resumable.
+                            if let Some(limit) = e.limit() {
+                                self.shared
+                                    .limit_reached(Some(scope.clone()), limit, e.message());
+                            }
+                            return (i, BodyEnd::Stopped, None);
+                        }
                         Err(e) => {
                             // No stage of the item ran: say here why it failed.
                             let e = e.message();

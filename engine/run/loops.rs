@@ -60,7 +60,18 @@ impl Exec<'_> {
                 .await
             {
                 Ok(p) => p,
-                Err(e) => return self.fail_now(started, e.message()),
+                // A limit of the machine (git or the worktree's files met it): the run
+                // stops as resumable, the loop does not fail.
+                Err(e) => match e.limit() {
+                    Some(limit) => {
+                        return self.shared.limit_reached(
+                            Some(node.name.clone()),
+                            limit,
+                            e.message(),
+                        );
+                    }
+                    None => return self.fail_now(started, e.message()),
+                },
             },
             None => frame.cwd.clone(),
         };
