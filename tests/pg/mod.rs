@@ -173,66 +173,43 @@ pub fn database() -> Option<String> {
 /// Restarts the server (every connection is cut; the port stays), as a failover or an
 /// upgrade would. Only for a test binary whose tests all expect it.
 pub fn restart() {
-    let server = SERVER
-        .get()
-        .and_then(Option::as_ref)
-        .expect("a server is running");
-    // The server's output goes to its log: a pipe it held would never close.
-    let ok = as_server_user(&server.pg_ctl)
-        .arg("-D")
-        .arg(&server.data)
-        .arg("-l")
-        .arg(&server.log)
-        .args(["-m", "fast", "-w", "restart"])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .unwrap()
-        .success();
-    assert!(
-        ok,
-        "pg_ctl restart: {}",
-        std::fs::read_to_string(&server.log).unwrap_or_default()
-    );
+    pg_ctl("restart", &["-l", LOG, "-m", "fast", "-w", "restart"]);
 }
 
 /// Stops the server (every connection is cut, new ones refused) until [`start_again`]: an
 /// outage. Only for a test binary whose tests all expect it.
 pub fn stop() {
-    let server = SERVER
-        .get()
-        .and_then(Option::as_ref)
-        .expect("a server is running");
-    let ok = as_server_user(&server.pg_ctl)
-        .arg("-D")
-        .arg(&server.data)
-        .args(["-m", "fast", "-w", "stop"])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .unwrap()
-        .success();
-    assert!(
-        ok,
-        "pg_ctl stop: {}",
-        std::fs::read_to_string(&server.log).unwrap_or_default()
-    );
+    pg_ctl("stop", &["-m", "fast", "-w", "stop"]);
 }
 
 /// Starts the server again after [`stop`], on the same port.
 pub fn start_again() {
+    pg_ctl("start", &["-o", OPTS, "-l", LOG, "-w", "start"]);
+}
+
+/// Stands for the server's log file in [`pg_ctl`]'s arguments.
+const LOG: &str = "{log}";
+/// Stands for the server's options in [`pg_ctl`]'s arguments.
+const OPTS: &str = "{opts}";
+
+/// Runs `pg_ctl -D DATA ARGS` on the running server ([`LOG`] and [`OPTS`] replaced by its
+/// log file and options) and fails the test, with the server's log, unless it succeeds.
+/// The server's output goes to its log: a pipe it held would never close.
+fn pg_ctl(what: &str, args: &[&str]) {
     let server = SERVER
         .get()
         .and_then(Option::as_ref)
-        .expect("a server was running");
-    let ok = as_server_user(&server.pg_ctl)
-        .arg("-D")
-        .arg(&server.data)
-        .args(["-o", &server.opts, "-l"])
-        .arg(&server.log)
-        .args(["-w", "start"])
+        .expect("a server is running");
+    let mut command = as_server_user(&server.pg_ctl);
+    command.arg("-D").arg(&server.data);
+    for &arg in args {
+        match arg {
+            LOG => command.arg(&server.log),
+            OPTS => command.arg(&server.opts),
+            other => command.arg(other),
+        };
+    }
+    let ok = command
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -241,7 +218,7 @@ pub fn start_again() {
         .success();
     assert!(
         ok,
-        "pg_ctl start: {}",
+        "pg_ctl {what}: {}",
         std::fs::read_to_string(&server.log).unwrap_or_default()
     );
 }
