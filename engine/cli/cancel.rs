@@ -1,4 +1,4 @@
-//! `ralph-flow cancel`: cancels a queued, running or waiting run.
+//! `ralph-flow cancel`: cancels a queued, running, waiting or interrupted run.
 
 use std::path::PathBuf;
 

@@ -358,7 +358,14 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
     // opened to read.
     let cancel_store = match store.share() {
         Some(s) => Some(s),
-        None => location.open_to_read().ok().flatten(),
+        None => location.open_to_read().unwrap_or_else(|e| {
+            // The run goes on; only a cancel is not seen until it ends.
+            tracing::warn!(
+                "a cancel of this run cannot be watched ({}); it is seen when the run ends",
+                crate::diag::error_chain(&e)
+            );
+            None
+        }),
     };
     let memory = match store.share() {
         Some(s) => super::memory::MemoryStore::ready(s, location.clone()),
@@ -613,9 +620,9 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
     })
 }
 
-/// Renews the run's lease every third of it, on a connection of its own (`store`, a shared
-/// handle on the executor's, or else one opened on the run's store when first needed), on
-/// tokio's blocking pool, so a slow store does not hold the executor up. When the lease is
+/// Renews the run's lease every third of it, through `store` (a shared handle on the
+/// executor's connection), or else through a connection of its own opened on the run's
+/// store when first needed (SQLite), on tokio's blocking pool, so a slow store does not hold the executor up. When the lease is
 /// lost (another tenure took the run over, or it could not be renewed before it expired:
 /// the run may be another's now), the run stops as a failed commit stops it: its programs
 /// are stopped, nothing more is written (no settlement, no status: the next holder owns
@@ -731,18 +738,18 @@ async fn watch_cancel(
             Err(_) => None,
         })
         .await;
-        if let Ok(Some(run)) = read {
-            if run.status == RunStatus::Cancelled {
-                let c = cancellation_of(&run);
-                shared.progress.note(&format!(
-                    "! run {} was cancelled {}; stopping its stages",
-                    run.id,
-                    c.text()
-                ));
-                *cancelled.borrow_mut() = Some(c);
-                let _ = shared.interrupt.send(true);
-                break;
-            }
+        if let Ok(Some(run)) = read
+            && run.status == RunStatus::Cancelled
+        {
+            let c = cancellation_of(&run);
+            shared.progress.note(&format!(
+                "! run {} was cancelled {}; stopping its stages",
+                run.id,
+                c.text()
+            ));
+            *cancelled.borrow_mut() = Some(c);
+            let _ = shared.interrupt.send(true);
+            break;
         }
     }
     std::future::pending::<()>().await;

@@ -337,11 +337,10 @@ pub async fn work(
         // Say that this worker, with its labels, is here (at most once a second), so that
         // `status` and the monitor can tell why work none of the live workers can take waits.
         if seen.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
-            let owner = crate::store::current_owner();
             let said = store.borrow_mut().worker_seen(
                 crate::store::holder_id(),
-                &owner.host,
-                owner.pid,
+                &crate::store::host_name(),
+                std::process::id(),
                 &opts.labels,
                 live_for(opts.poll),
             );

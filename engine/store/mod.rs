@@ -509,14 +509,19 @@ impl Cancellation {
                 .unwrap_or_default()
         )
     }
+
+    /// The cancellation a run's options keep, if they keep one.
+    fn in_options(options: &serde_json::Value) -> Option<Cancellation> {
+        options
+            .get(Cancellation::KEY)
+            .and_then(|v| Cancellation::deserialize(v).ok())
+    }
 }
 
 impl RunRecord {
     /// Who cancelled the run, when and why, if it was cancelled.
     pub fn cancellation(&self) -> Option<Cancellation> {
-        self.options
-            .get(Cancellation::KEY)
-            .and_then(|v| Cancellation::deserialize(v).ok())
+        Cancellation::in_options(&self.options)
     }
 
     /// The run's params as `--set` pairs (text as is, other values as JSON): what `resume`
@@ -1068,14 +1073,7 @@ pub fn host_name() -> String {
 /// Not a lock holder: each taking of a run draws a tenure of its own ([`new_tenure`]).
 pub fn holder_id() -> &'static str {
     static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    ID.get_or_init(|| {
-        format!(
-            "{}:{}:{}",
-            host_name(),
-            std::process::id(),
-            random_hex::<6>()
-        )
-    })
+    ID.get_or_init(new_tenure)
 }
 
 /// A new tenure token, `host:pid:random`: unique to one taking of a run (or of a unit of
@@ -1194,8 +1192,7 @@ pub(crate) fn cancel_refusal(
         RunStatus::Cancelled => {
             let how = serde_json::from_str::<serde_json::Value>(options)
                 .ok()
-                .and_then(|o| o.get(Cancellation::KEY).cloned())
-                .and_then(|v| Cancellation::deserialize(&v).ok())
+                .and_then(|o| Cancellation::in_options(&o))
                 .map(|c| format!(" {}", c.text()))
                 .unwrap_or_default();
             Some(format!("run {run} was cancelled already{how}"))

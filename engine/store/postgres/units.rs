@@ -256,15 +256,13 @@ impl PgStore {
 
     /// Cancels every unit of a cancelled run that has not finished (those its coordinator
     /// asked for after the run was cancelled, before it noticed), if `coordinator` still
-    /// holds the run.
+    /// holds the run under a lease that has not lapsed ([`HELD_BY`], as every coordinator's
+    /// write to units).
     pub fn cancel_units(&mut self, run: &str, coordinator: &str) -> Result<()> {
         let (run, coordinator) = (run.to_string(), coordinator.to_string());
         self.call(move |c| {
             c.execute(
-                &format!(
-                    "{CANCEL_RUN_UNITS} AND EXISTS (SELECT 1 FROM locks l \
-                     WHERE l.run = units.run AND l.holder = $2)"
-                ),
+                &format!("{CANCEL_RUN_UNITS} AND {HELD_BY}"),
                 &[&run, &coordinator],
             )
             .map(drop)
