@@ -307,16 +307,21 @@ fn worker(p: &Project, url: &str) -> common::Running {
     )
 }
 
+/// Queues the `SLOW` workflow on the store at `url` for a worker: the run's id.
+fn queue_slow(p: &Project, url: &str) -> String {
+    p.workflow("wf.toml", SLOW);
+    let out = p.run(&["run", "wf.toml", "--detach", "--store", url]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    out.stdout.trim().to_string()
+}
+
 #[test]
 fn a_cancelled_queued_run_is_never_claimed() {
     let Some(url) = pg::database() else {
         return;
     };
     let p = Project::new();
-    p.workflow("wf.toml", SLOW);
-    let out = p.run(&["run", "wf.toml", "--detach", "--store", &url]);
-    assert_eq!(out.code, 0, "{}", out.stderr);
-    let id = out.stdout.trim().to_string();
+    let id = queue_slow(&p, &url);
     let out = p.run(&[
         "cancel",
         &id,
@@ -333,10 +338,19 @@ fn a_cancelled_queued_run_is_never_claimed() {
         "{}",
         out.stderr
     );
-    // A worker comes; it never takes the run.
+    // A worker comes; it never takes the run, though it takes a run queued after it.
     let w = worker(&p, &url);
     let _guard = KillOnDrop(w.pid());
     std::thread::sleep(Duration::from_secs(3));
+    p.workflow("quick.toml", QUICK);
+    let out = p.run(&["run", "quick.toml", "--detach", "--store", &url]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let quick = out.stdout.trim().to_string();
+    wait_until(
+        Duration::from_secs(20),
+        "the worker to run a live run",
+        || status_json(&p, &quick, Some(&url))["status"] == "finished",
+    );
     assert!(
         !p.dir().join("work.pid").exists(),
         "the cancelled run's stage ran"
@@ -344,6 +358,7 @@ fn a_cancelled_queued_run_is_never_claimed() {
     assert_eq!(status_json(&p, &id, Some(&url))["status"], "cancelled");
     w.signal(Signal::SIGTERM);
     let out = w.finish();
+    assert_eq!(out.code, 0, "the worker stopped as told: {}", out.stderr);
     assert!(
         !out.stderr.contains(&id),
         "the worker took it: {}",
@@ -360,10 +375,7 @@ fn cancelling_a_run_on_a_worker_stops_its_units() {
         return;
     };
     let p = Project::new();
-    p.workflow("wf.toml", SLOW);
-    let out = p.run(&["run", "wf.toml", "--detach", "--store", &url]);
-    assert_eq!(out.code, 0, "{}", out.stderr);
-    let id = out.stdout.trim().to_string();
+    let id = queue_slow(&p, &url);
     let w = worker(&p, &url);
     let _guard = KillOnDrop(w.pid());
     let (shell, child) = (pid_in(&p, "work.pid"), pid_in(&p, "child.pid"));

@@ -88,6 +88,29 @@ argv = ["echo", "all items done"]
     )
 }
 
+/// `small`, then `big` printing 8 MB (with `big_extra`, e.g. its labels, in its table),
+/// then `after`.
+fn big_workflow(big_extra: &str) -> String {
+    format!(
+        r#"name = "big"
+
+[stages.small]
+kind = "command"
+argv = ["echo", "small"]
+
+[stages.big]
+kind = "command"
+needs = ["small"]
+{big_extra}argv = ["sh", "-c", "head -c 8000000 /dev/zero | tr '\\0' x"]
+
+[stages.after]
+kind = "command"
+needs = ["big"]
+argv = ["echo", "after"]
+"#
+    )
+}
+
 #[test]
 fn too_many_open_files_stop_the_run_as_resumable_naming_the_limit() {
     // 20 items, each a program that takes a moment: more open files than 32 allow at once.
@@ -113,25 +136,7 @@ fn the_file_size_limit_stops_the_run_as_resumable_instead_of_killing_it() {
     // A stage that prints 8 MB: more than the attempt's `stdout` file may hold under
     // `ulimit -f 4096` (2 MiB in dash's 512-byte blocks, 4 MiB in bash's KiB).
     let p = Project::new();
-    p.workflow(
-        "w.toml",
-        r#"name = "big"
-
-[stages.small]
-kind = "command"
-argv = ["echo", "small"]
-
-[stages.big]
-kind = "command"
-needs = ["small"]
-argv = ["sh", "-c", "head -c 8000000 /dev/zero | tr '\\0' x"]
-
-[stages.after]
-kind = "command"
-needs = ["big"]
-argv = ["echo", "after"]
-"#,
-    );
+    p.workflow("w.toml", &big_workflow(""));
     // Not killed by SIGXFSZ (no exit code), but stopped with a message naming the file.
     let (run, out) = stops_resumably(&p, "-f 4096", &["run", "w.toml"], Limit::FileSize);
     let stdout = format!("runs/{run}/big/attempt-1/stdout");
@@ -320,26 +325,7 @@ fn a_limit_met_by_a_unit_on_a_worker_stops_the_run_as_resumable() {
     // `big` runs where the label `big` is: on a worker under `ulimit -f 4096`, whose copy of
     // the program's stdout cannot hold its 8 MB.
     let p = Project::new();
-    p.workflow(
-        "w.toml",
-        r#"name = "big"
-
-[stages.small]
-kind = "command"
-argv = ["echo", "small"]
-
-[stages.big]
-kind = "command"
-needs = ["small"]
-labels = ["big"]
-argv = ["sh", "-c", "head -c 8000000 /dev/zero | tr '\\0' x"]
-
-[stages.after]
-kind = "command"
-needs = ["big"]
-argv = ["echo", "after"]
-"#,
-    );
+    p.workflow("w.toml", &big_workflow("labels = [\"big\"]\n"));
     let store_env = [("RALPH_FLOW_STORE", url.as_str())];
     let out = p.run_env(&["run", "w.toml", "--detach"], &store_env);
     assert_eq!(out.code, 0, "{}", out.stderr);

@@ -100,9 +100,15 @@ fn resume_after_kill_9_takes_over_once_the_lease_ended_whatever_lives_at_the_pid
     assert_eq!(changed, 1);
     // (A store without the holder's start time, written before it was recorded, keeps only
     // the pid: the same case for the lease.)
-    let _ = db.execute(
-        "UPDATE locks SET started = ?2 WHERE run = ?1",
-        rusqlite::params![id, start_ticks(unrelated.id())],
+    let changed = db
+        .execute(
+            "UPDATE locks SET started = ?2 WHERE run = ?1",
+            rusqlite::params![id, start_ticks(unrelated.id())],
+        )
+        .unwrap();
+    assert_eq!(
+        changed, 1,
+        "the holder's start time is the unrelated process's"
     );
     drop(db);
     // Past the lease (1 s from the executor's last renewal).

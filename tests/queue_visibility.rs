@@ -149,6 +149,7 @@ fn a_run_queued_with_labels_no_live_worker_has_says_so() {
     let out = p.run(&[
         "run", "wf.toml", "--detach", "--labels", "x86", "--store", &url,
     ]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
     let x86 = out.stdout.trim().to_string();
     let t = Instant::now();
     loop {

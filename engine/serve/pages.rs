@@ -412,37 +412,47 @@ pub(crate) async fn answer(
     let comment = Some(form.comment.clone());
     let gate = form.gate.clone();
     let run = id.clone();
-    let result = blocking(&m, move |m| {
-        Ok(m.with_store(|s| {
-            Ok(crate::run::answer::answer(
-                s,
-                &run,
-                &gate,
-                approved,
-                comment,
-                &by(),
-            ))
-        }))
-    })
-    .await;
-    let msg = match result {
-        Ok(Ok(Some(Ok(a)))) => {
-            m.touch();
+    act_and_redirect(
+        &m,
+        &id,
+        "Not answered",
+        move |s| crate::run::answer::answer(s, &run, &gate, approved, comment, &by()),
+        move |a| {
             format!(
                 "{} gate {}; {}",
                 if approved { "Approved" } else { "Rejected" },
                 a.gate.qualified(),
                 a.next.text(&a.approval.run)
             )
+        },
+    )
+    .await
+}
+
+/// Does `act` on the store off the async threads and redirects back to the run page `id`
+/// with a message: `done`'s text when it worked (and the pages told of the change), else
+/// `refused` and why.
+async fn act_and_redirect<T: Send + 'static, E: std::error::Error + Send + 'static>(
+    m: &Arc<Monitor>,
+    id: &str,
+    refused: &str,
+    act: impl FnOnce(&mut dyn crate::store::Store) -> Result<T, E> + Send + 'static,
+    done: impl FnOnce(T) -> String,
+) -> Response {
+    let result = blocking(m, move |m| Ok(m.with_store(|s| Ok(act(s))))).await;
+    let msg = match result {
+        Ok(Ok(Some(Ok(t)))) => {
+            m.touch();
+            done(t)
         }
-        Ok(Ok(Some(Err(e)))) => format!("Not answered: {}", error_chain(&e)),
-        Ok(Ok(None)) => "Not answered: there is no run store yet".into(),
-        Ok(Err(e)) => format!("Not answered: {}", error_chain(&e)),
+        Ok(Ok(Some(Err(e)))) => format!("{refused}: {}", error_chain(&e)),
+        Ok(Ok(None)) => format!("{refused}: there is no run store yet"),
+        Ok(Err(e)) => format!("{refused}: {}", error_chain(&e)),
         Err(f) => return f.into_response(),
     };
     let location = format!(
         "/runs/{}?msg={}",
-        super::layout::url_part(&id),
+        super::layout::url_part(id),
         super::layout::url_part(&msg)
     );
     Redirect::to(&location).into_response()
@@ -484,26 +494,14 @@ pub(crate) async fn cancel(
     }
     let run = id.clone();
     let reason = Some(form.reason);
-    let result = blocking(&m, move |m| {
-        Ok(m.with_store(|s| Ok(crate::run::cancel::cancel(s, &run, reason, &by()))))
-    })
-    .await;
-    let msg = match result {
-        Ok(Ok(Some(Ok(c)))) => {
-            m.touch();
-            format!("Cancelled run {}; {}", c.run, c.next())
-        }
-        Ok(Ok(Some(Err(e)))) => format!("Not cancelled: {}", error_chain(&e)),
-        Ok(Ok(None)) => "Not cancelled: there is no run store yet".into(),
-        Ok(Err(e)) => format!("Not cancelled: {}", error_chain(&e)),
-        Err(f) => return f.into_response(),
-    };
-    let location = format!(
-        "/runs/{}?msg={}",
-        super::layout::url_part(&id),
-        super::layout::url_part(&msg)
-    );
-    Redirect::to(&location).into_response()
+    act_and_redirect(
+        &m,
+        &id,
+        "Not cancelled",
+        move |s| crate::run::cancel::cancel(s, &run, reason, &by()),
+        |c| format!("Cancelled run {}; {}", c.run, c.next()),
+    )
+    .await
 }
 
 /// Who answers from the monitor: `USER@monitor`.
