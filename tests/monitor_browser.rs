@@ -190,3 +190,86 @@ fn waits_on(c: &Checkout, run: &str, gate: &str) {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// A comment being typed into a gate, and the focus, stay when the gates change under it (a
+/// second gate starts waiting): the part is replaced, and what the person typed put back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_comment_being_typed_survives_a_new_gate() {
+    let Some(b) = browser::Browser::start().await else {
+        return;
+    };
+    let c = Checkout::new();
+    std::fs::write(
+        c.path().join("two-gates.toml"),
+        r#"name = "two-gates"
+
+[stages.first]
+kind = "gate"
+message = "First?"
+timeout = "1h"
+on_timeout = "reject"
+
+[stages.slow]
+kind = "command"
+argv = ["sh", "-c", "while [ ! -f go ]; do sleep 0.1; done"]
+
+[stages.second]
+kind = "gate"
+needs = ["slow"]
+message = "Second?"
+timeout = "1h"
+on_timeout = "reject"
+"#,
+    )
+    .unwrap();
+    let s = Server::start(c.path(), &[]);
+    let mut run = c
+        .command(&["run", "two-gates.toml"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let id = tokio::task::block_in_place(|| c.newest_run());
+    tokio::task::block_in_place(|| waits_on(&c, &id, "/first"));
+    b.goto(&s.url).await;
+    b.goto(&format!("{}/runs/{id}", s.base)).await;
+    let first = "form.gate[data-gate=\"first\"]";
+    let second = "form.gate[data-gate=\"second\"]";
+    b.wait_until("the first gate's form", T, async || b.exists(first).await)
+        .await;
+    b.fill(&format!("{first} textarea"), "Half a thought").await;
+    b.execute("window.kept = 'yes'; return 1;", vec![]).await;
+    // The second gate starts waiting: the gates part changes.
+    std::fs::write(c.path().join("go"), "").unwrap();
+    b.wait_until("the second gate's form, live", T, async || {
+        b.exists(second).await
+    })
+    .await;
+    assert_eq!(
+        b.execute("return window.kept || null;", vec![]).await,
+        json!("yes"),
+        "updated in place, not reloaded"
+    );
+    let typed = b
+        .execute(
+            &format!("return document.querySelector('{first} textarea').value;"),
+            vec![],
+        )
+        .await;
+    assert_eq!(
+        typed,
+        json!("Half a thought"),
+        "the comment being typed is kept"
+    );
+    let focused = b
+        .execute(
+            &format!(
+                "return document.activeElement === document.querySelector('{first} textarea');"
+            ),
+            vec![],
+        )
+        .await;
+    assert_eq!(focused, json!(true), "and so is the focus");
+    run.kill().unwrap();
+    run.wait().unwrap();
+}

@@ -365,45 +365,56 @@ impl Browser {
         }
     }
 
+    /// Does `act` on the first element that `css` matches, finding it again when the page
+    /// replaced it in between (a live part is rendered again whenever the store changes, so
+    /// an element found a moment ago may be gone): at most 10 times, then panics with `what`.
+    async fn on_element<T>(
+        &self,
+        css: &str,
+        what: &str,
+        act: impl AsyncFn(fantoccini::elements::Element) -> Result<T, fantoccini::error::CmdError>,
+    ) -> T {
+        let mut tries = 0;
+        loop {
+            match act(self.find(css).await).await {
+                Ok(v) => return v,
+                Err(e) if tries < 10 && e.to_string().contains("stale element") => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("browser: {what} `{css}`: {e}"),
+            }
+        }
+    }
+
     /// The visible text of the first element that `css` matches (panics when none does).
     pub async fn text(&self, css: &str) -> String {
-        self.find(css)
+        self.on_element(css, "no text for", async |e| e.text().await)
             .await
-            .text()
-            .await
-            .unwrap_or_else(|e| panic!("browser: no text for `{css}`: {e}"))
     }
 
     /// Clicks the first element that `css` matches (panics when none does or it is not
     /// clickable, e.g. hidden or covered).
     pub async fn click(&self, css: &str) {
-        self.find(css)
-            .await
-            .click()
-            .await
-            .unwrap_or_else(|e| panic!("browser: cannot click `{css}`: {e}"));
+        self.on_element(css, "cannot click", async |e| e.click().await)
+            .await;
     }
 
     /// Clears the first input or textarea that `css` matches and types `text` into it.
     pub async fn fill(&self, css: &str, text: &str) {
-        let element = self.find(css).await;
-        element
-            .clear()
-            .await
-            .unwrap_or_else(|e| panic!("browser: cannot clear `{css}`: {e}"));
-        element
-            .send_keys(text)
-            .await
-            .unwrap_or_else(|e| panic!("browser: cannot type into `{css}`: {e}"));
+        self.on_element(css, "cannot type into", async |e| {
+            e.clear().await?;
+            e.send_keys(text).await
+        })
+        .await;
     }
 
     /// The attribute `name` of the first element that `css` matches; `None` when it has none.
     pub async fn attr(&self, css: &str, name: &str) -> Option<String> {
-        self.find(css)
-            .await
-            .attr(name)
-            .await
-            .unwrap_or_else(|e| panic!("browser: cannot read `{name}` of `{css}`: {e}"))
+        self.on_element(css, &format!("cannot read `{name}` of"), async |e| {
+            e.attr(name).await
+        })
+        .await
     }
 
     /// Whether any element matches `css` now (no waiting).
@@ -497,6 +508,31 @@ impl Browser {
         } else {
             ""
         };
-        format!("page: {url}\ntext:\n{excerpt}{more}")
+        // When the page last fetched its live parts (app.js), and what the server gives
+        // for the same parts now: tells a server that serves stale data from a page that
+        // missed an update.
+        let live = self
+            .client
+            .execute(
+                "var r = document.body && document.body.dataset.refreshed; \
+                 var urls = Array.prototype.map.call(document.querySelectorAll('[data-live]'), \
+                   function (e) { return e.dataset.live; }); \
+                 var ago = r ? (Date.now() - Number(r)) + ' ms ago' : 'never'; \
+                 if (!urls.length) return 'no live parts'; \
+                 return fetch(urls[0], {credentials: 'same-origin', cache: 'no-store'}) \
+                   .then(function (x) { return x.text(); }) \
+                   .then(function (t) { return 'last refreshed ' + ago + '; ' + urls[0] + \
+                     ' now:\\n' + t.slice(0, 3000); });",
+                vec![],
+            )
+            .await
+            .map_or_else(
+                |e| format!("(no live parts: {e})"),
+                |v| match v {
+                    Value::String(s) => s,
+                    other => other.to_string(),
+                },
+            );
+        format!("page: {url}\ntext:\n{excerpt}{more}\n{live}")
     }
 }

@@ -30,22 +30,55 @@
     if (urls.indexOf(el.dataset.live) < 0) urls.push(el.dataset.live);
   });
 
-  function place(el, html, first) {
-    if (typeof html !== "string") return;
-    // A part that keeps its state (a gate's comment box) is only replaced when it changed
-    // since it was last fetched.
-    if (first && el.hasAttribute("data-keep")) { el.dataset.html = html; return; }
-    if (html !== el.dataset.html) {
-      el.innerHTML = html;
-      el.dataset.html = html;
-    }
+  // What a person is doing in a part that keeps its state (a gate's comment, the cancel
+  // form's reason, an opened <details>), by form (its gate, else its class) and field.
+  function formKey(form) {
+    return form ? (form.dataset.gate ? "gate:" + form.dataset.gate : form.className) : "";
+  }
+  function keepState(el) {
+    var state = { fields: {}, open: {}, focus: null };
+    el.querySelectorAll("textarea, input[type=text]").forEach(function (f) {
+      var key = formKey(f.form) + "/" + f.name;
+      state.fields[key] = f.value;
+      if (f === document.activeElement) {
+        state.focus = { key: key, start: f.selectionStart, end: f.selectionEnd };
+      }
+    });
+    el.querySelectorAll("details").forEach(function (d) {
+      state.open[formKey(d.closest("form"))] = d.open;
+    });
+    return state;
+  }
+  function restoreState(el, state) {
+    el.querySelectorAll("textarea, input[type=text]").forEach(function (f) {
+      var key = formKey(f.form) + "/" + f.name;
+      if (Object.prototype.hasOwnProperty.call(state.fields, key)) f.value = state.fields[key];
+      if (state.focus && state.focus.key === key) {
+        f.focus();
+        try { f.setSelectionRange(state.focus.start, state.focus.end); } catch (e) { /* no selection */ }
+      }
+    });
+    el.querySelectorAll("details").forEach(function (d) {
+      var key = formKey(d.closest("form"));
+      if (Object.prototype.hasOwnProperty.call(state.open, key)) d.open = state.open[key];
+    });
   }
 
-  var busy = false, again = false, first = true;
+  // A part is replaced when its HTML changed since it was last fetched (always on the first
+  // fetch: the page may have been rendered before a change the first fetch sees). A part
+  // that keeps its state gets back what was typed and opened in it.
+  function place(el, html) {
+    if (typeof html !== "string" || html === el.dataset.html) return;
+    var state = el.hasAttribute("data-keep") ? keepState(el) : null;
+    el.innerHTML = html;
+    el.dataset.html = html;
+    if (state) restoreState(el, state);
+  }
+
+  var busy = false, again = false;
   function refresh() {
     if (busy) { again = true; return; }
     busy = true;
-    var wasFirst = first;
     var jobs = urls.map(function (url) {
       return fetch(url, { credentials: "same-origin", cache: "no-store" }).then(function (r) {
         if (!r.ok) return;
@@ -53,13 +86,12 @@
         return (json ? r.json() : r.text()).then(function (body) {
           parts.forEach(function (el) {
             if (el.dataset.live !== url) return;
-            place(el, json ? body[el.dataset.part] : body, wasFirst);
+            place(el, json ? body[el.dataset.part] : body);
           });
         });
       });
     });
     Promise.all(jobs).catch(function () {}).then(function () {
-      first = false;
       busy = false;
       applyFilter();
       document.body.dataset.refreshed = String(Date.now());
