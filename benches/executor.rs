@@ -9,8 +9,9 @@
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
+use ralph_flow::prepare::prepare;
 use ralph_flow::run::progress::Mode;
-use ralph_flow::run::{RunOptions, execute, prepare};
+use ralph_flow::run::{RunOptions, execute};
 
 fn chain_workflow(n: usize, kind: &str) -> String {
     let mut s = String::from("name = \"bench\"\n[agents.bot]\nkind = \"claude\"\n");

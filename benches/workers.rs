@@ -16,7 +16,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ralph_flow::run::{RunOptions, prepare, worker::enqueue};
+use ralph_flow::prepare::prepare;
+use ralph_flow::run::{RunOptions, worker::enqueue};
 use ralph_flow::store::postgres::PgStore;
 use ralph_flow::store::{RunStatus, Store};
 

@@ -16,6 +16,7 @@ pub mod fs;
 pub mod load;
 pub mod model;
 pub mod params;
+pub mod prepare;
 pub mod preset;
 pub mod run;
 pub mod secrets;

@@ -6,8 +6,9 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
+use ralph_flow::prepare::prepare;
 use ralph_flow::run::progress::Mode;
-use ralph_flow::run::{RunOptions, RunResult, WorkCounts, execute, prepare};
+use ralph_flow::run::{RunOptions, RunResult, WorkCounts, execute};
 use ralph_flow::store::Store;
 use ralph_flow::store::sqlite::{SqliteStore, default_path};
 

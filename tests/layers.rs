@@ -1,31 +1,81 @@
-//! The library's modules form layers, and imports only point down: a module may use those of
-//! its own layer or below, never one above. ARCHITECTURE.md draws the same table.
+//! The library's modules and what each may use: an explicit table of allowed edges, not a
+//! total order, so that a module cannot start to lean on another only because that one sits
+//! lower. ARCHITECTURE.md draws the same table, and this test holds the two equal.
 //!
-//! The check reads every `crate::MODULE` path in engine/ (comments left out) and every
-//! `super::` of a top-level module, so an upward import fails here with its file and line.
+//! The check reads every `crate::MODULE` path in engine/ (comments left out), every `super::`
+//! of a top-level module and every `super::super::` anywhere, so a forbidden import fails
+//! here with its file and line.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-/// The layers, bottom first. Each module of `engine/lib.rs` is in exactly one.
-const LAYERS: &[&[&str]] = &[
-    &["keywords", "source", "suggest", "text"],
-    &["diag", "dialect", "exit", "fs", "secrets", "shell", "spec"],
-    &["syntax"],
-    &["model"],
-    &["params"],
-    &["preset"],
-    &["load"],
-    &["template"],
-    &["check"],
-    &["compile"],
-    &["store"],
-    &["backend"],
-    &["run"],
-    &["serve"],
+/// Every module of `engine/lib.rs`, with the modules it may use (besides itself), bottom up.
+const ALLOWED: &[(&str, &[&str])] = &[
+    ("keywords", &[]),
+    ("source", &[]),
+    ("suggest", &[]),
+    ("text", &[]),
+    ("dialect", &[]),
+    ("exit", &[]),
+    ("shell", &[]),
+    ("spec", &[]),
+    ("template", &[]),
+    ("diag", &["source", "suggest"]),
+    ("fs", &["source"]),
+    ("secrets", &["text"]),
+    ("syntax", &["diag", "source", "spec"]),
+    ("model", &["diag", "dialect", "source", "spec", "syntax"]),
+    ("params", &["diag", "model"]),
+    ("preset", &["diag", "fs", "model"]),
+    (
+        "load",
+        &["diag", "fs", "model", "preset", "source", "syntax"],
+    ),
+    (
+        "check",
+        &[
+            "diag", "dialect", "exit", "fs", "load", "model", "params", "source", "suggest",
+            "syntax", "template",
+        ],
+    ),
+    // `load` in its tests only; `preset` names the sources a failed preparation lacks.
+    (
+        "compile",
+        &[
+            "check", "diag", "exit", "fs", "load", "model", "params", "preset", "source",
+        ],
+    ),
+    (
+        "prepare",
+        &["check", "compile", "diag", "fs", "load", "preset", "source"],
+    ),
+    ("store", &["fs", "secrets", "shell", "text"]),
+    (
+        "backend",
+        &["diag", "dialect", "fs", "model", "secrets", "store"],
+    ),
+    // Not `check`, `load`, `preset` or `prepare`: the executor runs what was prepared, and
+    // prepares a subflow during a run only through the callback left in the plan.
+    (
+        "run",
+        &[
+            "backend", "compile", "diag", "exit", "fs", "model", "params", "secrets", "shell",
+            "source", "store", "template", "text",
+        ],
+    ),
+    (
+        "serve",
+        &[
+            "compile", "diag", "prepare", "run", "secrets", "spec", "store", "text",
+        ],
+    ),
 ];
 
-fn layer(module: &str) -> Option<usize> {
-    LAYERS.iter().position(|l| l.contains(&module))
+fn allowed(module: &str) -> Option<&'static [&'static str]> {
+    ALLOWED
+        .iter()
+        .find(|(m, _)| *m == module)
+        .map(|(_, uses)| *uses)
 }
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -82,18 +132,27 @@ fn violations(engine: &Path) -> Vec<String> {
     rust_files(engine, &mut files);
     let mut found = Vec::new();
     for file in &files {
+        let text = std::fs::read_to_string(file).expect("a source file is readable");
+        for (n, line) in text.lines().enumerate() {
+            if code(line).contains("super::super::") {
+                found.push(format!(
+                    "{}:{}: `super::super::` climbs two modules up; write a `crate::` path",
+                    file.display(),
+                    n + 1
+                ));
+            }
+        }
         let Some(module) = module_of(engine, file) else {
             continue;
         };
-        let Some(own) = layer(&module) else {
+        let Some(uses) = allowed(&module) else {
             found.push(format!(
-                "{}: module `{module}` is in no layer (add it to LAYERS here and to ARCHITECTURE.md)",
+                "{}: module `{module}` is not in the table (add it to ALLOWED here and to ARCHITECTURE.md)",
                 file.display()
             ));
             continue;
         };
         let top_level = file.parent() == Some(engine);
-        let text = std::fs::read_to_string(file).expect("a source file is readable");
         // Inside an inline module (`mod tests {`), `super::` is the file's own module.
         let mut nested = false;
         for (n, line) in text.lines().enumerate() {
@@ -107,22 +166,22 @@ fn violations(engine: &Path) -> Vec<String> {
                 ));
             }
             for target in crate_paths(code) {
-                if target == module {
+                if target == module || uses.contains(&target) {
                     continue;
                 }
-                match layer(target) {
-                    Some(l) if l > own => found.push(format!(
-                        "{}:{}: `{module}` (layer {own}) uses `{target}` (layer {l}), a layer above it",
+                found.push(if allowed(target).is_some() {
+                    format!(
+                        "{}:{}: `{module}` uses `{target}`, which its row does not allow",
                         file.display(),
                         n + 1
-                    )),
-                    Some(_) => {}
-                    None => found.push(format!(
-                        "{}:{}: `crate::{target}` is in no layer",
+                    )
+                } else {
+                    format!(
+                        "{}:{}: `crate::{target}` is not in the table",
                         file.display(),
                         n + 1
-                    )),
-                }
+                    )
+                });
             }
         }
     }
@@ -130,14 +189,18 @@ fn violations(engine: &Path) -> Vec<String> {
 }
 
 #[test]
-fn imports_point_down_the_layers() {
+fn modules_use_only_what_their_row_allows() {
     let engine = Path::new(env!("CARGO_MANIFEST_DIR")).join("engine");
     let found = violations(&engine);
-    assert!(found.is_empty(), "upward imports:\n{}", found.join("\n"));
+    assert!(
+        found.is_empty(),
+        "imports not allowed:\n{}",
+        found.join("\n")
+    );
 }
 
 #[test]
-fn every_library_module_has_a_layer() {
+fn every_library_module_has_a_row() {
     let lib = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("engine/lib.rs"))
         .expect("engine/lib.rs is readable");
     let modules: Vec<&str> = lib
@@ -151,21 +214,73 @@ fn every_library_module_has_a_layer() {
         .collect();
     assert!(modules.len() > 10, "{modules:?}");
     for m in &modules {
-        assert!(layer(m).is_some(), "`{m}` is in no layer");
+        assert!(allowed(m).is_some(), "`{m}` is not in the table");
     }
-    for m in LAYERS.iter().flat_map(|l| l.iter()) {
+    for (m, uses) in ALLOWED {
         assert!(
             modules.contains(m),
-            "LAYERS names `{m}`, which lib.rs lacks"
+            "ALLOWED names `{m}`, which lib.rs lacks"
         );
+        for u in *uses {
+            assert!(
+                allowed(u).is_some(),
+                "`{m}` may use `{u}`, which is not in the table"
+            );
+        }
     }
 }
 
+/// ARCHITECTURE.md's table (`| `module` | what it is | `a`, `b` |` rows under "## Layers").
+fn documented() -> Vec<(String, BTreeSet<String>)> {
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("ARCHITECTURE.md"))
+            .expect("ARCHITECTURE.md is readable");
+    let section = doc
+        .split("\n## Layers\n")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("ARCHITECTURE.md has a `## Layers` section");
+    let ticked = |cell: &str| -> BTreeSet<String> {
+        cell.split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_string)
+            .collect()
+    };
+    section
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .map(|l| {
+            let cells: Vec<&str> = l.trim_matches('|').split('|').collect();
+            let module = cells[0].trim().trim_matches('`').to_string();
+            let uses = cells.last().map(|c| ticked(c)).unwrap_or_default();
+            (module, uses)
+        })
+        .collect()
+}
+
 #[test]
-fn an_upward_import_is_caught() {
+fn architecture_md_draws_the_same_table() {
+    let doc = documented();
+    let mut want: Vec<(String, BTreeSet<String>)> = ALLOWED
+        .iter()
+        .map(|(m, uses)| (m.to_string(), uses.iter().map(|u| u.to_string()).collect()))
+        .collect();
+    want.sort();
+    let mut got = doc;
+    got.sort();
+    assert_eq!(
+        got, want,
+        "ARCHITECTURE.md's `## Layers` table differs from ALLOWED in tests/layers.rs"
+    );
+}
+
+#[test]
+fn a_forbidden_import_is_caught() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let engine = dir.path();
     std::fs::create_dir_all(engine.join("model")).expect("mkdir");
+    std::fs::create_dir_all(engine.join("run/deep")).expect("mkdir");
     std::fs::write(
         engine.join("model/shape.rs"),
         "// crate::run is only mentioned here\nuse crate::syntax::tree;\nfn f() { crate::check::article(\"x\"); }\n",
@@ -176,8 +291,16 @@ fn an_upward_import_is_caught() {
         "use super::load::Loader;\n#[cfg(test)]\nmod tests {\n    use super::Loader;\n}\n",
     )
     .expect("write");
+    // Lower in a total order, and still not allowed: the executor may not load or check.
+    std::fs::write(
+        engine.join("run/deep/x.rs"),
+        "use crate::store::Store;\nuse super::super::exec::Exec;\nfn f() { crate::check::check(); }\n",
+    )
+    .expect("write");
     let found = violations(engine);
-    assert_eq!(found.len(), 2, "{found:#?}");
+    assert_eq!(found.len(), 4, "{found:#?}");
     assert!(found[0].contains("fs.rs:1: a top-level module names `super::`"));
-    assert!(found[1].contains("shape.rs:3: `model` (layer 3) uses `check` (layer 8)"));
+    assert!(found[1].contains("shape.rs:3: `model` uses `check`"));
+    assert!(found[2].contains("x.rs:2: `super::super::` climbs two modules up"));
+    assert!(found[3].contains("x.rs:3: `run` uses `check`"));
 }

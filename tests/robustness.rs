@@ -964,7 +964,7 @@ fn run_case(lab: &Path, case: &Case, tally: &mut Tally) {
     // The same load, check and compile as the run's, in process: errors mean exit 3, and
     // the workflow's own exits are the other codes it may end with.
     let mut allowed = ENGINE_CODES.to_vec();
-    let prepared = ralph_flow::run::prepare(&lab.join(&case.file), &case.sets);
+    let prepared = ralph_flow::prepare::prepare(&lab.join(&case.file), &case.sets);
     let valid = match &prepared {
         Ok(p) => {
             let _ = ralph_flow::compile::explain::explain(&p.plan);

@@ -1243,3 +1243,77 @@ prompt = "Fix and commit."
         "each denial once: {end}"
     );
 }
+
+/// Subflows: one whose params are written out is compiled with the run's plan, and one that
+/// does not check for its params stops the run before any stage starts; one whose params
+/// come from an output is prepared during the run, once per file and params.
+#[test]
+fn subflows_are_compiled_ahead_or_prepared_during_the_run() {
+    let p = Project::new();
+    p.workflow(
+        "child.toml",
+        r#"name = "child"
+[params.n]
+type = "int"
+
+[stages.say]
+kind = "command"
+argv = ["sh", "-c", "echo child $0 >> said.txt", "{{ params.n }}"]
+"#,
+    );
+    p.workflow(
+        "w.toml",
+        r#"name = "parent"
+[stages.first]
+kind = "command"
+argv = ["sh", "-c", "echo 7"]
+
+[stages.written]
+kind = "subflow"
+needs = ["first"]
+workflow = "child.toml"
+params = { n = "3" }
+
+[stages.again]
+kind = "subflow"
+needs = ["written"]
+workflow = "child.toml"
+params = { n = "3" }
+
+[stages.from_output]
+kind = "subflow"
+needs = ["again"]
+workflow = "child.toml"
+params = { n = "{{ stages.first.output.stdout | trim }}" }
+"#,
+    );
+    let out = p.run(&["run", "w.toml", "--json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(p.read("said.txt"), "child 3\nchild 3\nchild 7\n");
+    assert_eq!(out.json["outputs"]["from_output"]["exit"], json!("success"));
+
+    // Written-out params the child refuses: nothing starts, and the run says why.
+    p.write("said.txt", "");
+    p.workflow(
+        "bad.toml",
+        r#"name = "bad"
+[stages.first]
+kind = "command"
+argv = ["sh", "-c", "echo started >> said.txt"]
+
+[stages.sub]
+kind = "subflow"
+needs = ["first"]
+workflow = "child.toml"
+params = { n = "many" }
+"#,
+    );
+    let out = p.run(&["run", "bad.toml"]);
+    assert_ne!(out.code, 0);
+    assert!(
+        out.stderr.contains("subflow `sub`") && out.stderr.contains("child.toml is not valid"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(p.read("said.txt"), "", "no stage started");
+}

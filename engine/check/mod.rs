@@ -22,9 +22,7 @@ use crate::model::{Stage, StageKind, Workflow};
 
 pub use crate::params::ParamValues;
 
-/// Identifies a stage of a checked workflow: its index in [`Checked::stages`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct StageId(pub usize);
+pub use crate::model::StageId;
 
 /// One stage with its place in the tree of regions.
 #[derive(Debug)]

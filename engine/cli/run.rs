@@ -8,8 +8,9 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use ralph_flow::prepare::prepare_fetching;
 use ralph_flow::run::progress::Mode;
-use ralph_flow::run::{RunEnd, RunOptions, execute, prepare_fetching};
+use ralph_flow::run::{RunEnd, RunOptions, execute};
 use ralph_flow::store::{Location, RunStatus, Store};
 
 use super::EXIT_CONFIG;

@@ -117,6 +117,7 @@ pub fn run(args: &Args) -> i32 {
         state_dir,
         poll: args.poll,
         run,
+        prepare: ralph_flow::prepare::prepare_in,
     };
     let rt = match runtime() {
         Ok(rt) => rt,

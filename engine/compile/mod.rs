@@ -2,6 +2,7 @@
 //! every name resolved to an id, and every template compiled once.
 
 pub mod explain;
+mod prepared;
 pub mod render;
 
 use std::collections::HashMap;
@@ -12,8 +13,12 @@ use crate::check::scope::conditional;
 use crate::check::{Checked, StageId};
 use crate::model::{Action, Stage, StageKind, Workflow};
 
+pub use prepared::{
+    Ahead, Later, PrepareError, PrepareFn, Prepared, SubflowKey, Subflows, subflow_path,
+};
+
 /// Identifies a node of a plan: the same index as the checked stage.
-pub use crate::check::StageId as NodeId;
+pub use crate::model::StageId as NodeId;
 
 /// Where control goes after a route case, a failure, a rejection or a limit.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -18,7 +18,7 @@ pub use agent::{
     Agent, AgentKind, OpenAiApi, Permissions, PromptVia, SchemaDelivery, StructuredOutput,
     is_openai_itself, schema_delivery,
 };
-pub use output::{ExtractMode, Marker, OutputSpec, SchemaRef};
+pub use output::{ExtractMode, Marker, OutputSpec, SchemaRef, walk_schema};
 pub use regions::{Aggregate, AggregateMode, Cleanup, Escalation, Stuck, Worktree};
 pub use stage::{
     CommandSpec, ForEachBody, LoopBody, Route, Stage, StageBody, StageKeys, StageKind,
@@ -30,6 +30,11 @@ use crate::syntax::tree::Value;
 
 /// A template or expression string, with where it was written.
 pub type Text = Spanned<String>;
+
+/// Identifies a stage of a checked workflow (its index in `check::Checked::stages`) and so a
+/// node of its plan (`compile::NodeId`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StageId(pub usize);
 
 /// A workflow file as written, after its shape was checked.
 #[derive(Clone, Debug)]

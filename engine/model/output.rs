@@ -43,3 +43,31 @@ pub struct Marker {
     pub values: Vec<Text>,
     pub span: Span,
 }
+
+/// Follows a dotted field path through a schema's `properties`. Fails with the first field
+/// that the schema does not define and the fields it does define there.
+pub fn walk_schema<'a>(
+    schema: &'a serde_json::Value,
+    path: &[&str],
+) -> Result<&'a serde_json::Value, (String, Vec<String>)> {
+    let mut cur = schema;
+    for part in path {
+        if part.parse::<usize>().is_ok() {
+            match cur.get("items") {
+                Some(items) => {
+                    cur = items;
+                    continue;
+                }
+                None => return Ok(cur),
+            }
+        }
+        let Some(props) = cur.get("properties").and_then(serde_json::Value::as_object) else {
+            return Ok(cur);
+        };
+        match props.get(*part) {
+            Some(next) => cur = next,
+            None => return Err(((*part).to_string(), props.keys().cloned().collect())),
+        }
+    }
+    Ok(cur)
+}

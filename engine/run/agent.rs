@@ -8,7 +8,7 @@ use super::frame::*;
 use super::now_ms;
 use super::policy::{Next, Policy};
 use crate::backend::{AgentCall, AgentReply, CallError, Usage};
-use crate::check::StageId as NodeId;
+use crate::compile::NodeId;
 use crate::compile::Target;
 use crate::params::resolve_count;
 use crate::store::{AttemptState, NodeState};

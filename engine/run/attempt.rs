@@ -12,7 +12,7 @@ use super::exec::*;
 use super::frame::*;
 use super::now_ms;
 use crate::backend::Usage;
-use crate::check::StageId as NodeId;
+use crate::compile::NodeId;
 use crate::compile::Target;
 use crate::store::{AttemptRecord, AttemptState, NodeState, Write};
 

@@ -5,7 +5,7 @@ use serde_json::Value as Json;
 use super::exec::*;
 use super::frame::*;
 use crate::backend::Usage;
-use crate::check::StageId as NodeId;
+use crate::compile::NodeId;
 use crate::compile::Target;
 use crate::model::Budget;
 use crate::params::resolve_count;

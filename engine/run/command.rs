@@ -13,7 +13,7 @@ use super::frame::*;
 use super::now_ms;
 use crate::backend::Usage;
 use crate::backend::process::{self, Ended, ProcSpec};
-use crate::check::StageId as NodeId;
+use crate::compile::NodeId;
 use crate::model::{StageBody, StageKind};
 use crate::params::{resolve_count, resolve_duration};
 use crate::store::{AttemptState, NodeState};

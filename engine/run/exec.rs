@@ -12,8 +12,7 @@
 pub use super::error::{Halt, IoFailure, RunError, StageError, TemplateError};
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
-use std::path::{Path, PathBuf};
-use std::rc::Rc;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,8 +28,8 @@ use super::resource::PrioritySemaphore;
 use super::{RunOptions, now_ms};
 use crate::backend::replay::{Recorder, ReplayBackend};
 use crate::backend::{AgentConfig, Backend, Usage};
-use crate::check::StageId as NodeId;
-use crate::compile::{Plan, Target};
+use crate::compile::NodeId;
+use crate::compile::{Later, Plan, PrepareError, SubflowKey, Subflows, Target};
 use crate::model::{Action, StageKind};
 use crate::params::{resolve_count, resolve_duration};
 use crate::source::Sources;
@@ -56,9 +55,11 @@ pub(crate) struct Shared {
     pub work: Cell<super::WorkCounts>,
     /// The writer of the files people read (each attempt's prompt, answer, output).
     pub artifacts: super::artifacts::Artifacts,
-    /// Subflow workflows prepared so far, by file and params: each is loaded, checked and
-    /// compiled once per run.
-    pub subflows: RefCell<HashMap<SubflowKey, Rc<super::Prepared>>>,
+    /// The subflows admitted so far, by file and params: compiled ahead with the plan, or
+    /// prepared once during the run.
+    pub subflows: RefCell<HashMap<SubflowKey, Arc<super::Prepared>>>,
+    /// Prepares a subflow whose params come from outputs (the run's plan's callback).
+    pub later: Option<Later>,
     pub interrupt: watch::Sender<bool>,
     pub progress: Progress,
     pub global: Option<Semaphore>,
@@ -90,8 +91,13 @@ pub(crate) struct Shared {
     pub units: Option<super::units::Units>,
 }
 
-/// A subflow's workflow file and its params.
-pub(crate) type SubflowKey = (PathBuf, Vec<(String, String)>);
+/// A subflow that does not check, as the run reports it.
+fn invalid_subflow(path: &Path, e: &PrepareError) -> RunError {
+    RunError::InvalidSubflow {
+        path: path.to_path_buf(),
+        diagnostics: e.render(),
+    }
+}
 
 /// Every scope of the records, with the scopes that enclose them (`a#1/b#2` gives `a#1` too).
 pub(crate) fn scopes_of<'a>(scopes: impl Iterator<Item = &'a str>) -> HashSet<String> {
@@ -237,21 +243,36 @@ impl Shared {
         Outcome::Stopped
     }
 
-    /// The prepared subflow of a file with params: from the cache, else prepared now (its
-    /// agents' keys registered as secrets and, unless the run replays, its agents checked).
+    /// The prepared subflow of a file with params: compiled ahead with the run's plan (and
+    /// admitted before the run started), else prepared now through the plan's callback, once
+    /// per run, and admitted.
     pub fn subflow(
         &self,
         path: &Path,
         sets: &[(String, String)],
-    ) -> Result<Rc<super::Prepared>, RunError> {
+    ) -> Result<Arc<super::Prepared>, RunError> {
         let key = (path.to_path_buf(), sets.to_vec());
         if let Some(p) = self.subflows.borrow().get(&key) {
             return Ok(p.clone());
         }
-        let prepared = super::prepare(path, sets).map_err(|e| RunError::InvalidSubflow {
-            path: path.to_path_buf(),
-            diagnostics: e.render(),
-        })?;
+        let later = self
+            .later
+            .as_ref()
+            .ok_or_else(|| RunError::InvalidSubflow {
+                path: path.to_path_buf(),
+                diagnostics: "it was not prepared with the run's workflow".into(),
+            })?;
+        let prepared = later
+            .prepare(path, sets)
+            .map_err(|e| invalid_subflow(path, &e))?;
+        let prepared = Arc::new(prepared);
+        self.admit(key, prepared.clone())?;
+        Ok(prepared)
+    }
+
+    /// Takes a prepared subflow into the run: its agents' keys registered as secrets and,
+    /// unless the run replays, its agents checked.
+    fn admit(&self, key: SubflowKey, prepared: Arc<super::Prepared>) -> Result<(), RunError> {
         for note in super::lifecycle::register_secrets_noting(&prepared) {
             self.progress.note(&format!("! {note}"));
             self.event("", "", "warning", note);
@@ -262,39 +283,28 @@ impl Shared {
                 self.event("", "", "warning", note);
             }
         }
-        let prepared = Rc::new(prepared);
-        self.subflows.borrow_mut().insert(key, prepared.clone());
-        Ok(prepared)
+        self.subflows.borrow_mut().insert(key, prepared);
+        Ok(())
     }
 
-    /// Prepares, before the run, the subflows of a plan (and theirs) whose params are
-    /// written out (no template): see [`Shared::subflow`].
-    pub fn preload_subflows(&self, plan: &Plan, sources: &Sources) -> Result<(), RunError> {
-        for (i, node) in plan.nodes.iter().enumerate() {
-            if node.kind != StageKind::Subflow {
+    /// Admits, before the run, the subflows compiled with a plan (and theirs): an invalid
+    /// one, or an agent of theirs that cannot run, stops the run before anything starts.
+    pub fn preload_subflows(&self, subflows: &Subflows) -> Result<(), RunError> {
+        for ahead in &subflows.ahead {
+            if self.subflows.borrow().contains_key(&ahead.key) {
                 continue;
             }
-            let crate::model::StageBody::Subflow {
-                workflow: Some(wf),
-                params,
-            } = &plan.stage(NodeId(i)).body
-            else {
-                continue;
+            let in_stage = |source| RunError::Subflow {
+                stage: ahead.stage.clone(),
+                source: Box::new(source),
             };
-            let literal = |t: &str| !t.contains("{{") && !t.contains("{%");
-            if !params.iter().all(|(_, v)| literal(&v.value)) {
-                continue;
-            }
-            let sets: Vec<(String, String)> = params
-                .iter()
-                .map(|(k, v)| (k.value.clone(), v.value.clone()))
-                .collect();
-            let path = super::subflow::subflow_path(sources, wf);
-            let child = self.subflow(&path, &sets).map_err(|e| RunError::Subflow {
-                stage: node.name.clone(),
-                source: Box::new(e),
-            })?;
-            self.preload_subflows(&child.plan, &child.sources)?;
+            let child = match &ahead.prepared {
+                Ok(child) => child.clone(),
+                Err(e) => return Err(in_stage(invalid_subflow(&ahead.key.0, e))),
+            };
+            self.admit(ahead.key.clone(), child.clone())
+                .map_err(in_stage)?;
+            self.preload_subflows(&child.subflows)?;
         }
         Ok(())
     }

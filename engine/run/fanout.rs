@@ -16,7 +16,7 @@ use super::exec::*;
 use super::frame::*;
 use super::now_ms;
 use crate::backend::Usage;
-use crate::check::StageId as NodeId;
+use crate::compile::NodeId;
 use crate::compile::Target;
 use crate::model::{AggregateMode, ForEachBody, StageBody};
 use crate::params::resolve_count;
@@ -402,7 +402,7 @@ impl Exec<'_> {
                         .and_then(|r| self.plan.schemas.get(&r))
                         .and_then(|s| {
                             let path: Vec<&str> = field.split('.').collect();
-                            crate::check::outputs::walk_schema(s, &path).ok().cloned()
+                            crate::model::walk_schema(s, &path).ok().cloned()
                         })
                         .and_then(|f| f.get("enum").cloned())
                         .and_then(|e| serde_json::from_value(e).ok())

@@ -11,7 +11,7 @@ use serde_json::Value as Json;
 use tokio::sync::Semaphore;
 
 use crate::backend::Usage;
-use crate::check::StageId as NodeId;
+use crate::compile::NodeId;
 use crate::compile::Target;
 use crate::store::NodeState;
 
@@ -410,8 +410,8 @@ mod tests {
     fn only_long_outputs_are_left_to_the_store() {
         // Never opened: leaving an output to the store reads nothing.
         let dir = tempfile::tempdir().expect("tempdir");
-        let reader = Arc::new(super::super::memory::OutputReader::new(
-            Arc::new(Mutex::new(super::super::memory::MemoryStore::later(
+        let reader = Arc::new(crate::run::memory::OutputReader::new(
+            Arc::new(Mutex::new(crate::run::memory::MemoryStore::later(
                 crate::store::Location::Sqlite(dir.path().to_path_buf()),
             ))),
             "r".into(),

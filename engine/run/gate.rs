@@ -7,7 +7,7 @@ use serde_json::json;
 use super::exec::*;
 use super::frame::*;
 use super::now_ms;
-use crate::check::StageId as NodeId;
+use crate::compile::NodeId;
 use crate::compile::Target;
 use crate::model::StageBody;
 use crate::params::resolve_duration;

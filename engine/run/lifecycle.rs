@@ -15,7 +15,7 @@ use super::frame::*;
 use super::progress::Progress;
 use super::{Prepared, RunEnd, RunOptions, RunResult, now_ms};
 use crate::backend::replay::{Recorder, ReplayBackend};
-use crate::check::StageId as NodeId;
+use crate::compile::NodeId;
 use crate::model::StageKind;
 use crate::store::{AttemptState, RunRecord, RunStatus, Store, Write};
 
@@ -390,6 +390,7 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         work: Cell::default(),
         artifacts,
         subflows: RefCell::default(),
+        later: prepared.subflows.later.clone(),
         interrupt,
         usage: RefCell::new(HashMap::new()),
         denied: RefCell::default(),
@@ -456,7 +457,7 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
     exec.warn_unenforceable_budgets()?;
     // Subflows whose params are written out are prepared now, once: an invalid one or an
     // agent of theirs that cannot run stops the run before anything starts.
-    if let Err(e) = shared.preload_subflows(plan, &prepared.sources) {
+    if let Err(e) = shared.preload_subflows(&prepared.subflows) {
         shared.flush();
         return Err(e);
     }

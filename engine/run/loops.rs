@@ -10,7 +10,7 @@ use super::context::*;
 use super::exec::*;
 use super::frame::*;
 use super::now_ms;
-use crate::check::StageId as NodeId;
+use crate::compile::NodeId;
 use crate::compile::Target;
 use crate::model::LoopBody;
 use crate::params::resolve_count;

@@ -1,8 +1,8 @@
-//! The run side: a generic executor over a compiled [`Plan`], with backends, a durable store
+//! The run side: a generic executor over a compiled [`crate::compile::Plan`], with backends, a durable store
 //! and artifacts on disk. Nothing here knows any particular workflow.
 //!
-//! - [`prepare`] loads, checks and compiles a workflow (no I/O beyond its own files) and
-//!   hashes its files for resume.
+//! - [`crate::prepare`] (above this layer) loads, checks and compiles a workflow into a
+//!   [`Prepared`]: its plan, its files' hash, and its subflows compiled ahead.
 //! - [`execute`] runs (or resumes) it and returns how the run ended.
 
 mod agent;
@@ -33,147 +33,13 @@ pub mod worker;
 mod worktree;
 mod worktrees;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
-
-use sha2::{Digest, Sha256};
-
-use crate::compile::{Plan, compile_parts};
-use crate::diag::{Diagnostic, Diagnostics};
-use crate::fs::RealFs;
-use crate::load::Loader;
-use crate::params::ParamValues;
-use crate::source::Sources;
 
 pub use crate::store::now_ms;
 pub use lifecycle::{execute, new_run_id, register_secrets};
 
-/// A workflow ready to run: its plan, the hash of its files and the files themselves.
-pub struct Prepared {
-    pub plan: Plan,
-    /// SHA-256 over every file the workflow was built from (hex).
-    pub hash: String,
-    /// The workflow file as given.
-    pub path: PathBuf,
-    /// Warnings found on the way (errors make [`prepare`] fail).
-    pub warnings: Vec<Diagnostic>,
-    /// Every file the workflow was built from: to resolve paths written in them and to
-    /// name places in messages.
-    pub sources: Sources,
-}
-
-/// Why a workflow could not be prepared: the diagnostics, with the sources to render them.
-pub struct PrepareError {
-    pub sources: Sources,
-    pub diagnostics: Vec<Diagnostic>,
-    /// Git preset sources that are named but not in the cache (see [`prepare_fetching`]).
-    pub missing: Vec<crate::preset::MissingSource>,
-}
-
-impl PrepareError {
-    /// Renders the diagnostics without color.
-    pub fn render(&self) -> String {
-        crate::diag::render(&self.sources, &self.diagnostics, false)
-    }
-}
-
-/// Loads, checks and compiles a workflow with `--set` values; every param must have a value.
-pub fn prepare(path: &Path, sets: &[(String, String)]) -> Result<Prepared, Box<PrepareError>> {
-    prepare_in(&RealFs, path, sets)
-}
-
-/// [`prepare`], reading the workflow's files through `fs` (a worker reads a detached run's
-/// files from the store).
-pub fn prepare_in(
-    fs: &dyn crate::fs::FileSystem,
-    path: &Path,
-    sets: &[(String, String)],
-) -> Result<Prepared, Box<PrepareError>> {
-    let mut sources = Sources::new();
-    let mut diags = Diagnostics::default();
-    let (wf, mut missing) = {
-        let mut loader = Loader::new(fs, &mut sources, &mut diags);
-        let wf = loader.load(path, None);
-        (wf, std::mem::take(&mut loader.missing))
-    };
-    let Some(wf) = wf else {
-        return Err(Box::new(PrepareError {
-            sources,
-            diagnostics: diags.into_sorted(),
-            missing,
-        }));
-    };
-    let plan = {
-        let mut loader = Loader::new(fs, &mut sources, &mut diags);
-        let mut check_diags = Diagnostics::default();
-        let checked = crate::check::check(&wf, &mut loader, sets, true, &mut check_diags);
-        let parts = checked.as_ref().map(compile_parts);
-        missing.append(&mut loader.missing);
-        drop(checked);
-        drop(loader);
-        diags.extend(check_diags);
-        parts.map(|p| p.with_workflow(wf))
-    };
-    let has_errors = diags.has_errors();
-    let all = diags.into_sorted();
-    match plan {
-        Some(plan) if !has_errors => {
-            let mut hasher = Sha256::new();
-            for (_, f) in sources.iter() {
-                hasher.update(f.path.to_string_lossy().as_bytes());
-                hasher.update([0]);
-                hasher.update(f.text.as_bytes());
-                hasher.update([0]);
-            }
-            let hash = format!("{:x}", hasher.finalize());
-            Ok(Prepared {
-                plan,
-                hash,
-                path: path.to_path_buf(),
-                warnings: all,
-                sources,
-            })
-        }
-        _ => Err(Box::new(PrepareError {
-            sources,
-            diagnostics: all,
-            missing,
-        })),
-    }
-}
-
-/// [`prepare`], first fetching the git preset sources the workflow names and the cache lacks
-/// (pinning new ones in their lockfile); `report` hears of each source fetched. What is in
-/// the cache is verified against the lockfile either way.
-pub fn prepare_fetching(
-    path: &Path,
-    sets: &[(String, String)],
-    report: &mut dyn FnMut(&crate::preset::Synced),
-) -> Result<Prepared, Box<PrepareError>> {
-    let mut fetched = Vec::new();
-    loop {
-        let mut e = match prepare(path, sets) {
-            Err(e) if !e.missing.is_empty() => e,
-            other => return other,
-        };
-        // Fetched presets may name sources of their own: prepare again until none is
-        // missing. A source still missing once fetched stops it, so this ends.
-        if e.missing
-            .iter()
-            .any(|m| fetched.contains(&m.declared.key()))
-        {
-            return Err(e);
-        }
-        match crate::preset::fetch_missing(&e.missing) {
-            Ok(done) => done.iter().for_each(&mut *report),
-            Err(d) => {
-                e.diagnostics.push(*d);
-                return Err(e);
-            }
-        }
-        fetched.extend(e.missing.iter().map(|m| m.declared.key()));
-    }
-}
+pub use crate::compile::{PrepareError, Prepared};
 
 /// How a run is carried out.
 #[derive(Clone, Debug)]
@@ -379,6 +245,6 @@ impl RunEnd {
 }
 
 /// The parameter values of a run as JSON.
-pub fn params_json(params: &ParamValues) -> serde_json::Value {
+pub fn params_json(params: &crate::params::ParamValues) -> serde_json::Value {
     serde_json::to_value(params).unwrap_or_default()
 }

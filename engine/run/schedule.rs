@@ -17,7 +17,7 @@ use serde_json::Value as Json;
 use super::exec::*;
 use super::frame::*;
 use super::now_ms;
-use crate::check::StageId as NodeId;
+use crate::compile::NodeId;
 use crate::compile::{Body, Edge, Target};
 use crate::model::StageKind;
 use crate::store::{NodeRecord, NodeState, Write};

@@ -6,7 +6,7 @@ use super::exec::*;
 use super::frame::*;
 use super::now_ms;
 use crate::backend::Usage;
-use crate::check::StageId as NodeId;
+use crate::compile::NodeId;
 use crate::model::StageBody;
 
 impl Exec<'_> {
@@ -21,7 +21,7 @@ impl Exec<'_> {
         else {
             return self.fail_now(started, "a subflow needs `workflow`".into());
         };
-        let path = subflow_path(self.sources, wf);
+        let path = crate::compile::subflow_path(self.sources, wf);
         let ctx = self.context(frame, &[]);
         let mut sets = Vec::new();
         for (k, _) in params {
@@ -80,12 +80,4 @@ impl Exec<'_> {
             )
         }
     }
-}
-
-/// The file of a subflow's `workflow`, resolved against the file that names it.
-pub(super) fn subflow_path(
-    sources: &crate::source::Sources,
-    wf: &crate::model::Text,
-) -> std::path::PathBuf {
-    crate::fs::base_dir(sources, wf.span).join(&wf.value)
 }

@@ -18,6 +18,8 @@ use tokio::sync::watch;
 
 use super::error::{Halt, RunError};
 use super::{Prepared, RunEnd, RunOptions, execute, now_ms};
+use crate::compile::PrepareFn;
+use crate::fs::FileSystem;
 use crate::store::postgres::{Accept, PgStore};
 use crate::store::{Event, LockOwner, RunRecord, RunStatus, Store, StoreError, Write};
 
@@ -259,6 +261,9 @@ pub struct WorkerOptions {
     pub poll: Duration,
     /// The settings each run is carried out with (lease, backoff, retries, progress).
     pub run: RunOptions,
+    /// Prepares a claimed run's workflow from its files in the store (`crate::prepare`:
+    /// the layers that load and check are above this one).
+    pub prepare: PrepareFn,
 }
 
 /// What a worker tells as it goes (one line each).
@@ -311,7 +316,10 @@ pub async fn work(
         let unreachable = unreachable.clone();
         Arc::new(move |place: &Json| accepts(place, &unreachable))
     };
-    let prepared: PreparedRuns = Rc::default();
+    let prepared: PreparedRuns = Rc::new(Prepare {
+        prepare: opts.prepare,
+        runs: RefCell::default(),
+    });
     let mut running = tokio::task::JoinSet::new();
     let mut units = tokio::task::JoinSet::new();
     let mut done = 0u64;
@@ -584,14 +592,15 @@ async fn carry_out(
     stop: watch::Receiver<bool>,
 ) -> Result<RunEnd, WorkerError> {
     let sources = store.borrow().sources(&run.id)?;
-    let fs = crate::fs::MemFs::new(sources.into_iter().map(|(p, t)| (PathBuf::from(p), t)));
-    let prepared =
-        super::prepare_in(&fs, Path::new(&run.file), &run.param_sets()).map_err(|e| {
-            WorkerError::Prepare {
-                run: run.id.clone(),
-                diagnostics: e.render(),
-            }
-        })?;
+    let fs: Arc<dyn FileSystem + Send + Sync> = Arc::new(crate::fs::MemFs::new(
+        sources.into_iter().map(|(p, t)| (PathBuf::from(p), t)),
+    ));
+    let prepared = (opts.prepare)(&fs, Path::new(&run.file), &run.param_sets()).map_err(|e| {
+        WorkerError::Prepare {
+            run: run.id.clone(),
+            diagnostics: e.render(),
+        }
+    })?;
     let place = Workspace::from_options(&run.options).ok_or_else(|| WorkerError::NoWorkspace {
         run: run.id.clone(),
         dir: "(not recorded)".into(),
@@ -824,7 +833,13 @@ const UNREACHABLE_FOR: Duration = Duration::from_secs(600);
 const UNIT_ENV: &str = "RALPH_FLOW_UNIT";
 
 /// The runs whose workflows this worker has prepared (for their agents' settings), by id.
-type PreparedRuns = Rc<RefCell<std::collections::HashMap<String, Rc<Prepared>>>>;
+type PreparedRuns = Rc<Prepare>;
+
+/// How this worker prepares runs' workflows, and those it prepared.
+struct Prepare {
+    prepare: PrepareFn,
+    runs: RefCell<std::collections::HashMap<String, Rc<Prepared>>>,
+}
 
 /// A run's workflow as stored with it, prepared once per worker; its secrets registered
 /// (`run::register_secrets`) before any unit of the run is carried out here.
@@ -833,7 +848,7 @@ fn prepared_run(
     cache: &PreparedRuns,
     run: &str,
 ) -> Result<Rc<Prepared>, String> {
-    if let Some(p) = cache.borrow().get(run) {
+    if let Some(p) = cache.runs.borrow().get(run) {
         return Ok(p.clone());
     }
     let record = store
@@ -845,12 +860,17 @@ fn prepared_run(
         .borrow()
         .sources(run)
         .map_err(|e| crate::diag::error_chain(&e))?;
-    let fs = crate::fs::MemFs::new(sources.into_iter().map(|(p, t)| (PathBuf::from(p), t)));
-    let prepared = super::prepare_in(&fs, Path::new(&record.file), &record.param_sets())
+    let fs: Arc<dyn FileSystem + Send + Sync> = Arc::new(crate::fs::MemFs::new(
+        sources.into_iter().map(|(p, t)| (PathBuf::from(p), t)),
+    ));
+    let prepared = (cache.prepare)(&fs, Path::new(&record.file), &record.param_sets())
         .map_err(|e| format!("the run's workflow does not check here:\n{}", e.render()))?;
     super::register_secrets(&prepared);
     let prepared = Rc::new(prepared);
-    cache.borrow_mut().insert(run.to_string(), prepared.clone());
+    cache
+        .runs
+        .borrow_mut()
+        .insert(run.to_string(), prepared.clone());
     Ok(prepared)
 }
 

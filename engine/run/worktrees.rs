@@ -21,7 +21,7 @@ use super::error::WorktreeError;
 use super::exec::*;
 use super::frame::*;
 use super::worktree::{Claim, Leftover};
-use crate::check::StageId as NodeId;
+use crate::compile::NodeId;
 use crate::model::Cleanup;
 use crate::store::RunStatus;
 

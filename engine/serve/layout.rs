@@ -527,7 +527,7 @@ mod tests {
             ("task-loop.toml", vec![]),
         ] {
             let path = root.join(preset);
-            let prepared = crate::run::prepare(&path, &sets)
+            let prepared = crate::prepare::prepare(&path, &sets)
                 .unwrap_or_else(|e| panic!("{preset}: {}", e.render()));
             let plan = &prepared.plan;
             let d = draw(plan);

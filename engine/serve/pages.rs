@@ -226,7 +226,7 @@ impl Monitor {
         }
         let sets = run.param_sets();
         let path = workflow_path(self, &run.file);
-        let drawing = match crate::run::prepare(&path, &sets) {
+        let drawing = match crate::prepare::prepare(&path, &sets) {
             Ok(prepared) => {
                 crate::run::register_secrets(&prepared);
                 let mut d = super::layout::draw(&prepared.plan);

@@ -16,7 +16,8 @@ mod routes;
 mod schema;
 mod validate;
 
-pub use schema::{command_schema, walk_schema};
+pub use crate::model::walk_schema;
+pub use schema::command_schema;
 
 use std::sync::Arc;
 

@@ -37,28 +37,3 @@ pub(super) fn builtin_schema(kind: StageKind) -> Option<Json> {
         }}),
     })
 }
-
-/// Follows a dotted field path through a schema's `properties`. Fails with the first field
-/// that the schema does not define and the fields it does define there.
-pub fn walk_schema<'a>(schema: &'a Json, path: &[&str]) -> Result<&'a Json, (String, Vec<String>)> {
-    let mut cur = schema;
-    for part in path {
-        if part.parse::<usize>().is_ok() {
-            match cur.get("items") {
-                Some(items) => {
-                    cur = items;
-                    continue;
-                }
-                None => return Ok(cur),
-            }
-        }
-        let Some(props) = cur.get("properties").and_then(Json::as_object) else {
-            return Ok(cur);
-        };
-        match props.get(*part) {
-            Some(next) => cur = next,
-            None => return Err(((*part).to_string(), props.keys().cloned().collect())),
-        }
-    }
-    Ok(cur)
-}
