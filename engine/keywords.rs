@@ -29,7 +29,7 @@ macro_rules! keywords {
             }
 
             /// The word, as written.
-            pub fn as_str(self) -> &'static str {
+            pub const fn as_str(self) -> &'static str {
                 match self {
                     $( Self::$variant => $text, )+
                 }

@@ -113,10 +113,32 @@ const fn k(key: &'static str, kinds: &'static [&'static str], ty: Ty, doc: &'sta
     }
 }
 
+keywords! {
+    /// The kind of a stage (`kind`).
+    pub enum StageKind {
+        Agent = "agent",
+        Command = "command",
+        Gate = "gate",
+        Check = "check",
+        Subflow = "subflow",
+        Loop = "loop",
+        ForEach = "for_each",
+        Group = "group",
+    }
+}
+
+impl StageKind {
+    /// Tells whether the kind has a body of stages.
+    pub fn is_region(self) -> bool {
+        matches!(
+            self,
+            StageKind::Loop | StageKind::ForEach | StageKind::Group
+        )
+    }
+}
+
 /// The stage kinds.
-pub const STAGE_KINDS: &[&str] = &[
-    "agent", "command", "gate", "check", "subflow", "loop", "for_each", "group",
-];
+pub const STAGE_KINDS: &[&str] = StageKind::NAMES;
 /// The agent backend kinds.
 pub const AGENT_KINDS: &[&str] = &[
     "claude",
@@ -142,8 +164,25 @@ pub const AGGREGATE_MODES: &[&str] = &[
     "collect", "all", "any", "worst", "best", "highest", "lowest",
 ];
 
-const BODY: &[&str] = &["loop", "for_each", "group"];
-const RUNS_COMMAND: &[&str] = &["command", "check"];
+/// The kinds a stage key is for, by the kinds' words: a kind misspelt does not compile.
+macro_rules! kinds {
+    ($($kind:ident),+) => {
+        &[$(StageKind::$kind.as_str()),+]
+    };
+}
+
+const BODY: &[&str] = kinds![Loop, ForEach, Group];
+const RUNS_COMMAND: &[&str] = kinds![Command, Check];
+const AGENT_STAGES: &[&str] = kinds![Agent];
+const COMMAND_STAGES: &[&str] = kinds![Command];
+const CHECK_STAGES: &[&str] = kinds![Check];
+const GATE_STAGES: &[&str] = kinds![Gate];
+const SUBFLOW_STAGES: &[&str] = kinds![Subflow];
+const LOOP_STAGES: &[&str] = kinds![Loop];
+const FOR_EACH_STAGES: &[&str] = kinds![ForEach];
+const FANS_IN_STAGES: &[&str] = kinds![ForEach, Group];
+const ITERATES_STAGES: &[&str] = kinds![Loop, ForEach];
+const CALLS_STAGES: &[&str] = kinds![Agent, Command, Check];
 
 /// The top level of a workflow file.
 pub static WORKFLOW: TableSpec = TableSpec {
@@ -503,7 +542,7 @@ pub static STAGE: TableSpec = TableSpec {
         ),
         k(
             "labels",
-            &["agent", "command", "check"],
+            CALLS_STAGES,
             Ty::List(&Ty::Label),
             "Labels a worker must have to carry out the stage's work, in a run on workers (`ralph-flow worker --labels`): an agent's CLI, a toolchain, a GPU. Elsewhere they are not used.",
         ),
@@ -524,7 +563,7 @@ pub static STAGE: TableSpec = TableSpec {
         ),
         k(
             "then",
-            &["agent", "command", "check"],
+            CALLS_STAGES,
             Ty::Action,
             "The action taken when the stage completes and no route case took one: `exit:NAME`, `fail`, `continue` or `break` (a stage run when a loop or gate gives up says so how the run goes on).",
         ),
@@ -566,19 +605,19 @@ pub static STAGE: TableSpec = TableSpec {
         ),
         k(
             "agent",
-            &["agent"],
+            AGENT_STAGES,
             Ty::Template,
             "The agent to run; may be a template over params that names an agent.",
         ),
         k(
             "prompt",
-            &["agent"],
+            AGENT_STAGES,
             Ty::Template,
             "The prompt, written inline.",
         ),
         k(
             "prompt_file",
-            &["agent"],
+            AGENT_STAGES,
             Ty::Str,
             "The prompt, in a template file: looked up in the `prompt_path` directories, else relative to the workflow.",
         ),
@@ -603,122 +642,122 @@ pub static STAGE: TableSpec = TableSpec {
         ),
         k(
             "ok_codes",
-            &["command"],
+            COMMAND_STAGES,
             Ty::List(&Ty::Int),
             "Exit codes that count as success (default [0]).",
         ),
         k(
             "pass_codes",
-            &["check"],
+            CHECK_STAGES,
             Ty::List(&Ty::Int),
             "Exit codes that pass the check (default [0]).",
         ),
         k(
             "expect",
-            &["check"],
+            CHECK_STAGES,
             Ty::Expr,
             "A condition over outputs (and this command's `output`) that must hold.",
         ),
         k(
             "message",
-            &["gate"],
+            GATE_STAGES,
             Ty::Template,
             "What the person approving is shown.",
         ),
         k(
             "show",
-            &["gate"],
+            GATE_STAGES,
             Ty::List(&Ty::Template),
             "Files to show with the message.",
         ),
         k(
             "on_timeout",
-            &["gate"],
+            GATE_STAGES,
             Ty::Action,
             "The action when nobody answers in time: approve, reject, fail or exit:NAME, or a stage beside the gate to run instead.",
         ),
         k(
             "on_reject",
-            &["gate"],
+            GATE_STAGES,
             Ty::Action,
             "The action on reject (default: `continue` inside a loop, `fail` outside).",
         ),
         k(
             "workflow",
-            &["subflow"],
+            SUBFLOW_STAGES,
             Ty::Str,
             "The workflow file to run, relative to this file.",
         ),
         k(
             "params",
-            &["subflow"],
+            SUBFLOW_STAGES,
             Ty::Map(&Ty::Template),
             "Params for the subflow.",
         ),
         k(
             "max_iterations",
-            &["loop"],
+            LOOP_STAGES,
             Ty::Count,
             "The most iterations; required.",
         ),
         k(
             "until",
-            &["loop"],
+            LOOP_STAGES,
             Ty::Expr,
             "The loop ends after an iteration where this holds.",
         ),
         k(
             "on_exhausted",
-            &["loop"],
+            LOOP_STAGES,
             Ty::Action,
             "The action when the iterations run out (default `fail`), or a stage beside the loop to run instead (see Loops).",
         ),
         k(
             "stuck",
-            &["loop"],
+            LOOP_STAGES,
             Ty::Table(&STUCK),
             "Stuck detection over iterations.",
         ),
         k(
             "escalation",
-            &["loop"],
+            LOOP_STAGES,
             Ty::Tables(&ESCALATION, "escalation"),
             "Rules that run extra stages when they hold.",
         ),
-        k("over", &["for_each"], Ty::Expr, "The list to fan out over."),
+        k("over", FOR_EACH_STAGES, Ty::Expr, "The list to fan out over."),
         k(
             "as",
-            &["for_each"],
+            FOR_EACH_STAGES,
             Ty::Str,
             "The name of the item variable (default `item`).",
         ),
         k(
             "key",
-            &["for_each"],
+            FOR_EACH_STAGES,
             Ty::Expr,
             "A stable id for each item (default: its index).",
         ),
         k(
             "max_concurrency",
-            &["for_each", "group"],
+            FANS_IN_STAGES,
             Ty::Count,
             "The most items or members that run at once.",
         ),
         k(
             "aggregate",
-            &["for_each", "group"],
+            FANS_IN_STAGES,
             Ty::Table(&AGGREGATE),
             "How results fan in.",
         ),
         k(
             "result",
-            &["for_each", "group"],
+            FANS_IN_STAGES,
             Ty::Str,
             "The body stage whose output is the result of an item (default: the body's last stage).",
         ),
         k(
             "worktree",
-            &["loop", "for_each"],
+            ITERATES_STAGES,
             Ty::Table(&WORKTREE),
             "Run the body in its own git worktree.",
         ),

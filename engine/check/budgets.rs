@@ -70,7 +70,7 @@ pub(super) fn check(c: &Checked<'_>, diags: &mut Diagnostics) {
             continue;
         };
         // A stage's budget counts its own calls; a loop's, those of every stage in it.
-        let (whose, covered) = match stage.kind.value {
+        let (whose, covered) = match stage.kind().value {
             StageKind::Agent => (format!("stage `{}`'s", stage.id.value), vec![id]),
             StageKind::Loop => (format!("loop `{}`'s", stage.id.value), below(c, id)),
             _ => continue,

@@ -60,7 +60,7 @@ pub fn check(c: &Checked<'_>, diags: &mut Diagnostics) {
     regions.extend(
         (0..c.stages.len())
             .map(StageId)
-            .filter(|id| c.info(*id).stage.kind.value.is_region())
+            .filter(|id| c.info(*id).stage.kind().value.is_region())
             .map(Some),
     );
     for region in regions {
@@ -92,7 +92,7 @@ pub fn check(c: &Checked<'_>, diags: &mut Diagnostics) {
             )
             .label("part of the cycle");
             d = match region.map(|r| c.info(r).stage) {
-                Some(r) if r.kind.value == crate::model::StageKind::Loop => d.help(format!(
+                Some(r) if r.kind().value == crate::model::StageKind::Loop => d.help(format!(
                     "the body of loop `{}` runs once per iteration and must itself be acyclic: remove the edge that goes back; the loop already repeats the body (read the previous iteration with `stages.NAME.last`)",
                     r.id.value
                 )),

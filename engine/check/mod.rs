@@ -122,7 +122,7 @@ impl<'w> Checked<'w> {
     pub fn enclosing_loop(&self, id: StageId) -> Option<StageId> {
         self.ancestors(id)
             .into_iter()
-            .find(|a| self.stages[a.0].stage.kind.value == StageKind::Loop)
+            .find(|a| self.stages[a.0].stage.kind().value == StageKind::Loop)
     }
 
     /// Looks a stage up by id.

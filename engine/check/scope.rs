@@ -39,7 +39,7 @@ pub fn is_upstream(c: &Checked<'_>, site: Site, target: StageId) -> bool {
     let mut up = c.info(target).parent;
     while let Some(r) = up {
         if !matches!(
-            c.info(r).stage.kind.value,
+            c.info(r).stage.kind().value,
             StageKind::Loop | StageKind::Group
         ) {
             break;
@@ -258,11 +258,11 @@ pub fn share_loop(c: &Checked<'_>, a: StageId, b: StageId) -> bool {
     let la: Vec<StageId> = c
         .ancestors(a)
         .into_iter()
-        .filter(|x| c.info(*x).stage.kind.value == StageKind::Loop)
+        .filter(|x| c.info(*x).stage.kind().value == StageKind::Loop)
         .collect();
     let lb = c.ancestors(b);
     la.iter().any(|l| lb.contains(l))
-        || (c.info(a).stage.kind.value == StageKind::Loop && lb.contains(&a))
+        || (c.info(a).stage.kind().value == StageKind::Loop && lb.contains(&a))
 }
 
 /// Tells whether a stage may have been skipped when a site reads it: it may be skipped for a
@@ -457,7 +457,7 @@ mod tests {
     fn add_with_body(c: &Checked<'_>, id: StageId, out: &mut BTreeSet<StageId>) {
         out.insert(id);
         if matches!(
-            c.info(id).stage.kind.value,
+            c.info(id).stage.kind().value,
             StageKind::Loop | StageKind::Group
         ) {
             for child in &c.info(id).children {
@@ -609,7 +609,7 @@ mod tests {
                 );
             }
             let mut sites = vec![Site::Stage(s), Site::Region(s)];
-            if c.info(s).stage.kind.value == StageKind::Loop {
+            if c.info(s).stage.kind().value == StageKind::Loop {
                 sites.push(Site::BodyEnd(s));
             }
             for site in sites {

@@ -491,7 +491,7 @@ fn literal(v: &serde_json::Value) -> String {
 fn stage_list(wf: &Workflow) -> Vec<String> {
     fn walk(stages: &[ralph_flow::model::Stage], out: &mut Vec<String>) {
         for s in stages {
-            out.push(format!("{} ({})", s.id.value, s.kind.value.as_str()));
+            out.push(format!("{} ({})", s.id.value, s.kind().value.as_str()));
             walk(s.children(), out);
         }
     }

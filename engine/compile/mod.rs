@@ -443,7 +443,7 @@ pub fn compile_parts(checked: &Checked<'_>) -> PlanParts {
         };
         nodes.push(Node {
             name: s.id.value.clone(),
-            kind: s.kind.value,
+            kind: s.kind().value,
             parent: info.parent,
             needs: info.needs.clone(),
             body: None,
@@ -503,7 +503,7 @@ pub fn compile_parts(checked: &Checked<'_>) -> PlanParts {
     let mut by_name: Vec<NodeId> = (0..nodes.len()).map(NodeId).collect();
     by_name.sort_unstable_by(|a, b| nodes[a.0].name.cmp(&nodes[b.0].name));
     for i in 0..nodes.len() {
-        if checked.stages[i].stage.kind.value.is_region() {
+        if checked.stages[i].stage.kind().value.is_region() {
             nodes[i].body = Some(Box::new(body(checked, Some(StageId(i)), &nodes)));
         }
     }

@@ -66,7 +66,7 @@ pub(super) fn apply_override(
             .help("override only keys the stage's kind has"),
         );
     };
-    let kind = stage.kind.value.as_str();
+    let kind = stage.kind().value.as_str();
     match &mut stage.body {
         StageBody::Agent {
             agent,

@@ -497,7 +497,7 @@ fn stage(id: Text, t: &Table, span: Span) -> Option<Stage> {
     };
     Some(Stage::new(
         id,
-        Spanned::new(kind, kind_text.span),
+        kind_text.span,
         span,
         texts(t, "needs"),
         body,

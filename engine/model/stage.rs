@@ -4,63 +4,14 @@
 use super::{Action, Aggregate, Budget, Count, Dur, Escalation, OutputSpec, Stuck, Text, Worktree};
 use crate::source::{Span, Spanned};
 
-/// The kind of a stage.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StageKind {
-    Agent,
-    Command,
-    Gate,
-    Check,
-    Subflow,
-    Loop,
-    ForEach,
-    Group,
-}
-
-impl StageKind {
-    /// Parses the name written in files.
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "agent" => StageKind::Agent,
-            "command" => StageKind::Command,
-            "gate" => StageKind::Gate,
-            "check" => StageKind::Check,
-            "subflow" => StageKind::Subflow,
-            "loop" => StageKind::Loop,
-            "for_each" => StageKind::ForEach,
-            "group" => StageKind::Group,
-            _ => return None,
-        })
-    }
-
-    /// Returns the name as written in files.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StageKind::Agent => "agent",
-            StageKind::Command => "command",
-            StageKind::Gate => "gate",
-            StageKind::Check => "check",
-            StageKind::Subflow => "subflow",
-            StageKind::Loop => "loop",
-            StageKind::ForEach => "for_each",
-            StageKind::Group => "group",
-        }
-    }
-
-    /// Tells whether the kind has a body of stages.
-    pub fn is_region(self) -> bool {
-        matches!(
-            self,
-            StageKind::Loop | StageKind::ForEach | StageKind::Group
-        )
-    }
-}
+pub use crate::spec::StageKind;
 
 /// A step of the workflow.
 #[derive(Clone, Debug)]
 pub struct Stage {
     pub id: Text,
-    pub kind: Spanned<StageKind>,
+    /// Where `kind` is written: the kind itself is the body's ([`Stage::kind`]).
+    kind_span: Span,
     pub span: Span,
     pub needs: Vec<Text>,
     pub body: StageBody,
@@ -149,10 +100,11 @@ impl StageKeys {
 }
 
 impl Stage {
-    /// Makes a stage; `keys` are kept only when one is set.
+    /// Makes a stage; `keys` are kept only when one is set. `kind_span` is where its kind is
+    /// written (the body says which kind it is).
     pub fn new(
         id: Text,
-        kind: Spanned<StageKind>,
+        kind_span: Span,
         span: Span,
         needs: Vec<Text>,
         body: StageBody,
@@ -160,11 +112,19 @@ impl Stage {
     ) -> Stage {
         Stage {
             id,
-            kind,
+            kind_span,
             span,
             needs,
             body,
             keys: (!keys.is_empty()).then(|| Box::new(keys)),
+        }
+    }
+
+    /// The stage's kind (its body's), with where it is written.
+    pub fn kind(&self) -> Spanned<StageKind> {
+        Spanned {
+            value: self.body.kind(),
+            span: self.kind_span,
         }
     }
 
@@ -213,6 +173,22 @@ pub enum StageBody {
         result: Option<Text>,
         stages: Vec<Stage>,
     },
+}
+
+impl StageBody {
+    /// The kind of stage this body makes: one body per kind, so the two never disagree.
+    pub fn kind(&self) -> StageKind {
+        match self {
+            StageBody::Agent { .. } => StageKind::Agent,
+            StageBody::Command(_) => StageKind::Command,
+            StageBody::Check { .. } => StageKind::Check,
+            StageBody::Gate { .. } => StageKind::Gate,
+            StageBody::Subflow { .. } => StageKind::Subflow,
+            StageBody::Loop(_) => StageKind::Loop,
+            StageBody::ForEach(_) => StageKind::ForEach,
+            StageBody::Group { .. } => StageKind::Group,
+        }
+    }
 }
 
 /// The keys of a loop stage.

@@ -40,7 +40,7 @@ pub fn check(c: &mut Checked<'_>, loader: &mut Loader<'_>, diags: &mut Diagnosti
         let schema = match &s.keys().output {
             Some(o) => output_schema(c, s, o, loader, &mut seen, diags).map(Arc::new),
             None => {
-                let kind = s.kind.value;
+                let kind = s.kind().value;
                 match builtins.iter().find(|(k, _)| *k == kind) {
                     Some((_, b)) => b.clone(),
                     None => {

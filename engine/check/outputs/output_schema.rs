@@ -24,7 +24,7 @@ pub(super) fn output_schema(
     seen: &mut HashSet<(Span, String, String)>,
     diags: &mut Diagnostics,
 ) -> Option<Json> {
-    let kind = stage.kind.value;
+    let kind = stage.kind().value;
     let extract = o.extract.as_ref().map(|e| e.value);
     // Where the schema was written (its file's text), for the agents' dialects below.
     let mut file_text: Option<(crate::source::FileId, std::sync::Arc<str>, Span)> = None;

@@ -90,7 +90,7 @@ pub(super) fn check(c: &Checked<'_>, id: StageId, diags: &mut Diagnostics) {
         diags.push(
             Diagnostic::new(
                 Code::LoopNeverEndsEarly,
-                s.kind.span,
+                s.kind().span,
                 format!(
                     "loop `{}` can only end by running out of iterations",
                     s.id.value
@@ -106,7 +106,7 @@ pub(super) fn check(c: &Checked<'_>, id: StageId, diags: &mut Diagnostics) {
         diags.push(
             Diagnostic::new(
                 Code::MissingKey,
-                s.kind.span,
+                s.kind().span,
                 format!("loop `{}` has no stages", s.id.value),
             )
             .help("add stages to its body"),

@@ -59,7 +59,7 @@ pub(super) fn region_common(
         diags.push(
             Diagnostic::new(
                 Code::MissingKey,
-                s.kind.span,
+                s.kind().span,
                 format!("`{}` has no stages", s.id.value),
             )
             .help("add stages to its body"),

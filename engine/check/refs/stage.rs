@@ -34,10 +34,10 @@ pub(super) fn require(
         };
         let mut d = Diagnostic::new(
             code,
-            stage.kind.span,
+            stage.kind().span,
             format!(
                 "{} stage needs `{key}`",
-                crate::diag::article(stage.kind.value.as_str())
+                crate::diag::article(stage.kind().value.as_str())
             ),
         )
         .label(format!("stage `{}` has no `{key}`", stage.id.value));
@@ -174,7 +174,7 @@ pub(super) fn stage(c: &mut Checked<'_>, id: StageId, diags: &mut Diagnostics) {
                 diags.push(
                     Diagnostic::new(
                         Code::MissingKey,
-                        s.kind.span,
+                        s.kind().span,
                         "a check stage needs `argv`, `expect` or both",
                     )
                     .help_syntax(
@@ -203,7 +203,7 @@ pub(super) fn stage(c: &mut Checked<'_>, id: StageId, diags: &mut Diagnostics) {
                     _ => "`timeout` but no `on_timeout`",
                 };
                 diags.push(
-                    Diagnostic::new(Code::GateNoTimeout, s.kind.span, format!("gate `{}` has {what}: it may wait forever", s.id.value))
+                    Diagnostic::new(Code::GateNoTimeout, s.kind().span, format!("gate `{}` has {what}: it may wait forever", s.id.value))
                         .help_syntax(
                             "add timeout = \"24h\" and on_timeout = \"reject\" (or approve, fail, exit:NAME)",
                             "add timeout \"24h\" and on_timeout \"reject\" (or approve, fail, exit:NAME)",

@@ -52,7 +52,7 @@ pub(super) fn stage_ref(
     let in_foreach_body = |x: StageId| {
         c.ancestors(x)
             .into_iter()
-            .find(|a| c.info(*a).stage.kind.value == StageKind::ForEach)
+            .find(|a| c.info(*a).stage.kind().value == StageKind::ForEach)
             .filter(|f| {
                 !(c.ancestors(at).contains(f) || matches!(site, Site::BodyEnd(_)) && *f == at)
             })
@@ -111,7 +111,7 @@ pub(super) fn stage_ref(
             }
         }
         "settled"
-            if c.info(target).stage.kind.value != StageKind::ForEach
+            if c.info(target).stage.kind().value != StageKind::ForEach
                 || !c.ancestors(at).contains(&target) =>
         {
             diags.push(

@@ -130,7 +130,7 @@ pub(super) fn variable(
         let mut l: Vec<StageId> = c
             .ancestors(at)
             .into_iter()
-            .filter(|a| c.info(*a).stage.kind.value == StageKind::Loop)
+            .filter(|a| c.info(*a).stage.kind().value == StageKind::Loop)
             .collect();
         if matches!(site, Site::BodyEnd(_)) {
             l.insert(0, at);
