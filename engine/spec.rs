@@ -724,7 +724,12 @@ pub static STAGE: TableSpec = TableSpec {
             Ty::Tables(&ESCALATION, "escalation"),
             "Rules that run extra stages when they hold.",
         ),
-        k("over", FOR_EACH_STAGES, Ty::Expr, "The list to fan out over."),
+        k(
+            "over",
+            FOR_EACH_STAGES,
+            Ty::Expr,
+            "The list to fan out over.",
+        ),
         k(
             "as",
             FOR_EACH_STAGES,

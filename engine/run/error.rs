@@ -304,20 +304,7 @@ impl WorktreeError {
         match self {
             WorktreeError::Spawn(e) => Limit::of(e),
             WorktreeError::Io(f) => Limit::of(&f.source),
-            WorktreeError::Git { stderr, .. } => {
-                // The system's messages (strerror), the longer first: ENFILE's contains
-                // EMFILE's.
-                [
-                    ("Too many open files in system", Limit::SystemFiles),
-                    ("Too many open files", Limit::OpenFiles),
-                    ("No space left on device", Limit::DiskSpace),
-                    ("Disk quota exceeded", Limit::DiskQuota),
-                    ("File too large", Limit::FileSize),
-                ]
-                .into_iter()
-                .find(|(said, _)| stderr.contains(said))
-                .map(|(_, limit)| limit)
-            }
+            WorktreeError::Git { stderr, .. } => Limit::in_message(stderr),
             _ => None,
         }
     }

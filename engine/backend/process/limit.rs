@@ -45,6 +45,23 @@ impl Limit {
         })
     }
 
+    /// The limit a program's message names by the system's own words for it (`strerror`,
+    /// as git quotes it: `fatal: ...: No space left on device`), for a program that reports
+    /// an error in text only.
+    pub fn in_message(text: &str) -> Option<Limit> {
+        // The longer first: ENFILE's message contains EMFILE's.
+        [
+            ("Too many open files in system", Limit::SystemFiles),
+            ("Too many open files", Limit::OpenFiles),
+            ("No space left on device", Limit::DiskSpace),
+            ("Disk quota exceeded", Limit::DiskQuota),
+            ("File too large", Limit::FileSize),
+        ]
+        .into_iter()
+        .find(|(said, _)| text.contains(said))
+        .map(|(_, limit)| limit)
+    }
+
     /// The limit the first I/O error of an error's chain (the error and its sources) says
     /// was reached, if one does.
     pub fn in_chain(e: &(dyn std::error::Error + 'static)) -> Option<Limit> {
@@ -235,6 +252,26 @@ pub fn file_size_exceeded() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_message_names_a_limit_in_the_systems_own_words() {
+        // The words are the C library's (`strerror`, which std's I/O errors quote; nix's
+        // `Errno::desc` has a table of its own), so a program quoting them is read.
+        for (errno, limit) in [
+            (Errno::ENFILE, Limit::SystemFiles),
+            (Errno::EMFILE, Limit::OpenFiles),
+            (Errno::ENOSPC, Limit::DiskSpace),
+            (Errno::EDQUOT, Limit::DiskQuota),
+            (Errno::EFBIG, Limit::FileSize),
+        ] {
+            let said = format!(
+                "fatal: cannot write 'x': {}",
+                io::Error::from_raw_os_error(errno as i32)
+            );
+            assert_eq!(Limit::in_message(&said), Some(limit), "{said}");
+        }
+        assert_eq!(Limit::in_message("fatal: not a git repository"), None);
+    }
 
     #[test]
     fn the_limits_are_told_from_other_errors() {
