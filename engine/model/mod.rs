@@ -21,7 +21,7 @@ pub use agent::{
 pub use output::{ExtractMode, Marker, OutputSpec, SchemaRef, walk_schema};
 pub use regions::{Aggregate, AggregateMode, Cleanup, Escalation, Stuck, Worktree};
 pub use stage::{
-    CommandSpec, ForEachBody, LoopBody, Route, Stage, StageBody, StageKeys, StageKind,
+    BodyText, CommandSpec, ForEachBody, LoopBody, Route, Stage, StageBody, StageKeys, StageKind,
 };
 pub use values::{Action, Count, Dur, MAX_DURATION, RESERVED, is_ident, parse_duration};
 

@@ -175,7 +175,76 @@ pub enum StageBody {
     },
 }
 
+/// A text of a stage's own body, as the checker reads it (see [`StageBody::texts`]).
+#[derive(Clone, Copy, Debug)]
+pub enum BodyText<'a> {
+    /// A template rendered when the stage starts: it sees what the stage needs.
+    Template(&'a Text),
+    /// An argv item: a template whose value reaches the program as arguments (the only
+    /// place `spread` may stand).
+    Argv(&'a Text),
+    /// An expression evaluated once the stage ran, over its own output too.
+    Verdict(&'a Text),
+    /// An agent's name: a template over params only, each choice of which must name an
+    /// agent.
+    AgentName(&'a Text),
+}
+
 impl StageBody {
+    /// The texts of a stage's own body that are templates or expressions, each with how it
+    /// is read: what the checker checks, for every kind but the regions (a region's texts
+    /// are read at places in its body, which the checker knows). A new kind lists its texts
+    /// here, and the checker needs no change.
+    pub fn texts(&self) -> Vec<BodyText<'_>> {
+        let mut out = Vec::new();
+        match self {
+            StageBody::Agent { agent, prompt, .. } => {
+                out.extend(
+                    agent
+                        .iter()
+                        .filter(|a| a.value.contains("{{"))
+                        .map(BodyText::AgentName),
+                );
+                out.extend(prompt.iter().map(BodyText::Template));
+            }
+            StageBody::Command(cmd)
+            | StageBody::Check {
+                command: Some(cmd), ..
+            } => {
+                out.extend(cmd.argv.iter().map(BodyText::Argv));
+                out.extend(
+                    cmd.cwd
+                        .iter()
+                        .chain(&cmd.stdin)
+                        .chain(cmd.env.iter().map(|(_, v)| v))
+                        .map(BodyText::Template),
+                );
+            }
+            _ => {}
+        }
+        match self {
+            StageBody::Check {
+                expect: Some(x), ..
+            } => out.push(BodyText::Verdict(x)),
+            StageBody::Gate { message, show, .. } => {
+                out.extend(message.iter().chain(show).map(BodyText::Template));
+            }
+            StageBody::Subflow { params, .. } => {
+                out.extend(params.iter().map(|(_, v)| BodyText::Template(v)));
+            }
+            _ => {}
+        }
+        out
+    }
+
+    /// The prompt file an agent stage names, read and checked whole.
+    pub fn prompt_file(&self) -> Option<&Text> {
+        match self {
+            StageBody::Agent { prompt_file, .. } => prompt_file.as_ref(),
+            _ => None,
+        }
+    }
+
     /// The kind of stage this body makes: one body per kind, so the two never disagree.
     pub fn kind(&self) -> StageKind {
         match self {

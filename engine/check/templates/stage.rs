@@ -11,7 +11,7 @@ use crate::check::{Checked, StageId};
 use crate::diag::{Code, Diagnostic, Diagnostics};
 use crate::fs::base_dir;
 use crate::load::Loader;
-use crate::model::StageBody;
+use crate::model::{BodyText, StageBody};
 use crate::source::{Span, Spanned};
 
 pub(super) fn stage(
@@ -52,58 +52,23 @@ pub(super) fn stage(
             t(c, f, own, diags);
         }
     }
-    let mut prompt_file = None;
-    match &s.body {
-        StageBody::Agent {
-            agent,
-            prompt,
-            prompt_file: file,
-        } => {
-            if let Some(a) = agent {
-                if a.value.contains("{{") {
-                    t(c, a, Scope::Params, diags);
-                    agent_choices(c, a, diags);
-                }
-            }
-            if let Some(p) = prompt {
-                t(c, p, here, diags);
-            }
-            prompt_file = file.clone();
-        }
-        StageBody::Command(cmd)
-        | StageBody::Check {
-            command: Some(cmd), ..
-        } => {
-            for a in &cmd.argv {
+    for text in s.body.texts() {
+        match text {
+            BodyText::Template(x) => t(c, x, here, diags),
+            BodyText::Argv(x) => {
                 ARGV_ITEM.with(|f| f.set(true));
-                t(c, a, here, diags);
+                t(c, x, here, diags);
                 ARGV_ITEM.with(|f| f.set(false));
             }
-            for a in cmd
-                .cwd
-                .iter()
-                .chain(&cmd.stdin)
-                .chain(cmd.env.iter().map(|(_, v)| v))
-            {
-                t(c, a, here, diags);
+            BodyText::Verdict(x) => e(c, x, own, diags),
+            BodyText::AgentName(x) => {
+                t(c, x, Scope::Params, diags);
+                agent_choices(c, x, diags);
             }
         }
-        _ => {}
     }
+    let prompt_file = s.body.prompt_file().cloned();
     match &s.body {
-        StageBody::Check {
-            expect: Some(x), ..
-        } => e(c, x, own, diags),
-        StageBody::Gate { message, show, .. } => {
-            for m in message.iter().chain(show) {
-                t(c, m, here, diags);
-            }
-        }
-        StageBody::Subflow { params, .. } => {
-            for (_, v) in params {
-                t(c, v, here, diags);
-            }
-        }
         StageBody::Loop(l) => {
             let crate::model::LoopBody {
                 until,
