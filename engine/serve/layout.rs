@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde::Serialize;
 
 use super::view::NodeLive;
@@ -361,20 +362,27 @@ fn fit_width(s: &str, w: i32) -> String {
     }
 }
 
-/// Percent-encodes a URL path segment or query value (everything but `A-Za-z0-9-._~`).
+/// What [`url_part`] leaves as it is: RFC 3986's unreserved characters (section 2.3),
+/// `A-Za-z0-9-._~`; everything else, each byte of a non-ASCII character too, is
+/// percent-encoded.
+const URL_PART: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// Percent-encodes a URL path segment or query value (everything but `A-Za-z0-9-._~`, as
+/// upper-case `%XX` of the UTF-8 bytes).
 pub fn url_part(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(char::from(b));
-        } else {
-            let _ = write!(out, "%{b:02X}");
-        }
-    }
-    out
+    utf8_percent_encode(s, URL_PART).to_string()
 }
 
-/// Escapes text for SVG (XML).
+/// Escapes text for SVG (XML 1.0), in an element's text or a quoted attribute's value:
+/// `&`, `<`, `>`, `"` and `'` as references; tab, line feed and carriage return as
+/// character references, which an attribute's value keeps (XML 1.0 section 3.3.3 turns
+/// them into spaces) and a parser's line-end handling leaves alone; and a character XML 1.0
+/// cannot carry even as a reference (the other C0 controls, U+FFFE, U+FFFF; section 2.2,
+/// `Char`) as U+FFFD.
 pub fn xml(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
@@ -384,6 +392,10 @@ pub fn xml(s: &str) -> String {
             '>' => out.push_str("&gt;"),
             '"' => out.push_str("&quot;"),
             '\'' => out.push_str("&#39;"),
+            '\t' => out.push_str("&#9;"),
+            '\n' => out.push_str("&#10;"),
+            '\r' => out.push_str("&#13;"),
+            '\0'..='\u{1f}' | '\u{fffe}' | '\u{ffff}' => out.push('\u{fffd}'),
             c => out.push(c),
         }
     }
@@ -580,15 +592,44 @@ mod tests {
     }
 
     #[test]
-    fn paths_move_as_a_whole_and_text_is_escaped() {
+    fn paths_move_as_a_whole() {
         assert_eq!(
             shift_path(&curve(0, 0, 10, 100), 5, 7),
             "M 5 7 C 5 57 15 57 15 107"
         );
+    }
+
+    #[test]
+    fn text_is_escaped_for_xml_text_and_attributes() {
         assert_eq!(
             xml("<a href='x'>&\""),
             "&lt;a href=&#39;x&#39;&gt;&amp;&quot;"
         );
+        assert_eq!(xml("]]>"), "]]&gt;");
+        // What an attribute's value would turn into spaces, or a parser's line-end handling
+        // into LF, stays what it was.
+        assert_eq!(xml("a\tb\nc\r\nd"), "a&#9;b&#10;c&#13;&#10;d");
+        // XML 1.0 cannot carry these at all, not even as references.
+        assert_eq!(
+            xml("\0\u{1}\u{8}\u{b}\u{c}\u{e}\u{1b}[1m\u{1f}\u{fffe}\u{ffff}"),
+            "\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}[1m\u{fffd}\u{fffd}\u{fffd}"
+        );
+        // Everything else XML 1.0 allows is kept as it is.
+        let kept = " ~\u{7f}\u{85}\u{a0}é\u{d7ff}\u{e000}\u{fffd}\u{10000}\u{10ffff}";
+        assert_eq!(xml(kept), kept);
+    }
+
+    #[test]
+    fn url_parts_keep_only_the_unreserved_characters() {
         assert_eq!(url_part("a b/c#1?é"), "a%20b%2Fc%231%3F%C3%A9");
+        let unreserved = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~";
+        assert_eq!(url_part(unreserved), unreserved);
+        // Every other ASCII character, reserved or not, is `%XX` in upper case.
+        for b in (0u8..0x80).filter(|b| !unreserved.as_bytes().contains(b)) {
+            let c = char::from(b).to_string();
+            assert_eq!(url_part(&c), format!("%{b:02X}"), "{c:?}");
+        }
+        assert_eq!(url_part("\u{7f}\u{10ffff}"), "%7F%F4%8F%BF%BF");
+        assert_eq!(url_part(""), "");
     }
 }

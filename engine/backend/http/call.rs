@@ -166,6 +166,9 @@ impl HttpBackend {
         tracing::debug!(url = %self.url, %status, "response headers");
         let retry_after = retry_after(response.headers(), SystemTime::now());
         let mut received = Vec::new();
+        // The body is kept whole for the artifact and for a server that does not stream;
+        // an event stream is read as it arrives.
+        let mut stream = sse::StreamReader::new(self.api);
         while let Some(chunk) = limits
             .bound(response.chunk(), &received)
             .await?
@@ -179,6 +182,7 @@ impl HttpBackend {
             })?
         {
             received.extend_from_slice(&chunk);
+            stream.feed(&chunk);
             if received.len() > MAX_RESPONSE_BYTES {
                 return Err(CallError::Failed {
                     message: format!(
@@ -207,7 +211,7 @@ impl HttpBackend {
             }
             return Err(self.status_error(status, retry_after, &raw, key));
         }
-        self.reply(raw, req.model).map(Sent::Reply)
+        self.reply(raw, stream, req.model).map(Sent::Reply)
     }
 
     /// Builds the request with its headers. The key's header value is marked sensitive so
@@ -242,10 +246,16 @@ impl HttpBackend {
         Ok(request)
     }
 
-    /// Reads the reply out of a successful response (an event stream, or one JSON body from
-    /// a server that does not stream); a body that is not what the API sends, or a stream
-    /// that ends before the answer does, is transient (a proxy's page, a dropped stream).
-    fn reply(&self, raw: String, model: &str) -> Result<AgentReply, CallError> {
+    /// Reads the reply out of a successful response (an event stream, read into `stream` as
+    /// it arrived, or one JSON body from a server that does not stream); a body that is not
+    /// what the API sends, or a stream that ends before the answer does, is transient (a
+    /// proxy's page, a dropped stream).
+    fn reply(
+        &self,
+        raw: String,
+        stream: sse::StreamReader,
+        model: &str,
+    ) -> Result<AgentReply, CallError> {
         let unreadable = |why: &str| CallError::Transient {
             message: format!("the response from {} {why}: {}", self.url, excerpt(&raw)),
             retry_after: None,
@@ -268,10 +278,10 @@ impl HttpBackend {
             Err(e) if e.is_data() => return Err(unreadable("has no text where the API puts it")),
             Err(_) => {}
         }
-        if !raw.trim_start().starts_with("data:") && !raw.trim_start().starts_with("event:") {
+        if !sse::looks_like_stream(&raw) {
             return Err(unreadable("is neither JSON nor an event stream"));
         }
-        let streamed = sse::read_stream(self.api, &raw).map_err(|e| CallError::Transient {
+        let streamed = stream.finish().map_err(|e| CallError::Transient {
             message: format!("the stream from {} reported an error: {e}", self.url),
             retry_after: None,
         })?;
