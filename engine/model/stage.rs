@@ -2,6 +2,8 @@
 //! commands and routes.
 
 use super::{Action, Aggregate, Budget, Count, Dur, Escalation, OutputSpec, Stuck, Text, Worktree};
+use serde_json::json;
+
 use crate::source::{Span, Spanned};
 
 pub use crate::spec::StageKind;
@@ -392,6 +394,40 @@ pub struct Route {
     pub cases: Vec<(Text, Spanned<Action>)>,
     pub default: Option<Spanned<Action>>,
     pub span: Span,
+}
+
+impl StageKind {
+    /// The schema of what a stage of this kind produces without an `output` of its own:
+    /// what templates may read of it (`stages.NAME.output.FIELD`), checked statically.
+    pub fn output_schema(self) -> serde_json::Value {
+        match self {
+            StageKind::Agent => {
+                json!({"type": "object", "properties": {"text": {"type": "string"}}})
+            }
+            StageKind::Command => json!({"type": "object", "properties": {
+                "exit_code": {"type": "integer"}, "stdout": {"type": "string"}, "stderr": {"type": "string"}
+            }}),
+            StageKind::Check => json!({"type": "object", "properties": {
+                "passed": {"type": "boolean"}, "exit_code": {"type": "integer"},
+                "stdout": {"type": "string"}, "stderr": {"type": "string"}
+            }}),
+            StageKind::Gate => json!({"type": "object", "properties": {
+                "approved": {"type": "boolean"}, "comment": {"type": "string"}, "by": {"type": "string"}, "at": {"type": "string"}
+            }}),
+            StageKind::Subflow => json!({"type": "object", "properties": {
+                "exit": {"type": "string"}, "code": {"type": "integer"}, "outputs": {"type": "object"}
+            }}),
+            StageKind::Loop => json!({"type": "object", "properties": {
+                "iterations": {"type": "integer"}, "outcome": {"type": "string"},
+                "history": {"type": "array", "items": {"type": "object", "properties": {
+                    "iteration": {"type": "integer"}, "feedback": {"type": "string"}, "outputs": {"type": "object"}
+                }}}
+            }}),
+            StageKind::ForEach | StageKind::Group => json!({"type": "object", "properties": {
+                "results": {"type": "array"}, "value": {}
+            }}),
+        }
+    }
 }
 
 #[cfg(test)]
