@@ -297,8 +297,8 @@ impl StageError {
 impl WorktreeError {
     /// The limit of the machine that git, or a file of the worktree, met: from the errno
     /// where there is one, else from git's own words, which quote the system's message
-    /// (`fatal: ...: No space left on device`). A write beyond the file size limit that git
-    /// reports without the system's message ("unable to write file") is not recognized.
+    /// (`fatal: ...: No space left on device`), or the death of its child by SIGXFSZ (a
+    /// write beyond the file size limit: "error: reset died of signal 25").
     pub fn limit(&self) -> Option<crate::backend::process::Limit> {
         use crate::backend::process::Limit;
         match self {

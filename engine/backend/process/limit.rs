@@ -60,6 +60,15 @@ impl Limit {
         .into_iter()
         .find(|(said, _)| text.contains(said))
         .map(|(_, limit)| limit)
+        .or_else(|| {
+            // A write beyond `ulimit -f` kills the writer with SIGXFSZ before any message:
+            // git says so of its child ("error: reset died of signal 25").
+            let signal = format!(
+                "died of signal {}",
+                nix::sys::signal::Signal::SIGXFSZ as i32
+            );
+            text.contains(&signal).then_some(Limit::FileSize)
+        })
     }
 
     /// The limit the first I/O error of an error's chain (the error and its sources) says
@@ -271,6 +280,26 @@ mod tests {
             assert_eq!(Limit::in_message(&said), Some(limit), "{said}");
         }
         assert_eq!(Limit::in_message("fatal: not a git repository"), None);
+        assert_eq!(Limit::in_message("error: reset died of signal 9"), None);
+    }
+
+    /// git under `ulimit -f`, as a worktree is made: its child dies of SIGXFSZ, and git says
+    /// so in words of its own, which name no errno.
+    #[test]
+    fn git_beyond_the_file_size_limit_is_that_limit() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let script = "set -e; git init -q r; cd r; head -c 200000 /dev/zero > big; git add big; \
+                      git -c user.email=a@b -c user.name=a commit -qm x; \
+                      ulimit -f 50; git worktree add ../w 2>&1 || true";
+        let out = std::process::Command::new("sh")
+            .args(["-c", script])
+            .current_dir(dir.path())
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("HOME", dir.path())
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(Limit::in_message(&said), Some(Limit::FileSize), "{said}");
     }
 
     #[test]
