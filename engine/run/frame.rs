@@ -412,7 +412,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let reader = Arc::new(super::super::memory::OutputReader::new(
             Arc::new(Mutex::new(super::super::memory::MemoryStore::later(
-                crate::store::Location::Sqlite(dir.path().to_path_buf()),
+                crate::store::Location::StateDir(dir.path().to_path_buf()),
             ))),
             "r".into(),
         ));
