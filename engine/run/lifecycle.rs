@@ -173,7 +173,7 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
     };
     let cancelled: RefCell<Option<crate::store::Cancellation>> = RefCell::new(None);
     let end = drive(&exec, &top, side, &taken.owner, &cancelled).await;
-    let end = settle(&exec, end, cancelled.into_inner()).await?;
+    let end = settle(&exec, end, cancelled.into_inner())?;
     if let Some(path) = &run_worktree {
         exec.leave_run_worktree(path, &end).await;
     }
@@ -708,7 +708,7 @@ async fn drive(
 
 /// How the run ended, once every record and artifact of its body is written: halted by the
 /// store, cancelled, interrupted, or by its body's end.
-async fn settle(
+fn settle(
     exec: &Exec<'_>,
     end: BodyEnd,
     cancelled: Option<crate::store::Cancellation>,

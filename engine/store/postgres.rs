@@ -1346,18 +1346,6 @@ impl Store for PgStore {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn urls_are_shown_without_their_password() {
-        let s = shown("postgres://ana:s3cret-pw@db.example:6543/runs");
-        assert_eq!(s, "postgres://ana@db.example:6543/runs");
-        assert!(!shown("host=/tmp user=x password=hunter22 dbname=d").contains("hunter22"));
-    }
-}
-
 impl SharedStore for PgStore {
     fn handle(&self) -> Box<dyn SharedStore> {
         Box::new(self.share())
@@ -1377,5 +1365,17 @@ impl SharedStore for PgStore {
 
     fn into_store(self: Box<Self>) -> Box<dyn Store + Send> {
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_shown_without_their_password() {
+        let s = shown("postgres://ana:s3cret-pw@db.example:6543/runs");
+        assert_eq!(s, "postgres://ana@db.example:6543/runs");
+        assert!(!shown("host=/tmp user=x password=hunter22 dbname=d").contains("hunter22"));
     }
 }
