@@ -61,7 +61,7 @@ fn main() {
         let prepared = prepare(&dir.path().join(file), &[])
             .unwrap_or_else(|e| panic!("the bench's workflow: {}", e.render()));
         let mut opts = RunOptions::new(dir.path().to_path_buf());
-        opts.store = Some(url.clone());
+        opts.store = Some(ralph_flow::store::Location::Url(url.clone()));
         enqueue(&prepared, &opts, &[]).expect("enqueue")
     };
     // Polls the runs' status every `every` until all are finished.

@@ -304,3 +304,73 @@ fn a_forbidden_import_is_caught() {
     assert!(found[2].contains("x.rs:2: `super::super::` climbs two modules up"));
     assert!(found[3].contains("x.rs:3: `run` uses `check`"));
 }
+
+/// What names a concrete store. Only `store/` may: the executor and the monitor reach a store
+/// through `store::Location` and the traits of `store::shared`, so that a new store is
+/// `store/` plus one registration.
+const CONCRETE_STORES: &[&str] = &["PgStore", "SqliteStore", "store::postgres", "store::sqlite"];
+
+/// Every line under `engine/run/` and `engine/serve/` (comments and tests too, read as text)
+/// that names a concrete store.
+fn concrete_store_names(engine: &Path) -> Vec<String> {
+    let mut found = Vec::new();
+    for dir in ["run", "serve"] {
+        let mut files = Vec::new();
+        if engine.join(dir).is_dir() {
+            rust_files(&engine.join(dir), &mut files);
+        }
+        for file in files {
+            let text = std::fs::read_to_string(&file).expect("a source file is readable");
+            for (i, line) in text.lines().enumerate() {
+                for name in CONCRETE_STORES.iter().filter(|n| line.contains(*n)) {
+                    found.push(format!("{}:{}: names `{name}`", file.display(), i + 1));
+                }
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn run_and_serve_name_no_concrete_store() {
+    let engine = Path::new(env!("CARGO_MANIFEST_DIR")).join("engine");
+    let found = concrete_store_names(&engine);
+    assert!(
+        found.is_empty(),
+        "run/ and serve/ name a concrete store (go through store::Location and the traits of \
+         store::shared):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn a_concrete_store_named_in_run_or_serve_is_caught() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let engine = dir.path();
+    std::fs::create_dir_all(engine.join("run")).expect("mkdir");
+    std::fs::create_dir_all(engine.join("serve")).expect("mkdir");
+    std::fs::write(
+        engine.join("run/units.rs"),
+        "use crate::store::{SharedStore, UnitRequest};\nuse crate::store::postgres::PgStore;\n",
+    )
+    .expect("write");
+    std::fs::write(
+        engine.join("serve/mod.rs"),
+        "// opened as store::sqlite::Durability::Normal\n",
+    )
+    .expect("write");
+    let found = concrete_store_names(engine);
+    assert_eq!(found.len(), 3, "{found:#?}");
+    assert!(
+        found[0].contains("units.rs:2: names `PgStore`"),
+        "{found:#?}"
+    );
+    assert!(
+        found[1].contains("units.rs:2: names `store::postgres`"),
+        "{found:#?}"
+    );
+    assert!(
+        found[2].contains("mod.rs:1: names `store::sqlite`"),
+        "{found:#?}"
+    );
+}

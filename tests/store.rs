@@ -1483,7 +1483,7 @@ fn a_version_5_store_is_read_as_it_is_and_migrated_on_open() {
     check(&ro);
     drop(ro);
     assert_eq!(version(), 5, "reading changed nothing");
-    let located = ralph_flow::store::Location::Sqlite(dir.path().to_path_buf())
+    let located = ralph_flow::store::Location::StateDir(dir.path().to_path_buf())
         .open_to_read()
         .expect("open to read")
         .expect("a store");
@@ -1732,7 +1732,7 @@ fn postgres_fences_the_writes_of_a_coordinator_whose_lease_was_taken_over() {
 /// running run is claimed again; an answered gate queues a waiting run again.
 #[test]
 fn postgres_queue_claims_each_run_once_by_labels_and_leases() {
-    use ralph_flow::store::postgres::Accept;
+    use ralph_flow::store::{Accept, RunQueue};
     use std::sync::Arc;
     let Some(url) = pg::database() else {
         return;
@@ -1867,7 +1867,7 @@ fn postgres_queue_claims_each_run_once_by_labels_and_leases() {
 
 #[test]
 fn postgres_units_are_claimed_once_by_labels_adopted_by_key_and_fenced_by_lease() {
-    use ralph_flow::store::postgres::{AcceptUnit, UnitState};
+    use ralph_flow::store::{AcceptUnit, UnitQueue, UnitRequest, UnitState};
     use std::sync::Arc;
     let Some(url) = pg::database() else {
         return;
@@ -1876,17 +1876,17 @@ fn postgres_units_are_claimed_once_by_labels_adopted_by_key_and_fenced_by_lease(
     // Only the run's coordinator asks for units.
     let boss = leased("boss", 0, 600_000);
     assert!(matches!(
-        coord.dispatch(
-            "boss",
-            "r",
-            "a#1.1@h",
-            "a#",
-            "command",
-            &json!({}),
-            &[],
-            &json!({}),
-            None
-        ),
+        coord.dispatch(&UnitRequest {
+            coordinator: "boss",
+            run: "r",
+            key: "a#1.1@h",
+            stage_prefix: "a#",
+            kind: "command",
+            payload: &json!({}),
+            labels: &[],
+            place: &json!({}),
+            hold: None,
+        }),
         Err(ralph_flow::store::StoreError::LeaseLost { .. })
     ));
     coord.lock("r", &boss).expect("lock");
@@ -1896,47 +1896,47 @@ fn postgres_units_are_claimed_once_by_labels_adopted_by_key_and_fenced_by_lease(
         let labels: Vec<String> = if i == 7 { vec!["gpu".into()] } else { vec![] };
         let key = format!("items#{i}/work#1.1@h");
         let id = coord
-            .dispatch(
-                "boss",
-                "r",
-                &key,
-                &format!("items#{i}/work#"),
-                "command",
-                &json!({"i": i}),
-                &labels,
-                &here,
-                None,
-            )
+            .dispatch(&UnitRequest {
+                coordinator: "boss",
+                run: "r",
+                key: &key,
+                stage_prefix: &format!("items#{i}/work#"),
+                kind: "command",
+                payload: &json!({"i": i}),
+                labels: &labels,
+                place: &here,
+                hold: None,
+            })
             .expect("dispatch");
         // Asking again for the same thing adopts the unit.
         let again = coord
-            .dispatch(
-                "boss",
-                "r",
-                &key,
-                &format!("items#{i}/work#"),
-                "command",
-                &json!({"i": i}),
-                &labels,
-                &here,
-                None,
-            )
+            .dispatch(&UnitRequest {
+                coordinator: "boss",
+                run: "r",
+                key: &key,
+                stage_prefix: &format!("items#{i}/work#"),
+                kind: "command",
+                payload: &json!({"i": i}),
+                labels: &labels,
+                place: &here,
+                hold: None,
+            })
             .expect("dispatch");
         assert_eq!(id, again);
         ids.push(id);
     }
     let elsewhere = coord
-        .dispatch(
-            "boss",
-            "r",
-            "far/work#1.1@h",
-            "far/work#",
-            "command",
-            &json!({}),
-            &[],
-            &json!({"dir": "/not/here"}),
-            None,
-        )
+        .dispatch(&UnitRequest {
+            coordinator: "boss",
+            run: "r",
+            key: "far/work#1.1@h",
+            stage_prefix: "far/work#",
+            kind: "command",
+            payload: &json!({}),
+            labels: &[],
+            place: &json!({"dir": "/not/here"}),
+            hold: None,
+        })
         .expect("dispatch");
     let accept: AcceptUnit = Arc::new(|place: &serde_json::Value| place["dir"] == "/here");
     // Four workers claim at once, each until nothing is left: each unit once, none with a
@@ -2003,17 +2003,17 @@ fn postgres_units_are_claimed_once_by_labels_adopted_by_key_and_fenced_by_lease(
     // Asking for something else for the same stage cancels what is unfinished of it; its
     // holder learns it when it renews, and a handed-back unit is queued again.
     let other = coord
-        .dispatch(
-            "boss",
-            "r",
-            "items#0/work#2.1@h2",
-            "items#0/work#",
-            "command",
-            &json!({}),
-            &[],
-            &here,
-            None,
-        )
+        .dispatch(&UnitRequest {
+            coordinator: "boss",
+            run: "r",
+            key: "items#0/work#2.1@h2",
+            stage_prefix: "items#0/work#",
+            kind: "command",
+            payload: &json!({}),
+            labels: &[],
+            place: &here,
+            hold: None,
+        })
         .expect("dispatch");
     assert_ne!(other, ids[0]);
     let cancelled = coord.unit(ids[0]).expect("unit").expect("there");
@@ -2058,17 +2058,17 @@ fn postgres_units_are_claimed_once_by_labels_adopted_by_key_and_fenced_by_lease(
     let lands: Vec<i64> = (0..2)
         .map(|i| {
             coord
-                .dispatch(
-                    "boss",
-                    "r",
-                    &format!("t#{i}/land#1.1@h"),
-                    &format!("t#{i}/land#"),
-                    "command",
-                    &json!({}),
-                    &[],
-                    &json!({"dir": "/land"}),
-                    Some(("/merge_queue", 1)),
-                )
+                .dispatch(&UnitRequest {
+                    coordinator: "boss",
+                    run: "r",
+                    key: &format!("t#{i}/land#1.1@h"),
+                    stage_prefix: &format!("t#{i}/land#"),
+                    kind: "command",
+                    payload: &json!({}),
+                    labels: &[],
+                    place: &json!({"dir": "/land"}),
+                    hold: Some(("/merge_queue", 1)),
+                })
                 .expect("dispatch")
         })
         .collect();

@@ -32,8 +32,9 @@ pub struct Capabilities {
     pub usage: bool,
 }
 
-/// One call to an agent with a fresh context.
-#[derive(Clone, Debug)]
+/// One call to an agent with a fresh context. Serialized (without its directories, which
+/// are the machine's own) as a unit of work hands it to a worker (`run::units::AgentWork`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct AgentCall {
     /// The stage id (for logs and record/replay keys).
     pub stage: String,
@@ -48,15 +49,39 @@ pub struct AgentCall {
     /// Extra environment variables (CLI backends).
     pub env: Vec<(String, String)>,
     /// The working directory (the run's, or the frame's worktree).
+    #[serde(skip)]
     pub cwd: PathBuf,
     /// This attempt's artifact directory; it exists. Backends may write files there
     /// (`stdout`, `stderr`, `response.json`); the executor writes the prompt and output.
+    #[serde(skip)]
     pub dir: PathBuf,
+    #[serde(rename = "timeout_ms", with = "millis", default)]
     pub timeout: Option<Duration>,
+    #[serde(rename = "idle_ms", with = "millis", default)]
     pub idle_timeout: Option<Duration>,
     /// The output schema, for backends with native JSON-schema output.
     pub schema: Option<serde_json::Value>,
     pub max_tokens: Option<u64>,
+}
+
+/// An optional duration as whole milliseconds (`null` for none).
+mod millis {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => s.serialize_some(&u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Duration>, D::Error> {
+        Ok(Option::<u64>::deserialize(d)?.map(Duration::from_millis))
+    }
 }
 
 /// What an agent answered.

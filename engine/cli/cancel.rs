@@ -1,10 +1,7 @@
 //! `ralph-flow cancel`: cancels a queued, running, waiting or interrupted run.
 
-use std::path::PathBuf;
-
 use ralph_flow::diag::error_chain;
 use ralph_flow::run::cancel::{CancelError, cancel};
-use ralph_flow::store::Location;
 
 use super::run::{fail, say};
 
@@ -18,13 +15,8 @@ pub struct Args {
     /// Who cancels (default: $USER, else $LOGNAME, else the login name of the user).
     #[arg(long)]
     by: Option<String>,
-    /// The state directory.
-    #[arg(long, value_name = "DIR", default_value = ".ralph-flow")]
-    state_dir: PathBuf,
-    /// A PostgreSQL store (`postgres://...`) instead of the state directory's SQLite file
-    /// (also RALPH_FLOW_STORE).
-    #[arg(long, value_name = "URL")]
-    store: Option<String>,
+    #[command(flatten)]
+    store: super::store::StoreArgs,
 }
 
 /// `ralph-flow cancel`: a queued, waiting or interrupted run is cancelled at once; a running
@@ -32,7 +24,7 @@ pub struct Args {
 /// with exit code 125. Every failure is a configuration error (exit 3): no such run, a run
 /// that ended, a store that cannot be reached.
 pub fn run(args: &Args) -> i32 {
-    let location = match Location::new(args.store.as_deref(), &args.state_dir) {
+    let location = match args.store.location() {
         Ok(l) => l,
         Err(e) => return fail(&error_chain(&e)),
     };

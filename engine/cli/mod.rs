@@ -9,6 +9,7 @@ mod run;
 mod runs;
 mod schema;
 mod serve;
+mod store;
 mod sync;
 mod worker;
 

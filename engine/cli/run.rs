@@ -17,14 +17,12 @@ use super::EXIT_CONFIG;
 
 /// Options shared by `run` and `resume`.
 #[derive(clap::Args)]
+#[command(mut_arg("state_dir", |a| a.help(
+    "The state directory: the store and every attempt's artifacts"
+)))]
 pub struct ExecArgs {
-    /// The state directory: the store and every attempt's artifacts.
-    #[arg(long, value_name = "DIR", default_value = ".ralph-flow")]
-    state_dir: PathBuf,
-    /// A PostgreSQL store (`postgres://...`) instead of the state directory's SQLite file
-    /// (also RALPH_FLOW_STORE).
-    #[arg(long, value_name = "URL")]
-    store: Option<String>,
+    #[command(flatten)]
+    store: super::store::StoreArgs,
     /// The most stages running at once, whatever the workflow allows.
     #[arg(long, value_name = "N")]
     max_concurrency: Option<usize>,
@@ -132,27 +130,15 @@ pub struct AnswerArgs {
     /// Who answers (default: $USER, else $LOGNAME, else the login name of the user).
     #[arg(long)]
     by: Option<String>,
-    /// The state directory.
-    #[arg(long, value_name = "DIR", default_value = ".ralph-flow")]
-    state_dir: PathBuf,
-    /// A PostgreSQL store (`postgres://...`) instead of the state directory's SQLite file
-    /// (also RALPH_FLOW_STORE).
-    #[arg(long, value_name = "URL")]
-    store: Option<String>,
+    #[command(flatten)]
+    store: super::store::StoreArgs,
 }
 
 pub(super) fn options(a: &ExecArgs) -> Result<RunOptions, Failed> {
     let cwd = std::env::current_dir().map_err(Failed::NoCurrentDir)?;
     let mut o = RunOptions::new(cwd.clone());
-    o.state_dir = if a.state_dir.is_absolute() {
-        a.state_dir.clone()
-    } else {
-        cwd.join(&a.state_dir)
-    };
-    o.store = match Location::new(a.store.as_deref(), &o.state_dir)? {
-        Location::Postgres(url) => Some(url),
-        Location::Sqlite(_) => None,
-    };
+    o.state_dir = a.store.state_dir_in(&cwd);
+    o.store = Some(a.store.location_in(&cwd)?);
     o.max_concurrency = a.max_concurrency;
     o.wait = !a.no_wait;
     o.record = a.record.clone();
@@ -450,7 +436,7 @@ pub(super) fn open_store(location: &Location) -> Result<Box<dyn Store + Send>, F
     if !location.exists() {
         return Err(Failed::NoState(location.to_string()));
     }
-    Ok(location.open(ralph_flow::store::sqlite::Durability::Normal)?)
+    Ok(location.open(&ralph_flow::store::OpenOptions::default())?)
 }
 
 /// `ralph-flow resume`.
@@ -554,7 +540,7 @@ pub fn answer(args: &AnswerArgs, approved: bool) -> i32 {
     if !approved && args.comment.is_none() {
         return fail("a rejection needs --comment: it is the feedback of the next attempt");
     }
-    let location = match Location::new(args.store.as_deref(), &args.state_dir) {
+    let location = match args.store.location() {
         Ok(l) => l,
         Err(e) => return fail(&error_chain(&e)),
     };

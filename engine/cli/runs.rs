@@ -14,7 +14,7 @@ use ralph_flow::text::printable;
 use serde::Serialize;
 
 /// The state directory when `--state-dir` is not given.
-const DEFAULT_STATE_DIR: &str = ".ralph-flow";
+use super::store::DEFAULT_STATE_DIR;
 
 /// How many recent run ids an unknown-run error lists.
 const RECENT: usize = 5;
@@ -24,13 +24,8 @@ const EXIT_STORE: i32 = 1;
 
 #[derive(clap::Args)]
 pub struct RunsArgs {
-    /// The state directory.
-    #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
-    state_dir: PathBuf,
-    /// A PostgreSQL store (`postgres://...`) instead of the state directory's SQLite file
-    /// (also RALPH_FLOW_STORE).
-    #[arg(long, value_name = "URL")]
-    store: Option<String>,
+    #[command(flatten)]
+    store: super::store::StoreArgs,
     /// Print one JSON document.
     #[arg(long)]
     json: bool,
@@ -43,13 +38,8 @@ pub struct RunsArgs {
 pub struct StatusArgs {
     /// The run (default: the newest).
     run: Option<String>,
-    /// The state directory.
-    #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
-    state_dir: PathBuf,
-    /// A PostgreSQL store (`postgres://...`) instead of the state directory's SQLite file
-    /// (also RALPH_FLOW_STORE).
-    #[arg(long, value_name = "URL")]
-    store: Option<String>,
+    #[command(flatten)]
+    store: super::store::StoreArgs,
     /// Print one JSON document.
     #[arg(long)]
     json: bool,
@@ -62,13 +52,8 @@ pub struct LogsArgs {
     /// Show only this stage's events, and its attempts' artifact directories.
     #[arg(long, value_name = "STAGE")]
     stage: Option<String>,
-    /// The state directory.
-    #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
-    state_dir: PathBuf,
-    /// A PostgreSQL store (`postgres://...`) instead of the state directory's SQLite file
-    /// (also RALPH_FLOW_STORE).
-    #[arg(long, value_name = "URL")]
-    store: Option<String>,
+    #[command(flatten)]
+    store: super::store::StoreArgs,
     /// Print one JSON document.
     #[arg(long)]
     json: bool,
@@ -82,13 +67,8 @@ pub struct ExportArgs {
     /// agents wrote there).
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
-    /// The state directory.
-    #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
-    state_dir: PathBuf,
-    /// A PostgreSQL store (`postgres://...`) instead of the state directory's SQLite file
-    /// (also RALPH_FLOW_STORE).
-    #[arg(long, value_name = "URL")]
-    store: Option<String>,
+    #[command(flatten)]
+    store: super::store::StoreArgs,
 }
 
 /// `ralph-flow export`: a run's attempt records (prompts, answers, outputs, feedback) as
@@ -98,10 +78,7 @@ pub fn export(args: &ExportArgs) -> i32 {
 }
 
 fn write_export(args: &ExportArgs) -> Result<(), Failure> {
-    let (_, run) = open_run(
-        &location(&args.state_dir, args.store.as_deref())?,
-        Some(&args.run),
-    )?;
+    let (_, run) = open_run(&location(&args.store)?, Some(&args.run))?;
     let dir = PathBuf::from(&run.dir);
     let out = args.out.clone().unwrap_or_else(|| dir.clone());
     let n = ralph_flow::run::artifacts::export(&dir, &out)
@@ -154,8 +131,9 @@ fn open(location: &Location) -> Result<Option<Box<dyn Store + Send>>, Failure> {
     Ok(location.open_to_read()?)
 }
 
-fn location(state_dir: &Path, store: Option<&str>) -> Result<Location, Failure> {
-    Location::new(store, state_dir)
+fn location(store: &super::store::StoreArgs) -> Result<Location, Failure> {
+    store
+        .location()
         .map_err(|e| Failure(ralph_flow::diag::error_chain(&e), super::EXIT_CONFIG))
 }
 
@@ -239,7 +217,7 @@ impl<'a> RunView<'a> {
 }
 
 fn list(args: &RunsArgs) -> Result<(), Failure> {
-    let place = location(&args.state_dir, args.store.as_deref())?;
+    let place = location(&args.store)?;
     let store = open(&place)?;
     let runs = match &store {
         Some(store) => store.runs(args.limit)?,
@@ -323,10 +301,7 @@ impl Serialize for Total {
 }
 
 fn show_status(args: &StatusArgs) -> Result<(), Failure> {
-    let (store, run) = open_run(
-        &location(&args.state_dir, args.store.as_deref())?,
-        args.run.as_deref(),
-    )?;
+    let (store, run) = open_run(&location(&args.store)?, args.run.as_deref())?;
     let nodes = store.nodes(&run.id)?;
     let gates = store.pending_gates(&run.id)?;
     let lock = store.lock_holder(&run.id)?;
@@ -335,12 +310,12 @@ fn show_status(args: &StatusArgs) -> Result<(), Failure> {
         total.add(&node.usage);
     }
     let nodes = with_region_sums(nodes);
-    let state_flag = if args.state_dir == Path::new(DEFAULT_STATE_DIR) {
+    let state_flag = if args.store.state_dir == Path::new(DEFAULT_STATE_DIR) {
         String::new()
     } else {
         format!(
             " --state-dir {}",
-            ralph_flow::shell::quote(&args.state_dir.to_string_lossy())
+            ralph_flow::shell::quote(&args.store.state_dir.to_string_lossy())
         )
     };
     let gate_views: Vec<GateView<'_>> = gates
@@ -506,10 +481,7 @@ fn with_region_sums(mut nodes: Vec<NodeRecord>) -> Vec<NodeRecord> {
 }
 
 fn show_logs(args: &LogsArgs) -> Result<(), Failure> {
-    let (store, run) = open_run(
-        &location(&args.state_dir, args.store.as_deref())?,
-        Some(&args.run),
-    )?;
+    let (store, run) = open_run(&location(&args.store)?, Some(&args.run))?;
     let stage = args.stage.as_deref();
     let events = store.events(&run.id, stage)?;
     let attempts = match stage {

@@ -1,25 +1,20 @@
 //! `ralph-flow serve`: the live web monitor.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use ralph_flow::diag::error_chain;
 use ralph_flow::serve::{Options, serve};
 
 #[derive(clap::Args)]
+#[command(mut_arg("state_dir", |a| a.help("The state directory whose runs are shown")))]
 pub struct Args {
     /// Where to listen: an address or a host name and a port (`127.0.0.1:7700`,
     /// `localhost:7700`, `[::1]:7700`); a name listens on every address it resolves to.
     /// Loopback only, unless --allow-remote. Port 0 picks a free port.
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:7700")]
     addr: String,
-    /// The state directory whose runs are shown.
-    #[arg(long, value_name = "DIR", default_value = ".ralph-flow")]
-    state_dir: PathBuf,
-    /// A PostgreSQL store (`postgres://...`) instead of the state directory's SQLite file
-    /// (also RALPH_FLOW_STORE).
-    #[arg(long, value_name = "URL")]
-    store: Option<String>,
+    #[command(flatten)]
+    store: super::store::StoreArgs,
     /// Serve other machines too (an address that is not loopback). Needs an access token of
     /// your own in RALPH_FLOW_TOKEN: at least 16 letters, digits or `-._~`, not one character
     /// repeated (`openssl rand -hex 16` makes one).
@@ -37,12 +32,7 @@ pub struct Args {
 
 pub fn run(args: &Args) -> i32 {
     let cwd = std::env::current_dir().unwrap_or_default();
-    let state_dir = if args.state_dir.is_absolute() {
-        args.state_dir.clone()
-    } else {
-        cwd.join(&args.state_dir)
-    };
-    let store = match ralph_flow::store::Location::new(args.store.as_deref(), &state_dir) {
+    let store = match args.store.location_in(&cwd) {
         Ok(l) => l,
         Err(e) => {
             eprintln!("error: {}", error_chain(&e));

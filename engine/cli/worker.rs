@@ -1,7 +1,6 @@
 //! `ralph-flow worker`: claims queued runs from a shared PostgreSQL store and carries them
 //! out, until Ctrl-C, SIGTERM or SIGHUP.
 
-use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -9,16 +8,24 @@ use ralph_flow::diag::error_chain;
 use ralph_flow::run::RunOptions;
 use ralph_flow::run::progress::Mode;
 use ralph_flow::run::worker::{WorkerOptions, work};
-use ralph_flow::store::Location;
 use ralph_flow::text::printable;
 
 use super::run::{duration, fail, runtime, say};
 
 #[derive(clap::Args)]
+#[command(
+    mut_arg("store", |a| a.help(
+        "The shared PostgreSQL store (`postgres://...`; also RALPH_FLOW_STORE)"
+    )),
+    // After --max-runs, as the worker's own settings come first.
+    mut_arg("state_dir", |a| a.display_order(4).help(
+        "The worker's state directory: its runs' artifacts (`runs/ID`) and git checkouts \
+         (`workspaces/ID`)"
+    )),
+)]
 pub struct Args {
-    /// The shared PostgreSQL store (`postgres://...`; also RALPH_FLOW_STORE).
-    #[arg(long, value_name = "URL")]
-    store: Option<String>,
+    #[command(flatten)]
+    store: super::store::StoreArgs,
     /// This worker's labels (`gpu,linux`): it claims only runs, and units of work, whose
     /// labels it all has.
     #[arg(long, value_name = "A,B", value_delimiter = ',')]
@@ -30,10 +37,6 @@ pub struct Args {
     /// coordinator renders, decides and commits; its work goes to whichever worker has room.
     #[arg(long, value_name = "N")]
     max_runs: Option<usize>,
-    /// The worker's state directory: its runs' artifacts (`runs/ID`) and git checkouts
-    /// (`workspaces/ID`).
-    #[arg(long, value_name = "DIR", default_value = ".ralph-flow")]
-    state_dir: PathBuf,
     /// How often to look for runs besides being woken by the store's notifications.
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration)]
     poll: Duration,
@@ -60,14 +63,10 @@ pub fn run(args: &Args) -> i32 {
         Ok(d) => d,
         Err(e) => return fail(&format!("no current directory: {e}")),
     };
-    let state_dir = if args.state_dir.is_absolute() {
-        args.state_dir.clone()
-    } else {
-        cwd.join(&args.state_dir)
-    };
-    let url = match Location::new(args.store.as_deref(), &state_dir) {
-        Ok(Location::Postgres(url)) => url,
-        Ok(Location::Sqlite(_)) => {
+    let state_dir = args.store.state_dir_in(&cwd);
+    let location = match args.store.location_in(&cwd) {
+        Ok(l) if l.is_shared() => l,
+        Ok(_) => {
             return fail(
                 "a worker needs a PostgreSQL store that the workers share: give --store \
                  postgres://... (or set RALPH_FLOW_STORE)",
@@ -103,7 +102,7 @@ pub fn run(args: &Args) -> i32 {
         ));
     }
     let opts = WorkerOptions {
-        store: url,
+        store: location,
         labels: args
             .labels
             .iter()

@@ -453,19 +453,21 @@ impl Exec<'_> {
             .unwrap_or(serde_json::Value::Null);
         tracing::debug!(stage = %call.stage, scope = %call.scope, attempt = call.attempt, agent = %cfg.name, "calling agent on a worker");
         let done = units
-            .work(
-                self.shared.publisher.as_ref(),
-                &call.cwd,
-                &stage_key,
-                &format!("{}.{nth}", call.attempt),
-                "agent",
+            .work(super::units::UnitAsk {
+                publisher: self.shared.publisher.as_ref(),
+                cwd: &call.cwd,
+                stage_key: &stage_key,
+                call_key: &format!("{}.{nth}", call.attempt),
+                kind: "agent",
                 payload,
-                &self.stage_labels(n),
-                self.held_resource(n)
+                labels: &self.stage_labels(n),
+                hold: self
+                    .held_resource(n)
                     .as_ref()
                     .map(|(r, c)| (r.as_str(), *c)),
-            )
-            .await;
+            })
+            .await
+            .map_err(|e| e.to_string());
         match done {
             Ok(super::units::UnitResult::Agent(r)) => r.map(redact_reply).map_err(redact_error),
             Ok(super::units::UnitResult::Failed(message)) | Err(message) => {

@@ -295,20 +295,21 @@ impl Exec<'_> {
             let payload =
                 serde_json::to_value(super::units::CommandWork::of(spec)).unwrap_or(Json::Null);
             let done = units
-                .work(
-                    self.shared.publisher.as_ref(),
-                    &spec.cwd,
-                    &stage_key,
-                    &format!("{attempt}.{call}"),
-                    "command",
+                .work(super::units::UnitAsk {
+                    publisher: self.shared.publisher.as_ref(),
+                    cwd: &spec.cwd,
+                    stage_key: &stage_key,
+                    call_key: &format!("{attempt}.{call}"),
+                    kind: "command",
                     payload,
-                    &self.stage_labels(n),
-                    self.held_resource(n)
+                    labels: &self.stage_labels(n),
+                    hold: self
+                        .held_resource(n)
                         .as_ref()
                         .map(|(r, c)| (r.as_str(), *c)),
-                )
+                })
                 .await
-                .map_err(NotRun::Failed)?;
+                .map_err(|e| NotRun::Failed(e.to_string()))?;
             return match done {
                 super::units::UnitResult::Program(p) => {
                     // The attempt's files here, as a program run here leaves them (what the

@@ -412,7 +412,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let reader = Arc::new(crate::run::memory::OutputReader::new(
             Arc::new(Mutex::new(crate::run::memory::MemoryStore::later(
-                crate::store::Location::Sqlite(dir.path().to_path_buf()),
+                crate::store::Location::StateDir(dir.path().to_path_buf()),
             ))),
             "r".into(),
         ));

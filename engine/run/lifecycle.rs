@@ -17,7 +17,9 @@ use super::{Prepared, RunEnd, RunOptions, RunResult, now_ms};
 use crate::backend::replay::{Recorder, ReplayBackend};
 use crate::compile::NodeId;
 use crate::model::StageKind;
-use crate::store::{AttemptState, RunRecord, RunStatus, Store, Write};
+use crate::store::{
+    AttemptState, Location, LockOwner, OpenOptions, RunRecord, RunStatus, SharedStore, Store, Write,
+};
 
 /// Checks, before anything runs, that every agent a stage of the plan can call is usable
 /// here (its program installed, its key set), or has a fallback that is. Returns notes on
@@ -132,151 +134,264 @@ fn ignore_in_git(state_dir: &Path) -> Result<(), RunError> {
     .map_err(|e| RunError::io("write", path, e))
 }
 
-/// Runs a prepared workflow (or resumes a run of it) to its end.
+/// Runs a prepared workflow (or resumes a run of it) to its end, in four phases: open the
+/// store, start or resume the run, drive its body, finish it.
 pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunResult, RunError> {
-    // Before anything runs or is recorded, every agent must be usable (a replayed run calls
-    // none).
-    // A run on workers that spreads its agent calls leaves the check to the workers that
-    // take them (a worker without an agent's CLI should lack its label).
-    let check_agents = |opts: &RunOptions| {
-        if opts.replay.is_none() && (opts.spread.is_none() || opts.record.is_some()) {
-            preflight(prepared, opts)
-        } else {
-            Ok(Vec::new())
-        }
-    };
-    let preflight_notes;
     let secret_notes = register_secrets_noting(prepared);
-    std::fs::create_dir_all(&opts.state_dir)
-        .map_err(|e| RunError::io("create", &opts.state_dir, e))?;
-    ignore_in_git(&opts.state_dir)?;
-    let durability = if opts.full_sync {
-        crate::store::sqlite::Durability::Full
-    } else {
-        crate::store::sqlite::Durability::Normal
+    prepare_state_dir(&opts.state_dir)?;
+    let mut opened = open_store(&opts)?;
+    let begun = start_or_resume(prepared, &mut opts, opened.store.as_mut())?;
+    let taken = take_run(&opts, opened.store.as_mut(), &begun.run)?;
+    let (shared, side) = share(
+        opts,
+        opened,
+        begun.run,
+        begun.resumed,
+        &taken,
+        prepared.subflows.later.clone(),
+    )?;
+    announce(
+        &shared,
+        prepared,
+        &taken,
+        begun.preflight_notes.into_iter().chain(secret_notes),
+    );
+    let exec = Exec::new(&shared, &prepared.plan, &prepared.sources, String::new())?;
+    exec.warn_unenforceable_budgets()?;
+    // Subflows whose params are written out are prepared now, once: an invalid one or an
+    // agent of theirs that cannot run stops the run before anything starts.
+    if let Err(e) = shared.preload_subflows(&prepared.subflows) {
+        shared.flush();
+        return Err(e);
+    }
+    // A run with its own worktree works there, from its first stage to its last.
+    let run_worktree = match exec.enter_run_worktree().await {
+        Ok(w) => w,
+        Err(e) => {
+            shared.flush();
+            return Err(e);
+        }
     };
+    let top = Frame {
+        cwd: run_worktree
+            .clone()
+            .unwrap_or_else(|| shared.opts.cwd.clone()),
+        ..Frame::default()
+    };
+    let cancelled: RefCell<Option<crate::store::Cancellation>> = RefCell::new(None);
+    let end = drive(&exec, &top, side, &taken.owner, &cancelled).await;
+    let end = settle(&exec, end, cancelled.into_inner())?;
+    if let Some(path) = &run_worktree {
+        exec.leave_run_worktree(path, &end).await;
+    }
+    let outputs = super::RanOutputs(top.outputs.clone());
+    finish(shared, end, outputs, &taken.owner)
+}
+
+/// Creates the state directory, kept out of git.
+fn prepare_state_dir(state_dir: &Path) -> Result<(), RunError> {
+    std::fs::create_dir_all(state_dir).map_err(|e| RunError::io("create", state_dir, e))?;
+    ignore_in_git(state_dir)
+}
+
+/// The store a run writes to, as the first phase opened it.
+struct OpenedStore {
+    store: Box<dyn Store + Send>,
+    /// A handle on the store's connection for the run's units of work (a run on workers).
+    units: Option<Box<dyn SharedStore>>,
+    location: Location,
+    options: OpenOptions,
+}
+
+/// Opens the run's store. A run on workers hands its units of work through the store's own
+/// connection.
+fn open_store(opts: &RunOptions) -> Result<OpenedStore, RunError> {
     let location = opts.location();
-    let publish = opts.publish.clone();
-    let unit_wake = opts.unit_wake.clone();
-    let spread = match (&opts.spread, &opts.store) {
-        (Some(labels), Some(url)) => Some((url.clone(), labels.clone())),
-        _ => None,
+    let options = OpenOptions {
+        full_sync: opts.full_sync,
+        ..OpenOptions::default()
     };
-    // A run on workers hands its units of work through the store's own connection.
-    let (mut store, units_store): (Box<dyn Store>, _) = match (&location, &spread) {
-        (crate::store::Location::Postgres(url), Some(_)) => {
-            let pg = crate::store::postgres::PgStore::connect_reporting(
-                url,
-                Box::new(|m| {
-                    let m = crate::secrets::redact(m);
-                    eprintln!("! store: {}", crate::text::printable(&m));
-                }),
-            )?;
-            let units = pg.share();
-            (Box::new(pg), Some(units))
-        }
-        _ => (location.open(durability)?, None),
+    let shared = match opts.spread {
+        Some(_) => location.open_shared(&options)?,
+        None => None,
     };
-    let plan = &prepared.plan;
-    let (run, resumed) = match &opts.resume {
-        Some(id) => {
-            let run = store
-                .run(id)?
-                .ok_or_else(|| RunError::NoSuchRun(id.clone()))?;
-            if run.status == RunStatus::Finished {
-                return Err(RunError::Finished {
-                    id: id.clone(),
-                    exit: run
-                        .exit
-                        .as_ref()
-                        .map_or("?".to_string(), |(n, c)| format!("{n} = {c}")),
-                });
-            }
-            if run.status == RunStatus::Cancelled {
-                return Err(RunError::Cancelled {
-                    id: id.clone(),
-                    how: run.cancellation().map_or_else(String::new, |c| c.text()),
-                });
-            }
-            // A run started with `--replay` or `--record` resumes with it.
-            let stored = |key: &str| {
-                run.options
-                    .get(key)
-                    .and_then(Json::as_str)
-                    .map(PathBuf::from)
-            };
-            if opts.replay.is_none() && opts.record.is_none() {
-                opts.replay = stored("replay");
-                opts.record = stored("record");
-            }
-            preflight_notes = check_agents(&opts)?;
-            // A compact copy of each settled node, read one at a time: a resume of 10,000
-            // settled stages held every stored record (about 800 bytes each) besides.
-            let mut map = HashMap::new();
-            store.each_node(id, &mut |mut n| {
-                let key = (std::mem::take(&mut n.scope), std::mem::take(&mut n.node));
-                map.insert(key, Box::new(super::frame::Resumed::new(n)));
-            })?;
-            (run, map)
+    let (store, units) = match shared {
+        Some(s) => {
+            let units = s.handle();
+            (s.into_store(), Some(units))
         }
+        None => (location.open(&options)?, None),
+    };
+    Ok(OpenedStore {
+        store,
+        units,
+        location,
+        options,
+    })
+}
+
+/// A run as it starts: its record, what it settled before (a resume), and notes of the
+/// check of its agents.
+struct Begun {
+    run: RunRecord,
+    resumed: HashMap<(String, String), Box<super::frame::Resumed>>,
+    preflight_notes: Vec<String>,
+}
+
+/// Before anything runs or is recorded, every agent must be usable (a replayed run calls
+/// none). A run on workers that spreads its agent calls leaves the check to the workers
+/// that take them (a worker without an agent's CLI should lack its label).
+fn check_agents(prepared: &Prepared, opts: &RunOptions) -> Result<Vec<String>, RunError> {
+    if opts.replay.is_none() && (opts.spread.is_none() || opts.record.is_some()) {
+        preflight(prepared, opts)
+    } else {
+        Ok(Vec::new())
+    }
+}
+
+/// Starts a new run, or reads back the run `opts.resume` names.
+fn start_or_resume(
+    prepared: &Prepared,
+    opts: &mut RunOptions,
+    store: &mut dyn Store,
+) -> Result<Begun, RunError> {
+    match opts.resume.clone() {
+        Some(id) => resume_run(prepared, opts, store, &id),
         None => {
-            preflight_notes = check_agents(&opts)?;
-            let started = now_ms();
-            let id = new_run_id(started);
-            let absolute = |p: &Option<PathBuf>| {
-                p.as_ref().map(|p| {
-                    std::path::absolute(p)
-                        .unwrap_or_else(|_| p.clone())
-                        .to_string_lossy()
-                        .into_owned()
-                })
-            };
-            let mut options = serde_json::Map::new();
-            if let Some(p) = absolute(&opts.replay) {
-                options.insert("replay".into(), Json::String(p));
-            }
-            if let Some(p) = absolute(&opts.record) {
-                options.insert("record".into(), Json::String(p));
-            }
-            let mut run = RunRecord {
-                id: id.clone(),
-                workflow: plan.workflow.name.value.clone(),
-                file: prepared.path.to_string_lossy().into_owned(),
-                workflow_hash: prepared.hash.clone(),
-                params: super::params_json(&plan.params),
-                status: RunStatus::Running,
-                exit: None,
-                started_at: started,
-                updated_at: started,
-                dir: opts
-                    .state_dir
-                    .join("runs")
-                    .join(&id)
-                    .to_string_lossy()
-                    .into_owned(),
-                options: Json::Object(options),
-            };
-            // Ids are the second and 16 random bits: runs started together may draw the
-            // same one, and then draw again.
-            let mut draws = 1;
-            loop {
-                match store.create_run(&run) {
-                    Err(crate::store::StoreError::RunExists(_)) if draws < 16 => {
-                        draws += 1;
-                        run.id = new_run_id(now_ms());
-                        run.dir = opts
-                            .state_dir
-                            .join("runs")
-                            .join(&run.id)
-                            .to_string_lossy()
-                            .into_owned();
-                    }
-                    other => break other?,
-                }
-            }
-            (run, HashMap::new())
+            let preflight_notes = check_agents(prepared, opts)?;
+            let run = start_run(prepared, opts, store)?;
+            Ok(Begun {
+                run,
+                resumed: HashMap::new(),
+                preflight_notes,
+            })
         }
+    }
+}
+
+/// Reads back run `id` to resume it: refused when it finished or was cancelled.
+fn resume_run(
+    prepared: &Prepared,
+    opts: &mut RunOptions,
+    store: &mut dyn Store,
+    id: &str,
+) -> Result<Begun, RunError> {
+    let run = store
+        .run(id)?
+        .ok_or_else(|| RunError::NoSuchRun(id.to_string()))?;
+    if run.status == RunStatus::Finished {
+        return Err(RunError::Finished {
+            id: id.to_string(),
+            exit: run
+                .exit
+                .as_ref()
+                .map_or("?".to_string(), |(n, c)| format!("{n} = {c}")),
+        });
+    }
+    if run.status == RunStatus::Cancelled {
+        return Err(RunError::Cancelled {
+            id: id.to_string(),
+            how: run.cancellation().map_or_else(String::new, |c| c.text()),
+        });
+    }
+    // A run started with `--replay` or `--record` resumes with it.
+    let stored = |key: &str| {
+        run.options
+            .get(key)
+            .and_then(Json::as_str)
+            .map(PathBuf::from)
     };
+    if opts.replay.is_none() && opts.record.is_none() {
+        opts.replay = stored("replay");
+        opts.record = stored("record");
+    }
+    let preflight_notes = check_agents(prepared, opts)?;
+    // A compact copy of each settled node, read one at a time: a resume of 10,000
+    // settled stages held every stored record (about 800 bytes each) besides.
+    let mut resumed = HashMap::new();
+    store.each_node(id, &mut |mut n| {
+        let key = (std::mem::take(&mut n.scope), std::mem::take(&mut n.node));
+        resumed.insert(key, Box::new(super::frame::Resumed::new(n)));
+    })?;
+    Ok(Begun {
+        run,
+        resumed,
+        preflight_notes,
+    })
+}
+
+/// Creates a new run's record, drawing another id while the drawn one is taken.
+fn start_run(
+    prepared: &Prepared,
+    opts: &RunOptions,
+    store: &mut dyn Store,
+) -> Result<RunRecord, RunError> {
+    let started = now_ms();
+    let id = new_run_id(started);
+    let absolute = |p: &Option<PathBuf>| {
+        p.as_ref().map(|p| {
+            std::path::absolute(p)
+                .unwrap_or_else(|_| p.clone())
+                .to_string_lossy()
+                .into_owned()
+        })
+    };
+    let mut options = serde_json::Map::new();
+    if let Some(p) = absolute(&opts.replay) {
+        options.insert("replay".into(), Json::String(p));
+    }
+    if let Some(p) = absolute(&opts.record) {
+        options.insert("record".into(), Json::String(p));
+    }
+    let run_dir = |id: &str| {
+        opts.state_dir
+            .join("runs")
+            .join(id)
+            .to_string_lossy()
+            .into_owned()
+    };
+    let mut run = RunRecord {
+        id: id.clone(),
+        workflow: prepared.plan.workflow.name.value.clone(),
+        file: prepared.path.to_string_lossy().into_owned(),
+        workflow_hash: prepared.hash.clone(),
+        params: super::params_json(&prepared.plan.params),
+        status: RunStatus::Running,
+        exit: None,
+        started_at: started,
+        updated_at: started,
+        dir: run_dir(&id),
+        options: Json::Object(options),
+    };
+    // Ids are the second and 16 random bits: runs started together may draw the
+    // same one, and then draw again.
+    let mut draws = 1;
+    loop {
+        match store.create_run(&run) {
+            Err(crate::store::StoreError::RunExists(_)) if draws < 16 => {
+                draws += 1;
+                run.id = new_run_id(now_ms());
+                run.dir = run_dir(&run.id);
+            }
+            other => break other?,
+        }
+    }
+    Ok(run)
+}
+
+/// The run as this executor holds it.
+struct Taken {
+    /// The tenure this executor holds the run by.
+    owner: LockOwner,
+    /// A queued run (`run --detach`) that starts here, on a worker: nothing of it ran before.
+    first_start: bool,
+    /// How many programs an earlier executor of the run left running, stopped now.
+    leftovers: usize,
+}
+
+/// Takes the run's lock (a worker's claim took it already), stops what a killed executor
+/// of the run left running, and marks the run running.
+fn take_run(opts: &RunOptions, store: &mut dyn Store, run: &RunRecord) -> Result<Taken, RunError> {
     // The tenure this executor holds the run by: a worker's claim (which took the lock
     // already), else a new one. Every write of this store to the run is fenced by it.
     let owner = match &opts.owner {
@@ -284,44 +399,89 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         None => crate::store::current_owner().with_lease(opts.lease),
     };
     store.lock(&run.id, &owner)?;
-    // A queued run (`run --detach`) starts here, on a worker: nothing of it ran before.
-    let first_start = run.status == RunStatus::Queued && resumed.is_empty();
+    let first_start = run.status == RunStatus::Queued;
     // What a killed executor of this run left running is stopped before anything starts
     // again, so that no stage ever runs beside an earlier copy of itself.
-    let mut leftovers = 0;
-    if opts.resume.is_some() {
-        let interrupted = store.running_attempts(&run.id)?;
-        let pid_files: Vec<PathBuf> = interrupted
-            .iter()
-            .map(|a| PathBuf::from(&a.dir).join("process"))
-            .collect();
-        let logs = [Path::new(&run.dir).join(super::command::PROCESS_LOG)];
-        // Programs tagged with the run: all of them were this run's executor's, unless its
-        // work is spread as units, whose programs the workers holding them stop.
-        let tag = opts
-            .spread
-            .is_none()
-            .then_some(("RALPH_FLOW_RUN", run.id.as_str()));
-        leftovers = crate::backend::process::stop_leftovers(tag, &pid_files, &logs);
-        // Those attempts are over: say so, so that `status` and `logs` do not show them as
-        // running beside the new ones.
-        let writes: Vec<Write> = interrupted
-            .into_iter()
-            .map(|mut a| {
-                a.state = AttemptState::Interrupted;
-                a.finished_at = Some(now_ms());
-                a.error = Some(
-                    "the run stopped while this attempt ran; resume ran the stage again".into(),
-                );
-                Write::Attempt(a)
-            })
-            .collect();
-        if !writes.is_empty() {
-            store.commit(&writes)?;
-        }
-    }
+    let leftovers = if opts.resume.is_some() {
+        stop_interrupted(opts, store, run)?
+    } else {
+        0
+    };
     store.set_status(&run.id, RunStatus::Running, None)?;
     std::fs::create_dir_all(&run.dir).map_err(|e| RunError::io("create", &run.dir, e))?;
+    Ok(Taken {
+        owner,
+        first_start,
+        leftovers,
+    })
+}
+
+/// Stops the programs of the attempts a resumed run left running, and records those
+/// attempts as interrupted. Returns how many programs were stopped.
+fn stop_interrupted(
+    opts: &RunOptions,
+    store: &mut dyn Store,
+    run: &RunRecord,
+) -> Result<usize, RunError> {
+    let interrupted = store.running_attempts(&run.id)?;
+    let pid_files: Vec<PathBuf> = interrupted
+        .iter()
+        .map(|a| PathBuf::from(&a.dir).join("process"))
+        .collect();
+    let logs = [Path::new(&run.dir).join(super::command::PROCESS_LOG)];
+    // Programs tagged with the run: all of them were this run's executor's, unless its
+    // work is spread as units, whose programs the workers holding them stop.
+    let tag = opts
+        .spread
+        .is_none()
+        .then_some(("RALPH_FLOW_RUN", run.id.as_str()));
+    let leftovers = crate::backend::process::stop_leftovers(tag, &pid_files, &logs);
+    // Those attempts are over: say so, so that `status` and `logs` do not show them as
+    // running beside the new ones.
+    let writes: Vec<Write> = interrupted
+        .into_iter()
+        .map(|mut a| {
+            a.state = AttemptState::Interrupted;
+            a.finished_at = Some(now_ms());
+            a.error =
+                Some("the run stopped while this attempt ran; resume ran the stage again".into());
+            Write::Attempt(a)
+        })
+        .collect();
+    if !writes.is_empty() {
+        store.commit(&writes)?;
+    }
+    Ok(leftovers)
+}
+
+/// What drives a run beside its body: its lease's heartbeat and the watch for a cancel,
+/// each through a handle of its own on the store.
+struct Side {
+    /// The executor's connection shared, for the lease (`None`: SQLite, whose lease is
+    /// renewed through a connection opened when first needed).
+    lease_store: Option<Box<dyn Store + Send>>,
+    /// Where a cancel is read (`None`: it cannot be watched).
+    cancel_store: Option<Box<dyn Store + Send>>,
+    location: Location,
+    options: OpenOptions,
+}
+
+/// The run's shared state: its store, artifacts, replay or recording, units of work, and
+/// the handles its lease, its cancel watch and its reads of the store go through.
+fn share(
+    opts: RunOptions,
+    opened: OpenedStore,
+    run: RunRecord,
+    resumed: HashMap<(String, String), Box<super::frame::Resumed>>,
+    taken: &Taken,
+    later: Option<crate::compile::Later>,
+) -> Result<(Shared, Side), RunError> {
+    let OpenedStore {
+        store,
+        units: units_store,
+        location,
+        options,
+    } = opened;
     let replay = match &opts.replay {
         Some(p) => Some(Arc::new(
             ReplayBackend::open(p).map_err(|e| RunError::Recording(e.into()))?,
@@ -337,13 +497,13 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
     };
     let (interrupt, _) = watch::channel(false);
     let artifacts = super::artifacts::Artifacts::start(Path::new(&run.dir));
-    let units = match (spread, units_store) {
-        (Some((_, labels)), Some(pg)) => Some(super::units::Units::new(
-            pg,
+    let units = match (&opts.spread, units_store) {
+        (Some(labels), Some(handle)) => Some(super::units::Units::new(
+            handle,
             &run.id,
-            &owner.holder,
-            labels,
-            unit_wake,
+            &taken.owner.holder,
+            labels.clone(),
+            opts.unit_wake.clone(),
             interrupt.subscribe(),
         )),
         _ => None,
@@ -376,6 +536,7 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         memory.clone(),
         run.id.clone(),
     ));
+    let publisher = opts.publish.clone().map(super::publish::Publisher::new);
     let shared = Shared {
         global: opts.max_concurrency.map(super::resource::limit),
         progress: Progress::new(opts.progress),
@@ -390,7 +551,7 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         work: Cell::default(),
         artifacts,
         subflows: RefCell::default(),
-        later: prepared.subflows.later.clone(),
+        later,
         interrupt,
         usage: RefCell::new(HashMap::new()),
         denied: RefCell::default(),
@@ -401,21 +562,42 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         memory,
         outputs,
         to_store: RefCell::default(),
-        publisher: publish.map(super::publish::Publisher::new),
+        publisher,
         units,
     };
-    if leftovers > 0 {
+    let side = Side {
+        lease_store,
+        cancel_store,
+        location,
+        options,
+    };
+    Ok((shared, side))
+}
+
+/// Records how the run starts (or resumes), and the notes of its checks; counts earlier
+/// usage against the budgets of a resumed run.
+fn announce(
+    shared: &Shared,
+    prepared: &Prepared,
+    taken: &Taken,
+    notes: impl Iterator<Item = String>,
+) {
+    let owner = &taken.owner;
+    if taken.leftovers > 0 {
         let text = format!(
-            "stopped {leftovers} process{} that the run's previous executor left running",
-            if leftovers == 1 { "" } else { "es" }
+            "stopped {} process{} that the run's previous executor left running",
+            taken.leftovers,
+            if taken.leftovers == 1 { "" } else { "es" }
         );
         shared.progress.note(&format!("! {text}"));
         shared.event("", "", "warning", text);
     }
-    for note in preflight_notes.into_iter().chain(secret_notes) {
+    for note in notes {
         shared.progress.note(&format!("! {note}"));
         shared.event("", "", "warning", note);
     }
+    // A queued run (`run --detach`) starts on a worker: nothing of it ran before.
+    let first_start = taken.first_start && shared.resumed.borrow().is_empty();
     if first_start {
         shared.event(
             "",
@@ -453,65 +635,62 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
             .or_default()
             .add(&rec.usage);
     }
-    let exec = Exec::new(&shared, plan, &prepared.sources, String::new())?;
-    exec.warn_unenforceable_budgets()?;
-    // Subflows whose params are written out are prepared now, once: an invalid one or an
-    // agent of theirs that cannot run stops the run before anything starts.
-    if let Err(e) = shared.preload_subflows(&prepared.subflows) {
-        shared.flush();
-        return Err(e);
-    }
-    // A run with its own worktree works there, from its first stage to its last.
-    let run_worktree = match exec.enter_run_worktree().await {
-        Ok(w) => w,
-        Err(e) => {
-            shared.flush();
-            return Err(e);
-        }
-    };
-    let top = Frame {
-        cwd: run_worktree
-            .clone()
-            .unwrap_or_else(|| shared.opts.cwd.clone()),
-        ..Frame::default()
-    };
-    let stop = shared.opts.stop.clone();
-    let ctrl_c = async {
-        let told = async {
-            match stop {
-                Some(mut s) => {
-                    let _ = s.wait_for(|v| *v).await;
-                }
-                None => std::future::pending::<()>().await,
+}
+
+/// Stops the run as Ctrl-C does on Ctrl-C, or once `opts.stop` turns true (a worker told
+/// to stop). Never completes.
+async fn ctrl_c(shared: &Shared) {
+    let told = async {
+        match shared.opts.stop.clone() {
+            Some(mut s) => {
+                let _ = s.wait_for(|v| *v).await;
             }
-        };
-        tokio::select! {
-            r = tokio::signal::ctrl_c() => if r.is_ok() {
-                let _ = shared.interrupt.send(true);
-            },
-            () = told => {
-                let _ = shared.interrupt.send(true);
-            },
+            None => std::future::pending::<()>().await,
         }
-        std::future::pending::<()>().await;
     };
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => if r.is_ok() {
+            let _ = shared.interrupt.send(true);
+        },
+        () = told => {
+            let _ = shared.interrupt.send(true);
+        },
+    }
+    std::future::pending::<()>().await;
+}
+
+/// Drives the run's body to its end, beside Ctrl-C, the lease's heartbeat and the watch
+/// for a cancel; then stops what the run's programs left running.
+async fn drive(
+    exec: &Exec<'_>,
+    top: &Frame<'_>,
+    side: Side,
+    owner: &LockOwner,
+    cancelled: &RefCell<Option<crate::store::Cancellation>>,
+) -> BodyEnd {
+    let shared = exec.shared;
+    let Side {
+        lease_store,
+        cancel_store,
+        location,
+        options,
+    } = side;
     let heartbeat = async {
         match owner.lease() {
-            Some(_) => heartbeat(&shared, lease_store, durability, &owner).await,
+            Some(_) => heartbeat(shared, lease_store, (&location, options), owner).await,
             None => std::future::pending().await,
         }
     };
-    let cancelled: RefCell<Option<crate::store::Cancellation>> = RefCell::new(None);
     let cancel_watch = async {
         match cancel_store {
-            Some(store) => watch_cancel(&shared, store, &cancelled).await,
+            Some(store) => watch_cancel(shared, store, cancelled).await,
             None => std::future::pending().await,
         }
     };
     let programs_before = crate::backend::process::programs_started();
     let end = tokio::select! {
-        end = exec.run_body(&top) => end,
-        () = ctrl_c => BodyEnd::Stopped,
+        end = exec.run_body(top) => end,
+        () = ctrl_c(shared) => BodyEnd::Stopped,
         () = heartbeat => BodyEnd::Stopped,
         () = cancel_watch => BodyEnd::Stopped,
     };
@@ -533,6 +712,17 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
             tracing::debug!("stopped {stopped} process(es) that the run's programs left running");
         }
     }
+    end
+}
+
+/// How the run ended, once every record and artifact of its body is written: halted by the
+/// store, cancelled, interrupted, or by its body's end.
+fn settle(
+    exec: &Exec<'_>,
+    end: BodyEnd,
+    cancelled: Option<crate::store::Cancellation>,
+) -> Result<RunEnd, RunError> {
+    let shared = exec.shared;
     shared.flush();
     // Every artifact is on disk before the run reports its end.
     shared.artifacts.hand_over();
@@ -545,14 +735,15 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
     shared.progress.finish();
     // A cancel that came after the watcher last looked (the run ended meanwhile) still
     // ends it as cancelled: the store keeps a cancelled run's status whatever is written.
-    let cancelled = cancelled.into_inner().or_else(|| {
+    let cancelled = cancelled.or_else(|| {
         let store = shared.store.borrow();
         let run = store.run(&shared.run.id).ok().flatten()?;
         (run.status == RunStatus::Cancelled).then(|| cancellation_of(&run))
     });
-    let end = if let Some(halt) = shared.store_error.borrow_mut().take() {
+    if let Some(halt) = shared.store_error.borrow_mut().take() {
         return Err(RunError::Halted(halt));
-    } else if let Some(c) = cancelled {
+    }
+    Ok(if let Some(c) = cancelled {
         // Units it asked for after the cancel, before it noticed, are withdrawn too (the
         // cancel withdrew those there were then).
         if let Some(units) = &shared.units {
@@ -563,11 +754,17 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         RunEnd::Interrupted
     } else {
         exec.run_end(end)
-    };
-    if let Some(path) = &run_worktree {
-        exec.leave_run_worktree(path, &end).await;
-    }
-    let mut store = shared.store.into_inner();
+    })
+}
+
+/// Records how the run ended (an event and its status), lets go of its lock, and returns
+/// its result.
+fn finish(
+    shared: Shared,
+    end: RunEnd,
+    outputs: super::RanOutputs,
+    owner: &LockOwner,
+) -> Result<RunResult, RunError> {
     let (status, exit) = match &end {
         RunEnd::Exit { name, code, .. } => (RunStatus::Finished, Some((name.as_str(), *code))),
         RunEnd::Waiting(_) => (RunStatus::Waiting, None),
@@ -580,34 +777,14 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         scope: String::new(),
         node: String::new(),
         kind: status.as_str().to_string(),
-        message: match &end {
-            RunEnd::Exit {
-                name,
-                code,
-                message,
-            } => format!(
-                "exit {name} ({code}){}",
-                message
-                    .as_ref()
-                    .map(|m| format!(": {m}"))
-                    .unwrap_or_default()
-            ),
-            RunEnd::Waiting(g) => format!("waiting on {}", g.join(", ")),
-            RunEnd::Interrupted => "interrupted".to_string(),
-            RunEnd::Cancelled(c) => format!(
-                "stopped by pid {} on {}: the run was cancelled {}",
-                owner.pid,
-                owner.host,
-                c.text()
-            ),
-        },
+        message: end_message(&end, owner),
     };
+    let mut store = shared.store.into_inner();
     // Written straight to the store, not through the run's queue (the store masks it).
     store
         .commit(&[Write::Event(event)])
         .and_then(|()| store.set_status(&shared.run.id, status, exit))
-        .and_then(|()| store.unlock(&shared.run.id, &owner))?;
-    let outputs = super::RanOutputs(top.outputs.clone());
+        .and_then(|()| store.unlock(&shared.run.id, owner))?;
     let usage = shared.usage.borrow().get("").cloned().unwrap_or_default();
     Ok(RunResult {
         run_id: shared.run.id.clone(),
@@ -621,9 +798,35 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
     })
 }
 
+/// The message of the event that records how a run ended.
+fn end_message(end: &RunEnd, owner: &LockOwner) -> String {
+    match end {
+        RunEnd::Exit {
+            name,
+            code,
+            message,
+        } => format!(
+            "exit {name} ({code}){}",
+            message
+                .as_ref()
+                .map(|m| format!(": {m}"))
+                .unwrap_or_default()
+        ),
+        RunEnd::Waiting(g) => format!("waiting on {}", g.join(", ")),
+        RunEnd::Interrupted => "interrupted".to_string(),
+        RunEnd::Cancelled(c) => format!(
+            "stopped by pid {} on {}: the run was cancelled {}",
+            owner.pid,
+            owner.host,
+            c.text()
+        ),
+    }
+}
+
 /// Renews the run's lease every third of it, through `store` (a shared handle on the
 /// executor's connection), or else through a connection of its own opened on the run's
-/// store when first needed (SQLite), on tokio's blocking pool, so a slow store does not hold the executor up. When the lease is
+/// store (`location`, with its options) when first needed (SQLite), on tokio's blocking
+/// pool, so a slow store does not hold the executor up. When the lease is
 /// lost (another tenure took the run over, or it could not be renewed before it expired:
 /// the run may be another's now), the run stops as a failed commit stops it: its programs
 /// are stopped, nothing more is written (no settlement, no status: the next holder owns
@@ -632,8 +835,8 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
 async fn heartbeat(
     shared: &Shared,
     store: Option<Box<dyn Store + Send>>,
-    durability: crate::store::sqlite::Durability,
-    owner: &crate::store::LockOwner,
+    (location, options): (&Location, OpenOptions),
+    owner: &LockOwner,
 ) {
     use crate::store::StoreError;
     let lease = Duration::from_millis(
@@ -643,7 +846,6 @@ async fn heartbeat(
     );
     let period = lease / 3;
     let store = Arc::new(std::sync::Mutex::new(store));
-    let location = shared.opts.location();
     let mut renewed = tokio::time::Instant::now();
     // A renewal under way, and when it was sent (the lease runs from no earlier).
     type Renewal = (
@@ -670,11 +872,11 @@ async fn heartbeat(
                 Ok(mut handle) => match &mut *handle {
                     Some(s) => s.renew(&run, &owner),
                     // A SQLite store: its connection for the lease, opened once.
-                    None => handle
-                        .insert(location.open(durability)?)
-                        .renew(&run, &owner),
+                    None => handle.insert(location.open(&options)?).renew(&run, &owner),
                 },
-                Err(_) => Err(StoreError::State("the lease's connection failed".into())),
+                Err(_) => Err(StoreError::Connection(
+                    "the lease's connection failed".into(),
+                )),
             });
             (call, tokio::time::Instant::now())
         });

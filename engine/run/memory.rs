@@ -36,10 +36,9 @@ impl MemoryStore {
     fn get(&mut self) -> crate::store::Result<&mut Box<dyn crate::store::Store + Send>> {
         match &mut self.store {
             Some(s) => Ok(s),
-            slot @ None => Ok(slot.insert(
-                self.location
-                    .open(crate::store::sqlite::Durability::Normal)?,
-            )),
+            slot @ None => {
+                Ok(slot.insert(self.location.open(&crate::store::OpenOptions::default())?))
+            }
         }
     }
 }
@@ -78,15 +77,14 @@ impl OutputReader {
         use crate::store::StoreError;
         self.reads
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mut store = self
-            .store
-            .lock()
-            .map_err(|_| StoreError::State("the store's reading connection is unusable".into()))?;
+        let mut store = self.store.lock().map_err(|_| {
+            StoreError::Connection("the store's reading connection is unusable".into())
+        })?;
         store
             .get()
             .and_then(|s| s.output(&self.run, scope, node))?
             .ok_or_else(|| {
-                StoreError::State(format!(
+                StoreError::NotFound(format!(
                     "the output of `{node}`{} is not in the store",
                     if scope.is_empty() {
                         String::new()
@@ -170,9 +168,9 @@ mod tests {
     #[test]
     fn a_read_that_fails_gives_null_and_is_kept_for_the_next_commit() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let location = Location::Sqlite(dir.path().to_path_buf());
+        let location = Location::StateDir(dir.path().to_path_buf());
         let mut store = location
-            .open(crate::store::sqlite::Durability::Normal)
+            .open(&crate::store::OpenOptions::default())
             .expect("open");
         store
             .create_run(&RunRecord {

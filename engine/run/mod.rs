@@ -47,9 +47,9 @@ pub struct RunOptions {
     /// The state directory (`.ralph-flow`): the artifacts, and the store unless `store` is
     /// set.
     pub state_dir: PathBuf,
-    /// A PostgreSQL store (`--store postgres://...`) instead of the state directory's SQLite
-    /// file.
-    pub store: Option<String>,
+    /// The store `--store` names (a PostgreSQL database), instead of the state directory's
+    /// SQLite file.
+    pub store: Option<crate::store::Location>,
     /// The directory commands and agents run in (the project).
     pub cwd: PathBuf,
     /// Caps every running stage, whatever the workflow says.
@@ -115,8 +115,8 @@ impl RunOptions {
     /// Where the run's records are kept.
     pub fn location(&self) -> crate::store::Location {
         match &self.store {
-            Some(url) => crate::store::Location::Postgres(url.clone()),
-            None => crate::store::Location::Sqlite(self.state_dir.clone()),
+            Some(location) => location.clone(),
+            None => crate::store::Location::StateDir(self.state_dir.clone()),
         }
     }
 

@@ -4,7 +4,7 @@
 //! its lease, renders every prompt and argv, keeps the frames and commits every settlement.
 //! The work itself, each agent call and each program of a command or check stage, becomes
 //! a *unit* in the store that any worker whose labels suffice claims, carries out in its
-//! own copy of the stage's workspace and answers (see `store::postgres::units`). So a
+//! own copy of the stage's workspace and answers (see `store::shared::UnitQueue`). So a
 //! fan-out's items, a subflow's stages and single stages run wherever there is room, and a
 //! stage that needs labels (an agent's CLI, a toolchain) runs only where they are.
 //!
@@ -31,7 +31,7 @@ use sha2::{Digest, Sha256};
 
 use crate::backend::process::{Ended, ProcOutput, ProcSpec};
 use crate::backend::{AgentCall, AgentReply, CallError};
-use crate::store::postgres::{PgStore, UnitState};
+use crate::store::{SharedStore, UnitRequest, UnitState};
 
 /// The program of a command or check stage, as a unit asks for it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -44,21 +44,14 @@ pub struct CommandWork {
 }
 
 /// An agent call, as a unit asks for it: the agent by name (the worker builds its backend
-/// from the run's workflow, with its own environment's keys) and the call.
+/// from the run's workflow, with its own environment's keys) and the call, without its
+/// directories (the worker's own). Serialized as `{"agent": ..., "stage": ..., ...}`, the
+/// call's fields beside the agent's name, as stored units hold it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct AgentWork {
     pub agent: String,
-    pub stage: String,
-    pub scope: String,
-    pub attempt: u32,
-    pub prompt: String,
-    pub model: Option<String>,
-    pub args: Vec<String>,
-    pub env: Vec<(String, String)>,
-    pub timeout_ms: Option<u64>,
-    pub idle_ms: Option<u64>,
-    pub schema: Option<Json>,
-    pub max_tokens: Option<u64>,
+    #[serde(flatten)]
+    pub call: AgentCall,
 }
 
 /// What a program did, as a unit answers.
@@ -150,36 +143,16 @@ impl AgentWork {
     pub fn of(agent: &str, call: &AgentCall) -> AgentWork {
         AgentWork {
             agent: agent.to_string(),
-            stage: call.stage.clone(),
-            scope: call.scope.clone(),
-            attempt: call.attempt,
-            prompt: call.prompt.clone(),
-            model: call.model.clone(),
-            args: call.args.clone(),
-            env: call.env.clone(),
-            timeout_ms: call.timeout.map(ms),
-            idle_ms: call.idle_timeout.map(ms),
-            schema: call.schema.clone(),
-            max_tokens: call.max_tokens,
+            call: call.clone(),
         }
     }
 
     /// The call, made in `cwd` with its files in `dir`.
-    pub fn call(&self, cwd: PathBuf, dir: PathBuf) -> AgentCall {
+    pub fn into_call(self, cwd: PathBuf, dir: PathBuf) -> AgentCall {
         AgentCall {
-            stage: self.stage.clone(),
-            scope: self.scope.clone(),
-            attempt: self.attempt,
-            prompt: self.prompt.clone(),
-            model: self.model.clone(),
-            args: self.args.clone(),
-            env: self.env.clone(),
             cwd,
             dir,
-            timeout: self.timeout_ms.map(Duration::from_millis),
-            idle_timeout: self.idle_ms.map(Duration::from_millis),
-            schema: self.schema.clone(),
-            max_tokens: self.max_tokens,
+            ..self.call
         }
     }
 }
@@ -247,10 +220,46 @@ impl Place {
     }
 }
 
+/// A unit of work a stage asks for ([`Units::work`]).
+pub(crate) struct UnitAsk<'a> {
+    /// Where the run's git workspaces are published, in a git run.
+    pub publisher: Option<&'a super::publish::Publisher>,
+    /// Where the work is done.
+    pub cwd: &'a Path,
+    /// The stage (`SCOPE/STAGE#`).
+    pub stage_key: &'a str,
+    /// The call within it (`ATTEMPT.CALL`).
+    pub call_key: &'a str,
+    /// `agent` or `command`.
+    pub kind: &'a str,
+    /// What to do ([`AgentWork`], [`CommandWork`]).
+    pub payload: Json,
+    /// What the stage needs besides the run's labels.
+    pub labels: &'a [String],
+    /// The run's resource the unit holds while it runs, with its capacity.
+    pub hold: Option<(&'a str, i64)>,
+}
+
+/// Why a unit of work gave no result.
+#[derive(Debug, thiserror::Error)]
+pub enum UnitError {
+    #[error("cannot publish the workspace {} for another machine: {why}", workspace.display())]
+    Publish { workspace: PathBuf, why: String },
+    /// The store failed (said as its whole chain, as the stage's error shows it).
+    #[error("{}", crate::diag::error_chain(.0))]
+    Store(#[from] crate::store::StoreError),
+    #[error("unit {0} vanished from the store")]
+    Vanished(i64),
+    #[error("cannot bring {} up to what another machine left: {why}", workspace.display())]
+    Restore { workspace: PathBuf, why: String },
+    #[error("unit {id}: an unreadable result: {source}")]
+    Unreadable { id: i64, source: serde_json::Error },
+}
+
 /// The coordinator's side: dispatches units and waits for their results.
 pub(crate) struct Units {
-    /// A handle on the executor's connection (`PgStore::share`).
-    store: RefCell<PgStore>,
+    /// A handle on the executor's connection ([`SharedStore::handle`]).
+    store: RefCell<Box<dyn SharedStore>>,
     run: String,
     /// The coordinator's lease holder id: only it may ask for units of the run.
     holder: String,
@@ -297,7 +306,7 @@ impl Drop for CancelOnDrop<'_> {
 impl Units {
     /// Units of `run` through `store` (a handle on the executor's connection).
     pub fn new(
-        store: PgStore,
+        store: Box<dyn SharedStore>,
         run: &str,
         holder: &str,
         labels: Vec<String>,
@@ -367,21 +376,18 @@ impl Units {
         *n
     }
 
-    /// Has a unit of work done where `cwd` is and returns its result: `stage_key` names the
-    /// stage (`SCOPE/STAGE#`), `call_key` the call within it (`ATTEMPT.CALL`), `labels` what
-    /// the stage needs besides the run's labels.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn work(
-        &self,
-        publisher: Option<&super::publish::Publisher>,
-        cwd: &Path,
-        stage_key: &str,
-        call_key: &str,
-        kind: &str,
-        payload: Json,
-        labels: &[String],
-        hold: Option<(&str, i64)>,
-    ) -> Result<UnitResult, String> {
+    /// Has a unit of work done where `ask.cwd` is and returns its result.
+    pub async fn work(&self, ask: UnitAsk<'_>) -> Result<UnitResult, UnitError> {
+        let UnitAsk {
+            publisher,
+            cwd,
+            stage_key,
+            call_key,
+            kind,
+            payload,
+            labels,
+            hold,
+        } = ask;
         // One unit at a time per git workspace: each starts from what the last left.
         let (top, _turn) = self.turn(publisher, cwd).await;
         // Where: the workspace's branch as published now, or the directory.
@@ -397,11 +403,10 @@ impl Units {
                 },
                 Ok(None) => Place::Dir(cwd.to_path_buf()),
                 Err(e) => {
-                    return Err(format!(
-                        "cannot publish the workspace {} for another machine: {}",
-                        cwd.display(),
-                        crate::diag::error_chain(&e)
-                    ));
+                    return Err(UnitError::Publish {
+                        workspace: cwd.to_path_buf(),
+                        why: crate::diag::error_chain(&e),
+                    });
                 }
             },
             _ => Place::Dir(cwd.to_path_buf()),
@@ -419,22 +424,18 @@ impl Units {
             .map(|b| format!("{b:02x}"))
             .collect();
         let key = format!("{stage_key}{call_key}@{hash}");
-        let dispatch = || {
-            self.store
-                .borrow_mut()
-                .dispatch(
-                    &self.holder,
-                    &self.run,
-                    &key,
-                    stage_key,
-                    kind,
-                    &payload,
-                    &labels,
-                    &place,
-                    hold,
-                )
-                .map_err(|e| crate::diag::error_chain(&e))
+        let request = UnitRequest {
+            coordinator: &self.holder,
+            run: &self.run,
+            key: &key,
+            stage_prefix: stage_key,
+            kind,
+            payload: &payload,
+            labels: &labels,
+            place: &place,
+            hold,
         };
+        let dispatch = || self.store.borrow_mut().dispatch(&request);
         let id = dispatch()?;
         let mut guard = CancelOnDrop {
             units: self,
@@ -452,14 +453,10 @@ impl Units {
                 None => tokio::time::sleep(delay).await,
             }
             delay = (delay * 2).min(Duration::from_millis(250));
-            let unit = self
-                .store
-                .borrow()
-                .unit(id)
-                .map_err(|e| crate::diag::error_chain(&e))?;
+            let unit = self.store.borrow().unit(id)?;
             let Some(unit) = unit else {
                 guard.id = None;
-                return Err(format!("unit {id} vanished from the store"));
+                return Err(UnitError::Vanished(id));
             };
             match unit.state {
                 UnitState::Done => break unit.result.unwrap_or(Json::Null),
@@ -481,14 +478,48 @@ impl Units {
             top,
             Place::from_json(&place).unwrap_or(Place::Dir(PathBuf::new())),
         ) {
-            p.restore(&top, &branch).await.map_err(|e| {
-                format!(
-                    "cannot bring {} up to what another machine left: {}",
-                    top.display(),
-                    crate::diag::error_chain(&e)
-                )
-            })?;
+            p.restore(&top, &branch)
+                .await
+                .map_err(|e| UnitError::Restore {
+                    workspace: top.clone(),
+                    why: crate::diag::error_chain(&e),
+                })?;
         }
-        serde_json::from_value(result).map_err(|e| format!("unit {id}: an unreadable result: {e}"))
+        serde_json::from_value(result).map_err(|source| UnitError::Unreadable { id, source })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An agent unit's payload as stored since units exist (each field of the call beside
+    /// the agent's name, in this order): rows written before `AgentWork` held the call itself
+    /// still read, and a call is written the same way, byte for byte (the unit's key hashes
+    /// it, so a coordinator that takes a run over adopts what its predecessor asked for).
+    #[test]
+    fn an_agent_units_payload_keeps_its_stored_format() {
+        let stored = json!({
+            "agent": "coder", "stage": "fix", "scope": "items#2", "attempt": 3,
+            "prompt": "do it", "model": "m", "args": ["--x"], "env": [["K", "v"]],
+            "timeout_ms": 60000, "idle_ms": null, "schema": {"type": "object"},
+            "max_tokens": 100
+        });
+        let w: AgentWork = serde_json::from_value(stored.clone()).expect("an old row reads");
+        let call = w
+            .clone()
+            .into_call(PathBuf::from("/cwd"), PathBuf::from("/files"));
+        assert_eq!(call.stage, "fix");
+        assert_eq!(call.attempt, 3);
+        assert_eq!(call.timeout, Some(Duration::from_secs(60)));
+        assert_eq!(call.idle_timeout, None);
+        assert_eq!(call.env, vec![("K".to_string(), "v".to_string())]);
+        assert_eq!(
+            (call.cwd.as_path(), call.dir.as_path()),
+            (Path::new("/cwd"), Path::new("/files"))
+        );
+        let written = serde_json::to_value(AgentWork::of("coder", &call)).expect("writes");
+        assert_eq!(written, stored);
+        assert_eq!(written.to_string(), stored.to_string(), "the same order");
     }
 }

@@ -20,8 +20,13 @@ use super::error::{Halt, RunError};
 use super::{Prepared, RunEnd, RunOptions, execute, now_ms};
 use crate::compile::PrepareFn;
 use crate::fs::FileSystem;
-use crate::store::postgres::{Accept, PgStore};
-use crate::store::{Event, LockOwner, RunRecord, RunStatus, Store, StoreError, Write};
+use crate::store::{
+    Accept, AcceptUnit, Event, Location, LockOwner, OpenOptions, RunRecord, RunStatus, SharedStore,
+    StoreError, Unit, Write,
+};
+
+/// The worker's handle on its shared store, which its runs and units use in turn.
+type WorkerStore = Rc<RefCell<Box<dyn SharedStore>>>;
 
 /// Why a run could not be queued, or a worker could not go on.
 #[derive(Debug, thiserror::Error)]
@@ -158,13 +163,9 @@ pub fn enqueue(
     opts: &RunOptions,
     labels: &[String],
 ) -> Result<String, WorkerError> {
-    let Some(url) = &opts.store else {
+    let Some(mut store) = opts.location().open_shared(&OpenOptions::default())? else {
         return Err(WorkerError::NotShared("--detach"));
     };
-    let mut store = PgStore::connect_reporting(
-        url,
-        Box::new(|m| eprintln!("! store: {}", crate::text::printable(m))),
-    )?;
     let started = now_ms();
     let id = super::new_run_id(started);
     let absolute = |p: &Option<PathBuf>| {
@@ -246,7 +247,7 @@ pub fn enqueue(
 #[derive(Clone, Debug)]
 pub struct WorkerOptions {
     /// The shared store (`postgres://...`).
-    pub store: String,
+    pub store: Location,
     /// The worker's labels: it claims runs that need no label it lacks.
     pub labels: Vec<String>,
     /// The most units of work (agent calls, programs) carried out at once.
@@ -284,18 +285,17 @@ pub async fn work(
     mut stop: watch::Receiver<bool>,
     report: Report,
 ) -> Result<WorkerEnd, WorkerError> {
-    let store = Rc::new(RefCell::new(PgStore::connect_reporting(
-        &opts.store,
-        Box::new(|m| eprintln!("! store: {}", crate::text::printable(m))),
-    )?));
+    let Some(store) = opts.store.open_shared(&OpenOptions::default())? else {
+        return Err(WorkerError::NotShared("a worker"));
+    };
+    let store: WorkerStore = Rc::new(RefCell::new(store));
     let wake = Arc::new(tokio::sync::Notify::new());
     let stop_listening = Arc::new(AtomicBool::new(false));
     // Coordinators waiting for their units wake on the same notifications.
     let unit_wake = Arc::new(tokio::sync::Notify::new());
     let listener = {
         let (wake, unit_wake) = (wake.clone(), unit_wake.clone());
-        crate::store::postgres::listen(
-            &opts.store,
+        store.borrow().listen(
             stop_listening.clone(),
             Box::new(move || {
                 wake.notify_one();
@@ -307,137 +307,28 @@ pub async fn work(
     opts.run.unit_wake = Some(unit_wake);
     let runs_dir = opts.state_dir.join("runs");
     std::fs::create_dir_all(&runs_dir).map_err(|e| RunError::io("create", &runs_dir, e))?;
-    let accept: Accept = Arc::new(|run: &RunRecord| {
-        Workspace::from_options(&run.options).is_some_and(|w| w.reachable())
-    });
-    // Repositories this worker could not clone lately: it claims no unit there for a while.
-    let unreachable: Unreachable = Arc::default();
-    let accept_unit: crate::store::postgres::AcceptUnit = {
-        let unreachable = unreachable.clone();
-        Arc::new(move |place: &Json| accepts(place, &unreachable))
-    };
-    let prepared: PreparedRuns = Rc::new(Prepare {
-        prepare: opts.prepare,
-        runs: RefCell::default(),
-    });
+    let mut worker = Worker::new(store, opts, stop.clone(), report);
+    worker.started();
     let mut running = tokio::task::JoinSet::new();
     let mut units = tokio::task::JoinSet::new();
     let mut done = 0u64;
-    let mut pruned: Option<std::time::Instant> = None;
-    report(&format!(
-        "worker {} started: at most {} unit{} of work and {} run{} at once{}",
-        crate::store::holder_id(),
-        opts.max_concurrency,
-        if opts.max_concurrency == 1 { "" } else { "s" },
-        opts.max_runs,
-        if opts.max_runs == 1 { "" } else { "s" },
-        if opts.labels.is_empty() {
-            String::new()
-        } else {
-            format!(", labels {}", opts.labels.join(", "))
-        }
-    ));
-    let mut seen: Option<std::time::Instant> = None;
     loop {
         if *stop.borrow() {
             break;
         }
-        // Say that this worker, with its labels, is here (at most once a second), so that
-        // `status` and the monitor can tell why work none of the live workers can take waits.
-        if seen.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
-            let said = store.borrow_mut().worker_seen(
-                crate::store::holder_id(),
-                &crate::store::host_name(),
-                std::process::id(),
-                &opts.labels,
-                live_for(opts.poll),
-            );
-            if let Err(e) = said {
-                tracing::warn!(
-                    "cannot record this worker in the store: {}",
-                    crate::diag::error_chain(&e)
-                );
-            }
-            seen = Some(std::time::Instant::now());
-        }
-        if pruned.is_none_or(|t| t.elapsed() >= PRUNE_EVERY) {
-            let gone = prune_units(&opts.state_dir, UNIT_FILES_KEPT);
-            if gone > 0 {
-                report(&format!(
-                    "removed {gone} unit clone{} and output director{} unused for a day",
-                    if gone == 1 { "" } else { "s" },
-                    if gone == 1 { "y" } else { "ies" }
-                ));
-            }
-            pruned = Some(std::time::Instant::now());
-        }
-        while units.len() < opts.max_concurrency.max(1) {
-            let owner = crate::store::current_owner().with_lease(opts.run.lease);
-            let claimed = store
-                .borrow_mut()
-                .claim_unit(&owner, &opts.labels, accept_unit.clone());
-            let unit = match claimed {
-                Ok(Some(u)) => u,
-                Ok(None) => break,
-                Err(e) => {
-                    report(&format!(
-                        "! cannot claim a unit of work: {}",
-                        crate::diag::error_chain(&e)
-                    ));
-                    break;
-                }
-            };
-            report(&format!(
-                "claimed unit {} ({}) of run {}",
-                unit.id, unit.key, unit.run
-            ));
-            units.spawn_local(carry_unit(
-                unit,
-                owner,
-                store.clone(),
-                opts.clone(),
-                stop.clone(),
-                prepared.clone(),
-                unreachable.clone(),
-                report.clone(),
-            ));
-        }
-        while running.len() < opts.max_runs.max(1) {
-            let owner = crate::store::current_owner().with_lease(opts.run.lease);
-            let claimed = store
-                .borrow_mut()
-                .claim(&owner, &opts.labels, &runs_dir, accept.clone());
-            let run = match claimed {
-                Ok(Some(run)) => run,
-                Ok(None) => break,
-                Err(e) => {
-                    report(&format!(
-                        "! cannot claim a run: {}",
-                        crate::diag::error_chain(&e)
-                    ));
-                    break;
-                }
-            };
-            report(&format!("claimed run {} ({})", run.id, run.workflow));
-            let job = carry(
-                run,
-                owner,
-                store.clone(),
-                opts.clone(),
-                stop.clone(),
-                report.clone(),
-            );
-            running.spawn_local(job);
-        }
+        worker.seen();
+        worker.prune();
+        worker.claim_units(&mut units);
+        worker.claim_runs(&mut running, &runs_dir);
         tokio::select! {
             () = wake.notified() => {}
-            () = tokio::time::sleep(opts.poll) => {}
+            () = tokio::time::sleep(worker.opts.poll) => {}
             Some(_) = running.join_next(), if !running.is_empty() => done += 1,
             Some(_) = units.join_next(), if !units.is_empty() => {}
             r = stop.changed() => if r.is_err() { break },
         }
     }
-    report(&format!(
+    (worker.report)(&format!(
         "stopping: {} run{} to hand back",
         running.len(),
         if running.len() == 1 { "" } else { "s" }
@@ -446,7 +337,11 @@ pub async fn work(
         done += 1;
     }
     while units.join_next().await.is_some() {}
-    if let Err(e) = store.borrow_mut().worker_gone(crate::store::holder_id()) {
+    if let Err(e) = worker
+        .store
+        .borrow_mut()
+        .worker_gone(crate::store::holder_id())
+    {
         tracing::warn!(
             "cannot record that this worker stopped: {}",
             crate::diag::error_chain(&e)
@@ -455,6 +350,189 @@ pub async fn work(
     stop_listening.store(true, Ordering::Relaxed);
     let _ = listener.join();
     Ok(WorkerEnd { runs: done })
+}
+
+/// A worker as it goes: its store, its settings, and what it keeps between claims.
+struct Worker {
+    store: WorkerStore,
+    opts: WorkerOptions,
+    stop: watch::Receiver<bool>,
+    report: Report,
+    /// Whether it can carry a run out here.
+    accept: Accept,
+    /// Repositories this worker could not clone lately: it claims no unit there for a while.
+    unreachable: Unreachable,
+    /// Whether it can carry a unit out here.
+    accept_unit: AcceptUnit,
+    /// The runs whose workflows it has prepared for their units.
+    prepared: PreparedRuns,
+    /// When it last said it is here.
+    seen: Option<std::time::Instant>,
+    /// When it last removed unused unit files.
+    pruned: Option<std::time::Instant>,
+}
+
+impl Worker {
+    fn new(
+        store: WorkerStore,
+        opts: WorkerOptions,
+        stop: watch::Receiver<bool>,
+        report: Report,
+    ) -> Worker {
+        let unreachable: Unreachable = Arc::default();
+        let accept_unit: AcceptUnit = {
+            let unreachable = unreachable.clone();
+            Arc::new(move |place: &Json| accepts(place, &unreachable))
+        };
+        let prepare = opts.prepare;
+        Worker {
+            store,
+            opts,
+            stop,
+            report,
+            accept: Arc::new(|run: &RunRecord| {
+                Workspace::from_options(&run.options).is_some_and(|w| w.reachable())
+            }),
+            unreachable,
+            accept_unit,
+            prepared: Rc::new(Prepare {
+                prepare,
+                runs: RefCell::default(),
+            }),
+            seen: None,
+            pruned: None,
+        }
+    }
+
+    /// Says that it started, and how much it takes on.
+    fn started(&self) {
+        let opts = &self.opts;
+        (self.report)(&format!(
+            "worker {} started: at most {} unit{} of work and {} run{} at once{}",
+            crate::store::holder_id(),
+            opts.max_concurrency,
+            if opts.max_concurrency == 1 { "" } else { "s" },
+            opts.max_runs,
+            if opts.max_runs == 1 { "" } else { "s" },
+            if opts.labels.is_empty() {
+                String::new()
+            } else {
+                format!(", labels {}", opts.labels.join(", "))
+            }
+        ));
+    }
+
+    /// Says that this worker, with its labels, is here (at most once a second), so that
+    /// `status` and the monitor can tell why work none of the live workers can take waits.
+    fn seen(&mut self) {
+        if self
+            .seen
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
+        {
+            return;
+        }
+        let said = self.store.borrow_mut().worker_seen(
+            crate::store::holder_id(),
+            &crate::store::host_name(),
+            std::process::id(),
+            &self.opts.labels,
+            live_for(self.opts.poll),
+        );
+        if let Err(e) = said {
+            tracing::warn!(
+                "cannot record this worker in the store: {}",
+                crate::diag::error_chain(&e)
+            );
+        }
+        self.seen = Some(std::time::Instant::now());
+    }
+
+    /// Removes the unit files unused for a day, once every [`PRUNE_EVERY`].
+    fn prune(&mut self) {
+        if self.pruned.is_some_and(|t| t.elapsed() < PRUNE_EVERY) {
+            return;
+        }
+        let gone = prune_units(&self.opts.state_dir, UNIT_FILES_KEPT);
+        if gone > 0 {
+            (self.report)(&format!(
+                "removed {gone} unit clone{} and output director{} unused for a day",
+                if gone == 1 { "" } else { "s" },
+                if gone == 1 { "y" } else { "ies" }
+            ));
+        }
+        self.pruned = Some(std::time::Instant::now());
+    }
+
+    /// Claims units of work while it has room for them, each carried out on its own task.
+    fn claim_units(&self, units: &mut tokio::task::JoinSet<()>) {
+        while units.len() < self.opts.max_concurrency.max(1) {
+            let owner = crate::store::current_owner().with_lease(self.opts.run.lease);
+            let claimed = self.store.borrow_mut().claim_unit(
+                &owner,
+                &self.opts.labels,
+                self.accept_unit.clone(),
+            );
+            let unit = match claimed {
+                Ok(Some(u)) => u,
+                Ok(None) => break,
+                Err(e) => {
+                    (self.report)(&format!(
+                        "! cannot claim a unit of work: {}",
+                        crate::diag::error_chain(&e)
+                    ));
+                    break;
+                }
+            };
+            (self.report)(&format!(
+                "claimed unit {} ({}) of run {}",
+                unit.id, unit.key, unit.run
+            ));
+            units.spawn_local(carry_unit(UnitJob {
+                unit,
+                owner,
+                store: self.store.clone(),
+                opts: self.opts.clone(),
+                stop: self.stop.clone(),
+                prepared: self.prepared.clone(),
+                unreachable: self.unreachable.clone(),
+                report: self.report.clone(),
+            }));
+        }
+    }
+
+    /// Claims runs while it has room for them, each carried out on its own task.
+    fn claim_runs(&self, running: &mut tokio::task::JoinSet<()>, runs_dir: &Path) {
+        while running.len() < self.opts.max_runs.max(1) {
+            let owner = crate::store::current_owner().with_lease(self.opts.run.lease);
+            let claimed = self.store.borrow_mut().claim(
+                &owner,
+                &self.opts.labels,
+                runs_dir,
+                self.accept.clone(),
+            );
+            let run = match claimed {
+                Ok(Some(run)) => run,
+                Ok(None) => break,
+                Err(e) => {
+                    (self.report)(&format!(
+                        "! cannot claim a run: {}",
+                        crate::diag::error_chain(&e)
+                    ));
+                    break;
+                }
+            };
+            (self.report)(&format!("claimed run {} ({})", run.id, run.workflow));
+            let job = carry(
+                run,
+                owner,
+                self.store.clone(),
+                self.opts.clone(),
+                self.stop.clone(),
+                self.report.clone(),
+            );
+            running.spawn_local(job);
+        }
+    }
 }
 
 /// How long a worker that polls every `poll` counts as live after it was last seen: three
@@ -469,7 +547,7 @@ fn live_for(poll: Duration) -> Duration {
 async fn carry(
     run: RunRecord,
     owner: LockOwner,
-    store: Rc<RefCell<PgStore>>,
+    store: WorkerStore,
     opts: WorkerOptions,
     stop: watch::Receiver<bool>,
     report: Report,
@@ -587,7 +665,7 @@ async fn carry(
 async fn carry_out(
     run: &RunRecord,
     owner: &LockOwner,
-    store: &Rc<RefCell<PgStore>>,
+    store: &WorkerStore,
     opts: &WorkerOptions,
     stop: watch::Receiver<bool>,
 ) -> Result<RunEnd, WorkerError> {
@@ -841,30 +919,38 @@ struct Prepare {
     runs: RefCell<std::collections::HashMap<String, Rc<Prepared>>>,
 }
 
+/// Why a run's workflow could not be prepared for its units here.
+#[derive(Debug, thiserror::Error)]
+enum PrepareError {
+    /// The store failed (said as its whole chain, as the unit's result says it).
+    #[error("{}", crate::diag::error_chain(.0))]
+    Store(#[from] StoreError),
+    #[error("there is no run {0}")]
+    NoRun(String),
+    #[error("the run's workflow does not check here:\n{0}")]
+    Check(String),
+}
+
 /// A run's workflow as stored with it, prepared once per worker; its secrets registered
 /// (`run::register_secrets`) before any unit of the run is carried out here.
 fn prepared_run(
-    store: &Rc<RefCell<PgStore>>,
+    store: &WorkerStore,
     cache: &PreparedRuns,
     run: &str,
-) -> Result<Rc<Prepared>, String> {
+) -> Result<Rc<Prepared>, PrepareError> {
     if let Some(p) = cache.runs.borrow().get(run) {
         return Ok(p.clone());
     }
     let record = store
         .borrow()
-        .run(run)
-        .map_err(|e| crate::diag::error_chain(&e))?
-        .ok_or_else(|| format!("there is no run {run}"))?;
-    let sources = store
-        .borrow()
-        .sources(run)
-        .map_err(|e| crate::diag::error_chain(&e))?;
+        .run(run)?
+        .ok_or_else(|| PrepareError::NoRun(run.to_string()))?;
+    let sources = store.borrow().sources(run)?;
     let fs: Arc<dyn FileSystem + Send + Sync> = Arc::new(crate::fs::MemFs::new(
         sources.into_iter().map(|(p, t)| (PathBuf::from(p), t)),
     ));
     let prepared = (cache.prepare)(&fs, Path::new(&record.file), &record.param_sets())
-        .map_err(|e| format!("the run's workflow does not check here:\n{}", e.render()))?;
+        .map_err(|e| PrepareError::Check(e.render()))?;
     super::register_secrets(&prepared);
     let prepared = Rc::new(prepared);
     cache
@@ -874,72 +960,82 @@ fn prepared_run(
     Ok(prepared)
 }
 
-/// Carries out one claimed unit of work, renewing its lease, and records what came of it.
-/// A unit whose lease is lost (cancelled, taken over) is dropped, which stops its program
-/// or call; one whose worker is told to stop is handed back to the queue.
-#[allow(clippy::too_many_arguments)]
-async fn carry_unit(
-    unit: crate::store::postgres::Unit,
+/// A claimed unit of work, and what its worker carries it out with.
+struct UnitJob {
+    unit: Unit,
+    /// The claim's tenure.
     owner: LockOwner,
-    store: Rc<RefCell<PgStore>>,
+    store: WorkerStore,
     opts: WorkerOptions,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
     prepared: PreparedRuns,
     unreachable: Unreachable,
     report: Report,
-) {
-    let id = unit.id;
-    let lease = opts.run.lease;
-    let renew = async {
-        let mut last_ok = std::time::Instant::now();
-        loop {
-            tokio::time::sleep(lease / 3).await;
-            match store.borrow_mut().renew_unit(id, &owner) {
-                Ok(true) => last_ok = std::time::Instant::now(),
-                Ok(false) => return "it was cancelled or taken over".to_string(),
-                Err(e) if last_ok.elapsed() >= lease => {
-                    return format!(
-                        "its lease could not be renewed: {}",
-                        crate::diag::error_chain(&e)
-                    );
-                }
-                Err(_) => {}
+}
+
+/// Renews a unit's lease every third of it while its work goes on; returns why once it is
+/// lost (cancelled, taken over, or not renewed for a whole lease).
+async fn renew_unit(job: &UnitJob) -> String {
+    let lease = job.opts.run.lease;
+    let mut last_ok = std::time::Instant::now();
+    loop {
+        tokio::time::sleep(lease / 3).await;
+        match job.store.borrow_mut().renew_unit(job.unit.id, &job.owner) {
+            Ok(true) => last_ok = std::time::Instant::now(),
+            Ok(false) => return "it was cancelled or taken over".to_string(),
+            Err(e) if last_ok.elapsed() >= lease => {
+                return format!(
+                    "its lease could not be renewed: {}",
+                    crate::diag::error_chain(&e)
+                );
             }
+            Err(_) => {}
         }
-    };
+    }
+}
+
+/// ` (failed: WHY)` for a store call that failed, else nothing.
+fn failed_note(r: crate::store::Result<()>) -> String {
+    match r {
+        Ok(()) => String::new(),
+        Err(e) => format!(" (failed: {})", crate::diag::error_chain(&e)),
+    }
+}
+
+/// Carries out one claimed unit of work, renewing its lease, and records what came of it.
+/// A unit whose lease is lost (cancelled, taken over) is dropped, which stops its program
+/// or call; one whose worker is told to stop is handed back to the queue.
+async fn carry_unit(job: UnitJob) {
+    let (id, key, owner, report) = (job.unit.id, &job.unit.key, &job.owner, &job.report);
+    let mut stop = job.stop.clone();
     let result = tokio::select! {
-        r = unit_work(&unit, &owner, &store, &opts, &prepared) => match r {
+        r = unit_work(&job) => match r {
             Ok(r) => r,
             // Lost before its work started: nothing ran here, nothing is recorded.
             Err(UnitNotDone::Lost(why)) => {
-                report(&format!("unit {id} ({}) not started: {why}", unit.key));
+                report(&format!("unit {id} ({key}) not started: {why}"));
                 return;
             }
             // No access to its repository here: another worker may have it.
             Err(UnitNotDone::Unreachable(url, why)) => {
-                if let Ok(mut m) = unreachable.lock() {
+                if let Ok(mut m) = job.unreachable.lock() {
                     m.insert(url.clone(), std::time::Instant::now());
                 }
-                let back = store.borrow_mut().release_unit(id, &owner);
+                let back = job.store.borrow_mut().release_unit(id, owner);
                 report(&format!(
-                    "! unit {id} ({}): cannot clone {url}: {why}; handed back{}, and no unit \
+                    "! unit {id} ({key}): cannot clone {url}: {why}; handed back{}, and no unit \
                      there is claimed here for {}",
-                    unit.key,
-                    match back {
-                        Ok(()) => String::new(),
-                        Err(e) => format!(" (failed: {})", crate::diag::error_chain(&e)),
-                    },
+                    failed_note(back),
                     crate::text::duration(UNREACHABLE_FOR)
                 ));
                 return;
             }
         },
-        why = renew => {
+        why = renew_unit(&job) => {
             // The work was dropped with its future: its programs are stopped.
-            let noted = store.borrow_mut().unit_stopped(id, &owner);
+            let noted = job.store.borrow_mut().unit_stopped(id, owner);
             report(&format!(
-                "unit {id} ({}) stopped: {why}{}",
-                unit.key,
+                "unit {id} ({key}) stopped: {why}{}",
                 match noted {
                     Ok(()) => String::new(),
                     Err(e) => format!(" (not recorded: {})", crate::diag::error_chain(&e)),
@@ -948,10 +1044,9 @@ async fn carry_unit(
             return;
         }
         _ = stop.wait_for(|s| *s) => {
-            let back = store.borrow_mut().release_unit(id, &owner);
+            let back = job.store.borrow_mut().release_unit(id, owner);
             report(&format!(
-                "unit {id} ({}) stopped{}",
-                unit.key,
+                "unit {id} ({key}) stopped{}",
                 match back {
                     Ok(()) => " and handed back to the queue".to_string(),
                     Err(e) => format!(", but could not be handed back: {}", crate::diag::error_chain(&e)),
@@ -964,15 +1059,13 @@ async fn carry_unit(
     // records are.
     let mut value = serde_json::to_value(&result).unwrap_or(Json::Null);
     crate::secrets::redact_json(&mut value);
-    match store.borrow_mut().finish_unit(id, &owner, &value) {
-        Ok(true) => report(&format!("unit {id} ({}) done", unit.key)),
+    match job.store.borrow_mut().finish_unit(id, owner, &value) {
+        Ok(true) => report(&format!("unit {id} ({key}) done")),
         Ok(false) => report(&format!(
-            "unit {id} ({}) done, but another worker holds it now: its result is dropped",
-            unit.key
+            "unit {id} ({key}) done, but another worker holds it now: its result is dropped"
         )),
         Err(e) => report(&format!(
-            "! unit {id} ({}): cannot record its result: {}",
-            unit.key,
+            "! unit {id} ({key}): cannot record its result: {}",
             crate::diag::error_chain(&e)
         )),
     }
@@ -987,60 +1080,17 @@ enum UnitNotDone {
     Lost(String),
 }
 
+/// Where a unit works here: its directory and, in a git run, the publisher of its branch.
+type UnitPlace = (PathBuf, Option<super::publish::Publisher>);
+
 /// Does a unit's work where it says: a clone of its repository on its branch as published
 /// (`STATE_DIR/units/clones/HASH`), published again afterwards; or its directory.
-async fn unit_work(
-    unit: &crate::store::postgres::Unit,
-    owner: &LockOwner,
-    store: &Rc<RefCell<PgStore>>,
-    opts: &WorkerOptions,
-    prepared: &PreparedRuns,
-) -> Result<super::units::UnitResult, UnitNotDone> {
-    use super::units::{AgentWork, CommandWork, Place, ProgramDone, UnitResult};
-    let Some(place) = Place::from_json(&unit.place) else {
-        return Ok(UnitResult::Failed(format!(
-            "unit {}: an unreadable place",
-            unit.id
-        )));
-    };
-    let (cwd, publisher) = match &place {
-        Place::Git {
-            url,
-            branch,
-            subdir,
-        } => {
-            let hash: String = <sha2::Sha256 as sha2::Digest>::digest(
-                format!("{}\n{url}\n{branch}", unit.run).as_bytes(),
-            )[..8]
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect();
-            let dir = opts.state_dir.join("units").join("clones").join(hash);
-            if let Err(e) = clone_into(url, &dir).await {
-                return Err(UnitNotDone::Unreachable(
-                    url.clone(),
-                    crate::diag::error_chain(&e),
-                ));
-            }
-            touch(&dir);
-            let p = super::publish::Publisher::new(url.clone());
-            match p.restore(&dir, branch).await {
-                Ok(true) => {}
-                Ok(false) => {
-                    return Ok(UnitResult::Failed(format!(
-                        "the branch {branch} is not on {url}: the run did not publish it"
-                    )));
-                }
-                Err(e) => {
-                    return Ok(UnitResult::Failed(format!(
-                        "cannot check out {branch} from {url}: {}",
-                        crate::diag::error_chain(&e)
-                    )));
-                }
-            }
-            (dir.join(subdir), Some(p))
-        }
-        Place::Dir(d) => (d.clone(), None),
+async fn unit_work(job: &UnitJob) -> Result<super::units::UnitResult, UnitNotDone> {
+    use super::units::UnitResult;
+    let (unit, opts) = (&job.unit, &job.opts);
+    let (cwd, publisher) = match unit_place(unit, opts).await? {
+        Ok(place) => place,
+        Err(failed) => return Ok(failed),
     };
     let files = opts
         .state_dir
@@ -1061,7 +1111,7 @@ async fn unit_work(
     // Only while this worker still holds the unit: its lease may have lapsed while the
     // store was out of reach, and then what is stopped next may be the copy of the worker
     // that holds it now.
-    match store.borrow_mut().renew_unit(unit.id, owner) {
+    match job.store.borrow_mut().renew_unit(unit.id, &job.owner) {
         Ok(true) => {}
         Ok(false) => return Err(UnitNotDone::Lost("another worker holds it now".into())),
         Err(e) => {
@@ -1082,81 +1132,8 @@ async fn unit_work(
         .await;
     }
     let result = match unit.kind.as_str() {
-        "command" => {
-            let w: CommandWork = match serde_json::from_value(unit.payload.clone()) {
-                Ok(w) => w,
-                Err(e) => return Ok(UnitResult::Failed(format!("an unreadable program: {e}"))),
-            };
-            // The run's secrets are registered (with its workflow prepared), so that its
-            // program's files and its result are masked as on the run's own executor.
-            if let Err(e) = prepared_run(store, prepared, &unit.run) {
-                return Ok(UnitResult::Failed(e));
-            }
-            let mut env = w.env;
-            env.push((UNIT_ENV.to_string(), tag.clone()));
-            let spec = crate::backend::process::ProcSpec {
-                argv: w.argv,
-                cwd: cwd.clone(),
-                env,
-                stdin: w.stdin.map(String::into_bytes),
-                timeout: w.timeout_ms.map(Duration::from_millis),
-                idle_timeout: w.idle_ms.map(Duration::from_millis),
-                stdout_path: Some(files.join("stdout")),
-                stderr_path: Some(files.join("stderr")),
-                ..Default::default()
-            };
-            match crate::backend::process::run(&spec).await {
-                Ok(out) => UnitResult::Program(ProgramDone::of(&out)),
-                Err(crate::backend::process::SpawnError::Limit(hit)) => {
-                    limit_here(hit.limit, &hit.to_string())
-                }
-                Err(e) => {
-                    UnitResult::Failed(e.message(spec.argv.first().map_or("", String::as_str)))
-                }
-            }
-        }
-        "agent" => {
-            let w: AgentWork = match serde_json::from_value(unit.payload.clone()) {
-                Ok(w) => w,
-                Err(e) => return Ok(UnitResult::Failed(format!("an unreadable agent call: {e}"))),
-            };
-            let prepared = match prepared_run(store, prepared, &unit.run) {
-                Ok(p) => p,
-                Err(e) => return Ok(UnitResult::Failed(e)),
-            };
-            let plan = &prepared.plan;
-            let Some(agent) = plan
-                .workflow
-                .agents
-                .iter()
-                .find(|a| a.name.value == w.agent)
-            else {
-                return Ok(UnitResult::Failed(format!(
-                    "the run's workflow has no agent `{}`",
-                    w.agent
-                )));
-            };
-            let cfg = match super::exec::agent_config(agent, plan, &prepared.sources) {
-                Ok(c) => c,
-                Err(e) => return Ok(UnitResult::Failed(e.message())),
-            };
-            let backend = match crate::backend::build(&cfg) {
-                Ok(b) => b,
-                Err(e) => {
-                    return Ok(UnitResult::Agent(Err(crate::backend::CallError::Missing {
-                        message: crate::diag::error_chain(&e),
-                    })));
-                }
-            };
-            let mut call = w.call(cwd.clone(), files.clone());
-            call.env.push((UNIT_ENV.to_string(), tag.clone()));
-            match backend.call(&call).await {
-                Err(crate::backend::CallError::Limit { limit, message }) => {
-                    limit_here(limit, &message)
-                }
-                answer => UnitResult::Agent(answer),
-            }
-        }
+        "command" => command_unit(job, &cwd, &files, &tag).await,
+        "agent" => agent_unit(job, &cwd, &files, &tag).await,
         other => UnitResult::Failed(format!("a unit of an unknown kind `{other}`")),
     };
     if let Some(p) = publisher {
@@ -1169,6 +1146,136 @@ async fn unit_work(
         }
     }
     Ok(result)
+}
+
+/// Where a unit works here: a clone of its repository, on its branch as the run published
+/// it; or its directory. `Ok(Err(result))` when it cannot work there (its result says why).
+async fn unit_place(
+    unit: &Unit,
+    opts: &WorkerOptions,
+) -> Result<Result<UnitPlace, super::units::UnitResult>, UnitNotDone> {
+    use super::units::{Place, UnitResult};
+    let Some(place) = Place::from_json(&unit.place) else {
+        return Ok(Err(UnitResult::Failed(format!(
+            "unit {}: an unreadable place",
+            unit.id
+        ))));
+    };
+    let (url, branch, subdir) = match place {
+        Place::Git {
+            url,
+            branch,
+            subdir,
+        } => (url, branch, subdir),
+        Place::Dir(d) => return Ok(Ok((d, None))),
+    };
+    let hash: String =
+        <sha2::Sha256 as sha2::Digest>::digest(format!("{}\n{url}\n{branch}", unit.run).as_bytes())
+            [..8]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+    let dir = opts.state_dir.join("units").join("clones").join(hash);
+    if let Err(e) = clone_into(&url, &dir).await {
+        return Err(UnitNotDone::Unreachable(url, crate::diag::error_chain(&e)));
+    }
+    touch(&dir);
+    let p = super::publish::Publisher::new(url.clone());
+    match p.restore(&dir, &branch).await {
+        Ok(true) => Ok(Ok((dir.join(subdir), Some(p)))),
+        Ok(false) => Ok(Err(UnitResult::Failed(format!(
+            "the branch {branch} is not on {url}: the run did not publish it"
+        )))),
+        Err(e) => Ok(Err(UnitResult::Failed(format!(
+            "cannot check out {branch} from {url}: {}",
+            crate::diag::error_chain(&e)
+        )))),
+    }
+}
+
+/// Runs a command unit's program in `cwd`, its output kept in `files`, tagged with `tag`.
+async fn command_unit(
+    job: &UnitJob,
+    cwd: &Path,
+    files: &Path,
+    tag: &str,
+) -> super::units::UnitResult {
+    use super::units::{CommandWork, ProgramDone, UnitResult};
+    let w: CommandWork = match serde_json::from_value(job.unit.payload.clone()) {
+        Ok(w) => w,
+        Err(e) => return UnitResult::Failed(format!("an unreadable program: {e}")),
+    };
+    // The run's secrets are registered (with its workflow prepared), so that its
+    // program's files and its result are masked as on the run's own executor.
+    if let Err(e) = prepared_run(&job.store, &job.prepared, &job.unit.run) {
+        return UnitResult::Failed(e.to_string());
+    }
+    let mut env = w.env;
+    env.push((UNIT_ENV.to_string(), tag.to_string()));
+    let spec = crate::backend::process::ProcSpec {
+        argv: w.argv,
+        cwd: cwd.to_path_buf(),
+        env,
+        stdin: w.stdin.map(String::into_bytes),
+        timeout: w.timeout_ms.map(Duration::from_millis),
+        idle_timeout: w.idle_ms.map(Duration::from_millis),
+        stdout_path: Some(files.join("stdout")),
+        stderr_path: Some(files.join("stderr")),
+        ..Default::default()
+    };
+    match crate::backend::process::run(&spec).await {
+        Ok(out) => UnitResult::Program(ProgramDone::of(&out)),
+        Err(crate::backend::process::SpawnError::Limit(hit)) => {
+            limit_here(hit.limit, &hit.to_string())
+        }
+        Err(e) => UnitResult::Failed(e.message(spec.argv.first().map_or("", String::as_str))),
+    }
+}
+
+/// Makes an agent unit's call in `cwd`, its files in `files`, tagged with `tag`: the agent
+/// built from the run's workflow, with this machine's keys.
+async fn agent_unit(
+    job: &UnitJob,
+    cwd: &Path,
+    files: &Path,
+    tag: &str,
+) -> super::units::UnitResult {
+    use super::units::{AgentWork, UnitResult};
+    let w: AgentWork = match serde_json::from_value(job.unit.payload.clone()) {
+        Ok(w) => w,
+        Err(e) => return UnitResult::Failed(format!("an unreadable agent call: {e}")),
+    };
+    let prepared = match prepared_run(&job.store, &job.prepared, &job.unit.run) {
+        Ok(p) => p,
+        Err(e) => return UnitResult::Failed(e.to_string()),
+    };
+    let plan = &prepared.plan;
+    let Some(agent) = plan
+        .workflow
+        .agents
+        .iter()
+        .find(|a| a.name.value == w.agent)
+    else {
+        return UnitResult::Failed(format!("the run's workflow has no agent `{}`", w.agent));
+    };
+    let cfg = match super::exec::agent_config(agent, plan, &prepared.sources) {
+        Ok(c) => c,
+        Err(e) => return UnitResult::Failed(e.message()),
+    };
+    let backend = match crate::backend::build(&cfg) {
+        Ok(b) => b,
+        Err(e) => {
+            return UnitResult::Agent(Err(crate::backend::CallError::Missing {
+                message: crate::diag::error_chain(&e),
+            }));
+        }
+    };
+    let mut call = w.into_call(cwd.to_path_buf(), files.to_path_buf());
+    call.env.push((UNIT_ENV.to_string(), tag.to_string()));
+    match backend.call(&call).await {
+        Err(crate::backend::CallError::Limit { limit, message }) => limit_here(limit, &message),
+        answer => UnitResult::Agent(answer),
+    }
 }
 
 /// A unit's result for a limit of this machine that its work met (`what`: what could not be

@@ -164,15 +164,16 @@ pub(crate) async fn metrics(State(m): State<Arc<Monitor>>) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::sqlite::SqliteStore;
-    use crate::store::{AttemptRecord, RunRecord, Write};
+    use crate::store::{AttemptRecord, Location, OpenOptions, RunRecord, Write};
 
     /// Tokens and cost are samples only of what an agent reported: an agent that reports
     /// tokens but no cost (codex, openai) has no cost sample, not a 0.
     #[test]
     fn a_cost_no_call_reported_has_no_sample() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut s = SqliteStore::open(&dir.path().join("state.db")).expect("open");
+        let mut s = Location::StateDir(dir.path().to_path_buf())
+            .open(&OpenOptions::default())
+            .expect("open");
         s.create_run(&RunRecord {
             id: "r".into(),
             workflow: "w".into(),
@@ -212,7 +213,7 @@ mod tests {
             attempt("b", "claude", Some(0.25)),
         ])
         .expect("commit");
-        let text = text(&mut s).expect("metrics");
+        let text = text(s.as_mut()).expect("metrics");
         assert!(
             text.contains("ralph_flow_tokens_total{agent=\"codex\",direction=\"input\"} 10"),
             "{text}"

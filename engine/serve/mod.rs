@@ -33,7 +33,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::{get, post};
 
-use crate::store::sqlite::Durability;
+use crate::store::OpenOptions;
 use crate::store::{Location, Store, StoreError};
 
 pub use auth::{MIN_TOKEN_LEN, WeakToken};
@@ -145,7 +145,7 @@ impl Monitor {
             if !self.location.exists() {
                 return Ok(None);
             }
-            *guard = Some(self.location.open(Durability::Normal)?);
+            *guard = Some(self.location.open(&OpenOptions::default())?);
         }
         match guard.as_mut() {
             Some(store) => f(store.as_mut()).map(Some),

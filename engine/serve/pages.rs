@@ -17,7 +17,7 @@ use super::auth::{Authorized, csrf_ok};
 use super::layout::{Drawing, svg};
 use super::{Monitor, charts, view};
 use crate::diag::error_chain;
-use crate::store::{Location, RunRecord, StoreError};
+use crate::store::{RunRecord, StoreError};
 
 /// The page templates, compiled once.
 pub(crate) struct Pages {
@@ -201,7 +201,7 @@ fn workflow_path(m: &Monitor, file: &str) -> std::path::PathBuf {
     if p.is_absolute() || p.exists() {
         return p.to_path_buf();
     }
-    let Location::Sqlite(state_dir) = m.location() else {
+    let Some(state_dir) = m.location().state_dir() else {
         return p.to_path_buf();
     };
     match state_dir.parent() {

@@ -3,12 +3,21 @@
 //! The executor writes only what changed: a node's settlement, an attempt, an event, a gate
 //! request; several writes that happen together go in one [`Store::commit`] (one transaction).
 //! Everything a resume needs is here; artifacts people read live on disk beside it.
-//! [`sqlite::SqliteStore`] is the default; a PostgreSQL store can implement the same trait.
+//! [`sqlite::SqliteStore`] is the default; a store named by a URL (PostgreSQL's) implements
+//! the same trait, and what only a shared store can do besides ([`shared`]). Which store a
+//! [`Location`] opens is decided here ([`location::URL_STORES`]), not by its callers.
 
 pub mod liveness;
+pub mod location;
 pub mod postgres;
+pub mod shared;
 pub mod sqlite;
 
+pub use location::{Location, OpenOptions, Opened};
+pub use shared::{
+    Accept, AcceptUnit, RunQueue, SharedStore, Unit, UnitQueue, UnitRequest, UnitState,
+    WorkerRegistry,
+};
 pub use sqlite::{default_path, open_default};
 
 use std::borrow::Cow;
@@ -38,10 +47,36 @@ pub enum StoreError {
         #[source]
         source: serde_json::Error,
     },
-    /// The store cannot be used as it is (damaged, replaced, busy, too new), said with what
-    /// to do.
+    /// The store's file is damaged, lost its write-ahead log, or was deleted or replaced
+    /// under the run: what happened, and how to recover.
     #[error("{0}")]
-    State(String),
+    Damaged(String),
+    /// The store was written by another version of ralph-flow (its schema, or a value this
+    /// version does not know), said with which one to use.
+    #[error("{0}")]
+    Version(String),
+    /// Another process kept the store busy for longer than a call waits.
+    #[error("{0}")]
+    Busy(String),
+    /// The store cannot work where it is (a file system without write-ahead logging).
+    #[error("{0}")]
+    Unsupported(String),
+    /// The connection to the store is closed, or was lost for longer than a call waits, or
+    /// could not be started.
+    #[error("{0}")]
+    Connection(String),
+    /// `--store` (or [`STORE_ENV`]) names no store this ralph-flow knows.
+    #[error(
+        "`{given}` is not a store: give a {schemes} URL (or leave --store and RALPH_FLOW_STORE \
+         out for the state directory's SQLite file)"
+    )]
+    NotAStore { given: String, schemes: String },
+    /// What was asked for is not in the store (a gate that does not wait, an output).
+    #[error("{0}")]
+    NotFound(String),
+    /// A worker asked for work without a lease (a caller's mistake).
+    #[error("{0}")]
+    NoLease(&'static str),
     /// The PostgreSQL server failed or could not be reached.
     #[error("{what}")]
     Postgres {
@@ -85,86 +120,6 @@ pub type Result<T> = std::result::Result<T, StoreError>;
 
 /// The environment variable that names the store when `--store` is not given.
 pub const STORE_ENV: &str = "RALPH_FLOW_STORE";
-
-/// Where runs are kept: the SQLite file of a state directory (the default), or a PostgreSQL
-/// database that many processes share.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Location {
-    /// `STATE_DIR/state.db`.
-    Sqlite(PathBuf),
-    /// A `postgres://` (or `postgresql://`) URL.
-    Postgres(String),
-}
-
-impl Location {
-    /// The store `--store` names (else [`STORE_ENV`]), or the state directory's SQLite file.
-    pub fn new(store: Option<&str>, state_dir: &std::path::Path) -> Result<Location> {
-        let from_env = std::env::var(STORE_ENV).ok().filter(|v| !v.is_empty());
-        match store.map(str::to_string).or(from_env) {
-            None => Ok(Location::Sqlite(state_dir.to_path_buf())),
-            Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
-                Ok(Location::Postgres(url))
-            }
-            Some(other) => Err(StoreError::State(format!(
-                "`{}` is not a store: give a postgres:// URL (or leave --store and {STORE_ENV} \
-                 out for the state directory's SQLite file)",
-                crate::text::printable(&other)
-            ))),
-        }
-    }
-
-    /// Whether the store may hold runs already (a SQLite file is made by the first run).
-    pub fn exists(&self) -> bool {
-        match self {
-            Location::Sqlite(dir) => default_path(dir).exists(),
-            Location::Postgres(_) => true,
-        }
-    }
-
-    /// Opens the store (creating a SQLite file, or the schema of a database, when needed).
-    pub fn open(&self, durability: sqlite::Durability) -> Result<Box<dyn Store + Send>> {
-        match self {
-            Location::Sqlite(dir) => {
-                let mut store = sqlite::SqliteStore::open_with(&default_path(dir), durability)?;
-                store.on_busy(|m| eprintln!("! store: {}", crate::text::printable(m)));
-                Ok(Box::new(store))
-            }
-            Location::Postgres(url) => Ok(Box::new(postgres::PgStore::connect_reporting(
-                url,
-                Box::new(|m| eprintln!("! store: {}", crate::text::printable(m))),
-            )?)),
-        }
-    }
-
-    /// Opens an existing store to read it: a SQLite file read-only (brought up to date first
-    /// if it is older); `None` when there is no SQLite file yet.
-    pub fn open_to_read(&self) -> Result<Option<Box<dyn Store + Send>>> {
-        match self {
-            Location::Sqlite(dir) => {
-                let path = default_path(dir);
-                if !path.exists() {
-                    return Ok(None);
-                }
-                match sqlite::SqliteStore::open_read_only(&path) {
-                    Ok(store) => Ok(Some(Box::new(store))),
-                    Err(read_only) => Ok(Some(Box::new(
-                        sqlite::SqliteStore::open(&path).map_err(|_| read_only)?,
-                    ))),
-                }
-            }
-            Location::Postgres(url) => Ok(Some(Box::new(postgres::PgStore::connect(url)?))),
-        }
-    }
-}
-
-impl std::fmt::Display for Location {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Location::Sqlite(dir) => write!(f, "{}", dir.display()),
-            Location::Postgres(url) => f.write_str(&postgres::shown(url)),
-        }
-    }
-}
 
 /// Tokens and cost of one call, or summed over many.
 ///
@@ -863,13 +818,8 @@ impl LockOwner {
 
     /// Whether this owner may take the lock `held` has: it is the same tenure (a worker's
     /// claim, then its executor), or the lock has lapsed ([`LockOwner::lapsed`]). Else why
-    /// not, with what to do.
-    pub fn may_take(
-        &self,
-        held: &LockOwner,
-        run: &str,
-        now: i64,
-    ) -> std::result::Result<(), String> {
+    /// not ([`StoreError::Refused`]), with what to do.
+    pub fn may_take(&self, held: &LockOwner, run: &str, now: i64) -> Result<()> {
         if !held.holder.is_empty() && held.holder == self.holder {
             return Ok(());
         }
@@ -880,7 +830,7 @@ impl LockOwner {
         if held.lapsed(&self.host, now) {
             return Ok(());
         }
-        Err(held.refusal(run, now))
+        Err(StoreError::Refused(held.refusal(run, now)))
     }
 
     /// Why a run this lock holds cannot be taken now, and what to do.
@@ -1154,7 +1104,7 @@ pub(crate) fn answered_gate<'a>(
     } else {
         format!(" in scope {}", approval.scope)
     };
-    Err(StoreError::State(if !run_exists()? {
+    Err(StoreError::NotFound(if !run_exists()? {
         format!("no run {}", approval.run)
     } else if waiting.is_empty() {
         format!(
@@ -1285,7 +1235,7 @@ mod tests {
             "a zombie holds nothing"
         );
         let me = current_owner().with_lease(Duration::from_secs(30));
-        assert_eq!(me.may_take(&held, "r", now_ms()), Ok(()));
+        assert!(me.may_take(&held, "r", now_ms()).is_ok());
         let _ = child.wait();
     }
 
@@ -1327,7 +1277,8 @@ mod tests {
         assert!(!other_boot.lapsed(&host_name(), now_ms()));
         let err = current_owner()
             .may_take(&other_boot, "r", now_ms())
-            .expect_err("a live lease holds");
+            .expect_err("a live lease holds")
+            .to_string();
         assert!(err.contains("its lease runs until"), "{err}");
         // An unknown identity (a lock of an older ralph-flow, with a lease): the lease.
         let mut unknown = held.clone();
@@ -1349,9 +1300,12 @@ mod tests {
         // over, but not a live one.
         let next = current_owner().with_lease(Duration::from_secs(30));
         assert_ne!(next.holder, held.holder);
-        assert_eq!(next.may_take(&held, "r", now_ms()), Ok(()));
+        assert!(next.may_take(&held, "r", now_ms()).is_ok());
         let live = held_by_me(60_000);
-        let err = next.may_take(&live, "r", now_ms()).expect_err("live lease");
+        let err = next
+            .may_take(&live, "r", now_ms())
+            .expect_err("live lease")
+            .to_string();
         assert!(
             err.contains(&format!("held by pid {} on {}", live.pid, live.host)),
             "{err}"
@@ -1377,7 +1331,8 @@ mod tests {
         assert!(!legacy(dead, "elsewhere").lapsed("h", now_ms()));
         let err = current_owner()
             .may_take(&legacy(std::process::id(), "h"), "r", now_ms())
-            .expect_err("held");
+            .expect_err("held")
+            .to_string();
         assert!(err.contains("for as long as that process lives"), "{err}");
     }
 

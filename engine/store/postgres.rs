@@ -15,8 +15,8 @@ mod queue;
 mod units;
 mod workers;
 
-pub use queue::{Accept, listen};
-pub use units::{AcceptUnit, Unit, UnitState};
+pub use crate::store::shared::{Accept, AcceptUnit, Unit, UnitState};
+pub use queue::listen;
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -27,6 +27,30 @@ use super::{
     Approval, AttemptRecord, AttemptState, Cancellation, Event, GateRequest, LockOwner, NodeRecord,
     NodeState, Result, RunRecord, RunStatus, Store, StoreError, Usage, Write,
 };
+use crate::store::location::{OpenOptions, Opened, Registration};
+use crate::store::shared::SharedStore;
+
+/// The PostgreSQL store as [`crate::store::Location`] finds it: by `postgres://` or
+/// `postgresql://`; shared by many processes and machines.
+pub(crate) const REGISTRATION: Registration = Registration {
+    schemes: &["postgres://", "postgresql://"],
+    shared: true,
+    open: open_url,
+    shown,
+};
+
+/// Connects: a call that waits for a lost connection says so on stderr, or in the log for a
+/// store opened to be read.
+fn open_url(url: &str, options: &OpenOptions) -> Result<Opened> {
+    let report: WaitReport = if options.read_only {
+        Box::new(|m| tracing::warn!("{m}"))
+    } else {
+        Box::new(crate::store::location::report_wait)
+    };
+    Ok(Opened::Shared(Box::new(PgStore::connect_reporting(
+        url, report,
+    )?)))
+}
 
 /// The schema this version reads and writes.
 pub const SCHEMA_VERSION: i32 = 7;
@@ -238,6 +262,8 @@ pub struct PgStore {
     thread: std::sync::Arc<std::sync::Mutex<Option<std::thread::JoinHandle<()>>>>,
     /// The server, as messages name it (no password).
     shown: String,
+    /// The server's URL, for a listening connection of its own.
+    url: std::sync::Arc<str>,
     /// The run this store took with a lease, and by whom: its writes to the store are
     /// fenced by that lease (see [`Store::lock`]).
     fence: Option<Fence>,
@@ -358,6 +384,7 @@ impl PgStore {
     /// [`PgStore::connect`], telling `report` when a call waits for a lost connection.
     pub fn connect_reporting(url: &str, report: WaitReport) -> Result<PgStore> {
         let shown = shown(url);
+        let shared_url: std::sync::Arc<str> = url.into();
         let (jobs, inbox) = mpsc::channel::<Job>();
         let (ready, started) = mpsc::channel::<Result<()>>();
         let url = url.to_string();
@@ -403,19 +430,20 @@ impl PgStore {
                     }
                 }
             })
-            .map_err(|e| StoreError::State(format!("cannot start the store's thread: {e}")))?;
+            .map_err(|e| StoreError::Connection(format!("cannot start the store's thread: {e}")))?;
         match started.recv() {
             Ok(Ok(())) => Ok(PgStore {
                 jobs: Some(jobs),
                 thread: std::sync::Arc::new(std::sync::Mutex::new(Some(thread))),
                 shown,
+                url: shared_url,
                 fence: None,
             }),
             Ok(Err(e)) => {
                 let _ = thread.join();
                 Err(e)
             }
-            Err(_) => Err(StoreError::State(format!(
+            Err(_) => Err(StoreError::Connection(format!(
                 "the connection to {shown} ended before it was ready"
             ))),
         }
@@ -429,6 +457,7 @@ impl PgStore {
             jobs: self.jobs.clone(),
             thread: self.thread.clone(),
             shown: self.shown.clone(),
+            url: self.url.clone(),
             fence: None,
         }
     }
@@ -454,7 +483,7 @@ impl PgStore {
         &self,
         mut f: impl FnMut(&mut Client) -> Result<T> + Send + 'static,
     ) -> Result<T> {
-        let gone = || StoreError::State(format!("the connection to {} is closed", self.shown));
+        let gone = || StoreError::Connection(format!("the connection to {} is closed", self.shown));
         let lost = format!(
             "lost the connection to {} and could not connect again for {}",
             self.shown,
@@ -466,7 +495,7 @@ impl PgStore {
             .ok_or_else(gone)?
             .send(Box::new(move |c: Option<&mut Client>| {
                 let Some(c) = c else {
-                    let _ = tx.send(Err(StoreError::State(lost.clone())));
+                    let _ = tx.send(Err(StoreError::Connection(lost.clone())));
                     return true;
                 };
                 let result = f(c);
@@ -493,7 +522,7 @@ fn migrate(client: &mut Client, shown: &str) -> Result<()> {
         .map_err(fail)?
         .map_or(0, |r| r.get(0));
     if version > SCHEMA_VERSION {
-        return Err(StoreError::State(format!(
+        return Err(StoreError::Version(format!(
             "{shown} has schema version {version} and this ralph-flow knows {SCHEMA_VERSION}; \
              use a newer ralph-flow"
         )));
@@ -566,7 +595,7 @@ fn run_from_row(row: &Row) -> Result<RunRecord> {
         workflow_hash: row.get(3),
         params: json_value(row.get(4))?,
         status: RunStatus::parse(&status)
-            .ok_or_else(|| StoreError::State(format!("unknown run status `{status}`")))?,
+            .ok_or_else(|| StoreError::Version(format!("unknown run status `{status}`")))?,
         exit: exit_name.zip(exit_code),
         started_at: row.get(8),
         updated_at: row.get(9),
@@ -596,7 +625,7 @@ fn node_from_row(row: &Row) -> Result<NodeRecord> {
         scope: row.get(1),
         node: row.get(2),
         state: NodeState::parse(&state)
-            .ok_or_else(|| StoreError::State(format!("unknown node state `{state}`")))?,
+            .ok_or_else(|| StoreError::Version(format!("unknown node state `{state}`")))?,
         output: json_value(row.get(4))?,
         action: row.get(5),
         feedback: row.get(6),
@@ -619,7 +648,7 @@ fn attempt_from_row(row: &Row) -> Result<AttemptRecord> {
         node: row.get(2),
         attempt: u32::try_from(row.get::<_, i64>(3)).unwrap_or(u32::MAX),
         state: AttemptState::parse(&state)
-            .ok_or_else(|| StoreError::State(format!("unknown attempt state `{state}`")))?,
+            .ok_or_else(|| StoreError::Version(format!("unknown attempt state `{state}`")))?,
         agent: row.get(5),
         dir: row.get(6),
         error: row.get(7),
@@ -964,9 +993,7 @@ fn take_lock(tx: &mut ::postgres::Transaction<'_>, run: &str, owner: &LockOwner)
         .map_err(fail)?
         .get(0);
     if let Some(holder) = holder {
-        owner
-            .may_take(&holder, run, now)
-            .map_err(StoreError::Refused)?;
+        owner.may_take(&holder, run, now)?;
     }
     // The lease runs from now by the server's clock.
     let expires = owner.lease().map(|l| now.saturating_add(l));
@@ -1316,6 +1343,28 @@ impl Store for PgStore {
             .map(|r| node_from_row(r).map(|n| (n.run.clone(), n)))
             .collect()
         })
+    }
+}
+
+impl SharedStore for PgStore {
+    fn handle(&self) -> Box<dyn SharedStore> {
+        Box::new(self.share())
+    }
+
+    fn fenced(&self, run: &str, owner: &LockOwner) -> Box<dyn Store + Send> {
+        Box::new(PgStore::fenced(self, run, owner))
+    }
+
+    fn listen(
+        &self,
+        stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+        wake: Box<dyn Fn() + Send>,
+    ) -> Result<std::thread::JoinHandle<()>> {
+        queue::listen(&self.url, stop, wake)
+    }
+
+    fn into_store(self: Box<Self>) -> Box<dyn Store + Send> {
+        self
     }
 }
 

@@ -16,18 +16,17 @@ use super::{
     APPLY_KEY, CHANNEL, NOW_MS, PgStore, RUN_COLUMNS, applied_before, changed, insert_run, notify,
     pg, run_from_row, take_lock, write_key,
 };
-use crate::store::{Cancellation, LockOwner, Result, RunRecord, RunStatus, StoreError, now_ms};
-
-/// Whether a worker can carry a run out here (its working directory, its repository).
-pub type Accept = Arc<dyn Fn(&RunRecord) -> bool + Send + Sync>;
+use crate::store::{
+    Accept, Cancellation, LockOwner, Result, RunQueue, RunRecord, RunStatus, StoreError, now_ms,
+};
 
 /// How many claimable runs one claim looks at, in queue order, for one this worker accepts.
 const CANDIDATES: i64 = 32;
 
-impl PgStore {
+impl RunQueue for PgStore {
     /// Records a detached run, queued, with the files its workflow was built from (path and
     /// text, as the loader read them) and the labels a worker must have; wakes the workers.
-    pub fn enqueue(
+    fn enqueue(
         &mut self,
         run: &RunRecord,
         sources: &[(String, String)],
@@ -60,7 +59,7 @@ impl PgStore {
     /// and that `accept` takes, skipping those another worker is claiming. The claim takes
     /// the run's lease and marks it running, with its artifacts in `runs_dir/ID`, in one
     /// transaction. `None` when there is nothing to claim.
-    pub fn claim(
+    fn claim(
         &mut self,
         owner: &LockOwner,
         labels: &[String],
@@ -68,8 +67,8 @@ impl PgStore {
         accept: Accept,
     ) -> Result<Option<RunRecord>> {
         if owner.expires.is_none() {
-            return Err(StoreError::State(
-                "a worker claims runs with a lease; give the owner one".into(),
+            return Err(StoreError::NoLease(
+                "a worker claims runs with a lease; give the owner one",
             ));
         }
         let (owner, labels) = (owner.clone(), labels.to_vec());
@@ -117,7 +116,7 @@ impl PgStore {
     }
 
     /// The files a detached run's workflow was built from (path, text), in the order read.
-    pub fn sources(&self, run: &str) -> Result<Vec<(String, String)>> {
+    fn sources(&self, run: &str) -> Result<Vec<(String, String)>> {
         let run = run.to_string();
         self.call(move |c| {
             Ok(c.query(
@@ -132,7 +131,7 @@ impl PgStore {
     }
 
     /// The labels a worker needs to claim a run.
-    pub fn labels(&self, run: &str) -> Result<Vec<String>> {
+    fn labels(&self, run: &str) -> Result<Vec<String>> {
         let run = run.to_string();
         self.call(move |c| {
             Ok(
@@ -148,7 +147,7 @@ impl PgStore {
     /// finished or waits on a gate, or another tenure holds it now (a coordinator that lost
     /// its run does not queue what its successor runs), its lock released if `owner` holds
     /// it, the workers woken.
-    pub fn requeue(&mut self, run: &str, owner: &LockOwner) -> Result<()> {
+    fn requeue(&mut self, run: &str, owner: &LockOwner) -> Result<()> {
         let (run, owner) = (run.to_string(), owner.clone());
         self.call(move |c| {
             let fail = |e| pg("cannot queue a run again", e);
@@ -170,14 +169,12 @@ impl PgStore {
             tx.commit().map_err(fail)
         })
     }
-}
 
-impl PgStore {
     /// Queues a detached waiting run again when one of its gates has an answer that the run
     /// has not acted on (the gate's node is not settled): an answer that came after the
     /// gate was requested but before the run said it waits, which the answer's own
     /// transaction could not queue. Returns whether it did.
-    pub fn requeue_if_answered(&mut self, run: &str) -> Result<bool> {
+    fn requeue_if_answered(&mut self, run: &str) -> Result<bool> {
         let run = run.to_string();
         self.call(move |c| {
             let fail = |e| pg("cannot queue a run again", e);
@@ -228,7 +225,7 @@ pub(super) fn cancel_run(
         .get::<_, Option<String>>(2)
         .zip(row.get::<_, Option<i64>>(3));
     let status = RunStatus::parse(&status).ok_or_else(|| {
-        StoreError::State(format!(
+        StoreError::Version(format!(
             "run {run} has a status this version does not know (`{status}`); use the \
              ralph-flow that wrote it"
         ))
@@ -310,14 +307,14 @@ pub fn listen(
                 }
             }
         })
-        .map_err(|e| StoreError::State(format!("cannot start the listening thread: {e}")))?;
+        .map_err(|e| StoreError::Connection(format!("cannot start the listening thread: {e}")))?;
     match started.recv() {
         Ok(Ok(())) => Ok(thread),
         Ok(Err(e)) => {
             let _ = thread.join();
             Err(e)
         }
-        Err(_) => Err(StoreError::State(
+        Err(_) => Err(StoreError::Connection(
             "the listening connection ended before it was ready".into(),
         )),
     }

@@ -9,7 +9,9 @@
 use ::postgres::Row;
 
 use super::{CHANNEL, NOW_MS, PgStore, changed, pg};
-use crate::store::{LockOwner, Result, StoreError, now_ms};
+use crate::store::{
+    AcceptUnit, LockOwner, Result, StoreError, Unit, UnitQueue, UnitRequest, UnitState, now_ms,
+};
 
 /// How many claimable units one claim looks at, in queue order, for one this worker takes.
 const CANDIDATES: i64 = 32;
@@ -23,15 +25,6 @@ const CANCEL: &str = "CASE WHEN state = 'running' THEN 'cancelling' ELSE 'cancel
 pub(super) const CANCEL_RUN_UNITS: &str = "UPDATE units SET state = CASE WHEN state = 'running' \
      THEN 'cancelling' ELSE 'cancelled' END WHERE run = $1 AND state IN ('queued', 'running')";
 
-/// Where a unit is: queued, running on a worker, done (with its result) or cancelled.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum UnitState {
-    Queued,
-    Running,
-    Done,
-    Cancelled,
-}
-
 impl UnitState {
     fn parse(s: &str) -> UnitState {
         match s {
@@ -42,28 +35,6 @@ impl UnitState {
             _ => UnitState::Queued,
         }
     }
-}
-
-/// A unit of work as the store holds it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Unit {
-    pub id: i64,
-    pub run: String,
-    /// What the coordinator asked for: `SCOPE/STAGE#ATTEMPT.CALL@HASH`.
-    pub key: String,
-    /// `agent` or `command`.
-    pub kind: String,
-    /// What to do (JSON; see `run::units`).
-    pub payload: serde_json::Value,
-    /// The labels a worker needs to take it.
-    pub labels: Vec<String>,
-    /// Where it works (JSON: a git repository and branch, or a directory).
-    pub place: serde_json::Value,
-    pub state: UnitState,
-    /// The worker that holds it (`host:pid:random`), while it runs.
-    pub holder: Option<String>,
-    /// What came of it (JSON), once done.
-    pub result: Option<serde_json::Value>,
 }
 
 const UNIT_COLUMNS: &str = "id, run, key, kind, payload, labels, place, state, holder, result";
@@ -113,10 +84,7 @@ fn coordinates(tx: &mut ::postgres::Transaction<'_>, run: &str, holder: &str) ->
     })
 }
 
-/// Whether a worker can carry a unit out here (its place).
-pub type AcceptUnit = std::sync::Arc<dyn Fn(&serde_json::Value) -> bool + Send + Sync>;
-
-impl PgStore {
+impl UnitQueue for PgStore {
     /// Asks for a unit of work: queues it, or finds the one already asked for under the
     /// same run and key (a coordinator that took the run over adopts what its predecessor
     /// dispatched: a running unit is waited for, a done one's result used). Units of the
@@ -128,19 +96,18 @@ impl PgStore {
     /// run's coordinator may ask: `coordinator` must hold the run's lock, else this fails
     /// with [`StoreError::LeaseLost`] (a coordinator that was taken over cannot cancel what
     /// its successor asked for).
-    #[allow(clippy::too_many_arguments)]
-    pub fn dispatch(
-        &mut self,
-        coordinator: &str,
-        run: &str,
-        key: &str,
-        stage_prefix: &str,
-        kind: &str,
-        payload: &serde_json::Value,
-        labels: &[String],
-        place: &serde_json::Value,
-        hold: Option<(&str, i64)>,
-    ) -> Result<i64> {
+    fn dispatch(&mut self, request: &UnitRequest<'_>) -> Result<i64> {
+        let UnitRequest {
+            coordinator,
+            run,
+            key,
+            stage_prefix,
+            kind,
+            payload,
+            labels,
+            place,
+            hold,
+        } = *request;
         let (resource, capacity) = match hold {
             Some((r, c)) => (Some(r.to_string()), Some(c.max(1))),
             None => (None, None),
@@ -224,7 +191,7 @@ impl PgStore {
     }
 
     /// A unit, as the store holds it now.
-    pub fn unit(&self, id: i64) -> Result<Option<Unit>> {
+    fn unit(&self, id: i64) -> Result<Option<Unit>> {
         self.call(move |c| {
             c.query_opt(
                 &format!("SELECT {UNIT_COLUMNS} FROM units WHERE id = $1"),
@@ -239,7 +206,7 @@ impl PgStore {
     /// Cancels a unit that has not finished (its worker stops it when it next renews), if
     /// `coordinator` still holds the unit's run under a live lease: a coordinator that lost
     /// its run leaves its units to the next one, which adopts them.
-    pub fn cancel_unit(&mut self, id: i64, coordinator: &str) -> Result<()> {
+    fn cancel_unit(&mut self, id: i64, coordinator: &str) -> Result<()> {
         let coordinator = coordinator.to_string();
         self.call(move |c| {
             c.execute(
@@ -258,7 +225,7 @@ impl PgStore {
     /// asked for after the run was cancelled, before it noticed), if `coordinator` still
     /// holds the run under a lease that has not lapsed ([`HELD_BY`], as every coordinator's
     /// write to units).
-    pub fn cancel_units(&mut self, run: &str, coordinator: &str) -> Result<()> {
+    fn cancel_units(&mut self, run: &str, coordinator: &str) -> Result<()> {
         let (run, coordinator) = (run.to_string(), coordinator.to_string());
         self.call(move |c| {
             c.execute(
@@ -273,7 +240,7 @@ impl PgStore {
     /// Forgets a unit whose result the coordinator has used, if `coordinator` still holds
     /// the unit's run: a coordinator that lost its run leaves the unit to its successor,
     /// which may be waiting for the same result.
-    pub fn forget_unit(&mut self, id: i64, coordinator: &str) -> Result<()> {
+    fn forget_unit(&mut self, id: i64, coordinator: &str) -> Result<()> {
         let coordinator = coordinator.to_string();
         self.call(move |c| {
             c.execute(
@@ -288,15 +255,15 @@ impl PgStore {
     /// Claims one unit for `owner` (who must have a lease): the oldest queued unit, or
     /// running unit whose lease expired, whose labels are all in `labels` and whose place
     /// `accept` takes, skipping those another worker is claiming.
-    pub fn claim_unit(
+    fn claim_unit(
         &mut self,
         owner: &LockOwner,
         labels: &[String],
         accept: AcceptUnit,
     ) -> Result<Option<Unit>> {
         let Some(lease) = owner.lease() else {
-            return Err(StoreError::State(
-                "a worker claims units with a lease; give the owner one".into(),
+            return Err(StoreError::NoLease(
+                "a worker claims units with a lease; give the owner one",
             ));
         };
         let (owner, labels) = (owner.clone(), labels.to_vec());
@@ -382,7 +349,7 @@ impl PgStore {
 
     /// Tells the store that `owner` has stopped the work of a unit it lost to a
     /// cancellation: another unit of the same stage may start now.
-    pub fn unit_stopped(&mut self, id: i64, owner: &LockOwner) -> Result<()> {
+    fn unit_stopped(&mut self, id: i64, owner: &LockOwner) -> Result<()> {
         let holder = owner.holder.clone();
         self.call(move |c| {
             c.execute(
@@ -397,7 +364,7 @@ impl PgStore {
 
     /// Hands a unit back to the queue (a worker that stops, its work stopped), if `owner`
     /// holds it; one that was cancelled meanwhile is cancelled (and stopped) now.
-    pub fn release_unit(&mut self, id: i64, owner: &LockOwner) -> Result<()> {
+    fn release_unit(&mut self, id: i64, owner: &LockOwner) -> Result<()> {
         let holder = owner.holder.clone();
         self.call(move |c| {
             let fail = |e| pg("cannot hand a unit of work back", e);
@@ -424,7 +391,7 @@ impl PgStore {
 
     /// Renews the lease on a unit; `false` when the holder lost it (cancelled, or taken over
     /// after its lease expired): then it must stop the unit's work.
-    pub fn renew_unit(&mut self, id: i64, owner: &LockOwner) -> Result<bool> {
+    fn renew_unit(&mut self, id: i64, owner: &LockOwner) -> Result<bool> {
         let lease = owner.lease().unwrap_or(30_000);
         let holder = owner.holder.clone();
         self.call(move |c| {
@@ -443,7 +410,7 @@ impl PgStore {
     /// Records a unit's result, if `owner` still holds it (a retried write that was applied
     /// already counts as done); wakes the workers and the coordinator. `false` when the
     /// holder had lost the unit: the result is dropped.
-    pub fn finish_unit(
+    fn finish_unit(
         &mut self,
         id: i64,
         owner: &LockOwner,

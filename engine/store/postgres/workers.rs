@@ -24,12 +24,12 @@ struct Row {
     live: bool,
 }
 
-impl PgStore {
+impl crate::store::WorkerRegistry for PgStore {
     /// Records that worker `id` (its holder id, `host:pid:random`) with `labels` looks for
     /// work now, and counts as live for `live_for` more (a few of its polls). Rows of workers
     /// not seen for a week are dropped. Not counted as a change ([`crate::store::Store::changes`]):
     /// a monitor need not refresh each time a worker polls.
-    pub fn worker_seen(
+    fn worker_seen(
         &mut self,
         id: &str,
         host: &str,
@@ -63,7 +63,7 @@ impl PgStore {
 
     /// Records that worker `id` stopped: it no longer counts as live (its row stays, for
     /// "last seen").
-    pub fn worker_gone(&mut self, id: &str) -> Result<()> {
+    fn worker_gone(&mut self, id: &str) -> Result<()> {
         let id = id.to_string();
         self.call(move |c| {
             c.execute(
@@ -74,7 +74,9 @@ impl PgStore {
             .map_err(|e| pg("cannot record that the worker stopped", e))
         })
     }
+}
 
+impl PgStore {
     /// [`Store::unplaced`](crate::store::Store::unplaced): the run while it is queued for a
     /// worker, and each stage with a queued unit, whose labels no live worker has all of.
     pub(super) fn unplaced_work(&self, run: &str) -> Result<Vec<Unplaced>> {

@@ -114,7 +114,7 @@ impl SqliteStore {
                 Ok(false) => {
                     return Err(match fence {
                         Some(f) => f.lost(self),
-                        None => StoreError::State(format!(
+                        None => StoreError::Refused(format!(
                             "a commit to {} was refused for a lease this store does not hold",
                             self.path.display()
                         )),
@@ -155,7 +155,7 @@ impl SqliteStore {
                     let busy = is_busy(&e);
                     let error = sql_error(&self.path, "cannot commit to", e);
                     return Err(if busy {
-                        StoreError::State(format!(
+                        StoreError::Busy(format!(
                             "cannot commit to {}: another process kept it locked for more than {}s; find it (`fuser {}`), then resume the run",
                             self.path.display(),
                             limit.as_secs_f64(),

@@ -13,7 +13,7 @@ use crate::store::{Result, StoreError};
 /// The error of a store whose write-ahead log was deleted after a crash.
 fn lost_log(path: &Path) -> StoreError {
     let wal = wal_path(path);
-    StoreError::State(format!(
+    StoreError::Damaged(format!(
         "{} lost its write-ahead log: a process that had it open was killed, and {} was \
          deleted since, so the commits it held are gone. Keep the file as it is and restore {} \
          from a backup if you have one; to start over, move the state directory aside",
@@ -155,7 +155,7 @@ impl SqliteStore {
         match (self.identity, identity(&self.path)) {
             (Some(was), Some(is)) if was == is => Ok(()),
             (None, _) => Ok(()),
-            (Some(_), now) => Err(StoreError::State(format!(
+            (Some(_), now) => Err(StoreError::Damaged(format!(
                 "{} was {} while the run was going on, so nothing more can be saved; the run's \
                  state is lost",
                 self.path.display(),
@@ -193,7 +193,7 @@ pub(super) fn is_damage(e: &rusqlite::Error) -> bool {
 /// The error of a damaged store: what could not be done (`what`, such as "cannot read"),
 /// what SQLite found (`why`), and how to recover it.
 pub(super) fn damaged(path: &Path, what: &str, why: &str) -> StoreError {
-    StoreError::State(format!(
+    StoreError::Damaged(format!(
         "{what} {}: the file is damaged ({why}). Move it aside and recover what can be \
          recovered with `sqlite3 {} .recover`",
         path.display(),

@@ -94,9 +94,7 @@ impl SqliteStore {
             .and_then(|mut stmt| stmt.query_row([run], lock_from_row).optional())
             .map_err(fail)?;
         if let Some(holder) = holder {
-            owner
-                .may_take(&holder, run, now_ms())
-                .map_err(StoreError::Refused)?;
+            owner.may_take(&holder, run, now_ms())?;
         }
         tx.prepare_cached(
             "INSERT OR REPLACE INTO locks (run, pid, host, since, holder, expires, started, \

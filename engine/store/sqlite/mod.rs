@@ -196,7 +196,7 @@ impl Store for SqliteStore {
 /// that says it is damaged, whichever read or write found it, says how to recover it.
 fn sql_error(path: &Path, what: &str, e: rusqlite::Error) -> StoreError {
     if commit::is_busy(&e) {
-        StoreError::State(format!(
+        StoreError::Busy(format!(
             "{what} {}: another process kept it busy for more than {} s; try again",
             path.display(),
             BUSY_TIMEOUT.as_secs()

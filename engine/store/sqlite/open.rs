@@ -124,7 +124,7 @@ impl SqliteStore {
         // A store one version behind is read as it is (what it lacks reads as "none"), so
         // that `status`, `runs` and `logs` still read a state directory they cannot write.
         if !(OLDEST_READABLE..=SCHEMA_VERSION).contains(&version) {
-            return Err(StoreError::State(format!(
+            return Err(StoreError::Version(format!(
                 "{} has schema version {version} and this ralph-flow reads {SCHEMA_VERSION}; \
                  open it once with `ralph-flow run` or `resume` (which can write) to bring it \
                  up to date",
@@ -156,7 +156,7 @@ impl SqliteStore {
             .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
             .map_err(fail)?;
         if !mode.eq_ignore_ascii_case("wal") {
-            return Err(StoreError::State(format!(
+            return Err(StoreError::Unsupported(format!(
                 "{} cannot use write-ahead logging (journal mode is {mode}); \
                  put the state directory on a local file system",
                 self.path.display()

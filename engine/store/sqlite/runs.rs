@@ -146,7 +146,7 @@ impl SqliteStore {
             )));
         };
         let status = RunStatus::parse(&status).ok_or_else(|| {
-            StoreError::State(format!(
+            StoreError::Version(format!(
                 "run {id} has a status this version does not know (`{status}`); use the \
                  ralph-flow that wrote it"
             ))

@@ -264,7 +264,7 @@ impl SqliteStore {
             .pragma_query_value(None, "user_version", |row| row.get(0))
             .map_err(fail)?;
         if version > SCHEMA_VERSION {
-            return Err(StoreError::State(format!(
+            return Err(StoreError::Version(format!(
                 "{} was written by a newer ralph-flow (schema version {version}, this one \
                  knows {SCHEMA_VERSION}); upgrade ralph-flow or use another --state-dir",
                 path.display()
