@@ -46,6 +46,8 @@ struct AgentAttempt<'x, 'p, 'f> {
     idle: Option<std::time::Duration>,
     window: Option<u64>,
     extractor: Option<&'x super::extract::Extractor>,
+    /// Whether the stage's `output` declares a schema (sent to a backend that takes one).
+    declares_schema: bool,
     /// What the stage's calls spent so far.
     usage: Usage,
     /// What was wrong with the last answer (handed to the next attempt).
@@ -96,6 +98,11 @@ impl<'x, 'p, 'f> AgentAttempt<'x, 'p, 'f> {
                 .as_ref()
                 .and_then(|w| resolve_count(&w.value, &plan.params).ok()),
             extractor: ex.extractors.get(&n),
+            declares_schema: st
+                .keys()
+                .output
+                .as_ref()
+                .is_some_and(|o| o.schema.is_some()),
             usage: Usage::default(),
             repair: None,
         })
@@ -126,16 +133,8 @@ impl<'x, 'p, 'f> AgentAttempt<'x, 'p, 'f> {
             idle_timeout: self.idle,
             schema: self
                 .extractor
-                .filter(|e| e.wants_json())
-                .and_then(|_| ex.plan.schemas.get(&n).map(|s| Json::clone(s)))
-                .filter(|_| {
-                    ex.plan
-                        .stage(n)
-                        .keys()
-                        .output
-                        .as_ref()
-                        .is_some_and(|o| o.schema.is_some())
-                }),
+                .filter(|e| self.declares_schema && e.wants_json())
+                .and_then(|_| ex.plan.schemas.get(&n).map(|s| Json::clone(s))),
             max_tokens: None,
         }
     }

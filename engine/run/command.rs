@@ -35,6 +35,8 @@ struct CommandAttempt<'x, 'p, 'f> {
     codes: Vec<i64>,
     expect: Option<&'x crate::model::Text>,
     is_check: bool,
+    /// Whether the stage declares an `output` (read by its extractor, kept).
+    has_output: bool,
     retries: u64,
     max_attempts: u32,
     timeout: Option<Duration>,
@@ -95,6 +97,7 @@ impl<'x, 'p, 'f> CommandAttempt<'x, 'p, 'f> {
             codes: if codes.is_empty() { vec![0] } else { codes },
             expect,
             is_check: plan.node(n).kind == StageKind::Check,
+            has_output: st.keys().output.is_some(),
             retries,
             max_attempts: u32::try_from(retries).unwrap_or(u32::MAX).saturating_add(1),
             timeout: duration(st.keys().timeout.as_ref()),
@@ -354,7 +357,7 @@ impl Attempt for CommandAttempt<'_, '_, '_> {
             ),
         };
         let ex = self.ex;
-        let has_output = ex.plan.stage(self.n).keys().output.is_some();
+        let has_output = self.has_output;
         let mut value = match ex.extractors.get(&self.n) {
             Some(e) if has_output => match e.extract(&stdout_text, Some(base.clone())) {
                 Ok(v) => v,
