@@ -3,6 +3,7 @@
 
 use serde_json::{Value as Json, json};
 
+use super::attempt::{Attempt, AttemptAt, Ends, Judged, Launch};
 use super::exec::*;
 use super::frame::*;
 use super::now_ms;
@@ -29,299 +30,397 @@ fn redact_error(mut e: CallError) -> CallError {
     e
 }
 
-impl Exec<'_> {
-    pub(super) async fn run_agent(&self, frame: &Frame<'_>, n: NodeId) -> Outcome {
-        let started = now_ms();
-        let st = self.plan.stage(n);
-        let node = self.plan.node(n);
-        let scope = self.scope(frame);
-        let agent = match self.plan.agent_of(n) {
-            Ok(a) => a,
-            Err(e) => return self.fail_now(started, e.to_string()),
-        };
-        let chain = self.plan.fallback_chain(agent);
+/// An agent stage's attempts (see [`Attempt`]): the prompt, the call with the retry,
+/// rate-limit and fallback policy, and schema repair (an answer that does not validate is
+/// asked again, with what was wrong with it).
+struct AgentAttempt<'x, 'p, 'f> {
+    ex: &'x Exec<'p>,
+    frame: &'x Frame<'f>,
+    n: NodeId,
+    started: i64,
+    /// The agent, and the chain of it and its fallbacks.
+    agent: &'x crate::model::Agent,
+    chain: Vec<usize>,
+    max_attempts: u32,
+    timeout: Option<std::time::Duration>,
+    idle: Option<std::time::Duration>,
+    window: Option<u64>,
+    extractor: Option<&'x super::extract::Extractor>,
+    /// Whether the stage's `output` declares a schema (sent to a backend that takes one).
+    declares_schema: bool,
+    /// What the stage's calls spent so far.
+    usage: Usage,
+    /// What was wrong with the last answer (handed to the next attempt).
+    repair: Option<Vec<String>>,
+}
+
+/// An agent's answer: its output or what is wrong with it, the agent that gave it, and
+/// what the call spent.
+struct AgentAnswer {
+    output: Result<Json, Vec<String>>,
+    agent: String,
+    usage: Usage,
+}
+
+impl<'x, 'p, 'f> AgentAttempt<'x, 'p, 'f> {
+    fn new(
+        ex: &'x Exec<'p>,
+        frame: &'x Frame<'f>,
+        n: NodeId,
+        started: i64,
+    ) -> Result<Self, String> {
+        let plan = ex.plan;
+        let st = plan.stage(n);
+        let agent = plan.agent_of(n).map_err(|e| e.to_string())?;
         let retries = st
             .keys()
             .retries
             .as_ref()
-            .and_then(|r| resolve_count(&r.value, &self.plan.params).ok())
+            .and_then(|r| resolve_count(&r.value, &plan.params).ok())
             .unwrap_or(2);
-        let max_attempts = u32::try_from(retries).unwrap_or(u32::MAX).saturating_add(1);
-        let a = &self.plan.workflow.agents[agent];
-        let timeout = timeout_of(st.keys().timeout.as_ref(), a.timeout.as_ref(), self.plan);
-        let idle = timeout_of(
-            st.keys().idle_timeout.as_ref(),
-            a.idle_timeout.as_ref(),
-            self.plan,
+        let a = &plan.workflow.agents[agent];
+        Ok(AgentAttempt {
+            ex,
+            frame,
+            n,
+            started,
+            agent: a,
+            chain: plan.fallback_chain(agent),
+            max_attempts: u32::try_from(retries).unwrap_or(u32::MAX).saturating_add(1),
+            timeout: timeout_of(st.keys().timeout.as_ref(), a.timeout.as_ref(), plan),
+            idle: timeout_of(
+                st.keys().idle_timeout.as_ref(),
+                a.idle_timeout.as_ref(),
+                plan,
+            ),
+            window: a
+                .context_window
+                .as_ref()
+                .and_then(|w| resolve_count(&w.value, &plan.params).ok()),
+            extractor: ex.extractors.get(&n),
+            declares_schema: st
+                .keys()
+                .output
+                .as_ref()
+                .is_some_and(|o| o.schema.is_some()),
+            usage: Usage::default(),
+            repair: None,
+        })
+    }
+
+    /// The call of an attempt, with its prompt.
+    fn agent_call(&self, at: &AttemptAt<'_>, prompt: String) -> AgentCall {
+        let (ex, n) = (self.ex, self.n);
+        let name = &ex.plan.node(n).name;
+        AgentCall {
+            stage: name.clone(),
+            scope: at.scope.to_string(),
+            attempt: at.attempt,
+            prompt,
+            model: None,
+            args: Vec::new(),
+            env: vec![
+                ("RALPH_FLOW_RUN".into(), ex.shared.run.id.clone()),
+                ("RALPH_FLOW_STAGE".into(), name.clone()),
+                (
+                    "RALPH_FLOW_STAGE_DIR".into(),
+                    at.dir.to_string_lossy().into_owned(),
+                ),
+            ],
+            cwd: self.frame.cwd.clone(),
+            dir: at.dir.clone(),
+            timeout: self.timeout,
+            idle_timeout: self.idle,
+            schema: self
+                .extractor
+                .filter(|e| self.declares_schema && e.wants_json())
+                .and_then(|_| ex.plan.schemas.get(&n).map(|s| Json::clone(s))),
+            max_tokens: None,
+        }
+    }
+
+    /// Settles a call that failed for good: a refusal of the agent's configuration stops
+    /// the run, a limit of the machine stops it as resumable, and any other failure settles
+    /// the stage by its `on_error`.
+    fn call_failed(
+        &mut self,
+        at: &AttemptAt<'_>,
+        e: CallError,
+        agent: String,
+        spent: Usage,
+    ) -> Outcome {
+        let ex = self.ex;
+        let dir = &at.dir;
+        let e = match e {
+            CallError::Refused { message } => {
+                // Not the work's failure but the workflow's: the run stops as a
+                // configuration error, and the stage runs again on `resume`.
+                let detail =
+                    format!("agent `{agent}`: the agent refused its configuration: {message}");
+                ex.artifact(dir, "error.txt", &detail);
+                ex.attempt_record(
+                    at,
+                    AttemptState::ended(NodeState::Failed),
+                    Some(&agent),
+                    Some(detail),
+                    &self.usage,
+                );
+                return ex.shared.halt(crate::run::error::Halt::Refused {
+                    stage: at.stage.to_string(),
+                    agent,
+                    message: format!("refused its configuration: {message}"),
+                });
+            }
+            CallError::Limit { limit, message } => {
+                // Too many open files, a full disk, the file size limit: the machine's
+                // problem, not the stage's. The run stops as resumable and the stage
+                // runs again on `resume`.
+                self.usage.add(&spent);
+                let detail = format!("agent `{agent}`: {message}");
+                return ex.limit_met(at, Some(&agent), limit, detail, &self.usage);
+            }
+            e => e,
+        };
+        self.usage.add(&spent);
+        let state = if matches!(e, CallError::Timeout { .. }) {
+            NodeState::TimedOut
+        } else {
+            NodeState::Failed
+        };
+        let msg = format!("agent `{agent}`: {e}");
+        let detail = match &e {
+            CallError::Timeout { tail: t, .. } if !t.is_empty() => {
+                format!("{msg}\nlast output:\n{t}")
+            }
+            _ => msg.clone(),
+        };
+        ex.artifact(dir, "error.txt", &detail);
+        // The agent gave no answer: not a verdict on the work, so nothing of it reaches an
+        // agent as feedback, and `on_error` decides.
+        ex.attempt_record(
+            at,
+            AttemptState::ended(state),
+            Some(&agent),
+            Some(detail.clone()),
+            &self.usage,
         );
-        let window = a
-            .context_window
-            .as_ref()
-            .and_then(|w| resolve_count(&w.value, &self.plan.params).ok());
-        let extractor = self.extractors.get(&n);
-        let mut usage = Usage::default();
-        let mut repair: Option<Vec<String>> = None;
-        for attempt in 1..=max_attempts {
-            let (at, ctx) = match self.begin_attempt(frame, n, &scope, attempt, started) {
-                Ok(x) => x,
-                // The state directory cannot be written: like a store failure, the run
-                // stops and stays resumable.
-                Err(e) => return self.shared.io_failed(e),
-            };
-            let dir = &at.dir;
-            let mut prompt = match self.render(&format!("{}/prompt", node.name), &ctx) {
-                Ok(p) => p,
-                Err(e) => {
-                    return self
-                        .fail_now(started, format!("its prompt could not be rendered: {e}"));
-                }
-            };
-            if let Some(problems) = &repair {
-                prompt.push_str("\n\n---\nYour previous answer could not be used:\n");
-                for p in problems {
-                    prompt.push_str(&format!("- {p}\n"));
-                }
-                prompt.push_str("Answer again, in exactly the required format.\n");
+        let on_error = ex.plan.node(self.n).on_error.clone();
+        Outcome::Settled(
+            Settled::error(state, detail, on_error, self.started)
+                .spent(at.attempt, std::mem::take(&mut self.usage)),
+        )
+    }
+
+    /// Says what the agent reported (warnings, a structured-output mode it stepped down
+    /// to, denied actions with the changes they left uncommitted) and keeps its raw output.
+    async fn report(&self, at: &AttemptAt<'_>, reply: &mut AgentReply, agent: &str) {
+        let (ex, stage) = (self.ex, at.stage);
+        for w in &reply.warnings {
+            ex.shared.event(at.scope, stage, "warning", w.clone());
+            ex.shared
+                .progress
+                .note(&format!("! {stage}: agent `{agent}`: {w}"));
+        }
+        if let Some(mode) = &reply.structured_output {
+            ex.shared.event(
+                "",
+                "",
+                super::exec::STEPPED_DOWN,
+                format!("{agent}: {mode}"),
+            );
+        }
+        if !reply.denied.is_empty() {
+            // What the denials left behind: changes that never reached a commit (a
+            // sandbox that refused the commit rarely says it was `git commit`).
+            if let Some(n) = uncommitted(&self.frame.cwd).await {
+                reply.denied.push(format!(
+                    "git: {n} changed file{} left uncommitted",
+                    if n == 1 { "" } else { "s" }
+                ));
             }
-            self.artifact(dir, "prompt.md", &prompt);
-            if let Some(w) = window {
-                if let Some(msg) = too_big(&prompt, w) {
-                    self.attempt_record(
-                        &at,
-                        AttemptState::Failed,
-                        Some(&a.name.value),
-                        Some(msg.clone()),
-                        &Usage::default(),
-                    );
-                    return Outcome::Settled(
-                        Settled::failed(Json::Null, msg, Target::Fail, started)
-                            .spent(attempt, Usage::default()),
-                    );
-                }
+            let text = format!(
+                "agent `{agent}` was denied {} action{} (its `permissions` is `{}`): {}",
+                reply.denied.len(),
+                if reply.denied.len() == 1 { "" } else { "s" },
+                ex.agents
+                    .iter()
+                    .find(|c| c.name == agent)
+                    .map_or("read-only", |c| c.permissions.as_str()),
+                reply.denied.join("; ")
+            );
+            ex.artifact(&at.dir, "denied.txt", &reply.denied.join("\n"));
+            ex.shared.event(at.scope, stage, "denied", text.clone());
+            ex.shared.progress.note(&format!("! {stage}: {text}"));
+            ex.note_denied(self.frame, stage, &text);
+        }
+        ex.artifact(&at.dir, "raw.txt", &reply.raw);
+        if reply.text != reply.raw {
+            ex.artifact(&at.dir, "answer.md", &reply.text);
+        }
+    }
+}
+
+impl Attempt for AgentAttempt<'_, '_, '_> {
+    type Request = String;
+    type Reply = (AgentReply, String);
+    type Answer = AgentAnswer;
+
+    fn attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// The prompt (with what was wrong with the last answer), which must fit the agent's
+    /// context window, and a budget that must not be spent.
+    fn render(&mut self, at: &AttemptAt<'_>, ctx: &minijinja::Value) -> Result<String, Ends> {
+        let ex = self.ex;
+        let mut prompt = ex
+            .render(&format!("{}/prompt", at.stage), ctx)
+            .map_err(|e| {
+                Ends::new(ex.fail_now(
+                    self.started,
+                    format!("its prompt could not be rendered: {e}"),
+                ))
+            })?;
+        if let Some(problems) = &self.repair {
+            prompt.push_str("\n\n---\nYour previous answer could not be used:\n");
+            for p in problems {
+                prompt.push_str(&format!("- {p}\n"));
             }
-            if let Some((t, msg)) = self.over_budget(frame, n, &usage) {
-                return self.budget_outcome(started, t, msg, usage, attempt - 1);
-            }
-            self.attempt_record(
-                &at,
-                AttemptState::Running,
-                Some(&a.name.value),
-                None,
+            prompt.push_str("Answer again, in exactly the required format.\n");
+        }
+        ex.artifact(&at.dir, "prompt.md", &prompt);
+        if let Some(msg) = self.window.and_then(|w| too_big(&prompt, w)) {
+            ex.attempt_record(
+                at,
+                AttemptState::Failed,
+                Some(&self.agent.name.value),
+                Some(msg.clone()),
                 &Usage::default(),
             );
-            self.shared.durable().await;
-            if self.halted() {
-                // The attempt could not be recorded (or the run is stopping): nothing starts.
-                return Outcome::Stopped;
-            }
-            // An agent (a CLI, an HTTP backend) writes in the attempt's directory; a replayed
-            // one writes nothing.
-            if !self.ready_to_start(self.shared.replay.is_none().then_some(dir)) {
-                return Outcome::Stopped;
-            }
-            self.shared.progress.started(
-                &scope,
-                &node.name,
-                attempt,
-                &format!("agent {}", a.name.value),
-            );
-            let call = AgentCall {
-                stage: node.name.clone(),
-                scope: scope.clone(),
-                attempt,
-                prompt,
-                model: None,
-                args: Vec::new(),
-                env: vec![
-                    ("RALPH_FLOW_RUN".into(), self.shared.run.id.clone()),
-                    ("RALPH_FLOW_STAGE".into(), node.name.clone()),
-                    (
-                        "RALPH_FLOW_STAGE_DIR".into(),
-                        dir.to_string_lossy().into_owned(),
-                    ),
-                ],
-                cwd: frame.cwd.clone(),
-                dir: dir.clone(),
-                timeout,
-                idle_timeout: idle,
-                schema: extractor
-                    .filter(|e| e.wants_json())
-                    .and_then(|_| self.plan.schemas.get(&n).map(|s| Json::clone(s)))
-                    .filter(|_| {
-                        st.keys()
-                            .output
-                            .as_ref()
-                            .is_some_and(|o| o.schema.is_some())
-                    }),
-                max_tokens: None,
-            };
-            let result = self.call_with_policy(frame, n, &chain, call).await;
-            let (mut reply, agent_name) = match result {
-                Ok(r) => r,
-                Err((CallError::Refused { message }, agent_name, _)) => {
-                    // Not the work's failure but the workflow's: the run stops as a
-                    // configuration error, and the stage runs again on `resume`.
-                    let detail = format!(
-                        "agent `{agent_name}`: the agent refused its configuration: {message}"
-                    );
-                    self.artifact(dir, "error.txt", &detail);
-                    self.attempt_record(
-                        &at,
-                        AttemptState::ended(NodeState::Failed),
-                        Some(&agent_name),
-                        Some(detail),
-                        &usage,
-                    );
-                    return self.shared.halt(crate::run::error::Halt::Refused {
-                        stage: node.name.clone(),
-                        agent: agent_name,
-                        message: format!("refused its configuration: {message}"),
-                    });
-                }
-                Err((CallError::Limit { limit, message }, agent_name, spent)) => {
-                    // Too many open files, a full disk, the file size limit: the machine's
-                    // problem, not the stage's. The run stops as resumable and the stage
-                    // runs again on `resume`.
-                    usage.add(&spent);
-                    let detail = format!("agent `{agent_name}`: {message}");
-                    return self.limit_met(&at, Some(&agent_name), limit, detail, &usage);
-                }
-                Err((e, agent_name, spent)) => {
-                    usage.add(&spent);
-                    let state = if matches!(e, CallError::Timeout { .. }) {
-                        NodeState::TimedOut
-                    } else {
-                        NodeState::Failed
-                    };
-                    let msg = format!("agent `{agent_name}`: {e}");
-                    let detail = match &e {
-                        CallError::Timeout { tail: t, .. } if !t.is_empty() => {
-                            format!("{msg}\nlast output:\n{t}")
-                        }
-                        _ => msg.clone(),
-                    };
-                    self.artifact(dir, "error.txt", &detail);
-                    // The agent gave no answer: not a verdict on the work, so nothing
-                    // of it reaches an agent as feedback, and `on_error` decides.
-                    self.attempt_record(
-                        &at,
-                        AttemptState::ended(state),
-                        Some(&agent_name),
-                        Some(detail.clone()),
-                        &usage,
-                    );
-                    return Outcome::Settled(
-                        Settled::error(state, detail, node.on_error.clone(), started)
-                            .spent(attempt, usage),
-                    );
-                }
-            };
-            usage.add(&reply.usage);
-            for w in &reply.warnings {
-                self.shared.event(&scope, &node.name, "warning", w.clone());
-                self.shared
-                    .progress
-                    .note(&format!("! {}: agent `{agent_name}`: {w}", node.name));
-            }
-            if let Some(mode) = &reply.structured_output {
-                self.shared.event(
-                    "",
-                    "",
-                    super::exec::STEPPED_DOWN,
-                    format!("{agent_name}: {mode}"),
+            return Err(Ends::new(Outcome::Settled(
+                Settled::failed(Json::Null, msg, Target::Fail, self.started)
+                    .spent(at.attempt, Usage::default()),
+            )));
+        }
+        if let Some((t, msg)) = ex.over_budget(self.frame, self.n, &self.usage) {
+            let usage = std::mem::take(&mut self.usage);
+            return Err(Ends::new(ex.budget_outcome(
+                self.started,
+                t,
+                msg,
+                usage,
+                at.attempt - 1,
+            )));
+        }
+        Ok(prompt)
+    }
+
+    fn launch(&self, _prompt: &String) -> Launch<'_> {
+        Launch {
+            starts: true,
+            agent: Some(&self.agent.name.value),
+            // An agent (a CLI, an HTTP backend) writes in the attempt's directory; a
+            // replayed one writes nothing.
+            writes: self.ex.shared.replay.is_none(),
+            label: format!("agent {}", self.agent.name.value),
+        }
+    }
+
+    async fn call(
+        &mut self,
+        at: &AttemptAt<'_>,
+        prompt: String,
+    ) -> Result<(AgentReply, String), Ends> {
+        let call = self.agent_call(at, prompt);
+        match self
+            .ex
+            .call_with_policy(self.frame, self.n, &self.chain, call)
+            .await
+        {
+            Ok(r) => Ok(r),
+            Err((e, agent, spent)) => Err(Ends::new(self.call_failed(at, e, agent, spent))),
+        }
+    }
+
+    async fn extract(
+        &mut self,
+        at: &AttemptAt<'_>,
+        (mut reply, agent): (AgentReply, String),
+    ) -> Result<AgentAnswer, Ends> {
+        self.usage.add(&reply.usage);
+        self.report(at, &mut reply, &agent).await;
+        let output = match self.extractor {
+            Some(e) => e.extract(&reply.text, None),
+            None => Ok(json!({ "text": reply.text })),
+        };
+        Ok(AgentAnswer {
+            output,
+            agent,
+            usage: reply.usage,
+        })
+    }
+
+    /// An output that validates settles the stage (unless a budget is spent, whose action
+    /// decides); one that does not is asked for again.
+    fn commit(&mut self, at: &AttemptAt<'_>, answer: AgentAnswer) -> Judged {
+        let (ex, n, started, attempt) = (self.ex, self.n, self.started, at.attempt);
+        let agent = Some(answer.agent.as_str());
+        match answer.output {
+            Ok(v) => {
+                ex.artifact(
+                    &at.dir,
+                    "output.json",
+                    &serde_json::to_string_pretty(&v).unwrap_or_default(),
                 );
+                ex.attempt_record(at, AttemptState::Ok, agent, None, &answer.usage);
+                let usage = std::mem::take(&mut self.usage);
+                if let Some((t, msg)) = ex.over_budget(self.frame, n, &usage) {
+                    // The output is kept; the budget's action decides what follows.
+                    let mut s = Settled::done(v, started)
+                        .spent(attempt, usage)
+                        .with_verdict(msg);
+                    if t == Target::Fail {
+                        s.state = NodeState::Failed;
+                    }
+                    return Judged::Settle(Outcome::Settled(s.with_action(t)));
+                }
+                Judged::Settle(ex.done(self.frame, n, started, v, usage, attempt))
             }
-            if !reply.denied.is_empty() {
-                // What the denials left behind: changes that never reached a commit (a
-                // sandbox that refused the commit rarely says it was `git commit`).
-                if let Some(n) = uncommitted(&frame.cwd).await {
-                    reply.denied.push(format!(
-                        "git: {n} changed file{} left uncommitted",
-                        if n == 1 { "" } else { "s" }
+            Err(problems) => {
+                let text = problems.join("\n");
+                ex.artifact(&at.dir, "feedback.md", &text);
+                ex.attempt_record(
+                    at,
+                    AttemptState::Invalid,
+                    agent,
+                    Some(text.clone()),
+                    &answer.usage,
+                );
+                ex.shared.event(at.scope, at.stage, "invalid", text);
+                if attempt < self.max_attempts {
+                    let more = match problems.len() {
+                        1 => String::new(),
+                        n => format!(" (and {} more)", n - 1),
+                    };
+                    ex.shared.progress.note(&format!(
+                        "↺ {} answer {attempt} did not validate: {}{more}; asking again",
+                        at.stage,
+                        super::progress::one_line(&problems[0], 200),
                     ));
                 }
-                let text = format!(
-                    "agent `{agent_name}` was denied {} action{} (its `permissions` is `{}`): {}",
-                    reply.denied.len(),
-                    if reply.denied.len() == 1 { "" } else { "s" },
-                    self.agents
-                        .iter()
-                        .find(|c| c.name == agent_name)
-                        .map_or("read-only", |c| c.permissions.as_str()),
-                    reply.denied.join("; ")
-                );
-                self.artifact(dir, "denied.txt", &reply.denied.join("\n"));
-                self.shared
-                    .event(&scope, &node.name, "denied", text.clone());
-                self.shared
-                    .progress
-                    .note(&format!("! {}: {text}", node.name));
-                self.note_denied(frame, &node.name, &text);
-            }
-            self.artifact(dir, "raw.txt", &reply.raw);
-            if reply.text != reply.raw {
-                self.artifact(dir, "answer.md", &reply.text);
-            }
-            let extracted = match extractor {
-                Some(e) => e.extract(&reply.text, None),
-                None => Ok(json!({ "text": reply.text })),
-            };
-            match extracted {
-                Ok(v) => {
-                    self.artifact(
-                        dir,
-                        "output.json",
-                        &serde_json::to_string_pretty(&v).unwrap_or_default(),
-                    );
-                    self.attempt_record(
-                        &at,
-                        AttemptState::Ok,
-                        Some(&agent_name),
-                        None,
-                        &reply.usage,
-                    );
-                    if let Some((t, msg)) = self.over_budget(frame, n, &usage) {
-                        // The output is kept; the budget's action decides what follows.
-                        let mut s = Settled::done(v, started)
-                            .spent(attempt, usage)
-                            .with_verdict(msg);
-                        if t == Target::Fail {
-                            s.state = NodeState::Failed;
-                        }
-                        return Outcome::Settled(s.with_action(t));
-                    }
-                    return self.done(frame, n, started, v, usage, attempt);
+                if let Some((t, msg)) = ex.over_budget(self.frame, n, &self.usage) {
+                    let usage = std::mem::take(&mut self.usage);
+                    return Judged::Settle(ex.budget_outcome(started, t, msg, usage, attempt));
                 }
-                Err(problems) => {
-                    let text = problems.join("\n");
-                    self.artifact(dir, "feedback.md", &text);
-                    self.attempt_record(
-                        &at,
-                        AttemptState::Invalid,
-                        Some(&agent_name),
-                        Some(text.clone()),
-                        &reply.usage,
-                    );
-                    self.shared.event(&scope, &node.name, "invalid", text);
-                    if attempt < max_attempts {
-                        let more = match problems.len() {
-                            1 => String::new(),
-                            n => format!(" (and {} more)", n - 1),
-                        };
-                        self.shared.progress.note(&format!(
-                            "↺ {} answer {attempt} did not validate: {}{more}; asking again",
-                            node.name,
-                            super::progress::one_line(&problems[0], 200),
-                        ));
-                    }
-                    if let Some((t, msg)) = self.over_budget(frame, n, &usage) {
-                        return self.budget_outcome(started, t, msg, usage, attempt);
-                    }
-                    repair = Some(problems);
-                }
+                self.repair = Some(problems);
+                Judged::Again
             }
         }
-        let problems = repair.unwrap_or_default();
+    }
+
+    fn exhausted(self, started: i64) -> Outcome {
+        let max_attempts = self.max_attempts;
+        let problems = self.repair.unwrap_or_default();
         let msg = format!(
             "its output did not validate after {max_attempts} attempt{}:\n{}",
             if max_attempts == 1 { "" } else { "s" },
@@ -331,7 +430,24 @@ impl Exec<'_> {
                 .collect::<Vec<_>>()
                 .join("\n")
         );
-        self.failed(n, started, NodeState::Failed, msg, usage, max_attempts)
+        self.ex.failed(
+            self.n,
+            started,
+            NodeState::Failed,
+            msg,
+            self.usage,
+            max_attempts,
+        )
+    }
+}
+
+impl Exec<'_> {
+    pub(super) async fn run_agent(&self, frame: &Frame<'_>, n: NodeId) -> Outcome {
+        let started = now_ms();
+        match AgentAttempt::new(self, frame, n, started) {
+            Ok(agent) => self.drive(frame, n, started, agent).await,
+            Err(e) => self.fail_now(started, e),
+        }
     }
 
     /// Calls an agent: transient failures retry with backoff, rate limits wait (or hand

@@ -273,3 +273,149 @@ impl Exec<'_> {
         Ok(Some((target.clone(), why)))
     }
 }
+
+/// How an attempt's program or agent starts (see [`Exec::drive`]).
+pub(super) struct Launch<'a> {
+    /// Whether anything starts: a check without a command runs nothing, and only shows
+    /// that it started.
+    pub starts: bool,
+    /// The agent the attempt's record names.
+    pub agent: Option<&'a str>,
+    /// Whether what starts writes in the attempt's directory (which is made first).
+    pub writes: bool,
+    /// How the progress shows the attempt starting.
+    pub label: String,
+}
+
+/// A step of an attempt that ends the stage instead of going on: what the stage settles
+/// with, or [`Outcome::Stopped`] (boxed: a settlement is large, and a step's usual result
+/// is not).
+pub(super) type Ends = Box<Outcome>;
+
+/// What follows an attempt whose answer was committed.
+pub(super) enum Judged {
+    /// The stage settles (or the run stops) with this.
+    Settle(Outcome),
+    /// The answer was not accepted: the next attempt, if any, tries again.
+    Again,
+}
+
+/// What a leaf stage kind (an agent, a command or check) does of its own in an attempt;
+/// [`Exec::drive`] does the rest, the same for every kind: it starts each attempt (its
+/// directory, its template context), records and announces what starts, and goes on to
+/// the next attempt or settles.
+///
+/// Every step may end the stage: `Err(outcome)` is what it settles with (or the run stops,
+/// see [`Ends`]).
+pub(super) trait Attempt {
+    /// What an attempt sends (an agent's prompt, a program's argv and streams).
+    type Request;
+    /// What comes back from the call.
+    type Reply;
+    /// The reply read into the stage's output, with what is wrong with it.
+    type Answer;
+
+    /// How many attempts the stage has.
+    fn attempts(&self) -> u32;
+
+    /// Renders what the attempt sends, over the attempt's context.
+    fn render(&mut self, at: &AttemptAt<'_>, ctx: &Value) -> Result<Self::Request, Ends>;
+
+    /// How what the request starts is recorded and shown.
+    fn launch(&self, request: &Self::Request) -> Launch<'_>;
+
+    /// Makes the call (runs the program, calls the agent with its policy).
+    async fn call(
+        &mut self,
+        at: &AttemptAt<'_>,
+        request: Self::Request,
+    ) -> Result<Self::Reply, Ends>;
+
+    /// Reads the reply into the stage's output and validates it.
+    async fn extract(
+        &mut self,
+        at: &AttemptAt<'_>,
+        reply: Self::Reply,
+    ) -> Result<Self::Answer, Ends>;
+
+    /// Decides on the answer and commits it: the attempt's record and artifacts, and the
+    /// stage's settlement when the answer is accepted (or no other attempt may follow).
+    fn commit(&mut self, at: &AttemptAt<'_>, answer: Self::Answer) -> Judged;
+
+    /// Before the next attempt, after attempt `attempt` was not accepted (a backoff).
+    async fn retry(&mut self, _attempt: u32) {}
+
+    /// Settles the stage when no attempt was accepted.
+    fn exhausted(self, started: i64) -> Outcome;
+}
+
+impl Exec<'_> {
+    /// The attempt driver of the leaf stages: each attempt is rendered, started, called,
+    /// extracted and validated, then committed; a rejected one is tried again while the
+    /// stage has attempts left (see [`Attempt`]).
+    pub(super) async fn drive<A: Attempt>(
+        &self,
+        frame: &Frame<'_>,
+        n: NodeId,
+        started: i64,
+        mut kind: A,
+    ) -> Outcome {
+        let scope = self.scope(frame);
+        let max_attempts = kind.attempts();
+        for attempt in 1..=max_attempts {
+            let (at, ctx) = match self.begin_attempt(frame, n, &scope, attempt, started) {
+                Ok(x) => x,
+                // The state directory cannot be written: like a store failure, the run
+                // stops and stays resumable.
+                Err(e) => return self.shared.io_failed(e),
+            };
+            let request = match kind.render(&at, &ctx) {
+                Ok(r) => r,
+                Err(o) => return *o,
+            };
+            if !self.launch(&at, kind.launch(&request)).await {
+                return Outcome::Stopped;
+            }
+            let reply = match kind.call(&at, request).await {
+                Ok(r) => r,
+                Err(o) => return *o,
+            };
+            let answer = match kind.extract(&at, reply).await {
+                Ok(a) => a,
+                Err(o) => return *o,
+            };
+            match kind.commit(&at, answer) {
+                Judged::Settle(o) => return o,
+                Judged::Again if attempt < max_attempts => kind.retry(attempt).await,
+                Judged::Again => {}
+            }
+        }
+        kind.exhausted(started)
+    }
+
+    /// Records an attempt as running, makes its record durable and its directory, and
+    /// shows it starting; `false` when the run is stopping (nothing starts).
+    async fn launch(&self, at: &AttemptAt<'_>, launch: Launch<'_>) -> bool {
+        if launch.starts {
+            self.attempt_record(
+                at,
+                AttemptState::Running,
+                launch.agent,
+                None,
+                &Usage::default(),
+            );
+            self.shared.durable().await;
+            if self.halted() {
+                // The attempt could not be recorded (or the run is stopping).
+                return false;
+            }
+            if !self.ready_to_start(launch.writes.then_some(at.dir.as_path())) {
+                return false;
+            }
+        }
+        self.shared
+            .progress
+            .started(at.scope, at.stage, at.attempt, &launch.label);
+        true
+    }
+}

@@ -22,6 +22,20 @@ use crate::model::{AggregateMode, ForEachBody, StageBody};
 use crate::params::resolve_count;
 use crate::store::{NodeRecord, NodeState, Write};
 
+/// A for_each being run: what each item's body shares.
+struct ForEach<'x> {
+    n: NodeId,
+    name: &'x str,
+    /// The item's variable (`as`), and whether each item has its worktree.
+    var: String,
+    worktree: bool,
+    result_stage: Option<NodeId>,
+    /// The items' concurrency limit.
+    sem: tokio::sync::Semaphore,
+    /// The items settled so far (`stages.FOR_EACH.settled`).
+    siblings: Arc<Mutex<Vec<Value>>>,
+}
+
 impl Exec<'_> {
     pub(super) async fn run_for_each(&self, frame: &Frame<'_>, n: NodeId) -> Outcome {
         let started = now_ms();
@@ -40,36 +54,9 @@ impl Exec<'_> {
         else {
             return Outcome::Stopped;
         };
-        let scope = self.scope(frame);
-        let items_key = (scope.clone(), format!("@items:{}", node.name));
-        let recorded = self
-            .shared
-            .resumed
-            .borrow()
-            .get(&items_key)
-            .map(|rec| match rec.output() {
-                Json::Array(items) => items,
-                _ => Vec::new(),
-            });
-        let items = match recorded {
-            Some(items) => items,
-            None => {
-                let ctx = self.context(frame, &[]);
-                let src = over.as_ref().map(|o| o.value.as_str()).unwrap_or("[]");
-                let v = match self.eval(src, &ctx) {
-                    Ok(v) => v,
-                    Err(e) => return self.fail_now(started, format!("its `over` failed: {e}")),
-                };
-                let j: Json = serde_json::to_value(&v).unwrap_or(Json::Null);
-                let Some(list) = j.as_array().cloned() else {
-                    return self.fail_now(
-                        started,
-                        format!("its `over` must give a list, but gave {}", short_json(&j)),
-                    );
-                };
-                self.record_decision(&scope, &items_key.1, Json::Array(list.clone()));
-                list
-            }
+        let items = match self.for_each_items(frame, n, over.as_ref(), started) {
+            Ok(items) => items,
+            Err(o) => return *o,
         };
         let var = as_name
             .as_ref()
@@ -83,127 +70,25 @@ impl Exec<'_> {
             Some(Err(e)) => return self.fail_now(started, format!("max_concurrency: {e}")),
             None => items.len().max(1),
         };
-        let sem = Rc::new(super::resource::limit(limit));
-        let result_stage = self.result_stage(st, result.as_ref());
-        let mut keys = Vec::new();
-        let mut seen = HashSet::new();
-        for (i, item) in items.iter().enumerate() {
-            let k = match key {
-                Some(k) => {
-                    let ctx = self.context(
-                        frame,
-                        &[(var.as_str(), to_value(item)), ("index", Value::from(i))],
-                    );
-                    match self.eval(&k.value, &ctx) {
-                        Ok(v) => v
-                            .as_str()
-                            .map(str::to_string)
-                            .unwrap_or_else(|| v.to_string()),
-                        Err(e) => {
-                            return self.fail_now(started, format!("its `key` failed: {e}"));
-                        }
-                    }
-                }
-                None => i.to_string(),
-            };
-            let k = sanitize(&k);
-            if !seen.insert(k.clone()) {
-                return self.fail_now(
-                    started,
-                    format!("two items have the key `{k}`; keys must be unique"),
-                );
-            }
-            keys.push(k);
-        }
+        let fe = ForEach {
+            n,
+            name: &node.name,
+            worktree: worktree.is_some(),
+            result_stage: self.result_stage(st, result.as_ref()),
+            sem: super::resource::limit(limit),
+            siblings: Arc::default(),
+            var,
+        };
+        let keys = match self.item_keys(frame, key.as_ref(), &fe.var, &items) {
+            Ok(keys) => keys,
+            Err(e) => return self.fail_now(started, e),
+        };
         let mut running: FuturesUnordered<LocalBoxFuture<'_, (usize, BodyEnd, Option<Json>)>> =
-            FuturesUnordered::new();
-        let siblings: Arc<Mutex<Vec<Value>>> = Arc::default();
-        for (i, item) in items.iter().enumerate() {
-            let sem = sem.clone();
-            let siblings = siblings.clone();
-            let var = var.clone();
-            let k = keys[i].clone();
-            let fut = async move {
-                let _permit = sem.acquire().await.ok();
-                let scope = frame.child_scope(&format!("{}#{k}", node.name));
-                let cwd = match worktree {
-                    Some(_) => match self
-                        .enter_worktree_item(frame, n, &scope, &var, item, i)
-                        .await
-                    {
-                        Ok(p) => p,
-                        Err(e) if e.limit().is_some() => {
-                            // A limit of the machine: the run stops as resumable.
-                            if let Some(limit) = e.limit() {
-                                self.shared
-                                    .limit_reached(Some(scope.clone()), limit, e.message());
-                            }
-                            return (i, BodyEnd::Stopped, None);
-                        }
-                        Err(e) => {
-                            // No stage of the item ran: say here why it failed.
-                            let e = e.message();
-                            self.shared.event(&scope, &node.name, "failed", e.clone());
-                            self.shared.progress.note(&format!("✗ {scope}: {e}"));
-                            return (
-                                i,
-                                BodyEnd::Failed {
-                                    node: node.name.clone(),
-                                    message: e,
-                                    feedback: None,
-                                    infra: true,
-                                },
-                                None,
-                            );
-                        }
-                    },
-                    None => frame.cwd.clone(),
-                };
-                let iframe = Frame {
-                    parent: Some(frame),
-                    region: Some(n),
-                    scope,
-                    cwd: cwd.clone(),
-                    vars: vec![
-                        (var.clone(), to_value(item)),
-                        ("index".to_string(), Value::from(i)),
-                    ],
-                    siblings: Some(siblings.clone()),
-                    ..Frame::default()
-                };
-                let end = self.run_body(&iframe).await;
-                let ok = matches!(
-                    end,
-                    BodyEnd::Completed | BodyEnd::Break | BodyEnd::Continue(_)
-                );
-                if worktree.is_some() {
-                    self.leave_worktree_at(n, &cwd, ok).await;
-                }
-                let result = result_stage.and_then(|r| {
-                    iframe
-                        .outputs
-                        .borrow()
-                        .get(&self.plan.node(r).name)
-                        .filter(|v| v.state == NodeState::Done)
-                        .map(|v| v.output())
-                });
-                // The items that start from now on see this one.
-                if !matches!(end, BodyEnd::Waiting | BodyEnd::Stopped) {
-                    let mut settled = siblings
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner);
-                    settled.push(to_value(&json!({
-                        "key": k,
-                        "index": i,
-                        "item": item,
-                        "ok": ok,
-                        "result": result.clone().unwrap_or(Json::Null),
-                    })));
-                }
-                (i, end, result)
-            };
-            running.push(fut.boxed_local());
-        }
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, item)| self.run_item(frame, &fe, i, item, &keys[i]).boxed_local())
+                .collect();
         let mut results: Vec<Option<Json>> = vec![None; items.len()];
         let mut failures = Vec::new();
         let mut infra = false;
@@ -243,7 +128,7 @@ impl Exec<'_> {
             .into_iter()
             .map(|r| r.unwrap_or(Json::Null))
             .collect();
-        let value = self.aggregate(aggregate.as_deref(), result_stage, &results);
+        let value = self.aggregate(aggregate.as_deref(), fe.result_stage, &results);
         let output = json!({"results": results, "value": value});
         if failures.is_empty() {
             Outcome::Settled(Settled::done(output, started))
@@ -255,6 +140,167 @@ impl Exec<'_> {
                 failures.join("; ")
             );
             Outcome::Settled(self.region_failed(n, output, started, msg.clone(), Some(msg), infra))
+        }
+    }
+
+    /// A for_each's items: those a resume finds recorded, else its `over` evaluated (and
+    /// recorded, so that a resume runs the same items).
+    fn for_each_items(
+        &self,
+        frame: &Frame<'_>,
+        n: NodeId,
+        over: Option<&crate::model::Text>,
+        started: i64,
+    ) -> Result<Vec<Json>, Box<Outcome>> {
+        let scope = self.scope(frame);
+        let items_key = (scope, format!("@items:{}", self.plan.node(n).name));
+        let recorded = self
+            .shared
+            .resumed
+            .borrow()
+            .get(&items_key)
+            .map(|rec| match rec.output() {
+                Json::Array(items) => items,
+                _ => Vec::new(),
+            });
+        if let Some(items) = recorded {
+            return Ok(items);
+        }
+        let ctx = self.context(frame, &[]);
+        let src = over.map(|o| o.value.as_str()).unwrap_or("[]");
+        let v = self
+            .eval(src, &ctx)
+            .map_err(|e| Box::new(self.fail_now(started, format!("its `over` failed: {e}"))))?;
+        let j: Json = serde_json::to_value(&v).unwrap_or(Json::Null);
+        let Some(list) = j.as_array().cloned() else {
+            return Err(Box::new(self.fail_now(
+                started,
+                format!("its `over` must give a list, but gave {}", short_json(&j)),
+            )));
+        };
+        self.record_decision(&items_key.0, &items_key.1, Json::Array(list.clone()));
+        Ok(list)
+    }
+
+    /// The items' keys (`key`, else the index), made safe for a path; they must be unique.
+    fn item_keys(
+        &self,
+        frame: &Frame<'_>,
+        key: Option<&crate::model::Text>,
+        var: &str,
+        items: &[Json],
+    ) -> Result<Vec<String>, String> {
+        let mut keys = Vec::new();
+        let mut seen = HashSet::new();
+        for (i, item) in items.iter().enumerate() {
+            let k = match key {
+                Some(k) => {
+                    let ctx =
+                        self.context(frame, &[(var, to_value(item)), ("index", Value::from(i))]);
+                    match self.eval(&k.value, &ctx) {
+                        Ok(v) => v
+                            .as_str()
+                            .map(str::to_string)
+                            .unwrap_or_else(|| v.to_string()),
+                        Err(e) => return Err(format!("its `key` failed: {e}")),
+                    }
+                }
+                None => i.to_string(),
+            };
+            let k = sanitize(&k);
+            if !seen.insert(k.clone()) {
+                return Err(format!("two items have the key `{k}`; keys must be unique"));
+            }
+            keys.push(k);
+        }
+        Ok(keys)
+    }
+
+    /// Runs one item of a for_each (in its worktree, if it has one): how its body ended,
+    /// and its result.
+    async fn run_item<'s>(
+        &'s self,
+        frame: &'s Frame<'s>,
+        fe: &'s ForEach<'_>,
+        i: usize,
+        item: &'s Json,
+        k: &'s str,
+    ) -> (usize, BodyEnd, Option<Json>) {
+        let n = fe.n;
+        let _permit = fe.sem.acquire().await.ok();
+        let scope = frame.child_scope(&format!("{}#{k}", fe.name));
+        let cwd = match fe.worktree {
+            true => match self
+                .enter_worktree_item(frame, n, &scope, &fe.var, item, i)
+                .await
+            {
+                Ok(p) => p,
+                Err(e) => return (i, self.item_not_entered(&scope, fe.name, &e), None),
+            },
+            false => frame.cwd.clone(),
+        };
+        let iframe = Frame {
+            parent: Some(frame),
+            region: Some(n),
+            scope,
+            cwd: cwd.clone(),
+            vars: vec![
+                (fe.var.clone(), to_value(item)),
+                ("index".to_string(), Value::from(i)),
+            ],
+            siblings: Some(fe.siblings.clone()),
+            ..Frame::default()
+        };
+        let end = self.run_body(&iframe).await;
+        let ok = matches!(
+            end,
+            BodyEnd::Completed | BodyEnd::Break | BodyEnd::Continue(_)
+        );
+        if fe.worktree {
+            self.leave_worktree_at(n, &cwd, ok).await;
+        }
+        let result = fe.result_stage.and_then(|r| {
+            iframe
+                .outputs
+                .borrow()
+                .get(&self.plan.node(r).name)
+                .filter(|v| v.state == NodeState::Done)
+                .map(|v| v.output())
+        });
+        // The items that start from now on see this one.
+        if !matches!(end, BodyEnd::Waiting | BodyEnd::Stopped) {
+            let mut settled = fe
+                .siblings
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            settled.push(to_value(&json!({
+                "key": k,
+                "index": i,
+                "item": item,
+                "ok": ok,
+                "result": result.clone().unwrap_or(Json::Null),
+            })));
+        }
+        (i, end, result)
+    }
+
+    /// How an item ends whose worktree could not be made: at a limit of the machine the run
+    /// stops as resumable; otherwise the item fails, and says why here (none of its stages
+    /// ran).
+    fn item_not_entered(&self, scope: &str, name: &str, e: &StageError) -> BodyEnd {
+        if let Some(limit) = e.limit() {
+            self.shared
+                .limit_reached(Some(scope.to_string()), limit, e.message());
+            return BodyEnd::Stopped;
+        }
+        let e = e.message();
+        self.shared.event(scope, name, "failed", e.clone());
+        self.shared.progress.note(&format!("✗ {scope}: {e}"));
+        BodyEnd::Failed {
+            node: name.to_string(),
+            message: e,
+            feedback: None,
+            infra: true,
         }
     }
 

@@ -1,6 +1,7 @@
 //! Loops: bounded repetitions of a body, with `until`, `stuck` and give-up actions.
 
 use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use minijinja::Value;
@@ -15,6 +16,100 @@ use crate::compile::Target;
 use crate::model::LoopBody;
 use crate::params::resolve_count;
 use crate::store::NodeState;
+
+/// A loop being run: its settings, and what iterations see of the ones before them.
+struct LoopRun<'x> {
+    n: NodeId,
+    name: &'x str,
+    started: i64,
+    max: u64,
+    /// Where the body runs (the loop's worktree, if it has one).
+    cwd: PathBuf,
+    /// The key under which the loop's usage is summed.
+    usage_key: String,
+    until: Option<&'x crate::model::Text>,
+    on_exhausted: Option<&'x crate::source::Spanned<crate::model::Action>>,
+    stuck: Option<&'x crate::model::Stuck>,
+    /// How many times in a row the same findings make the loop stuck.
+    repeats: u64,
+    /// What iterations see of the ones before them (`stages.ID.last`, `.history`).
+    earlier_hist: BTreeMap<String, Vec<Value>>,
+    earlier: Arc<HashMap<String, Value>>,
+    history: Vec<Value>,
+    feedback: Option<String>,
+    /// The last findings of `stuck.on`, and how many times in a row they came.
+    stuck_prev: Option<Json>,
+    stuck_count: u64,
+}
+
+impl LoopRun<'_> {
+    fn outcome(&self, s: &str, it: u64) -> Json {
+        json!({"iterations": it, "outcome": s})
+    }
+
+    /// Keeps a finished iteration for the ones after it: its feedback, its entry in the
+    /// history, and its outputs as earlier values.
+    fn record(&mut self, it: u64, iter_feedback: Option<String>, snapshot: BTreeMap<String, Json>) {
+        self.feedback = iter_feedback.clone();
+        let mut entry: BTreeMap<&str, Value> = BTreeMap::new();
+        entry.insert("iteration", Value::from(it));
+        entry.insert(
+            "feedback",
+            iter_feedback.map(Value::from).unwrap_or(Value::from("")),
+        );
+        entry.insert("outputs", to_value(&snapshot));
+        self.history.push(Value::from(entry));
+        for (k, v) in &snapshot {
+            self.earlier_hist
+                .entry(k.clone())
+                .or_default()
+                .push(to_value(v));
+        }
+        self.earlier = Arc::new(earlier_view(&self.earlier_hist, Some(&snapshot)));
+    }
+}
+
+/// The outputs of an iteration: its snapshot for the loop's history (what did not skip),
+/// and the latest outputs outside, updated.
+fn keep_outputs(
+    outs: &BTreeMap<String, View>,
+    latest: &mut BTreeMap<String, View>,
+) -> BTreeMap<String, Json> {
+    let mut snapshot = BTreeMap::new();
+    for (k, v) in outs {
+        if v.state != NodeState::Skipped {
+            snapshot.insert(k.clone(), v.output());
+        }
+        if v.state != NodeState::Skipped || !latest.contains_key(k) {
+            latest.insert(k.clone(), v.clone());
+        }
+    }
+    snapshot
+}
+
+/// The feedback an iteration hands to the next: its `continue`'s, its failure's (not one
+/// outside the work), else what its stages said.
+fn iteration_feedback(end: &BodyEnd, outs: &BTreeMap<String, View>) -> Option<String> {
+    match end {
+        BodyEnd::Continue(f) => f.clone(),
+        BodyEnd::Failed {
+            feedback,
+            message,
+            infra: false,
+            ..
+        } => Some(feedback.clone().unwrap_or_else(|| message.clone())),
+        BodyEnd::Failed { infra: true, .. } => None,
+        _ => {
+            let mut parts = Vec::new();
+            for (k, v) in outs {
+                if let Some(f) = &v.feedback {
+                    parts.push(format!("{k}: {f}"));
+                }
+            }
+            (!parts.is_empty()).then(|| parts.join("\n\n"))
+        }
+    }
+}
 
 impl Exec<'_> {
     /// Runs a loop. Its body's outputs become visible outside (their latest values) when
@@ -33,8 +128,71 @@ impl Exec<'_> {
         latest: &mut BTreeMap<String, View>,
     ) -> Outcome {
         let started = now_ms();
-        let st = self.plan.stage(n);
-        let node = self.plan.node(n);
+        let mut lp = match self.start_loop(frame, n, started).await {
+            Ok(lp) => lp,
+            Err(o) => return o,
+        };
+        for it in 1..=lp.max {
+            let iframe = self.iteration_frame(frame, &lp, it);
+            // An iteration replayed from the store (a resume) is not announced again.
+            let scope = self.scope(&iframe);
+            if !self.shared.resumed_scopes.contains(&scope) {
+                self.shared
+                    .progress
+                    .note(&format!("↻ {scope} iteration {it} of {}", lp.max));
+            }
+            let end = self.run_body(&iframe).await;
+            // The iteration's outputs: the loop's history, and the latest outputs outside.
+            let outs: BTreeMap<String, View> = iframe.outputs.take();
+            let snapshot = keep_outputs(&outs, latest);
+            let iter_feedback = iteration_feedback(&end, &outs);
+            if let Some(o) = self.iteration_ended(frame, &lp, it, end).await {
+                return o;
+            }
+            // `until` and `stuck` see the iteration's outputs.
+            let end_frame = Frame {
+                parent: Some(frame),
+                region: Some(n),
+                scope: iframe.scope.clone(),
+                cwd: lp.cwd.clone(),
+                vars: iframe.vars.clone(),
+                loop_vars: iframe.loop_vars.clone(),
+                earlier: iframe.earlier.clone(),
+                usage_key: None,
+                outputs: Outputs::new(outs),
+                limit: None,
+                siblings: None,
+            };
+            if let Some(o) = self.loop_rules(frame, &mut lp, it, &end_frame).await {
+                return o;
+            }
+            lp.record(it, iter_feedback, snapshot);
+        }
+        self.leave_worktree(frame, n, &lp.cwd, false).await;
+        let then = lp
+            .on_exhausted
+            .map(|a| self.target_of(&a.value))
+            .unwrap_or(Target::Fail);
+        let message = format!(
+            "no success after {} iterations{}",
+            lp.max,
+            self.denied_note(&lp.usage_key)
+        );
+        Outcome::Settled(self.loop_end(&lp, "exhausted", lp.max, then, message))
+    }
+}
+
+impl<'p> Exec<'p> {
+    /// A loop's settings, and its worktree entered (`Err`: the loop settles, or the run
+    /// stops at a limit of the machine).
+    async fn start_loop(
+        &self,
+        frame: &Frame<'_>,
+        n: NodeId,
+        started: i64,
+    ) -> Result<LoopRun<'p>, Outcome> {
+        let plan: &'p crate::compile::Plan = self.plan;
+        let node = plan.node(n);
         let Some(LoopBody {
             max_iterations,
             until,
@@ -42,16 +200,20 @@ impl Exec<'_> {
             stuck,
             worktree,
             ..
-        }) = st.body.as_loop()
+        }) = plan.stage(n).body.as_loop()
         else {
-            return Outcome::Settled(Settled::new(NodeState::Failed, Json::Null, started));
+            return Err(Outcome::Settled(Settled::new(
+                NodeState::Failed,
+                Json::Null,
+                started,
+            )));
         };
         let max = match max_iterations
             .as_ref()
-            .map(|m| resolve_count(&m.value, &self.plan.params))
+            .map(|m| resolve_count(&m.value, &plan.params))
         {
             Some(Ok(m)) => m,
-            Some(Err(e)) => return self.fail_now(started, format!("max_iterations: {e}")),
+            Some(Err(e)) => return Err(self.fail_now(started, format!("max_iterations: {e}"))),
             None => 1,
         };
         let cwd = match worktree {
@@ -62,227 +224,177 @@ impl Exec<'_> {
                 Ok(p) => p,
                 // A limit of the machine (git or the worktree's files met it): the run
                 // stops as resumable, the loop does not fail.
-                Err(e) => match e.limit() {
-                    Some(limit) => {
-                        return self.shared.limit_reached(
-                            Some(node.name.clone()),
-                            limit,
-                            e.message(),
-                        );
-                    }
-                    None => return self.fail_now(started, e.message()),
-                },
+                Err(e) => {
+                    return Err(match e.limit() {
+                        Some(limit) => {
+                            self.shared
+                                .limit_reached(Some(node.name.clone()), limit, e.message())
+                        }
+                        None => self.fail_now(started, e.message()),
+                    });
+                }
             },
             None => frame.cwd.clone(),
         };
-        let usage_key = format!("{}#{}", self.scope(frame), node.name);
-        // What iterations see of the ones before them (`stages.ID.last`, `.history`).
-        let mut earlier_hist: BTreeMap<String, Vec<Value>> = BTreeMap::new();
-        let mut earlier: Arc<HashMap<String, Value>> = Arc::default();
-        let mut history: Vec<Value> = Vec::new();
-        let mut feedback: Option<String> = None;
-        let mut stuck_prev: Option<Json> = None;
-        let mut stuck_count = 0u64;
-        let repeats = stuck
-            .as_ref()
-            .and_then(|s| s.repeats.as_ref())
-            .and_then(|r| resolve_count(&r.value, &self.plan.params).ok())
-            .unwrap_or(2);
-        let outcome_of = |s: &str, it: u64| json!({"iterations": it, "outcome": s});
-        for it in 1..=max {
-            let scope = frame.child_scope(&format!("{}#{it}", node.name));
-            let mut loop_vars: BTreeMap<&str, Value> = BTreeMap::new();
-            loop_vars.insert("iteration", Value::from(it));
-            loop_vars.insert("max_iterations", Value::from(max));
-            loop_vars.insert(
-                "feedback",
-                feedback.clone().map(Value::from).unwrap_or(Value::from("")),
-            );
-            loop_vars.insert("history", Value::from(history.clone()));
-            let loop_value = Value::from(loop_vars.clone());
-            let iframe = Frame {
-                parent: Some(frame),
-                region: Some(n),
-                scope,
-                cwd: cwd.clone(),
-                vars: loop_vars
-                    .iter()
-                    .map(|(k, v)| ((*k).to_string(), v.clone()))
-                    .collect(),
-                loop_vars: Some((node.name.clone(), loop_value)),
-                earlier: earlier.clone(),
-                usage_key: Some((usage_key.clone(), n)),
-                outputs: Arc::default(),
-                limit: None,
-                siblings: None,
-            };
-            // An iteration replayed from the store (a resume) is not announced again.
-            let scope = self.scope(&iframe);
-            let replayed = self.shared.resumed_scopes.contains(&scope);
-            if !replayed {
-                self.shared
-                    .progress
-                    .note(&format!("↻ {scope} iteration {it} of {max}"));
+        Ok(LoopRun {
+            n,
+            name: &node.name,
+            started,
+            max,
+            cwd,
+            usage_key: format!("{}#{}", self.scope(frame), node.name),
+            until: until.as_ref(),
+            on_exhausted: on_exhausted.as_ref(),
+            stuck: stuck.as_deref(),
+            repeats: stuck
+                .as_ref()
+                .and_then(|s| s.repeats.as_ref())
+                .and_then(|r| resolve_count(&r.value, &plan.params).ok())
+                .unwrap_or(2),
+            earlier_hist: BTreeMap::new(),
+            earlier: Arc::default(),
+            history: Vec::new(),
+            feedback: None,
+            stuck_prev: None,
+            stuck_count: 0,
+        })
+    }
+}
+
+impl Exec<'_> {
+    /// The frame of an iteration: its scope, the loop's variables, what it sees of the
+    /// iterations before it.
+    fn iteration_frame<'f>(&self, frame: &'f Frame<'f>, lp: &LoopRun<'_>, it: u64) -> Frame<'f> {
+        let scope = frame.child_scope(&format!("{}#{it}", lp.name));
+        let mut loop_vars: BTreeMap<&str, Value> = BTreeMap::new();
+        loop_vars.insert("iteration", Value::from(it));
+        loop_vars.insert("max_iterations", Value::from(lp.max));
+        loop_vars.insert(
+            "feedback",
+            lp.feedback
+                .clone()
+                .map(Value::from)
+                .unwrap_or(Value::from("")),
+        );
+        loop_vars.insert("history", Value::from(lp.history.clone()));
+        let loop_value = Value::from(loop_vars.clone());
+        Frame {
+            parent: Some(frame),
+            region: Some(lp.n),
+            scope,
+            cwd: lp.cwd.clone(),
+            vars: loop_vars
+                .iter()
+                .map(|(k, v)| ((*k).to_string(), v.clone()))
+                .collect(),
+            loop_vars: Some((lp.name.to_string(), loop_value)),
+            earlier: lp.earlier.clone(),
+            usage_key: Some((lp.usage_key.clone(), lp.n)),
+            outputs: Arc::default(),
+            limit: None,
+            siblings: None,
+        }
+    }
+
+    /// What an iteration's end means for the loop: `Some` when the loop ends with it (a
+    /// stop, a wait, an exit, a break, a failure), `None` when the next iteration may run.
+    async fn iteration_ended(
+        &self,
+        frame: &Frame<'_>,
+        lp: &LoopRun<'_>,
+        it: u64,
+        end: BodyEnd,
+    ) -> Option<Outcome> {
+        let (n, started) = (lp.n, lp.started);
+        Some(match end {
+            BodyEnd::Stopped => Outcome::Stopped,
+            BodyEnd::Waiting => Outcome::Waiting,
+            BodyEnd::Exit(i) => Outcome::Settled(
+                Settled::done(lp.outcome("exit", it), started).with_action(Target::Exit(i)),
+            ),
+            BodyEnd::Break => {
+                self.leave_worktree(frame, n, &lp.cwd, true).await;
+                Outcome::Settled(Settled::done(lp.outcome("break", it), started))
             }
-            let end = self.run_body(&iframe).await;
-            // The iteration's outputs: the loop's history, and the latest outputs outside.
-            let outs: BTreeMap<String, View> = iframe.outputs.take();
-            let mut snapshot = BTreeMap::new();
-            for (k, v) in &outs {
-                if v.state != NodeState::Skipped {
-                    snapshot.insert(k.clone(), v.output());
-                }
-                if v.state != NodeState::Skipped || !latest.contains_key(k) {
-                    latest.insert(k.clone(), v.clone());
-                }
-            }
-            let iter_feedback = match &end {
-                BodyEnd::Continue(f) => f.clone(),
-                BodyEnd::Failed {
-                    feedback,
-                    message,
-                    infra: false,
-                    ..
-                } => Some(feedback.clone().unwrap_or_else(|| message.clone())),
-                BodyEnd::Failed { infra: true, .. } => None,
-                _ => {
-                    let mut parts = Vec::new();
-                    for (k, v) in &outs {
-                        if let Some(f) = &v.feedback {
-                            parts.push(format!("{k}: {f}"));
-                        }
-                    }
-                    (!parts.is_empty()).then(|| parts.join("\n\n"))
-                }
-            };
-            match end {
-                BodyEnd::Stopped => return Outcome::Stopped,
-                BodyEnd::Waiting => return Outcome::Waiting,
-                BodyEnd::Exit(i) => {
-                    return Outcome::Settled(
-                        Settled::done(outcome_of("exit", it), started).with_action(Target::Exit(i)),
-                    );
-                }
-                BodyEnd::Break => {
-                    self.leave_worktree(frame, n, &cwd, true).await;
-                    return Outcome::Settled(Settled::done(outcome_of("break", it), started));
-                }
-                BodyEnd::Failed {
-                    node: failed,
-                    message,
+            BodyEnd::Failed {
+                node: failed,
+                message,
+                feedback,
+                infra,
+            } => {
+                self.leave_worktree(frame, n, &lp.cwd, false).await;
+                Outcome::Settled(self.region_failed(
+                    n,
+                    lp.outcome("failed", it),
+                    started,
+                    format!("`{failed}` failed in iteration {it}: {message}"),
                     feedback,
                     infra,
-                } => {
-                    self.leave_worktree(frame, n, &cwd, false).await;
-                    return Outcome::Settled(self.region_failed(
-                        n,
-                        outcome_of("failed", it),
+                ))
+            }
+            BodyEnd::Completed | BodyEnd::Continue(_) => return None,
+        })
+    }
+
+    /// The loop's rules over an iteration's outputs: `until` ends it, and `stuck` when the
+    /// same findings come too many times in a row (`Some`: the loop ends so).
+    async fn loop_rules(
+        &self,
+        frame: &Frame<'_>,
+        lp: &mut LoopRun<'_>,
+        it: u64,
+        end_frame: &Frame<'_>,
+    ) -> Option<Outcome> {
+        let (n, started) = (lp.n, lp.started);
+        let ctx = self.context(end_frame, &[]);
+        if let Some(u) = lp.until {
+            match self.eval(&u.value, &ctx) {
+                Ok(v) if v.is_true() => {
+                    self.leave_worktree(frame, n, &lp.cwd, true).await;
+                    return Some(Outcome::Settled(Settled::done(
+                        lp.outcome("until", it),
                         started,
-                        format!("`{failed}` failed in iteration {it}: {message}"),
-                        feedback,
-                        infra,
-                    ));
+                    )));
                 }
-                BodyEnd::Completed | BodyEnd::Continue(_) => {}
+                Ok(_) => {}
+                Err(e) => return Some(self.fail_now(started, format!("its `until` failed: {e}"))),
             }
-            // `until` and `stuck` see the iteration's outputs.
-            let end_frame = Frame {
-                parent: Some(frame),
-                region: Some(n),
-                scope: iframe.scope.clone(),
-                cwd: cwd.clone(),
-                vars: iframe.vars.clone(),
-                loop_vars: iframe.loop_vars.clone(),
-                earlier: iframe.earlier.clone(),
-                usage_key: None,
-                outputs: Outputs::new(outs),
-                limit: None,
-                siblings: None,
-            };
-            let ctx = self.context(&end_frame, &[]);
-            if let Some(u) = until {
-                match self.eval(&u.value, &ctx) {
-                    Ok(v) if v.is_true() => {
-                        self.leave_worktree(frame, n, &cwd, true).await;
-                        return Outcome::Settled(Settled::done(outcome_of("until", it), started));
-                    }
-                    Ok(_) => {}
-                    Err(e) => return self.fail_now(started, format!("its `until` failed: {e}")),
-                }
-            }
-            if let Some(rule) = stuck {
-                match self.eval(&rule.on.value, &ctx) {
-                    Ok(v) => {
-                        let j: Json = serde_json::to_value(&v).unwrap_or(Json::Null);
-                        let empty = j.is_null()
-                            || j.as_array().is_some_and(Vec::is_empty)
-                            || j.as_str().is_some_and(str::is_empty);
-                        if !empty && stuck_prev.as_ref() == Some(&j) {
-                            stuck_count += 1;
-                        } else {
-                            stuck_count = 1;
-                        }
-                        stuck_prev = Some(j);
-                        if !empty && stuck_count >= repeats {
-                            self.shared.progress.note(&format!(
-                                "⟳ {} is stuck: the same findings {stuck_count} times in a row",
-                                node.name
-                            ));
-                            self.leave_worktree(frame, n, &cwd, false).await;
-                            let then = rule
-                                .then
-                                .as_ref()
-                                .map(|a| self.target_of(&a.value))
-                                .unwrap_or(Target::Fail);
-                            return Outcome::Settled(self.loop_end(
-                                n,
-                                started,
-                                "stuck",
-                                it,
-                                then,
-                                format!(
-                                    "stuck: the same findings {stuck_count} iterations in a row{}",
-                                    self.denied_note(&usage_key)
-                                ),
-                                &history,
-                            ));
-                        }
-                    }
-                    Err(e) => {
-                        return self.fail_now(started, format!("its `stuck.on` failed: {e}"));
-                    }
-                }
-            }
-            feedback = iter_feedback.clone();
-            let mut entry: BTreeMap<&str, Value> = BTreeMap::new();
-            entry.insert("iteration", Value::from(it));
-            entry.insert(
-                "feedback",
-                iter_feedback.map(Value::from).unwrap_or(Value::from("")),
-            );
-            entry.insert("outputs", to_value(&snapshot));
-            history.push(Value::from(entry));
-            for (k, v) in &snapshot {
-                earlier_hist.entry(k.clone()).or_default().push(to_value(v));
-            }
-            earlier = Arc::new(earlier_view(&earlier_hist, Some(&snapshot)));
         }
-        self.leave_worktree(frame, n, &cwd, false).await;
-        let then = on_exhausted
+        let rule = lp.stuck?;
+        let v = match self.eval(&rule.on.value, &ctx) {
+            Ok(v) => v,
+            Err(e) => return Some(self.fail_now(started, format!("its `stuck.on` failed: {e}"))),
+        };
+        let j: Json = serde_json::to_value(&v).unwrap_or(Json::Null);
+        let empty = j.is_null()
+            || j.as_array().is_some_and(Vec::is_empty)
+            || j.as_str().is_some_and(str::is_empty);
+        if !empty && lp.stuck_prev.as_ref() == Some(&j) {
+            lp.stuck_count += 1;
+        } else {
+            lp.stuck_count = 1;
+        }
+        lp.stuck_prev = Some(j);
+        if empty || lp.stuck_count < lp.repeats {
+            return None;
+        }
+        let count = lp.stuck_count;
+        self.shared.progress.note(&format!(
+            "⟳ {} is stuck: the same findings {count} times in a row",
+            lp.name
+        ));
+        self.leave_worktree(frame, n, &lp.cwd, false).await;
+        let then = rule
+            .then
             .as_ref()
             .map(|a| self.target_of(&a.value))
             .unwrap_or(Target::Fail);
-        Outcome::Settled(self.loop_end(
-            n,
-            started,
-            "exhausted",
-            max,
-            then,
-            format!(
-                "no success after {max} iterations{}",
-                self.denied_note(&usage_key)
-            ),
-            &history,
+        let message = format!(
+            "stuck: the same findings {count} iterations in a row{}",
+            self.denied_note(&lp.usage_key)
+        );
+        Some(Outcome::Settled(
+            self.loop_end(lp, "stuck", it, then, message),
         ))
     }
 
@@ -314,17 +426,15 @@ impl Exec<'_> {
     /// The settlement of a loop that ended by a rule (`stuck`, exhausted) with an action.
     /// When the action runs a stage (one that handles giving up: a report, a block with
     /// context), the loop's output carries its `history` for that stage to read.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn loop_end(
+    fn loop_end(
         &self,
-        n: NodeId,
-        started: i64,
+        lp: &LoopRun<'_>,
         outcome: &str,
         it: u64,
         then: Target,
         message: String,
-        history: &[Value],
     ) -> Settled {
+        let (n, started, history) = (lp.n, lp.started, &lp.history);
         let mut output = json!({"iterations": it, "outcome": outcome});
         if matches!(then, Target::Stage(_)) {
             output["history"] =
