@@ -21,7 +21,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use crate::store::Usage;
-pub use setup::{BuildError, PreflightError, build, find_program, preflight};
+pub use setup::{BuildError, PreflightError, build, find_program, key_variables, preflight};
 
 /// What a backend can do natively.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
