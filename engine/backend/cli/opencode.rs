@@ -290,7 +290,7 @@ fn denial(part: &ToolPart) -> Option<String> {
     };
     let what = ["filePath", "command", "path", "url"]
         .into_iter()
-        .find_map(|k| input(k));
+        .find_map(input);
     Some(match what {
         Some(w) => format!("{tool}: {w} ({reason})"),
         None => format!("{tool} ({reason})"),
