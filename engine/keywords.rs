@@ -20,6 +20,9 @@ macro_rules! keywords {
             /// Every word, in declaration order.
             pub const NAMES: &'static [&'static str] = &[$($text),+];
 
+            /// Every value, in declaration order.
+            pub const ALL: &'static [Self] = &[$(Self::$variant),+];
+
             /// The value a word names.
             pub fn parse(s: &str) -> Option<Self> {
                 match s {
@@ -74,6 +77,7 @@ mod tests {
         assert_eq!(Colour::parse("Red"), None);
         assert_eq!(Colour::Red.to_string(), "red");
         assert_eq!(Colour::NAMES, &["red", "dark_blue"]);
+        assert_eq!(Colour::ALL, &[Colour::Red, Colour::DarkBlue]);
         assert_eq!(
             serde_json::to_string(&Colour::DarkBlue).ok().as_deref(),
             Some("\"dark_blue\"")

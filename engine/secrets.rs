@@ -3,8 +3,9 @@
 //! **What is secret.** The values of:
 //! - the variables the workflow's agents name (`api_key_env`, and the default key variables
 //!   of the HTTP kinds);
-//! - the key variables of the agent kinds the workflow declares ([`agent_key_variables`]:
-//!   `ANTHROPIC_API_KEY` for `claude`, `OPENAI_API_KEY` for `codex`, ...);
+//! - the key variables of the agent kinds the workflow declares (`backend::key_variables`,
+//!   each agent CLI's own: `ANTHROPIC_API_KEY` for `claude`, `OPENAI_API_KEY` for `codex`,
+//!   ...);
 //! - the variables the workflow lists in `secrets = [...]`;
 //! - every variable of the environment with a well-known secret name ([`is_well_known`]:
 //!   `*_API_KEY`, `*_TOKEN`, `*_SECRET`, `*_SECRET_KEY`, `*_SECRET_ACCESS_KEY`,
@@ -99,23 +100,6 @@ pub enum Registered {
     Short,
     /// The value is masked from now on.
     Masked,
-}
-
-/// The environment variables the agents of a kind read their key from (the CLIs read
-/// them themselves; the HTTP kinds' defaults). Empty for `command` and `replay`.
-pub fn agent_key_variables(kind: &str) -> &'static [&'static str] {
-    match kind {
-        "claude" => &[
-            "ANTHROPIC_API_KEY",
-            "ANTHROPIC_AUTH_TOKEN",
-            "CLAUDE_CODE_OAUTH_TOKEN",
-        ],
-        "codex" => &["OPENAI_API_KEY", "CODEX_API_KEY"],
-        "gemini" => &["GEMINI_API_KEY", "GOOGLE_API_KEY"],
-        "openai" => &["OPENAI_API_KEY"],
-        "anthropic" => &["ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN"],
-        _ => &[],
-    }
 }
 
 /// Tells whether a variable's name says it holds a secret (see [`WELL_KNOWN_SUFFIXES`] and

@@ -139,16 +139,89 @@ impl StageKind {
 
 /// The stage kinds.
 pub const STAGE_KINDS: &[&str] = StageKind::NAMES;
+keywords! {
+    /// The kind of backend an agent uses (`kind`). An agent CLI (`is_agent_cli`) is one file
+    /// of backend/cli plus its line in that module's table.
+    #[derive(Default)]
+    pub enum AgentKind {
+        Claude = "claude",
+        Codex = "codex",
+        Gemini = "gemini",
+        Qwen = "qwen",
+        Opencode = "opencode",
+        OpenAi = "openai",
+        Anthropic = "anthropic",
+        #[default]
+        Command = "command",
+        Replay = "replay",
+    }
+}
+
+impl AgentKind {
+    /// Whether the kind runs an agent's command-line program, which takes `permissions`
+    /// (the `command` kind runs any program, and takes none).
+    pub const fn is_agent_cli(self) -> bool {
+        matches!(
+            self,
+            Self::Claude | Self::Codex | Self::Gemini | Self::Qwen | Self::Opencode
+        )
+    }
+
+    /// The dialect of the output schema an agent CLI takes by flag (claude and qwen
+    /// `--json-schema`, both checked by Ajv in strict mode; codex `--output-schema`); `None`
+    /// for one that has no such flag.
+    pub const fn cli_schema_dialect(self) -> Option<crate::dialect::Dialect> {
+        use crate::dialect::Dialect;
+        match self {
+            Self::Claude | Self::Qwen => Some(Dialect::Claude),
+            Self::Codex => Some(Dialect::OpenAiStrict),
+            _ => None,
+        }
+    }
+
+    /// Whether the kind calls a model's HTTP API itself (`base_url`, `api_key_env`).
+    pub const fn is_http(self) -> bool {
+        matches!(self, Self::OpenAi | Self::Anthropic)
+    }
+
+    /// Whether a stage's output schema can reach the kind's model (`structured_output`).
+    pub const fn takes_structured_output(self) -> bool {
+        self.is_agent_cli() || self.is_http()
+    }
+}
+
+/// The names of the agent kinds for which a test of [`AgentKind`] holds, in declaration
+/// order: `agent_kinds_where!(is_agent_cli)`.
+macro_rules! agent_kinds_where {
+    ($test:ident) => {{
+        const COUNT: usize = {
+            let (mut n, mut i) = (0, 0);
+            while i < AgentKind::ALL.len() {
+                if AgentKind::ALL[i].$test() {
+                    n += 1;
+                }
+                i += 1;
+            }
+            n
+        };
+        const NAMES: [&str; COUNT] = {
+            let mut out = [""; COUNT];
+            let (mut n, mut i) = (0, 0);
+            while i < AgentKind::ALL.len() {
+                if AgentKind::ALL[i].$test() {
+                    out[n] = AgentKind::ALL[i].as_str();
+                    n += 1;
+                }
+                i += 1;
+            }
+            out
+        };
+        &NAMES
+    }};
+}
+
 /// The agent backend kinds.
-pub const AGENT_KINDS: &[&str] = &[
-    "claude",
-    "codex",
-    "gemini",
-    "openai",
-    "anthropic",
-    "command",
-    "replay",
-];
+pub const AGENT_KINDS: &[&str] = AgentKind::NAMES;
 /// The param types.
 pub const PARAM_TYPES: &[&str] = &["string", "int", "float", "bool", "list"];
 /// The output extraction modes.
@@ -385,7 +458,7 @@ pub static AGENT: TableSpec = TableSpec {
         req(
             "kind",
             Ty::Enum(AGENT_KINDS),
-            "The backend: claude, codex, gemini, openai, anthropic, command or replay.",
+            "The backend: claude, codex, gemini, qwen, opencode, openai, anthropic, command or replay.",
         ),
         f(
             "model",
@@ -432,13 +505,13 @@ pub static AGENT: TableSpec = TableSpec {
         ),
         k(
             "base_url",
-            &["openai", "anthropic"],
+            agent_kinds_where!(is_http),
             Ty::Str,
             "The API's base URL, for compatible servers.",
         ),
         k(
             "api_key_env",
-            &["openai", "anthropic"],
+            agent_kinds_where!(is_http),
             Ty::Str,
             "The environment variable that holds the API key.",
         ),
@@ -450,20 +523,20 @@ pub static AGENT: TableSpec = TableSpec {
         ),
         k(
             "max_tokens",
-            &["openai", "anthropic"],
+            agent_kinds_where!(is_http),
             Ty::Count,
             "The most output tokens to ask for.",
         ),
         k("file", &["replay"], Ty::Str, "The recording to replay."),
         k(
             "permissions",
-            &["claude", "codex", "gemini"],
+            agent_kinds_where!(is_agent_cli),
             Ty::Enum(&["read-only", "edit", "full"]),
             "What a CLI agent may do unattended: `read-only` (default), `edit` (write files in its working directory) or `full` (no restriction).",
         ),
         k(
             "structured_output",
-            &["claude", "codex", "gemini", "openai", "anthropic"],
+            agent_kinds_where!(takes_structured_output),
             Ty::Enum(STRUCTURED_OUTPUT_MODES),
             "How a stage's output schema reaches the model: `auto` (default), `json_schema`, `json_object`, `guided_json`, `prompt` or `off`.",
         ),

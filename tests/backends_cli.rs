@@ -1,5 +1,5 @@
-//! Tests of the CLI backends through the fake `claude`, `codex` and `gemini` in
-//! tests/fakes, and of `command` agents.
+//! Tests of the CLI backends through the fake `claude`, `codex`, `gemini`, `qwen` and
+//! `opencode` in tests/fakes, and of `command` agents.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -429,6 +429,87 @@ async fn gemini_errors_are_classified() {
     match run_mode(AgentKind::Gemini, "error").await {
         Err(CallError::Failed { message }) => assert!(message.contains("max session turns")),
         other => panic!("{other:?}"),
+    }
+}
+
+// ---- qwen and opencode ------------------------------------------------------------------
+
+#[tokio::test(flavor = "current_thread")]
+async fn qwen_and_opencode_replies_and_errors_come_through() {
+    for kind in [AgentKind::Qwen, AgentKind::Opencode] {
+        let scene = Scene::new();
+        let call = scene.call(
+            "hi",
+            &[
+                ("FAKE_REPLY", TRICKY),
+                ("FAKE_INPUT_TOKENS", "300"),
+                ("FAKE_CACHED_TOKENS", "40"),
+                ("FAKE_OUTPUT_TOKENS", "30"),
+                ("FAKE_SESSION", "s-1"),
+                ("FAKE_LOG", &scene.path("log").display().to_string()),
+            ],
+        );
+        let reply = run(&agent(kind), &call).await.expect("a reply");
+        assert_eq!(reply.text, TRICKY, "{kind}");
+        assert_eq!(reply.session_id.as_deref(), Some("s-1"), "{kind}");
+        assert_eq!(reply.usage.output_tokens, 30, "{kind}");
+        assert_eq!(reply.usage.cached_tokens, 40, "{kind}");
+        assert_eq!(reply.usage.input_tokens, 300, "{kind}");
+        // Read-only by default.
+        let log = scene.log();
+        match kind {
+            AgentKind::Qwen => assert!(log.contains("arg: --approval-mode\narg: default"), "{log}"),
+            _ => assert!(log.contains("arg: run\narg: --format\narg: json"), "{log}"),
+        }
+        match run_mode(kind, "rate_limit").await {
+            Err(CallError::RateLimited { retry_after, .. }) => {
+                // "Please try again in 20s."
+                assert_eq!(retry_after.map(|d| d.as_secs()), Some(20), "{kind}");
+            }
+            other => panic!("{kind}: {other:?}"),
+        }
+        let result = run_mode(kind, "server_error").await;
+        assert!(
+            matches!(result, Err(CallError::Transient { .. })),
+            "{kind}: {result:?}"
+        );
+        let result = run_mode(kind, "invalid_key").await;
+        assert!(
+            matches!(result, Err(CallError::Missing { .. })),
+            "{kind}: {result:?}"
+        );
+        // A flag the real CLI does not take is refused the same way: no retry fixes it.
+        let scene = Scene::new();
+        let mut config = agent(kind);
+        config.args = vec!["--no-such-flag".into()];
+        let result = run(&config, &scene.call("hi", &[])).await;
+        assert!(
+            matches!(result, Err(CallError::Failed { .. })),
+            "{kind}: {result:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn qwen_and_opencode_denials_follow_the_permissions() {
+    for (kind, permissions, denied) in [
+        (AgentKind::Qwen, Permissions::ReadOnly, 6),
+        (AgentKind::Qwen, Permissions::Full, 0),
+        (AgentKind::Opencode, Permissions::ReadOnly, 2),
+        (AgentKind::Opencode, Permissions::Full, 0),
+    ] {
+        let scene = Scene::new();
+        let mut config = agent(kind);
+        config.permissions = permissions;
+        let reply = run(&config, &scene.call("hi", &[("FAKE_MODE", "denied")]))
+            .await
+            .expect("a reply");
+        assert_eq!(
+            reply.denied.len(),
+            denied,
+            "{kind} {permissions:?}: {:?}",
+            reply.denied
+        );
     }
 }
 

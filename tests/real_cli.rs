@@ -1,6 +1,6 @@
-//! Whole runs through the real claude, codex and gemini CLIs, each pointed at the local mock
-//! of its API (tests/realcli/mock_api.py, 127.0.0.1 only): one agent stage with an output
-//! schema per CLI. Needs the CLIs installed by tests/realcli/install.sh (in target/realcli,
+//! Whole runs through the real claude, codex, gemini, qwen and opencode CLIs, each pointed
+//! at the local mock of its API (tests/realcli/mock_api.py, 127.0.0.1 only): one agent stage
+//! with an output schema per CLI. Needs the CLIs installed by tests/realcli/install.sh (in target/realcli,
 //! or the directory named by RALPH_FLOW_REAL_CLI_DIR) and python3; skipped otherwise.
 #![allow(clippy::unwrap_used)]
 
@@ -217,6 +217,88 @@ fn claude_codex_and_gemini_run_a_stage_against_the_mock_api() {
         let store = p.store_text();
         assert!(
             store.contains(&format!("\"output_tokens\":{output_tokens}")),
+            "{kind}: usage recorded: {store}"
+        );
+    }
+}
+
+/// The qwen and opencode of tests/realcli/install.sh, when installed there.
+fn newer_cli_dir() -> Option<PathBuf> {
+    let bin = real_cli_dir()?;
+    ["qwen", "opencode"]
+        .iter()
+        .all(|c| bin.join(c).exists())
+        .then_some(bin)
+}
+
+/// `HOME` with qwen and opencode pointed at the mock's Chat Completions (`base`: its URL
+/// with the scenario), and the environment that points them there.
+fn mock_home_chat(p: &Project, bin: &Path, kind: &str, base: &str) -> Vec<(String, String)> {
+    let home = p.dir().join("home");
+    std::fs::create_dir_all(home.join(".qwen")).unwrap();
+    std::fs::create_dir_all(home.join(".config/opencode")).unwrap();
+    std::fs::write(
+        home.join(".qwen/settings.json"),
+        r#"{"model":{"generationConfig":{"maxRetries":0}}}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        home.join(".config/opencode/opencode.json"),
+        format!(
+            r#"{{"provider":{{"mock":{{"npm":"@ai-sdk/openai-compatible","name":"Mock","options":{{"baseURL":"{base}/v1","apiKey":"mock-key"}},"models":{{"mock-model":{{"name":"Mock"}}}}}}}},"model":"mock/mock-model","autoupdate":false,"share":"disabled"}}"#
+        ),
+    )
+    .unwrap();
+    [
+        (
+            format!("RALPH_FLOW_{}", kind.to_uppercase()),
+            bin.join(kind).display().to_string(),
+        ),
+        ("HOME".into(), home.display().to_string()),
+        ("OPENAI_BASE_URL".into(), format!("{base}/v1")),
+        ("OPENAI_API_KEY".into(), "mock-key".into()),
+        ("OPENAI_MODEL".into(), "qwen-mock".into()),
+    ]
+    .into()
+}
+
+/// qwen answers through its `--json-schema` tool, opencode (no schema flag) in text; both
+/// report the usage of the mock's answers.
+#[test]
+fn qwen_and_opencode_run_a_stage_against_the_mock_api() {
+    let Some(bin) = newer_cli_dir() else {
+        skipped("qwen and opencode not installed (run tests/realcli/install.sh)");
+        return;
+    };
+    let Some(mock) = Mock::start() else {
+        skipped("python3 cannot run tests/realcli/mock_api.py");
+        return;
+    };
+    let base = format!("http://127.0.0.1:{}/s/structured", mock.port);
+    for kind in ["qwen", "opencode"] {
+        let p = Project::new();
+        p.workflow("w.toml", &WORKFLOW.replace("KIND", kind));
+        let env = mock_home_chat(&p, &bin, kind, &base);
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let out = p.run_env(&["run", "w.toml", "--json"], &env);
+        assert_eq!(out.code, 0, "{kind}: {}\n{}", out.stderr, out.stdout);
+        assert_eq!(
+            out.json["outputs"]["ask"]["verdict"], VERDICT,
+            "{kind}: {}",
+            out.stdout
+        );
+        assert_eq!(
+            out.json["outputs"]["ask"]["count"], 3,
+            "{kind}: {}",
+            out.stdout
+        );
+        // qwen's usage counts its memory extraction's side request too (another answer of
+        // the mock's), when it makes one.
+        let store = p.store_text();
+        assert!(
+            ["765", "1530"]
+                .iter()
+                .any(|n| store.contains(&format!("\"output_tokens\":{n}"))),
             "{kind}: usage recorded: {store}"
         );
     }

@@ -21,7 +21,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use crate::store::Usage;
-pub use setup::{BuildError, PreflightError, build, find_program, preflight};
+pub use setup::{BuildError, PreflightError, build, find_program, key_variables, preflight};
 
 /// What a backend can do natively.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -232,8 +232,8 @@ pub struct AgentConfig {
     pub max_tokens: Option<u64>,
     /// The recording of a `replay` agent.
     pub file: Option<PathBuf>,
-    /// Where a CLI backend finds its executable (default: `claude`, `codex`, `gemini` on
-    /// PATH; `RALPH_FLOW_CLAUDE` and the like override it).
+    /// Where a CLI backend finds its executable (default: the kind's program, `claude`,
+    /// `codex`..., on PATH; `RALPH_FLOW_CLAUDE` and the like override it).
     pub program: Option<String>,
     /// What a CLI agent may do unattended.
     pub permissions: crate::model::Permissions,

@@ -10,14 +10,14 @@ use crate::model::AgentKind as K;
 pub enum PreflightError {
     #[error(
         "`{program}` is not installed (not found on PATH); install it with `npm install -g \
-         {package}`, or point `RALPH_FLOW_{variable}` (or the agent's `program`) at it"
+         {package}`, or point `{variable}` (or the agent's `program`) at it"
     )]
     NotInstalled {
         program: String,
         /// The npm package of the CLI.
         package: &'static str,
-        /// The suffix of the variable that names the program (`CLAUDE`...).
-        variable: String,
+        /// The variable that names the program (`RALPH_FLOW_CLAUDE`...).
+        variable: &'static str,
     },
     #[error("a command agent needs a `command`")]
     NoCommand,
@@ -48,19 +48,15 @@ pub enum BuildError {
 /// relative program paths start.
 pub fn preflight(config: &AgentConfig, cwd: &Path) -> Result<(), PreflightError> {
     match config.kind {
-        K::Claude | K::Codex | K::Gemini => {
-            let program = cli::program(config);
-            if find_program(&program, cwd).is_none() {
-                let package = match config.kind {
-                    K::Claude => "@anthropic-ai/claude-code",
-                    K::Codex => "@openai/codex",
-                    _ => "@google/gemini-cli",
-                };
-                return Err(PreflightError::NotInstalled {
-                    program,
-                    package,
-                    variable: config.kind.as_str().to_uppercase(),
-                });
+        kind if kind.is_agent_cli() => {
+            if let (Some(program), Some(default)) = (cli::program(config), cli::program_of(kind)) {
+                if find_program(&program, cwd).is_none() {
+                    return Err(PreflightError::NotInstalled {
+                        program,
+                        package: default.package,
+                        variable: default.variable,
+                    });
+                }
             }
         }
         K::Command => {
@@ -82,8 +78,21 @@ pub fn preflight(config: &AgentConfig, cwd: &Path) -> Result<(), PreflightError>
                 }
             }
         }
+        // Every agent CLI is handled above.
+        _ => {}
     }
     Ok(())
+}
+
+/// The environment variables the agents of a kind read their key from (the CLIs read them
+/// themselves; the HTTP kinds' defaults), registered as secrets before a run. Empty for
+/// `command` and `replay`.
+pub fn key_variables(kind: K) -> &'static [&'static str] {
+    match kind {
+        K::OpenAi => &["OPENAI_API_KEY"],
+        K::Anthropic => &["ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN"],
+        _ => cli::key_variables(kind),
+    }
 }
 
 /// Finds a program as `Command` would: a name on PATH, or a path (relative to `cwd`).
@@ -106,9 +115,10 @@ pub fn find_program(program: &str, cwd: &Path) -> Option<PathBuf> {
 /// Builds the backend of an agent.
 pub fn build(config: &AgentConfig) -> Result<Box<dyn Backend>, BuildError> {
     Ok(match config.kind {
-        K::Claude | K::Codex | K::Gemini | K::Command => cli::build(config)?,
         K::OpenAi | K::Anthropic => http::build(config)?,
         K::Replay => replay::build(config)?,
+        // `command` and every agent CLI.
+        _ => cli::build(config)?,
     })
 }
 

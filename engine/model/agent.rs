@@ -4,47 +4,8 @@
 use super::{Count, Dur, Text};
 use crate::source::{Span, Spanned};
 
-/// The kind of backend an agent uses.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum AgentKind {
-    Claude,
-    Codex,
-    Gemini,
-    OpenAi,
-    Anthropic,
-    #[default]
-    Command,
-    Replay,
-}
-
-impl AgentKind {
-    /// Parses the name written in files.
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "claude" => AgentKind::Claude,
-            "codex" => AgentKind::Codex,
-            "gemini" => AgentKind::Gemini,
-            "openai" => AgentKind::OpenAi,
-            "anthropic" => AgentKind::Anthropic,
-            "command" => AgentKind::Command,
-            "replay" => AgentKind::Replay,
-            _ => return None,
-        })
-    }
-
-    /// Returns the name as written in files.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AgentKind::Claude => "claude",
-            AgentKind::Codex => "codex",
-            AgentKind::Gemini => "gemini",
-            AgentKind::OpenAi => "openai",
-            AgentKind::Anthropic => "anthropic",
-            AgentKind::Command => "command",
-            AgentKind::Replay => "replay",
-        }
-    }
-}
+/// The kind of backend an agent uses: one list, in the format's spec.
+pub use crate::spec::AgentKind;
 
 /// A named backend configuration.
 #[derive(Clone, Debug)]
@@ -189,13 +150,16 @@ pub fn schema_delivery(
     Some(match (kind, mode) {
         (_, M::Off) => SchemaDelivery::Not,
         (_, M::Prompt) => SchemaDelivery::Prompt,
-        (AgentKind::Claude, M::Auto | M::JsonSchema) => SchemaDelivery::Lowered(Dialect::Claude),
-        (AgentKind::Codex, M::Auto | M::JsonSchema) => {
-            SchemaDelivery::Lowered(Dialect::OpenAiStrict)
+        // The CLI's own schema flag (claude `--json-schema`, codex `--output-schema`); a CLI
+        // without one (gemini) leaves the prompt as written under `auto`.
+        (kind, M::Auto | M::JsonSchema) if kind.is_agent_cli() => {
+            match (kind.cli_schema_dialect(), mode) {
+                (Some(dialect), _) => SchemaDelivery::Lowered(dialect),
+                (None, M::Auto) => SchemaDelivery::Not,
+                (None, _) => return None,
+            }
         }
-        // gemini's CLI has no schema flag: `auto` leaves the prompt as written.
-        (AgentKind::Gemini, M::Auto) => SchemaDelivery::Not,
-        (AgentKind::Claude | AgentKind::Codex | AgentKind::Gemini, _) => return None,
+        (kind, _) if kind.is_agent_cli() => return None,
         (AgentKind::OpenAi, M::Auto | M::JsonSchema) if openai_itself => {
             SchemaDelivery::Lowered(Dialect::OpenAiStrict)
         }

@@ -85,8 +85,9 @@ pub fn register_secrets(prepared: &Prepared) {
 /// [`register_secrets`], returning a warning for each variable the workflow names as secret
 /// whose value is too short to be masked (the names only, never the values).
 pub(crate) fn register_secrets_noting(prepared: &Prepared) -> Vec<String> {
+    use crate::backend::key_variables;
     use crate::model::AgentKind;
-    use crate::secrets::{MIN_LEN, Registered, agent_key_variables, register_env};
+    use crate::secrets::{MIN_LEN, Registered, register_env};
     crate::secrets::register_well_known();
     let mut notes = Vec::new();
     let mut named = |var: &str, what: String| {
@@ -109,7 +110,7 @@ pub(crate) fn register_secrets_noting(prepared: &Prepared) -> Vec<String> {
         if let Some(var) = var {
             named(&var, format!("the key of agent `{}`", a.name.value));
         }
-        for var in agent_key_variables(a.kind.value.as_str()) {
+        for var in key_variables(a.kind.value) {
             register_env(var);
         }
     }

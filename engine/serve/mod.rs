@@ -203,8 +203,8 @@ pub fn serve(opts: Options, ready: impl FnOnce(&str)) -> Result<(), ServeError> 
     // The same secrets as a run's: the environment's well-known ones and every agent kind's
     // key variables now, each run's own (`api_key_env`, `secrets`) when its plan is loaded.
     crate::secrets::register_well_known();
-    for kind in crate::spec::AGENT_KINDS {
-        for var in crate::secrets::agent_key_variables(kind) {
+    for kind in crate::model::AgentKind::ALL {
+        for var in crate::backend::key_variables(*kind) {
             crate::secrets::register_env(var);
         }
     }

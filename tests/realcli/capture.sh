@@ -1,5 +1,6 @@
 #!/bin/sh
-# Runs the real claude, codex and gemini CLIs against tests/realcli/mock_api.py, the way
+# Runs the real claude, codex, gemini, qwen and opencode CLIs against
+# tests/realcli/mock_api.py, the way
 # ralph-flow calls them, and stores what they print as the fixtures the fakes replay:
 #   tests/fakes/captures/<cli>/<case>.stdout .stderr .exit .argv (.files: the cwd after;
 #   .repo, in a git repository: its commits, what was written in .git and next to the cwd)
@@ -13,8 +14,9 @@
 # ~/.cache/ralph-flow-realcli-capture), with no environment
 # but PATH, HOME and the CLI's own settings, against the mock on 127.0.0.1 only. Noise is
 # normalized: the work directory becomes /WORK, the install directory /CLI, the mock's port
-# MOCKPORT, and the session id (claude session_id, codex thread_id, gemini session_id)
-# 00000000-0000-4000-8000-000000000000.
+# MOCKPORT, and the session id (claude session_id, codex thread_id, gemini and qwen
+# session_id, opencode sessionID) 00000000-0000-4000-8000-000000000000; opencode's
+# timestamps, part ids and snapshot hashes too.
 set -eu
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -28,7 +30,7 @@ out=$root/tests/fakes/captures
 work=${CAPTURE_WORK:-${XDG_CACHE_HOME:-$HOME/.cache}/ralph-flow-realcli-capture}
 only="$*"
 
-for c in claude codex gemini; do
+for c in claude codex gemini qwen opencode; do
     if [ ! -x "$bin/$c" ]; then
         echo "capture: $bin/$c not found: run tests/realcli/install.sh first" >&2
         exit 1
@@ -36,7 +38,7 @@ for c in claude codex gemini; do
 done
 
 rm -rf "$work"
-mkdir -p "$work" "$out/claude" "$out/codex" "$out/gemini"
+mkdir -p "$work" "$out/claude" "$out/codex" "$out/gemini" "$out/qwen" "$out/opencode"
 if git -C "$work" rev-parse --git-dir >/dev/null 2>&1; then
     echo "capture: $work is inside a git repository: set CAPTURE_WORK elsewhere" >&2
     exit 1
@@ -63,6 +65,8 @@ SCHEMA_LOOSE='{"type":"object","properties":{"verdict":{"type":"string"},"count"
     echo "claude $("$bin/claude" --version 2>/dev/null | head -1)"
     echo "codex $(HOME=$work CODEX_HOME=$work "$bin/codex" --version 2>/dev/null | tail -1)"
     echo "gemini $(HOME=$work "$bin/gemini" --version 2>/dev/null | tail -1)"
+    echo "qwen $(HOME=$work "$bin/qwen" --version 2>/dev/null | tail -1)"
+    echo "opencode $(HOME=$work "$bin/opencode" --version 2>/dev/null | tail -1)"
     echo "node $(node --version)"
 } >"$out/VERSIONS"
 
@@ -75,6 +79,12 @@ text = open(path, encoding="utf-8", errors="surrogateescape").read()
 for key in ("session_id", "thread_id"):
     for m in re.finditer(r'"%s"\s*:\s*"([0-9a-f-]{36})"' % key, text):
         text = text.replace(m.group(1), "00000000-0000-4000-8000-000000000000")
+# opencode: its session id (ses_...), and what differs from run to run.
+for m in re.finditer(r'"sessionID"\s*:\s*"(ses_[0-9A-Za-z]+)"', text):
+    text = text.replace(m.group(1), "00000000-0000-4000-8000-000000000000")
+text = re.sub(r'"(id|messageID)":"(prt|msg)_[0-9A-Za-z]+"', lambda m: '"%s":"%s_MOCK"' % (m.group(1), m.group(2)), text)
+text = re.sub(r'"(timestamp|start|end|created|completed)":\d{13}', lambda m: '"%s":1700000000000' % m.group(1), text)
+text = re.sub(r'"snapshot":"[0-9a-f]{40}"', '"snapshot":"0000000000000000000000000000000000000000"', text)
 text = text.replace(work, "/WORK").replace(cli, "/CLI").replace("127.0.0.1:" + port, "127.0.0.1:MOCKPORT")
 open(path, "w", encoding="utf-8", errors="surrogateescape").write(text)
 PY
@@ -134,6 +144,20 @@ EOF
             >"$d/home/.gemini/settings.json"
         set -- env -i PATH="$SYSPATH" HOME="$d/home" GEMINI_API_KEY=mock-key \
             GOOGLE_GEMINI_BASE_URL="$base/s/$scenario" $envs "$bin/gemini" "$@"
+        ;;
+    qwen)
+        mkdir -p "$d/home/.qwen"
+        # No retries of its own (by default it retries a 429 ten times, a minute apart).
+        printf '%s\n' '{"model":{"generationConfig":{"maxRetries":0}}}' >"$d/home/.qwen/settings.json"
+        set -- env -i PATH="$SYSPATH" HOME="$d/home" OPENAI_API_KEY=mock-key \
+            OPENAI_BASE_URL="$base/s/$scenario/v1" OPENAI_MODEL=qwen-mock $envs "$bin/qwen" "$@"
+        ;;
+    opencode)
+        mkdir -p "$d/home/.config/opencode"
+        cat >"$d/home/.config/opencode/opencode.json" <<EOF
+{"provider":{"mock":{"npm":"@ai-sdk/openai-compatible","name":"Mock","options":{"baseURL":"$base/s/$scenario/v1","apiKey":"mock-key"},"models":{"mock-model":{"name":"Mock"}}}},"model":"mock/mock-model","autoupdate":false,"share":"disabled"}
+EOF
+        set -- env -i PATH="$SYSPATH" HOME="$d/home" $envs "$bin/opencode" "$@"
         ;;
     esac
     prompt="Reply with a short greeting."
@@ -234,5 +258,39 @@ run_case gemini write_yolo write plain -- --skip-trust --approval-mode yolo --ou
 run_case gemini denied_default denied git GEMINI_CLI_TRUST_WORKSPACE=true -- --approval-mode default --output-format json
 run_case gemini denied_auto_edit denied git GEMINI_CLI_TRUST_WORKSPACE=true -- --approval-mode auto_edit --output-format json
 run_case gemini denied_yolo denied git GEMINI_CLI_TRUST_WORKSPACE=true -- --approval-mode yolo --output-format json
+
+# ---- qwen: qwen [--model M] --approval-mode MODE [--json-schema S] [ARGS] --output-format json,
+# prompt on stdin (headless without a TTY)
+for s in ok server_error rate_limit invalid_key; do
+    run_case qwen $s $s plain -- --approval-mode default --output-format json
+done
+run_case qwen structured structured plain -- --approval-mode default --json-schema "$SCHEMA" --output-format json
+run_case qwen schema_unknown_keyword ok plain -- --approval-mode default --json-schema "$SCHEMA_UNKNOWN" --output-format json
+run_case qwen bad_flag ok plain -- --approval-mode default --no-such-flag --output-format json
+run_case qwen write_default write plain -- --approval-mode default --output-format json
+run_case qwen write_auto_edit write plain -- --approval-mode auto-edit --output-format json
+run_case qwen write_yolo write plain -- --approval-mode yolo --output-format json
+run_case qwen denied_default denied git -- --approval-mode default --output-format json
+run_case qwen denied_auto_edit denied git -- --approval-mode auto-edit --output-format json
+run_case qwen denied_yolo denied git -- --approval-mode yolo --output-format json
+
+# ---- opencode: opencode run --format json [--model M] [ARGS], prompt on stdin, the
+# permissions in OPENCODE_PERMISSION as ralph-flow sets them for each `permissions`
+OC_READ_ONLY='OPENCODE_PERMISSION={"edit":"deny","bash":"deny","external_directory":"deny"}'
+OC_EDIT='OPENCODE_PERMISSION={"edit":"allow","bash":"deny","external_directory":"deny"}'
+OC_FULL='OPENCODE_PERMISSION={"*":"allow"}'
+for s in ok server_error rate_limit invalid_key; do
+    run_case opencode $s $s plain "$OC_READ_ONLY" -- run --format json
+done
+# No schema flag: the schema is in the prompt (the mock answers the JSON).
+run_case opencode structured structured plain "$OC_READ_ONLY" -- run --format json
+run_case opencode bad_flag ok plain "$OC_READ_ONLY" -- run --format json --no-such-flag
+run_case opencode write_default write plain -- run --format json
+run_case opencode write_read_only write plain "$OC_READ_ONLY" -- run --format json
+run_case opencode write_edit write plain "$OC_EDIT" -- run --format json
+run_case opencode write_full write plain "$OC_FULL" -- run --format json
+run_case opencode denied_read_only denied git "$OC_READ_ONLY" -- run --format json
+run_case opencode denied_edit denied git "$OC_EDIT" -- run --format json
+run_case opencode denied_full denied git "$OC_FULL" -- run --format json
 
 cp "$work/mock.log" "$work/mock.log.keep" 2>/dev/null || true

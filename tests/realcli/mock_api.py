@@ -5,7 +5,10 @@ Speaks, on 127.0.0.1 only:
   * the Anthropic Messages API (claude, via ANTHROPIC_BASE_URL): POST /v1/messages
     (streaming SSE and not), /v1/messages/count_tokens;
   * the OpenAI Responses API (codex, via a model provider's base_url): POST /v1/responses
-    (SSE), GET /v1/models; and Chat Completions, POST /v1/chat/completions (SSE and not);
+    (SSE), GET /v1/models; and Chat Completions, POST /v1/chat/completions (SSE and not:
+    qwen via OPENAI_BASE_URL, opencode via an openai-compatible provider's baseURL, with
+    their tool calls in the write, denied and commit scenarios, and qwen's structured_output
+    tool under --json-schema);
   * the Gemini API (gemini, via GOOGLE_GEMINI_BASE_URL): POST
     /v1beta/models/<model>:generateContent, :streamGenerateContent (SSE), :countTokens.
 
@@ -705,6 +708,17 @@ class Handler(BaseHTTPRequestHandler):
 
     # ---- OpenAI Chat Completions ----------------------------------------------------------
 
+    # The tools of the agent CLIs that speak Chat Completions, by the CLI's user agent:
+    # (write tool, its path argument, its content argument, shell tool, its command argument).
+    CHAT_TOOLS = {
+        "QwenCode": ("write_file", "file_path", "content", "run_shell_command", "command"),
+        "opencode": ("write", "filePath", "content", "bash", "command"),
+    }
+
+    # Side requests of the CLIs (qwen's memory extraction, opencode's session title),
+    # recognized by their system prompt: a plain answer, whatever the scenario.
+    SIDE_REQUESTS = ("managed memory extraction subagent", "You are a title generator")
+
     def chat(self, scenario, body):
         if self.openai_error(scenario):
             return
@@ -712,6 +726,33 @@ class Handler(BaseHTTPRequestHandler):
         text = REPLY
         if scenario == "structured" or rf.get("type") == "json_schema":
             text = json.dumps(schema_properties_answer((rf.get("json_schema") or {}).get("schema")))
+        messages = body.get("messages") or []
+        system = json.dumps([m.get("content") for m in messages if m.get("role") == "system"])
+        tools = {
+            (t.get("function") or {}).get("name"): (t.get("function") or {})
+            for t in body.get("tools") or []
+            if isinstance(t, dict)
+        }
+        results = sum(1 for m in messages if m.get("role") == "tool")
+        side = any(marker in system for marker in self.SIDE_REQUESTS)
+        call = None
+        if not side:
+            agent = self.headers.get("user-agent", "")
+            names = next((v for k, v in self.CHAT_TOOLS.items() if agent.startswith(k)), None)
+            actions = ACTIONS.get(scenario) or ([DENIED_ACTIONS[0]] if scenario == "write" else [])
+            if "structured_output" in tools and results == 0:
+                # qwen's --json-schema: its synthetic tool, called with the answer.
+                call = ("structured_output", schema_properties_answer(
+                    (tools["structured_output"].get("parameters") or {})))
+            elif names and results < len(actions):
+                # The tool calls, whether or not the CLI offers the tool.
+                kind, what = actions[results]
+                write, path_arg, content_arg, shell, command_arg = names
+                if kind == "write":
+                    path = os.path.normpath(os.path.join(self.chat_cwd(json.dumps(messages)), what))
+                    call = (write, {path_arg: path, content_arg: WRITTEN_TEXT})
+                else:
+                    call = (shell, {command_arg: what})
         usage = {
             "prompt_tokens": INPUT_TOKENS,
             "completion_tokens": OUTPUT_TOKENS,
@@ -720,17 +761,50 @@ class Handler(BaseHTTPRequestHandler):
         }
         resp = {"id": "chatcmpl-mock1", "created": int(time.time()), "model": body.get("model", "gpt-mock")}
         message = {"role": "assistant", "content": text, "refusal": None}
+        finish = "stop"
+        if call:
+            name, args = call
+            message = {
+                "role": "assistant",
+                "content": None,
+                "refusal": None,
+                "tool_calls": [
+                    {
+                        "index": 0,
+                        "id": "call_mockchat%d" % results,
+                        "type": "function",
+                        "function": {"name": name, "arguments": json.dumps(args)},
+                    }
+                ],
+            }
+            finish = "tool_calls"
+            if name != "structured_output":
+                # The tool calls count nothing: the totals are the answers', as in `ok`.
+                usage = {k: {kk: 0 for kk in v} if isinstance(v, dict) else 0 for k, v in usage.items()}
         if not body.get("stream"):
-            choice = {"index": 0, "message": message, "finish_reason": "stop", "logprobs": None}
+            choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
             return self.send_json(200, dict(resp, object="chat.completion", choices=[choice], usage=usage))
         self.start_sse()
-        for delta, finish in ((message, None), ({}, "stop")):
-            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        for delta, end in ((message, None), ({}, finish)):
+            choice = {"index": 0, "delta": delta, "finish_reason": end, "logprobs": None}
             self.sse(dict(resp, object="chat.completion.chunk", choices=[choice]))
         if (body.get("stream_options") or {}).get("include_usage"):
             self.sse(dict(resp, object="chat.completion.chunk", choices=[], usage=usage))
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
+
+    def chat_cwd(self, text):
+        """The CLI's cwd as its prompts state it (opencode: "Working directory: ...", qwen:
+        "I'm currently working in the directory: ..."), else MOCK_WRITE_DIR."""
+        import re
+
+        m = re.search(
+            r"(?:Working directory|working in the directory)\s*:?\s*(/[^\s\"<\\]+)",
+            text,
+        )
+        if m:
+            return m.group(1).rstrip(".")
+        return os.environ.get("MOCK_WRITE_DIR") or "."
 
     # ---- Gemini ---------------------------------------------------------------------------
 

@@ -6,7 +6,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use regex::Regex;
 
-use super::claude;
 use super::output::output_tail;
 use crate::backend::CallError;
 use crate::backend::process::ProcOutput;
@@ -42,9 +41,6 @@ static SCHEMA_REFUSED: LazyLock<Regex> = LazyLock::new(|| {
         .expect("the schema-refusal pattern is valid")
 });
 
-/// claude's refusal of `--json-schema`: its whole stderr, one line starting with this.
-const CLAUDE_SCHEMA_REFUSED: &str = "Error: --json-schema ";
-
 /// What to do about a refused schema.
 const SCHEMA_REFUSED_HELP: &str = "the agent refused the stage's output schema, which no \
     retry can fix: change the schema (`ralph-flow check` says what each agent accepts), or set \
@@ -56,7 +52,8 @@ pub(super) fn schema_refused(message: &str) -> Option<CallError> {
     SCHEMA_REFUSED.is_match(message).then(|| refused(message))
 }
 
-fn refused(message: &str) -> CallError {
+/// A refused output schema, with what to do about it.
+pub(super) fn refused(message: &str) -> CallError {
     CallError::Refused {
         message: format!("{message} ({SCHEMA_REFUSED_HELP})"),
     }
@@ -127,28 +124,19 @@ static CLIENT_ERROR: LazyLock<Regex> = LazyLock::new(|| {
 /// The error of an agent that printed no result: classified from its output when it
 /// failed, else an unexpected output.
 pub(super) fn no_result(agent: &str, out: &ProcOutput, output: &str) -> CallError {
-    let tail = output_tail(out);
     if out.code == Some(0) {
+        let tail = output_tail(out);
         return CallError::Failed {
             message: format!("{agent} printed no result (expected its JSON output): {tail}"),
         };
     }
-    let ending = match (out.code, out.signal) {
-        (_, Some(signal)) => format!("{agent} was killed by signal {signal}"),
-        (code, None) => format!("{agent} exited with code {}", code.unwrap_or(-1)),
-    };
-    let message = format!("{ending}: {tail}");
-    // Only claude refuses a schema with no result, and then says nothing else: a mention of
-    // a refusal anywhere in an agent's transcript (a file it read) is not one.
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if out.stdout.is_empty() && stderr.trim_start().starts_with(CLAUDE_SCHEMA_REFUSED) {
-        refused(&message)
-    } else if PERMANENT.is_match(output) {
+    let message = ended(agent, out);
+    if PERMANENT.is_match(output) {
         CallError::Failed { message }
     } else if RATE_LIMITED.is_match(output) {
         CallError::RateLimited {
             message,
-            retry_after: claude::retry_after(output),
+            retry_after: retry_after(output),
         }
     } else if UNAUTHENTICATED.is_match(output) {
         CallError::Missing { message }
@@ -158,6 +146,31 @@ pub(super) fn no_result(agent: &str, out: &ProcOutput, output: &str) -> CallErro
             retry_after: None,
         }
     }
+}
+
+/// How a program that printed no result ended, with the last lines of its output:
+/// "claude exited with code 1: ...".
+pub(super) fn ended(agent: &str, out: &ProcOutput) -> String {
+    let ending = match (out.code, out.signal) {
+        (_, Some(signal)) => format!("{agent} was killed by signal {signal}"),
+        (code, None) => format!("{agent} exited with code {}", code.unwrap_or(-1)),
+    };
+    format!("{ending}: {}", output_tail(out))
+}
+
+/// The wait until the reset time in "Claude AI usage limit reached|<epoch seconds>", or
+/// one spelled out in the message ("try again in 5 minutes").
+pub(super) fn retry_after(message: &str) -> Option<Duration> {
+    static RESET: LazyLock<Regex> = LazyLock::new(|| {
+        Regex::new(r"(?i)limit reached\|(\d{9,})").expect("the reset pattern is valid")
+    });
+    if let Some(epoch) = RESET
+        .captures(message)
+        .and_then(|c| c[1].parse::<u64>().ok())
+    {
+        return Some(Duration::from_secs(epoch.saturating_sub(unix_now())));
+    }
+    retry_hint(message)
 }
 
 /// A wait spelled out in a message: "retry in 17.5s", "try again in 5 minutes", "retry
@@ -241,34 +254,6 @@ pub(super) fn unix_now() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_refusal_only_claude_itself_prints_is_a_refused_schema() {
-        use crate::backend::cli::test_support::captured;
-        let claude = captured(
-            "",
-            "Error: --json-schema is not a valid JSON Schema: strict mode: unknown keyword: \"foo\"\n",
-            "1",
-        );
-        let all = format!("\n{}", String::from_utf8_lossy(&claude.stderr));
-        assert!(matches!(
-            no_result("claude", &claude, &all),
-            CallError::Refused { .. }
-        ));
-        // A transcript that mentions a refusal (a file the agent read) and then crashed is
-        // not one: it is retried like any other crash.
-        let transcript = r#"{"type":"item.completed","item":{"type":"command_execution","aggregated_output":"Invalid schema for response_format 'x': invalid_json_schema; --json-schema is not a valid JSON Schema"}}"#;
-        let crashed = captured(transcript, "thread panicked\n", "101");
-        let all = format!("{transcript}\nthread panicked\n");
-        assert!(
-            matches!(
-                no_result("codex", &crashed, &all),
-                CallError::Transient { .. }
-            ),
-            "{:?}",
-            no_result("codex", &crashed, &all)
-        );
-    }
 
     #[test]
     fn retry_hints_are_read() {

@@ -1,18 +1,116 @@
-//! `claude -p --output-format json`: its result object, its errors and its denials.
+//! claude (`@anthropic-ai/claude-code`), run as `claude -p --output-format json`: its
+//! permission modes, its result object, its errors and its denials.
 
-use std::sync::LazyLock;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-use regex::Regex;
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 use serde_json::Value;
 
-use super::classify::{classify, no_result, relabel, retry_hint};
+use super::classify::{classify, ended, no_result, refused, relabel, retry_after};
+use super::invocation::{Launch, Request};
 use super::output::{detect_window, json_object};
+use super::{CliAgent, Program};
 use crate::backend::de::{Entries, lenient};
 use crate::backend::process::ProcOutput;
-use crate::backend::{AgentReply, CallError, Usage};
+use crate::backend::{AgentConfig, AgentReply, CallError, Capabilities, Usage};
+use crate::model::Permissions;
+
+/// The `claude` agent CLI.
+pub(super) struct Claude;
+
+impl CliAgent for Claude {
+    fn program(&self) -> Option<Program> {
+        Some(Program {
+            name: "claude",
+            variable: "RALPH_FLOW_CLAUDE",
+            package: "@anthropic-ai/claude-code",
+        })
+    }
+
+    fn key_variables(&self) -> &'static [&'static str] {
+        &[
+            "ANTHROPIC_API_KEY",
+            "ANTHROPIC_AUTH_TOKEN",
+            "CLAUDE_CODE_OAUTH_TOKEN",
+        ]
+    }
+
+    /// claude reports its cost and its tokens.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            cost: true,
+            usage: true,
+        }
+    }
+
+    fn default_env(&self, config: &AgentConfig) -> Vec<(&'static str, &'static str)> {
+        // claude retries API errors itself (10 times by default, silently): the executor
+        // retries, with backoff and a visible status.
+        let mut env = vec![("CLAUDE_CODE_MAX_RETRIES", MAX_RETRIES)];
+        if config.permissions == Permissions::Full {
+            // `bypassPermissions` refuses to run as root unless told it is sandboxed;
+            // `permissions = "full"` is that decision.
+            env.push(("IS_SANDBOX", "1"));
+        }
+        env
+    }
+
+    /// `IS_SANDBOX` is `permissions = "full"`'s decision: only the agent's own `env` changes
+    /// it (claude takes only `1`, and a container may set `IS_SANDBOX=yes`).
+    fn decided_env(&self) -> &'static [&'static str] {
+        &["IS_SANDBOX"]
+    }
+
+    fn launch(&self, request: &Request<'_>) -> Result<Launch, CallError> {
+        let mut argv = vec![request.program.to_string()];
+        argv.extend(["-p", "--output-format", "json"].map(String::from));
+        if let Some(m) = request.model {
+            argv.extend(["--model".into(), m.clone()]);
+        }
+        if let Some(schema) = request.native {
+            argv.extend(["--json-schema".into(), schema.to_string()]);
+        }
+        argv.extend(request.unless_set(
+            &[
+                "--permission-mode",
+                "--dangerously-skip-permissions",
+                "--allow-dangerously-skip-permissions",
+            ],
+            &[
+                "--permission-mode",
+                permission_mode(request.config.permissions),
+            ],
+        ));
+        argv.extend(request.user_args.iter().cloned());
+        Ok(Launch::stdin(argv, &request.prompt))
+    }
+
+    fn result_done(&self) -> Option<fn(&[u8]) -> bool> {
+        Some(done)
+    }
+
+    fn parse(&self, out: &ProcOutput) -> Result<AgentReply, CallError> {
+        parse(out)
+    }
+}
+
+/// The value of `CLAUDE_CODE_MAX_RETRIES` a call gets unless set: claude's own retries of
+/// API errors (its default is 10, with backoff, and it prints nothing meanwhile).
+const MAX_RETRIES: &str = "2";
+
+/// `claude --permission-mode` for a permissions setting. In `-p` mode `default` denies
+/// every tool use that would ask (writes, most commands) and reports it in
+/// `permission_denials`; `acceptEdits` allows file edits; `bypassPermissions` allows all
+/// (as root only with `IS_SANDBOX=1`).
+fn permission_mode(p: Permissions) -> &'static str {
+    match p {
+        Permissions::ReadOnly => "default",
+        Permissions::Edit => "acceptEdits",
+        Permissions::Full => "bypassPermissions",
+    }
+}
+
+/// claude's refusal of `--json-schema`: its whole stderr, one line starting with this.
+const SCHEMA_REFUSED: &str = "Error: --json-schema ";
 
 /// An object claude prints: its one object with `--output-format json`, one per line with
 /// `stream-json`. Only the result is read.
@@ -118,7 +216,16 @@ fn outcome(stdout: &str) -> Option<Outcome> {
 pub(super) fn parse(out: &ProcOutput) -> Result<AgentReply, CallError> {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let Some(result) = outcome(&stdout) else {
-        let text = format!("{}\n{}", stdout, String::from_utf8_lossy(&out.stderr));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        // claude refuses a schema with no result, and then says nothing else: a mention of a
+        // refusal anywhere in its transcript (a file it read) is not one.
+        if out.code != Some(0)
+            && out.stdout.is_empty()
+            && stderr.trim_start().starts_with(SCHEMA_REFUSED)
+        {
+            return Err(refused(&ended("claude", out)));
+        }
+        let text = format!("{stdout}\n{stderr}");
         return Err(no_result("claude", out, &text));
     };
     let text = match &result.structured_output {
@@ -216,29 +323,39 @@ fn denials(result: &Outcome) -> Vec<String> {
         .collect()
 }
 
-/// The wait until the reset time in "Claude AI usage limit reached|<epoch seconds>", or
-/// one spelled out in the message ("try again in 5 minutes").
-pub(super) fn retry_after(message: &str) -> Option<Duration> {
-    static RESET: LazyLock<Regex> = LazyLock::new(|| {
-        Regex::new(r"(?i)limit reached\|(\d{9,})").expect("the reset pattern is valid")
-    });
-    if let Some(epoch) = RESET
-        .captures(message)
-        .and_then(|c| c[1].parse::<u64>().ok())
-    {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_secs();
-        return Some(Duration::from_secs(epoch.saturating_sub(now)));
-    }
-    retry_hint(message)
-}
-
 #[cfg(test)]
 mod tests {
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
     use super::*;
-    use crate::backend::cli::test_support::{REPLY, captured};
+    use crate::backend::cli::test_support::{REPLY, backend, captured};
+    use crate::model::AgentKind;
+
+    #[test]
+    fn claude_gets_bounded_retries_and_the_sandbox_flag_for_full() {
+        let env = backend(AgentKind::Claude, Permissions::ReadOnly).default_env();
+        assert!(env.contains(&("CLAUDE_CODE_MAX_RETRIES", MAX_RETRIES)));
+        assert!(!env.iter().any(|(k, _)| *k == "IS_SANDBOX"));
+        let env = backend(AgentKind::Claude, Permissions::Full).default_env();
+        assert!(env.contains(&("IS_SANDBOX", "1")));
+    }
+
+    #[test]
+    fn a_refusal_only_claude_itself_prints_is_a_refused_schema() {
+        let claude = captured(
+            "",
+            "Error: --json-schema is not a valid JSON Schema: strict mode: unknown keyword: \"foo\"\n",
+            "1",
+        );
+        assert!(matches!(parse(&claude), Err(CallError::Refused { .. })));
+        // A transcript that mentions a refusal (a file the agent read) and then crashed is
+        // not one: it is retried like any other crash.
+        let transcript = r#"{"type":"item.completed","item":{"type":"command_execution","aggregated_output":"Invalid schema for response_format 'x': invalid_json_schema; --json-schema is not a valid JSON Schema"}}"#;
+        let crashed = captured(transcript, "thread panicked\n", "101");
+        let all = format!("{transcript}\nthread panicked\n");
+        let e = no_result("codex", &crashed, &all);
+        assert!(matches!(e, CallError::Transient { .. }), "{e:?}");
+    }
 
     #[test]
     fn the_claude_reset_epoch_gives_the_wait() {

@@ -1,5 +1,5 @@
-//! `codex exec --json`: its events (the current ones and the older `msg` ones), its errors
-//! and the actions its sandbox refused.
+//! codex (`@openai/codex`), run as `codex exec --json`: its sandboxes, its events (the
+//! current ones and the older `msg` ones), its errors and the actions its sandbox refused.
 
 use std::sync::LazyLock;
 
@@ -7,10 +7,102 @@ use regex::Regex;
 use serde::Deserialize;
 
 use super::classify::{classify, no_result, retry_hint};
+use super::invocation::{Launch, Request, write_failed};
 use super::output::{collapse, detect_window, json_object};
+use super::{CliAgent, Program};
 use crate::backend::de::lenient;
 use crate::backend::process::ProcOutput;
-use crate::backend::{AgentReply, CallError, Usage};
+use crate::backend::{AgentConfig, AgentReply, CallError, Capabilities, Usage};
+use crate::model::Permissions;
+
+/// The `codex` agent CLI.
+pub(super) struct Codex;
+
+impl CliAgent for Codex {
+    fn program(&self) -> Option<Program> {
+        Some(Program {
+            name: "codex",
+            variable: "RALPH_FLOW_CODEX",
+            package: "@openai/codex",
+        })
+    }
+
+    fn key_variables(&self) -> &'static [&'static str] {
+        &["OPENAI_API_KEY", "CODEX_API_KEY"]
+    }
+
+    /// codex reports its tokens, not their cost.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            cost: false,
+            usage: true,
+        }
+    }
+
+    /// codex logs the commands its sandbox refused at WARN only (its default shows errors):
+    /// the denials are read from that log.
+    fn default_env(&self, _config: &AgentConfig) -> Vec<(&'static str, &'static str)> {
+        vec![("RUST_LOG", RUST_LOG)]
+    }
+
+    /// `RUST_LOG` in ralph-flow's environment is ralph-flow's own log filter
+    /// (`ralph_flow=debug` would silence codex's log): only the agent's `env` sets codex's.
+    fn decided_env(&self) -> &'static [&'static str] {
+        &["RUST_LOG"]
+    }
+
+    fn launch(&self, request: &Request<'_>) -> Result<Launch, CallError> {
+        let mut argv = vec![request.program.to_string()];
+        // ralph-flow chooses the cwd, and `permissions` is the trust decision: outside a git
+        // repository codex otherwise exits ("Not inside a trusted directory and
+        // --skip-git-repo-check was not specified").
+        argv.extend(["exec", "--json", "--skip-git-repo-check"].map(String::from));
+        argv.extend(request.unless_set(
+            &[
+                "--sandbox",
+                "-s",
+                "--full-auto",
+                "--dangerously-bypass-approvals-and-sandbox",
+                "--yolo",
+            ],
+            &["--sandbox", sandbox(request.config.permissions)],
+        ));
+        if let Some(m) = request.model {
+            argv.extend(["--model".into(), m.clone()]);
+        }
+        if let Some(schema) = request.native {
+            let path = request.call.dir.join("output-schema.json");
+            std::fs::write(&path, schema.to_string()).map_err(|e| write_failed(&path, e))?;
+            argv.extend(["--output-schema".into(), path.display().to_string()]);
+        }
+        argv.extend(request.user_args.iter().cloned());
+        // `-`: the prompt is on stdin.
+        argv.push("-".into());
+        Ok(Launch::stdin(argv, &request.prompt))
+    }
+
+    fn result_done(&self) -> Option<fn(&[u8]) -> bool> {
+        Some(done)
+    }
+
+    fn parse(&self, out: &ProcOutput) -> Result<AgentReply, CallError> {
+        parse(out)
+    }
+}
+
+/// The log filter of codex: its default (errors, among them the patches it rejects) and the
+/// sandbox's refusals (`codex_sandboxing::violation: recorded sandbox violation: ...`).
+const RUST_LOG: &str = "error,codex_sandboxing::violation=warn";
+
+/// `codex exec --sandbox` for a permissions setting (`exec` never asks for approval: what
+/// the sandbox forbids fails).
+fn sandbox(p: Permissions) -> &'static str {
+    match p {
+        Permissions::ReadOnly => "read-only",
+        Permissions::Edit => "workspace-write",
+        Permissions::Full => "danger-full-access",
+    }
+}
 
 /// A line of `codex exec --json`: an event, or an event of the older format, wrapped in
 /// `msg`.
@@ -433,8 +525,14 @@ mod tests {
 
     use super::*;
     use crate::backend::cli::classify::clock_hint;
-    use crate::backend::cli::test_support::{REPLY, argv_of};
-    use crate::model::{AgentKind, Permissions};
+    use crate::backend::cli::test_support::{REPLY, argv_of, backend};
+    use crate::model::AgentKind;
+
+    #[test]
+    fn codex_logs_its_sandbox_refusals() {
+        let env = backend(AgentKind::Codex, Permissions::Edit).default_env();
+        assert_eq!(env, [("RUST_LOG", RUST_LOG)]);
+    }
 
     #[test]
     fn a_schema_openai_strict_mode_refuses_is_a_refused_configuration() {

@@ -1,5 +1,6 @@
-//! `gemini --output-format json`: its answer and statistics, or its error object (on stdout,
-//! or last on stderr), its exit codes, and the tool calls it refused.
+//! gemini (`@google/gemini-cli`), run headless as `gemini --output-format json`: its
+//! approval modes, its answer and statistics, or its error object (on stdout, or last on
+//! stderr), its exit codes, and the tool calls it refused.
 
 use std::sync::LazyLock;
 
@@ -9,10 +10,77 @@ use serde::de::{DeserializeOwned, IgnoredAny};
 use serde_json::Value;
 
 use super::classify::{UNAUTHENTICATED, classify, no_result, retry_hint};
+use super::invocation::{Launch, Request};
 use super::output::{collapse, json_object, output_tail};
+use super::{CliAgent, Program};
 use crate::backend::de::{Entries, lenient};
 use crate::backend::process::ProcOutput;
-use crate::backend::{AgentReply, CallError, Usage};
+use crate::backend::{AgentConfig, AgentReply, CallError, Capabilities, Usage};
+use crate::model::Permissions;
+
+/// The `gemini` agent CLI.
+pub(super) struct Gemini;
+
+impl CliAgent for Gemini {
+    fn program(&self) -> Option<Program> {
+        Some(Program {
+            name: "gemini",
+            variable: "RALPH_FLOW_GEMINI",
+            package: "@google/gemini-cli",
+        })
+    }
+
+    fn key_variables(&self) -> &'static [&'static str] {
+        &["GEMINI_API_KEY", "GOOGLE_API_KEY"]
+    }
+
+    /// gemini reports its tokens, not their cost.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            cost: false,
+            usage: true,
+        }
+    }
+
+    /// Headless gemini refuses an untrusted directory (exit 55): ralph-flow chose the cwd.
+    /// (The variable, unlike `--skip-trust`, is ignored by older versions.)
+    fn default_env(&self, _config: &AgentConfig) -> Vec<(&'static str, &'static str)> {
+        vec![("GEMINI_CLI_TRUST_WORKSPACE", "true")]
+    }
+
+    fn launch(&self, request: &Request<'_>) -> Result<Launch, CallError> {
+        // Without a TTY on stdin, gemini runs headless with stdin as the prompt.
+        let mut argv = vec![request.program.to_string()];
+        if let Some(m) = request.model {
+            argv.extend(["--model".into(), m.clone()]);
+        }
+        argv.extend(request.unless_set(
+            &["--approval-mode", "--yolo", "-y"],
+            &["--approval-mode", approval_mode(request.config.permissions)],
+        ));
+        argv.extend(request.user_args.iter().cloned());
+        argv.extend(["--output-format", "json"].map(String::from));
+        Ok(Launch::stdin(argv, &request.prompt))
+    }
+
+    fn result_done(&self) -> Option<fn(&[u8]) -> bool> {
+        Some(done)
+    }
+
+    fn parse(&self, out: &ProcOutput) -> Result<AgentReply, CallError> {
+        parse(out)
+    }
+}
+
+/// `gemini --approval-mode` for a permissions setting. Headless `default` does not offer
+/// the model its write and shell tools at all.
+fn approval_mode(p: Permissions) -> &'static str {
+    match p {
+        Permissions::ReadOnly => "default",
+        Permissions::Edit => "auto_edit",
+        Permissions::Full => "yolo",
+    }
+}
 
 /// What gemini prints: the answer with the statistics of the session, or an error.
 #[derive(Debug, Default, Deserialize)]
@@ -345,7 +413,7 @@ fn api_error(error: ApiError, code: Option<i32>) -> CallError {
 mod tests {
     use super::*;
     use crate::backend::cli::test_support::{REPLY, backend, captured};
-    use crate::model::{AgentKind, Permissions};
+    use crate::model::AgentKind;
 
     #[test]
     fn the_detector_sees_complete_results_only() {

@@ -1,10 +1,8 @@
-//! How a CLI agent's program is called: its arguments (the permission flags of each CLI, a
-//! `command`'s prompt placeholder) and its input, and the files of earlier attempts.
+//! How a program is called: what the runner hands an agent CLI to build its argv and stdin
+//! from, what it builds, and the files of earlier attempts.
 
-use super::{CliBackend, Flavor};
-use crate::backend::{AgentCall, CallError};
+use crate::backend::{AgentCall, AgentConfig, CallError};
 use crate::dialect::Lowered;
-use crate::model::{Permissions, PromptVia, SchemaDelivery};
 
 /// How a program is called: its argv and stdin, and the schema it is sent by flag, lowered
 /// to its dialect (what maps its answer back to the author's schema).
@@ -17,200 +15,68 @@ pub(super) struct Invocation {
     pub(super) prompt_file: Option<PromptFile>,
 }
 
+/// What an agent CLI makes of a call: the argv, the stdin, and the prompt's file if it
+/// wrote one.
+#[derive(Debug)]
+pub(super) struct Launch {
+    pub(super) argv: Vec<String>,
+    pub(super) stdin: Option<Vec<u8>>,
+    pub(super) prompt_file: Option<PromptFile>,
+}
+
+impl Launch {
+    /// A program that reads the prompt on stdin.
+    pub(super) fn stdin(argv: Vec<String>, prompt: &[u8]) -> Self {
+        Launch {
+            argv,
+            stdin: Some(prompt.to_vec()),
+            prompt_file: None,
+        }
+    }
+}
+
+/// A call, as an agent CLI builds its invocation from it.
+pub(super) struct Request<'a> {
+    /// The program (empty for a `command` agent).
+    pub(super) program: &'a str,
+    pub(super) config: &'a AgentConfig,
+    pub(super) call: &'a AgentCall,
+    /// The stage's model, else the agent's.
+    pub(super) model: Option<&'a String>,
+    /// The agent's `args`, then the stage's.
+    pub(super) user_args: Vec<String>,
+    /// The output schema to send by flag, lowered to the CLI's dialect.
+    pub(super) native: Option<&'a serde_json::Value>,
+    /// The prompt (with the schema in it when it goes in the prompt).
+    pub(super) prompt: Vec<u8>,
+}
+
+impl Request<'_> {
+    /// `ours` unless the agent's own `args` set one of `flags` (as `--flag` or
+    /// `--flag=...`): then theirs win.
+    pub(super) fn unless_set(&self, flags: &[&str], ours: &[&str]) -> Vec<String> {
+        if self.user_args.iter().any(|a| {
+            flags
+                .iter()
+                .any(|f| a == f || a.starts_with(&format!("{f}=")))
+        }) {
+            Vec::new()
+        } else {
+            ours.iter().map(|s| s.to_string()).collect()
+        }
+    }
+}
+
 /// A prompt written to a file for the program (`prompt_via = "file"`, `prompt.txt` in the
 /// call's directory): it stays there once the program has read it, so it is masked like
 /// every other artifact when this is dropped, once the program is done, however the call
 /// ends (an error, a timeout, the run stopped).
 #[derive(Debug)]
-pub(super) struct PromptFile(std::path::PathBuf);
+pub(super) struct PromptFile(pub(super) std::path::PathBuf);
 
 impl Drop for PromptFile {
     fn drop(&mut self) {
         crate::secrets::redact_file(&self.0);
-    }
-}
-
-impl CliBackend {
-    /// The argv and the stdin of a call.
-    pub(super) fn invocation(&self, call: &AgentCall) -> Result<Invocation, CallError> {
-        let lowered = self.lowered(call)?;
-        let (argv, stdin) = self.argv_and_stdin(call, lowered.as_ref().map(|l| &l.schema))?;
-        let prompt_file = matches!(self.flavor, Flavor::Command(PromptVia::File))
-            .then(|| PromptFile(call.dir.join(PROMPT_FILE)));
-        Ok(Invocation {
-            argv,
-            stdin,
-            lowered,
-            prompt_file,
-        })
-    }
-
-    /// The argv and the stdin of a call, given the schema sent by flag (if any).
-    fn argv_and_stdin(
-        &self,
-        call: &AgentCall,
-        native: Option<&serde_json::Value>,
-    ) -> Result<(Vec<String>, Option<Vec<u8>>), CallError> {
-        let model = call.model.as_ref().or(self.config.model.as_ref());
-        let user: Vec<String> = self.config.args.iter().chain(&call.args).cloned().collect();
-        let extra = user.clone().into_iter();
-        let prompt = Some(match (&call.schema, self.delivery()) {
-            (Some(schema), SchemaDelivery::Prompt) => {
-                crate::backend::prompt_with_schema(&call.prompt, schema).into_bytes()
-            }
-            _ => call.prompt.clone().into_bytes(),
-        });
-        let mut argv = vec![self.program.clone()];
-        let permissions = self.config.permissions;
-        // The agent's own `args` may set the permission flags; then they win.
-        let unless_set = |flags: &[&str], ours: &[&str]| -> Vec<String> {
-            if user.iter().any(|a| {
-                flags
-                    .iter()
-                    .any(|f| a == f || a.starts_with(&format!("{f}=")))
-            }) {
-                Vec::new()
-            } else {
-                ours.iter().map(|s| s.to_string()).collect()
-            }
-        };
-        match self.flavor {
-            Flavor::Claude => {
-                argv.extend(["-p", "--output-format", "json"].map(String::from));
-                if let Some(m) = model {
-                    argv.extend(["--model".into(), m.clone()]);
-                }
-                if let Some(schema) = native {
-                    argv.extend(["--json-schema".into(), schema.to_string()]);
-                }
-                argv.extend(unless_set(
-                    &[
-                        "--permission-mode",
-                        "--dangerously-skip-permissions",
-                        "--allow-dangerously-skip-permissions",
-                    ],
-                    &["--permission-mode", claude_permission_mode(permissions)],
-                ));
-                argv.extend(extra);
-                Ok((argv, prompt))
-            }
-            Flavor::Codex => {
-                // ralph-flow chooses the cwd, and `permissions` is the trust decision:
-                // outside a git repository codex otherwise exits ("Not inside a trusted
-                // directory and --skip-git-repo-check was not specified").
-                argv.extend(["exec", "--json", "--skip-git-repo-check"].map(String::from));
-                argv.extend(unless_set(
-                    &[
-                        "--sandbox",
-                        "-s",
-                        "--full-auto",
-                        "--dangerously-bypass-approvals-and-sandbox",
-                        "--yolo",
-                    ],
-                    &["--sandbox", codex_sandbox(permissions)],
-                ));
-                if let Some(m) = model {
-                    argv.extend(["--model".into(), m.clone()]);
-                }
-                if let Some(schema) = native {
-                    let path = call.dir.join("output-schema.json");
-                    std::fs::write(&path, schema.to_string())
-                        .map_err(|e| write_failed(&path, e))?;
-                    argv.extend(["--output-schema".into(), path.display().to_string()]);
-                }
-                argv.extend(extra);
-                // `-`: the prompt is on stdin.
-                argv.push("-".into());
-                Ok((argv, prompt))
-            }
-            Flavor::Gemini => {
-                // Without a TTY on stdin, gemini runs headless with stdin as the prompt.
-                if let Some(m) = model {
-                    argv.extend(["--model".into(), m.clone()]);
-                }
-                argv.extend(unless_set(
-                    &["--approval-mode", "--yolo", "-y"],
-                    &["--approval-mode", gemini_approval_mode(permissions)],
-                ));
-                argv.extend(extra);
-                argv.extend(["--output-format", "json"].map(String::from));
-                Ok((argv, prompt))
-            }
-            Flavor::Command(via) => {
-                let mut argv: Vec<String> =
-                    self.config.command.iter().cloned().chain(extra).collect();
-                match via {
-                    PromptVia::Stdin => Ok((argv, prompt)),
-                    PromptVia::File => {
-                        let path = call.dir.join(PROMPT_FILE);
-                        std::fs::write(&path, prompt.as_deref().unwrap_or_default())
-                            .map_err(|e| write_failed(&path, e))?;
-                        place(&mut argv, "{prompt_file}", &path.display().to_string());
-                        Ok((argv, None))
-                    }
-                    PromptVia::Arg => {
-                        let text = String::from_utf8_lossy(prompt.as_deref().unwrap_or_default());
-                        place(&mut argv, "{prompt}", &text);
-                        Ok((argv, None))
-                    }
-                }
-            }
-        }
-    }
-}
-
-impl CliBackend {
-    /// How a stage's output schema reaches this agent.
-    pub(super) fn delivery(&self) -> SchemaDelivery {
-        crate::model::schema_delivery(self.config.kind, self.config.structured_output, false)
-            .unwrap_or(SchemaDelivery::Not)
-    }
-
-    /// The schema sent natively (by flag), lowered to the CLI's dialect; `None` when the
-    /// stage has none or it does not go by flag. A schema the dialect cannot express is a
-    /// configuration error (the checker reports it before a run).
-    fn lowered(&self, call: &AgentCall) -> Result<Option<Lowered>, CallError> {
-        let (Some(schema), SchemaDelivery::Lowered(dialect)) = (&call.schema, self.delivery())
-        else {
-            return Ok(None);
-        };
-        crate::dialect::lower(schema, dialect)
-            .map(Some)
-            .map_err(|refusals| CallError::Refused {
-                message: crate::dialect::refusals_text(&refusals),
-            })
-    }
-}
-
-/// `claude --permission-mode` for a permissions setting. In `-p` mode `default` denies
-/// every tool use that would ask (writes, most commands) and reports it in
-/// `permission_denials`; `acceptEdits` allows file edits; `bypassPermissions` allows all
-/// (as root only with `IS_SANDBOX=1`).
-fn claude_permission_mode(p: Permissions) -> &'static str {
-    match p {
-        Permissions::ReadOnly => "default",
-        Permissions::Edit => "acceptEdits",
-        Permissions::Full => "bypassPermissions",
-    }
-}
-
-/// `codex exec --sandbox` for a permissions setting (`exec` never asks for approval: what
-/// the sandbox forbids fails).
-fn codex_sandbox(p: Permissions) -> &'static str {
-    match p {
-        Permissions::ReadOnly => "read-only",
-        Permissions::Edit => "workspace-write",
-        Permissions::Full => "danger-full-access",
-    }
-}
-
-/// `gemini --approval-mode` for a permissions setting. Headless `default` does not offer
-/// the model its write and shell tools at all.
-fn gemini_approval_mode(p: Permissions) -> &'static str {
-    match p {
-        Permissions::ReadOnly => "default",
-        Permissions::Edit => "auto_edit",
-        Permissions::Full => "yolo",
     }
 }
 
@@ -233,14 +99,10 @@ pub(super) fn set_aside(path: &std::path::Path) {
     }
 }
 
-/// The file of a call's directory that holds the prompt of a `command` agent with
-/// `prompt_via = "file"`.
-const PROMPT_FILE: &str = "prompt.txt";
-
 /// A file of the call that could not be written: a limit of the machine (too many open
 /// files, a full disk, the file size limit) stops the run as resumable
 /// ([`CallError::Limit`]); anything else fails the call.
-fn write_failed(path: &std::path::Path, e: std::io::Error) -> CallError {
+pub(super) fn write_failed(path: &std::path::Path, e: std::io::Error) -> CallError {
     let what = || format!("cannot write {}", path.display());
     match crate::backend::process::LimitHit::of(what, e) {
         Ok(hit) => hit.into(),
@@ -250,38 +112,13 @@ fn write_failed(path: &std::path::Path, e: std::io::Error) -> CallError {
     }
 }
 
-/// Replaces a placeholder in the arguments after the program, or appends the value when
-/// none holds it.
-fn place(argv: &mut Vec<String>, placeholder: &str, value: &str) {
-    let mut placed = false;
-    for arg in argv.iter_mut().skip(1) {
-        if arg.contains(placeholder) {
-            *arg = arg.replace(placeholder, value);
-            placed = true;
-        }
-    }
-    if !placed {
-        argv.push(value.to_string());
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use serde_json::Value;
 
     use super::*;
     use crate::backend::cli::test_support::{argv_of, backend, call_in};
-    use crate::model::AgentKind;
-
-    #[test]
-    fn placeholders_are_replaced_or_the_value_appended() {
-        let mut argv = vec!["tool".to_string(), "--in={prompt}".into()];
-        place(&mut argv, "{prompt}", "hi");
-        assert_eq!(argv, ["tool", "--in=hi"]);
-        let mut argv = vec!["tool".to_string(), "-x".into()];
-        place(&mut argv, "{prompt}", "hi");
-        assert_eq!(argv, ["tool", "-x", "hi"]);
-    }
+    use crate::model::{AgentKind, Permissions};
 
     #[test]
     fn permissions_map_to_each_clis_flags() {

@@ -1,9 +1,12 @@
-//! Backends that run an agent's command-line program: `claude`, `codex`, `gemini`, or any
-//! `command`.
+//! Backends that run an agent's command-line program: `claude`, `codex`, `gemini`, `qwen`,
+//! `opencode`, or any `command`.
 //!
-//! Each call runs the program once, in its own process group (see [`process`]), with the
-//! prompt on stdin (or, for `command` agents, in a file or an argument): never through a
-//! shell. Its stdout and stderr stream to `stdout` and `stderr` in the call's directory.
+//! Each agent CLI is one file implementing [`CliAgent`] (its argv, its environment, reading
+//! its output, classifying its errors, what it reports, how to install it and which
+//! variables hold its key), registered in [`AGENTS`]. This module runs them all the same
+//! way: each call runs the program once, in its own process group (see [`process`]), with
+//! the prompt on stdin (or, for `command` agents, in a file or an argument): never through
+//! a shell. Its stdout and stderr stream to `stdout` and `stderr` in the call's directory.
 //! The agents' JSON output is parsed into the reply text, the usage and the session id,
 //! and their errors are classified for the executor ([`CallError`]).
 //!
@@ -20,12 +23,83 @@ mod codex;
 mod command;
 mod gemini;
 mod invocation;
+mod opencode;
 mod output;
+mod qwen;
 
-use super::process::{self, Ended, ProcSpec, SpawnError};
+use super::process::{self, Ended, ProcOutput, ProcSpec, SpawnError};
 use super::{AgentCall, AgentConfig, AgentReply, Backend, CallError, CallFuture, Capabilities};
-use crate::model::{AgentKind, Permissions, PromptVia};
+use crate::model::{AgentKind, SchemaDelivery};
+use invocation::{Launch, Request};
 use output::output_tail;
+
+/// The agents that run a program, by kind: one line each.
+const AGENTS: &[(AgentKind, &dyn CliAgent)] = &[
+    (AgentKind::Claude, &claude::Claude),
+    (AgentKind::Codex, &codex::Codex),
+    (AgentKind::Gemini, &gemini::Gemini),
+    (AgentKind::Qwen, &qwen::Qwen),
+    (AgentKind::Opencode, &opencode::Opencode),
+    (AgentKind::Command, &command::Command),
+];
+
+/// The agent of a kind that runs a program, if the kind is one.
+fn agent(kind: AgentKind) -> Option<&'static dyn CliAgent> {
+    AGENTS.iter().find(|(k, _)| *k == kind).map(|(_, a)| *a)
+}
+
+/// What is an agent CLI's own: how it is called, what it prints, what it reports.
+trait CliAgent: Sync {
+    /// The program it runs by default; `None` for a `command` agent, which runs its
+    /// `command`.
+    fn program(&self) -> Option<Program>;
+
+    /// The environment variables it reads its API key from (registered as secrets).
+    fn key_variables(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// What its replies report.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+    }
+
+    /// Environment variables a call gets unless the agent's `env` (or ralph-flow's own
+    /// environment, but for those of [`CliAgent::decided_env`]) sets them.
+    fn default_env(&self, _config: &AgentConfig) -> Vec<(&'static str, &'static str)> {
+        Vec::new()
+    }
+
+    /// The variables of [`CliAgent::default_env`] that ralph-flow's own environment does not
+    /// set for the agent: only the agent's `env` changes them.
+    fn decided_env(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// The argv and the stdin of a call.
+    fn launch(&self, request: &Request<'_>) -> Result<Launch, CallError>;
+
+    /// Whether stdout already holds the program's result (the program may linger after
+    /// printing it); `None` waits for it to exit.
+    fn result_done(&self) -> Option<fn(&[u8]) -> bool> {
+        None
+    }
+
+    /// Reads the reply, or the error, from what the program printed and how it ended.
+    fn parse(&self, out: &ProcOutput) -> Result<AgentReply, CallError>;
+}
+
+/// The program an agent CLI runs: its name, the variable that names another, and the npm
+/// package that installs it.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Program {
+    /// The program looked up on PATH by default (`claude`).
+    pub(super) name: &'static str,
+    /// The variable that names another program (`RALPH_FLOW_CLAUDE`).
+    pub(super) variable: &'static str,
+    /// The npm package that installs it (`@anthropic-ai/claude-code`).
+    pub(super) package: &'static str,
+}
 
 /// Why a CLI agent's settings cannot make a backend.
 #[derive(Debug, thiserror::Error)]
@@ -36,78 +110,62 @@ pub enum BuildError {
     NotAProgram(&'static str),
 }
 
-/// Builds the backend of a `claude`, `codex`, `gemini` or `command` agent.
+/// Builds the backend of an agent that runs a program (`claude`, `codex`, `gemini`,
+/// `command`...).
 ///
-/// The program of the first three is the agent's `program`, else the one named by
-/// `RALPH_FLOW_CLAUDE` (`RALPH_FLOW_CODEX`, `RALPH_FLOW_GEMINI`), else `claude` (`codex`,
-/// `gemini`) looked up on PATH when called.
+/// The program of an agent CLI is the agent's `program`, else the one named by its
+/// variable (`RALPH_FLOW_CLAUDE`...), else its name (`claude`...) looked up on PATH when
+/// called.
 pub fn build(config: &AgentConfig) -> Result<Box<dyn Backend>, BuildError> {
-    let flavor = match config.kind {
-        AgentKind::Claude => Flavor::Claude,
-        AgentKind::Codex => Flavor::Codex,
-        AgentKind::Gemini => Flavor::Gemini,
-        AgentKind::Command => {
-            if config.command.is_empty() {
-                return Err(BuildError::NoCommand);
-            }
-            Flavor::Command(config.prompt_via)
-        }
-        other => return Err(BuildError::NotAProgram(other.as_str())),
+    let Some(agent) = agent(config.kind) else {
+        return Err(BuildError::NotAProgram(config.kind.as_str()));
     };
-    let program = match flavor {
-        Flavor::Command(_) => String::new(),
-        _ => program(config),
-    };
+    if config.kind == AgentKind::Command && config.command.is_empty() {
+        return Err(BuildError::NoCommand);
+    }
     Ok(Box::new(CliBackend {
         config: config.clone(),
-        flavor,
-        program,
+        agent,
+        program: program(config).unwrap_or_default(),
     }))
 }
 
-/// The program of a `claude`, `codex` or `gemini` agent: its `program`, else the one named
-/// by `RALPH_FLOW_CLAUDE` (`RALPH_FLOW_CODEX`, `RALPH_FLOW_GEMINI`), else the kind's name.
-pub fn program(config: &AgentConfig) -> String {
-    let name = config.kind.as_str();
-    config
-        .program
-        .clone()
-        .or_else(|| std::env::var(format!("RALPH_FLOW_{}", name.to_uppercase())).ok())
-        .filter(|p| !p.is_empty())
-        .unwrap_or_else(|| name.to_string())
+/// The program of an agent CLI and how to install it, `None` for a kind that has none.
+pub(super) fn program_of(kind: AgentKind) -> Option<Program> {
+    agent(kind)?.program()
 }
 
-/// Which program a backend runs, and so how it talks to it.
-#[derive(Clone, Copy, Debug)]
-enum Flavor {
-    Claude,
-    Codex,
-    Gemini,
-    Command(PromptVia),
+/// The program an agent CLI's agent runs: its `program`, else the one named by the kind's
+/// variable (`RALPH_FLOW_CLAUDE`...), else the kind's program (`claude`...). `None` for a
+/// kind that runs no program of its own.
+pub fn program(config: &AgentConfig) -> Option<String> {
+    let default = program_of(config.kind)?;
+    Some(
+        config
+            .program
+            .clone()
+            .or_else(|| std::env::var(default.variable).ok())
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(|| default.name.to_string()),
+    )
+}
+
+/// The environment variables the agents of a kind that runs a program read their key from.
+pub(super) fn key_variables(kind: AgentKind) -> &'static [&'static str] {
+    agent(kind).map_or(&[], |a| a.key_variables())
 }
 
 /// A backend that runs a program per call.
 struct CliBackend {
     config: AgentConfig,
-    flavor: Flavor,
-    /// The program of the `claude`, `codex` and `gemini` flavors.
+    agent: &'static dyn CliAgent,
+    /// The program of an agent CLI (empty for a `command` agent).
     program: String,
 }
 
 impl Backend for CliBackend {
     fn capabilities(&self) -> Capabilities {
-        match self.flavor {
-            // claude reports its cost; codex and gemini their tokens only.
-            Flavor::Claude => Capabilities {
-                cost: true,
-                usage: true,
-            },
-            Flavor::Codex | Flavor::Gemini => Capabilities {
-                cost: false,
-                usage: true,
-            },
-            Flavor::Command(_) => Capabilities::default(),
-        }
+        self.agent.capabilities()
     }
 
     fn call<'a>(&'a self, call: &'a AgentCall) -> CallFuture<'a> {
@@ -130,13 +188,9 @@ impl CliBackend {
         let mut env: Vec<(String, String)> =
             self.config.env.iter().chain(&call.env).cloned().collect();
         for (key, value) in self.default_env() {
-            // `IS_SANDBOX` is `permissions = "full"`'s decision: only the agent's own `env`
-            // changes it (claude takes only `1`, and a container may set `IS_SANDBOX=yes`).
-            // `RUST_LOG` in ralph-flow's environment is ralph-flow's own log filter
-            // (`ralph_flow=debug` would silence codex's log): only the agent's `env` sets
-            // codex's.
+            // A variable the agent decides (`decided_env`) is changed by its own `env` only.
             let inherited =
-                !matches!(key, "IS_SANDBOX" | "RUST_LOG") && std::env::var_os(key).is_some();
+                !self.agent.decided_env().contains(&key) && std::env::var_os(key).is_some();
             if !env.iter().any(|(k, _)| k == key) && !inherited {
                 env.push((key.to_string(), value.to_string()));
             }
@@ -152,12 +206,7 @@ impl CliBackend {
             stderr_path: Some(call.dir.join("stderr")),
             pid_file: Some(call.dir.join("process")),
             process_log: None,
-            result_done: match self.flavor {
-                Flavor::Claude => Some(claude::done),
-                Flavor::Codex => Some(codex::done),
-                Flavor::Gemini => Some(gemini::done),
-                Flavor::Command(_) => None,
-            },
+            result_done: self.agent.result_done(),
         };
         let out = process::run(&spec).await;
         // The program is done with its prompt file: masked now (on every path: dropped).
@@ -191,12 +240,7 @@ impl CliBackend {
             }
             Ended::Exited | Ended::AfterResult => {}
         }
-        let reply = match self.flavor {
-            Flavor::Claude => claude::parse(&out)?,
-            Flavor::Codex => codex::parse(&out)?,
-            Flavor::Gemini => gemini::parse(&out)?,
-            Flavor::Command(_) => command::parse(&out)?,
-        };
+        let reply = self.agent.parse(&out)?;
         let mut reply = AgentReply {
             raw: String::from_utf8_lossy(&out.stdout).into_owned(),
             ..reply
@@ -209,57 +253,83 @@ impl CliBackend {
         Ok(reply)
     }
 
+    /// The argv and the stdin of a call, and the schema it is sent by flag, lowered.
+    fn invocation(&self, call: &AgentCall) -> Result<invocation::Invocation, CallError> {
+        let lowered = self.lowered(call)?;
+        let prompt = match (&call.schema, self.delivery()) {
+            (Some(schema), SchemaDelivery::Prompt) => {
+                crate::backend::prompt_with_schema(&call.prompt, schema).into_bytes()
+            }
+            _ => call.prompt.clone().into_bytes(),
+        };
+        let Launch {
+            argv,
+            stdin,
+            prompt_file,
+        } = self.agent.launch(&Request {
+            program: &self.program,
+            config: &self.config,
+            call,
+            model: call.model.as_ref().or(self.config.model.as_ref()),
+            user_args: self.config.args.iter().chain(&call.args).cloned().collect(),
+            native: lowered.as_ref().map(|l| &l.schema),
+            prompt,
+        })?;
+        Ok(invocation::Invocation {
+            argv,
+            stdin,
+            lowered,
+            prompt_file,
+        })
+    }
+
     /// Environment variables a call gets unless the agent's `env` (or ralph-flow's own
     /// environment) sets them.
     fn default_env(&self) -> Vec<(&'static str, &'static str)> {
-        match self.flavor {
-            Flavor::Claude => {
-                // claude retries API errors itself (10 times by default, silently): the
-                // executor retries, with backoff and a visible status.
-                let mut env = vec![("CLAUDE_CODE_MAX_RETRIES", CLAUDE_MAX_RETRIES)];
-                if self.config.permissions == Permissions::Full {
-                    // `bypassPermissions` refuses to run as root unless told it is sandboxed;
-                    // `permissions = "full"` is that decision.
-                    env.push(("IS_SANDBOX", "1"));
-                }
-                env
-            }
-            // Headless gemini refuses an untrusted directory (exit 55): ralph-flow chose the
-            // cwd. (The variable, unlike `--skip-trust`, is ignored by older versions.)
-            Flavor::Gemini => vec![("GEMINI_CLI_TRUST_WORKSPACE", "true")],
-            // codex logs the commands its sandbox refused at WARN only (its default shows
-            // errors): the denials are read from that log.
-            Flavor::Codex => vec![("RUST_LOG", CODEX_RUST_LOG)],
-            Flavor::Command(_) => Vec::new(),
-        }
+        self.agent.default_env(&self.config)
+    }
+
+    /// How a stage's output schema reaches this agent.
+    fn delivery(&self) -> SchemaDelivery {
+        crate::model::schema_delivery(self.config.kind, self.config.structured_output, false)
+            .unwrap_or(SchemaDelivery::Not)
+    }
+
+    /// The schema sent natively (by flag), lowered to the CLI's dialect; `None` when the
+    /// stage has none or it does not go by flag. A schema the dialect cannot express is a
+    /// configuration error (the checker reports it before a run).
+    fn lowered(&self, call: &AgentCall) -> Result<Option<crate::dialect::Lowered>, CallError> {
+        let (Some(schema), SchemaDelivery::Lowered(dialect)) = (&call.schema, self.delivery())
+        else {
+            return Ok(None);
+        };
+        crate::dialect::lower(schema, dialect)
+            .map(Some)
+            .map_err(|refusals| CallError::Refused {
+                message: crate::dialect::refusals_text(&refusals),
+            })
     }
 }
 
-/// The log filter of codex: its default (errors, among them the patches it rejects) and the
-/// sandbox's refusals (`codex_sandboxing::violation: recorded sandbox violation: ...`).
-const CODEX_RUST_LOG: &str = "error,codex_sandboxing::violation=warn";
-
-/// The value of `CLAUDE_CODE_MAX_RETRIES` a call gets unless set: claude's own retries of
-/// API errors (its default is 10, with backoff, and it prints nothing meanwhile).
-const CLAUDE_MAX_RETRIES: &str = "2";
-
 #[cfg(test)]
 mod tests {
-    use super::test_support::backend;
     use super::*;
 
     #[test]
-    fn claude_gets_bounded_retries_and_the_sandbox_flag_for_full() {
-        let env = backend(AgentKind::Claude, Permissions::ReadOnly).default_env();
-        assert!(env.contains(&("CLAUDE_CODE_MAX_RETRIES", CLAUDE_MAX_RETRIES)));
-        assert!(!env.iter().any(|(k, _)| *k == "IS_SANDBOX"));
-        let env = backend(AgentKind::Claude, Permissions::Full).default_env();
-        assert!(env.contains(&("IS_SANDBOX", "1")));
-    }
-
-    #[test]
-    fn codex_logs_its_sandbox_refusals() {
-        let env = backend(AgentKind::Codex, Permissions::Edit).default_env();
-        assert_eq!(env, [("RUST_LOG", CODEX_RUST_LOG)]);
+    fn every_agent_cli_kind_is_registered_once() {
+        for kind in AgentKind::ALL {
+            let n = AGENTS.iter().filter(|(k, _)| k == kind).count();
+            let expected = usize::from(kind.is_agent_cli() || *kind == AgentKind::Command);
+            assert_eq!(n, expected, "{kind}");
+            if kind.is_agent_cli() {
+                let program = program_of(*kind).expect("a program");
+                assert_eq!(program.name, kind.as_str());
+                assert_eq!(
+                    program.variable,
+                    format!("RALPH_FLOW_{}", kind.as_str().to_uppercase())
+                );
+            }
+        }
+        assert!(program_of(AgentKind::Command).is_none());
     }
 }

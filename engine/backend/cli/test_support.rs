@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::{CliBackend, Flavor};
+use super::{CliBackend, agent};
 use crate::backend::process::{Ended, ProcOutput};
 use crate::backend::{AgentCall, AgentConfig};
 use crate::model::{AgentKind, Permissions};
@@ -64,14 +64,9 @@ pub(super) fn backend(kind: AgentKind, permissions: Permissions) -> CliBackend {
         permissions,
         ..AgentConfig::default()
     };
-    let flavor = match kind {
-        AgentKind::Claude => Flavor::Claude,
-        AgentKind::Codex => Flavor::Codex,
-        _ => Flavor::Gemini,
-    };
     CliBackend {
         config,
-        flavor,
+        agent: agent(kind).expect("an agent CLI"),
         program: kind.as_str().into(),
     }
 }
