@@ -47,10 +47,11 @@ pub enum Dialect {
 }
 
 impl Dialect {
-    /// Who refuses, for messages.
+    /// Who refuses, for messages (after the agent and its kind: claude and qwen share the
+    /// first).
     pub fn who(self) -> &'static str {
         match self {
-            Dialect::Claude => "claude's --json-schema (draft-07, Ajv strict mode)",
+            Dialect::Claude => "--json-schema (draft-07, Ajv strict mode)",
             Dialect::OpenAiStrict => "OpenAI's strict structured outputs",
         }
     }

@@ -18,7 +18,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("dialect", &[]),
     ("exit", &[]),
     ("shell", &[]),
-    ("spec", &[]),
+    ("spec", &["dialect"]),
     ("template", &[]),
     ("diag", &["source", "suggest"]),
     ("fs", &["source"]),
@@ -66,7 +66,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "serve",
         &[
-            "compile", "diag", "prepare", "run", "secrets", "spec", "store", "text",
+            "backend", "compile", "diag", "model", "prepare", "run", "secrets", "spec", "store",
+            "text",
         ],
     ),
 ];

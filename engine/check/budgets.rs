@@ -128,7 +128,7 @@ fn budget(
                 .help(
                     "its calls are recorded with their usage unknown; bound the work with \
                      `max_iterations` or a `timeout`, or give these stages an agent that \
-                     reports usage (claude, codex, gemini, openai, anthropic)",
+                     reports usage (an agent CLI such as claude, codex, gemini or qwen, or openai or anthropic)",
                 ),
                 Unreported::Server(vendor, at, url) => Diagnostic::new(
                     Code::UsageUnreported,
