@@ -14,7 +14,7 @@ fn main() {
     files.sort();
     let mut out =
         String::from("/// Every embedded file: its path below the preset root, and its text.\n");
-    out.push_str("pub static FILES: &[(&str, &str)] = &[\n");
+    out.push_str("pub(crate) static FILES: &[(&str, &str)] = &[\n");
     for rel in &files {
         let full = root.join(rel);
         writeln!(

@@ -18,13 +18,13 @@ macro_rules! keywords {
 
         impl $name {
             /// Every word, in declaration order.
-            pub const NAMES: &'static [&'static str] = &[$($text),+];
+            $vis const NAMES: &'static [&'static str] = &[$($text),+];
 
             /// Every value, in declaration order.
-            pub const ALL: &'static [Self] = &[$(Self::$variant),+];
+            $vis const ALL: &'static [Self] = &[$(Self::$variant),+];
 
             /// The value a word names.
-            pub fn parse(s: &str) -> Option<Self> {
+            $vis fn parse(s: &str) -> Option<Self> {
                 match s {
                     $( $text => Some(Self::$variant), )+
                     _ => None,
@@ -32,7 +32,7 @@ macro_rules! keywords {
             }
 
             /// The word, as written.
-            pub const fn as_str(self) -> &'static str {
+            $vis const fn as_str(self) -> &'static str {
                 match self {
                     $( Self::$variant => $text, )+
                 }

@@ -13,7 +13,7 @@ use serde::de::{DeserializeOwned, Deserializer, MapAccess, Visitor};
 use serde_json::Value;
 
 /// Reads a field, or its default when its value has another type than expected.
-pub fn lenient<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+pub(super) fn lenient<'de, D, T>(deserializer: D) -> Result<T, D::Error>
 where
     D: Deserializer<'de>,
     T: DeserializeOwned + Default,
@@ -25,7 +25,7 @@ where
 /// The entries of a JSON object in their order (model names and their figures, say); an
 /// entry whose value has an unexpected type holds the default.
 #[derive(Debug)]
-pub struct Entries<T>(pub Vec<(String, T)>);
+pub(super) struct Entries<T>(pub Vec<(String, T)>);
 
 impl<T> Default for Entries<T> {
     fn default() -> Self {

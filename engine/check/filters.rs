@@ -11,14 +11,14 @@ use std::sync::OnceLock;
 
 /// Whether a name follows `|` (or `{% filter %}`) or `is` / `is not`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum UseKind {
+pub(super) enum UseKind {
     Filter,
     Test,
 }
 
 impl UseKind {
     /// Returns the word for it: `filter` or `test`.
-    pub fn word(self) -> &'static str {
+    pub(super) fn word(self) -> &'static str {
         match self {
             UseKind::Filter => "filter",
             UseKind::Test => "test",
@@ -28,14 +28,14 @@ impl UseKind {
 
 /// One filter or test name in a text, with its byte range there.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Use {
+pub(super) struct Use {
     pub kind: UseKind,
     pub range: Range<usize>,
 }
 
 /// minijinja's built-in filters (with the features this crate enables), for suggestions; the
 /// probe decides what exists, and a test keeps this list in step with it.
-pub const FILTERS: &[&str] = &[
+pub(super) const FILTERS: &[&str] = &[
     "abs",
     "attr",
     "batch",
@@ -87,7 +87,7 @@ pub const FILTERS: &[&str] = &[
 ];
 
 /// minijinja's built-in tests (those written as a name), for suggestions.
-pub const TESTS: &[&str] = &[
+pub(super) const TESTS: &[&str] = &[
     "boolean",
     "defined",
     "divisibleby",
@@ -136,7 +136,7 @@ fn probe_env() -> &'static minijinja::Environment<'static> {
 
 /// Tells whether the run's environment has a filter or test of that name. When the probe
 /// itself fails the name is taken as known, so that a problem here never blocks a workflow.
-pub fn exists(kind: UseKind, name: &str) -> bool {
+pub(super) fn exists(kind: UseKind, name: &str) -> bool {
     let env = probe_env();
     let Ok(tmpl) = env.template_from_str("") else {
         return true;
@@ -148,7 +148,7 @@ pub fn exists(kind: UseKind, name: &str) -> bool {
 }
 
 /// The known names of a kind, for suggestions.
-pub fn known(kind: UseKind) -> Vec<&'static str> {
+pub(super) fn known(kind: UseKind) -> Vec<&'static str> {
     let list = match kind {
         UseKind::Filter => FILTERS,
         UseKind::Test => TESTS,
@@ -158,7 +158,7 @@ pub fn known(kind: UseKind) -> Vec<&'static str> {
 
 /// Finds the filters and tests of a template: inside `{{ }}` and `{% %}`, not in text,
 /// comments, raw blocks or string literals.
-pub fn in_template(src: &str) -> Vec<Use> {
+pub(super) fn in_template(src: &str) -> Vec<Use> {
     let b = src.as_bytes();
     let mut out = Vec::new();
     let mut i = 0;
@@ -186,7 +186,7 @@ pub fn in_template(src: &str) -> Vec<Use> {
 }
 
 /// Finds the filters and tests of an expression (written without `{{ }}`).
-pub fn in_expression(src: &str) -> Vec<Use> {
+pub(super) fn in_expression(src: &str) -> Vec<Use> {
     let mut out = Vec::new();
     code(src, 0, None, false, &mut out);
     out

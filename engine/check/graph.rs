@@ -9,7 +9,7 @@ use crate::model::Action;
 
 /// Builds the dependency graph of one body: an edge from each need (and each routing stage)
 /// to the stage that waits for it.
-pub fn body_graph(c: &Checked<'_>, region: Option<StageId>) -> DiGraph<StageId, ()> {
+pub(super) fn body_graph(c: &Checked<'_>, region: Option<StageId>) -> DiGraph<StageId, ()> {
     let body = c.body(region);
     let mut g = DiGraph::new();
     let nodes: Vec<_> = body.iter().map(|id| g.add_node(*id)).collect();
@@ -39,7 +39,7 @@ pub fn body_graph(c: &Checked<'_>, region: Option<StageId>) -> DiGraph<StageId, 
 /// Returns the stages a stage's route can go to, and those it runs when it gives up (a
 /// loop's `on_exhausted` or `stuck.then`, a gate's `on_timeout` naming a stage): both run
 /// only when chosen.
-pub fn route_targets(c: &Checked<'_>, id: StageId) -> Vec<StageId> {
+pub(super) fn route_targets(c: &Checked<'_>, id: StageId) -> Vec<StageId> {
     let stage = c.info(id).stage;
     let routes = stage
         .keys()
@@ -55,7 +55,7 @@ pub fn route_targets(c: &Checked<'_>, id: StageId) -> Vec<StageId> {
         .collect()
 }
 
-pub fn check(c: &Checked<'_>, diags: &mut Diagnostics) {
+pub(super) fn check(c: &Checked<'_>, diags: &mut Diagnostics) {
     let mut regions = vec![None];
     regions.extend(
         (0..c.stages.len())

@@ -7,7 +7,7 @@ use crate::params::{ParamValues, convert};
 use crate::syntax::tree::{Value, ValueKind};
 
 /// Checks params and computes their values.
-pub fn check(
+pub(super) fn check(
     wf: &Workflow,
     sets: &[(String, String)],
     require: bool,

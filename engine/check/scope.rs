@@ -422,7 +422,7 @@ mod tests {
     use crate::check::graph::body_graph;
 
     /// Returns every stage whose output is ready at a site.
-    pub fn upstream(c: &Checked<'_>, site: Site) -> BTreeSet<StageId> {
+    pub(super) fn upstream(c: &Checked<'_>, site: Site) -> BTreeSet<StageId> {
         let mut out = BTreeSet::new();
         let mut cur = match site {
             Site::Stage(s) | Site::Region(s) => s,

@@ -19,7 +19,7 @@ use crate::source::Spanned;
 /// How deep subflows are followed; a longer chain of distinct files is not looked into.
 const MAX_DEPTH: usize = 64;
 
-pub fn check(c: &Checked<'_>, loader: &mut Loader<'_>, diags: &mut Diagnostics) {
+pub(super) fn check(c: &Checked<'_>, loader: &mut Loader<'_>, diags: &mut Diagnostics) {
     let root = normalize(&loader.sources.get(c.workflow.file).path);
     // Files whose subflows were followed already: a circle through them is reported once.
     let mut done = HashSet::new();

@@ -6,7 +6,7 @@ use ralph_flow::run::cancel::{CancelError, cancel};
 use super::run::{fail, say};
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(super) struct Args {
     /// The run (`ralph-flow runs` lists them).
     run: String,
     /// Why: recorded with the cancel, and shown by `status`, `logs` and the monitor.
@@ -23,7 +23,7 @@ pub struct Args {
 /// one is marked cancelled and its executor, wherever it runs, stops its stages and ends it
 /// with exit code 125. Every failure is a configuration error (exit 3): no such run, a run
 /// that ended, a store that cannot be reached.
-pub fn run(args: &Args) -> i32 {
+pub(super) fn run(args: &Args) -> i32 {
     let location = match args.store.location() {
         Ok(l) => l,
         Err(e) => return fail(&error_chain(&e)),

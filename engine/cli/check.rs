@@ -8,7 +8,7 @@ use ralph_flow::load::Loader;
 use ralph_flow::source::Sources;
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(super) struct Args {
     /// The workflow files to check.
     #[arg(required = true)]
     files: Vec<PathBuf>,
@@ -33,7 +33,7 @@ enum Format {
     Json,
 }
 
-pub fn run(args: &Args) -> i32 {
+pub(super) fn run(args: &Args) -> i32 {
     let Some(sets) = super::sets(&args.set) else {
         return super::EXIT_CONFIG;
     };

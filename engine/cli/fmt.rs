@@ -7,7 +7,7 @@ use ralph_flow::source::Sources;
 use ralph_flow::syntax::{self, Format, emit};
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(super) struct Args {
     /// The syntax to write.
     #[arg(long, value_enum)]
     to: To,
@@ -24,7 +24,7 @@ enum To {
     Toml,
 }
 
-pub fn run(args: &Args) -> i32 {
+pub(super) fn run(args: &Args) -> i32 {
     let text = match std::fs::read_to_string(&args.file) {
         Ok(t) => t,
         Err(err) => {

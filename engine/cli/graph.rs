@@ -7,7 +7,7 @@ use ralph_flow::compile::{compile, explain::explain as describe};
 use ralph_flow::serve::layout;
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(super) struct Args {
     /// The workflow file.
     file: PathBuf,
     /// The drawing format.
@@ -19,7 +19,7 @@ pub struct Args {
 }
 
 #[derive(clap::Args)]
-pub struct ExplainArgs {
+pub(super) struct ExplainArgs {
     /// The workflow file.
     file: PathBuf,
     /// Set a param (`--set name=value`).
@@ -35,7 +35,7 @@ enum Format {
     Svg,
 }
 
-pub fn run(args: &Args) -> i32 {
+pub(super) fn run(args: &Args) -> i32 {
     let Some(sets) = super::sets(&args.set) else {
         return super::EXIT_CONFIG;
     };
@@ -60,7 +60,7 @@ pub fn run(args: &Args) -> i32 {
     }
 }
 
-pub fn explain(args: &ExplainArgs) -> i32 {
+pub(super) fn explain(args: &ExplainArgs) -> i32 {
     let Some(sets) = super::sets(&args.set) else {
         return super::EXIT_CONFIG;
     };

@@ -25,7 +25,7 @@ use ralph_flow::model::Workflow;
 use ralph_flow::params::parse_set;
 use ralph_flow::source::Sources;
 
-pub use ralph_flow::exit::CONFIG as EXIT_CONFIG;
+pub(crate) use ralph_flow::exit::CONFIG as EXIT_CONFIG;
 
 #[derive(Parser)]
 #[command(
@@ -81,7 +81,7 @@ enum Command {
 }
 
 /// Runs the command line and returns the process exit code.
-pub fn main() -> i32 {
+pub(crate) fn main() -> i32 {
     // Before any thread starts (they inherit it): a write beyond `ulimit -f` fails with
     // EFBIG, which stops a run as resumable, naming the limit, instead of SIGXFSZ killing
     // ralph-flow without a word.
@@ -126,24 +126,24 @@ pub fn main() -> i32 {
 }
 
 /// Tells whether diagnostics on stderr may use color.
-pub fn color() -> bool {
+pub(crate) fn color() -> bool {
     std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none()
 }
 
 /// Prints diagnostics to stderr in the long form.
-pub fn print_diagnostics(sources: &Sources, diags: &[Diagnostic]) {
+pub(crate) fn print_diagnostics(sources: &Sources, diags: &[Diagnostic]) {
     if !diags.is_empty() {
         eprint!("{}", render(sources, diags, color()));
     }
 }
 
 /// Prints diagnostics to stderr one per line.
-pub fn print_short(sources: &Sources, diags: &[Diagnostic]) {
+pub(crate) fn print_short(sources: &Sources, diags: &[Diagnostic]) {
     eprint!("{}", render_short(sources, diags));
 }
 
 /// Parses `--set` arguments, printing errors.
-pub fn sets(raw: &[String]) -> Option<Vec<(String, String)>> {
+pub(crate) fn sets(raw: &[String]) -> Option<Vec<(String, String)>> {
     let mut out = Vec::new();
     for s in raw {
         match parse_set(s) {
@@ -159,7 +159,7 @@ pub fn sets(raw: &[String]) -> Option<Vec<(String, String)>> {
 
 /// The workflow a command-line argument names: the file, or, when there is no such file and
 /// the argument is a preset name (`spider`), that preset.
-pub fn workflow_arg(arg: &Path) -> std::path::PathBuf {
+pub(crate) fn workflow_arg(arg: &Path) -> std::path::PathBuf {
     if arg.exists() {
         return arg.to_path_buf();
     }
@@ -176,7 +176,7 @@ pub fn workflow_arg(arg: &Path) -> std::path::PathBuf {
 }
 
 /// Tells on stderr that a git preset source was fetched.
-pub fn report_fetch(s: &ralph_flow::preset::Synced) {
+pub(crate) fn report_fetch(s: &ralph_flow::preset::Synced) {
     eprintln!(
         "{} source `{}` ({} at {}) -> {} ({})",
         s.action,
@@ -189,7 +189,11 @@ pub fn report_fetch(s: &ralph_flow::preset::Synced) {
 }
 
 /// Loads a workflow file and everything it refers to.
-pub fn load(path: &Path, sources: &mut Sources, diags: &mut Diagnostics) -> Option<Workflow> {
+pub(crate) fn load(
+    path: &Path,
+    sources: &mut Sources,
+    diags: &mut Diagnostics,
+) -> Option<Workflow> {
     let fs = RealFs;
     let mut loader = Loader::new(&fs, sources, diags);
     loader.load(path, None)
@@ -197,7 +201,7 @@ pub fn load(path: &Path, sources: &mut Sources, diags: &mut Diagnostics) -> Opti
 
 /// Loads and checks a workflow, then hands the checked workflow to `f`. Prints diagnostics;
 /// returns the exit code for a configuration error when there are errors.
-pub fn with_checked<T>(
+pub(crate) fn with_checked<T>(
     path: &Path,
     sets: &[(String, String)],
     require_params: bool,

@@ -14,7 +14,7 @@ use super::EXIT_CONFIG;
 
 #[derive(clap::Args)]
 #[command(args_conflicts_with_subcommands = true)]
-pub struct Args {
+pub(super) struct Args {
     #[command(subcommand)]
     action: Option<Action>,
     /// Also list the presets of the git sources these workflows declare.
@@ -45,7 +45,7 @@ enum Action {
     },
 }
 
-pub fn run(args: &Args) -> i32 {
+pub(super) fn run(args: &Args) -> i32 {
     match &args.action {
         Some(Action::Fetch { workflow, set }) => {
             let Some(sets) = super::sets(set) else {
@@ -278,7 +278,7 @@ enum Format {
 }
 
 #[derive(clap::Args)]
-pub struct InitArgs {
+pub(super) struct InitArgs {
     /// The preset to build on: a name (`ralph-flow presets` lists them), or `SOURCE:NAME` with
     /// `--git` and `--rev`.
     preset: String,
@@ -313,7 +313,7 @@ struct Scaffold<'a> {
     out: &'a Path,
 }
 
-pub fn init(args: &InitArgs) -> i32 {
+pub(super) fn init(args: &InitArgs) -> i32 {
     let fail = |msg: String| {
         eprintln!("error: {msg}");
         EXIT_CONFIG

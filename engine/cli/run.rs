@@ -20,7 +20,7 @@ use super::EXIT_CONFIG;
 #[command(mut_arg("state_dir", |a| a.help(
     "The state directory: the store and every attempt's artifacts"
 )))]
-pub struct ExecArgs {
+pub(super) struct ExecArgs {
     #[command(flatten)]
     store: super::store::StoreArgs,
     /// The most stages running at once, whatever the workflow allows.
@@ -88,7 +88,7 @@ pub(super) enum Failed {
 }
 
 #[derive(clap::Args)]
-pub struct RunArgs {
+pub(super) struct RunArgs {
     /// The workflow file.
     file: PathBuf,
     /// Set a param (`--set name=value`).
@@ -107,7 +107,7 @@ pub struct RunArgs {
 }
 
 #[derive(clap::Args)]
-pub struct ResumeArgs {
+pub(super) struct ResumeArgs {
     /// The run to continue (`ralph-flow runs` lists them).
     run: String,
     /// Continue even though the workflow's files changed since the run started; the new
@@ -119,7 +119,7 @@ pub struct ResumeArgs {
 }
 
 #[derive(clap::Args)]
-pub struct AnswerArgs {
+pub(super) struct AnswerArgs {
     /// The run.
     run: String,
     /// The gate (a stage id).
@@ -163,7 +163,7 @@ pub(super) fn runtime() -> Result<tokio::runtime::Runtime, Failed> {
 }
 
 /// `ralph-flow run`.
-pub fn run(args: &RunArgs) -> i32 {
+pub(super) fn run(args: &RunArgs) -> i32 {
     let Some(sets) = super::sets(&args.set) else {
         return EXIT_CONFIG;
     };
@@ -440,7 +440,7 @@ pub(super) fn open_store(location: &Location) -> Result<Box<dyn Store + Send>, F
 }
 
 /// `ralph-flow resume`.
-pub fn resume(args: &ResumeArgs) -> i32 {
+pub(super) fn resume(args: &ResumeArgs) -> i32 {
     let opts = match options(&args.exec) {
         Ok(o) => o,
         Err(e) => return fail(&error_chain(&e)),
@@ -534,7 +534,7 @@ pub fn resume(args: &ResumeArgs) -> i32 {
 }
 
 /// `ralph-flow approve` and `ralph-flow reject`.
-pub fn answer(args: &AnswerArgs, approved: bool) -> i32 {
+pub(super) fn answer(args: &AnswerArgs, approved: bool) -> i32 {
     use ralph_flow::run::answer::{AnswerError, answer};
     // Said before the store is opened, in the words of the command line.
     if !approved && args.comment.is_none() {

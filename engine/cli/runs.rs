@@ -23,7 +23,7 @@ const RECENT: usize = 5;
 const EXIT_STORE: i32 = 1;
 
 #[derive(clap::Args)]
-pub struct RunsArgs {
+pub(super) struct RunsArgs {
     #[command(flatten)]
     store: super::store::StoreArgs,
     /// Print one JSON document.
@@ -35,7 +35,7 @@ pub struct RunsArgs {
 }
 
 #[derive(clap::Args)]
-pub struct StatusArgs {
+pub(super) struct StatusArgs {
     /// The run (default: the newest).
     run: Option<String>,
     #[command(flatten)]
@@ -46,7 +46,7 @@ pub struct StatusArgs {
 }
 
 #[derive(clap::Args)]
-pub struct LogsArgs {
+pub(super) struct LogsArgs {
     /// The run.
     run: String,
     /// Show only this stage's events, and its attempts' artifact directories.
@@ -60,7 +60,7 @@ pub struct LogsArgs {
 }
 
 #[derive(clap::Args)]
-pub struct ExportArgs {
+pub(super) struct ExportArgs {
     /// The run.
     run: String,
     /// Where to write the files (default: the run's directory, beside what its programs and
@@ -73,7 +73,7 @@ pub struct ExportArgs {
 
 /// `ralph-flow export`: a run's attempt records (prompts, answers, outputs, feedback) as
 /// files, `SCOPE/STAGE/attempt-N/prompt.md` and so on.
-pub fn export(args: &ExportArgs) -> i32 {
+pub(super) fn export(args: &ExportArgs) -> i32 {
     exit_code(write_export(args))
 }
 
@@ -93,17 +93,17 @@ fn write_export(args: &ExportArgs) -> Result<(), Failure> {
 }
 
 /// `ralph-flow runs`: a table of runs, newest first.
-pub fn runs(args: &RunsArgs) -> i32 {
+pub(super) fn runs(args: &RunsArgs) -> i32 {
     exit_code(list(args))
 }
 
 /// `ralph-flow status`: a run's settled nodes, waiting gates and usage.
-pub fn status(args: &StatusArgs) -> i32 {
+pub(super) fn status(args: &StatusArgs) -> i32 {
     exit_code(show_status(args))
 }
 
 /// `ralph-flow logs`: a run's events in order.
-pub fn logs(args: &LogsArgs) -> i32 {
+pub(super) fn logs(args: &LogsArgs) -> i32 {
     exit_code(show_logs(args))
 }
 

@@ -1,13 +1,13 @@
 //! `ralph-flow schema`: print the JSON Schema of the TOML form, or the key reference.
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(super) struct Args {
     /// Print the key reference as Markdown (as in WORKFLOW-SPEC.md) instead.
     #[arg(long)]
     markdown: bool,
 }
 
-pub fn run(args: &Args) -> i32 {
+pub(super) fn run(args: &Args) -> i32 {
     if args.markdown {
         print!("{}", ralph_flow::model::jsonschema::markdown_reference());
         return 0;

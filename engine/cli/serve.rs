@@ -7,7 +7,7 @@ use ralph_flow::serve::{Options, serve};
 
 #[derive(clap::Args)]
 #[command(mut_arg("state_dir", |a| a.help("The state directory whose runs are shown")))]
-pub struct Args {
+pub(super) struct Args {
     /// Where to listen: an address or a host name and a port (`127.0.0.1:7700`,
     /// `localhost:7700`, `[::1]:7700`); a name listens on every address it resolves to.
     /// Loopback only, unless --allow-remote. Port 0 picks a free port.
@@ -30,7 +30,7 @@ pub struct Args {
     poll: Duration,
 }
 
-pub fn run(args: &Args) -> i32 {
+pub(super) fn run(args: &Args) -> i32 {
     let cwd = std::env::current_dir().unwrap_or_default();
     let store = match args.store.location_in(&cwd) {
         Ok(l) => l,

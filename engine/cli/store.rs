@@ -11,7 +11,7 @@ pub(super) const DEFAULT_STATE_DIR: &str = ".ralph-flow";
 
 /// Where runs are kept.
 #[derive(clap::Args, Clone, Debug)]
-pub struct StoreArgs {
+pub(super) struct StoreArgs {
     /// The state directory.
     #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
@@ -24,12 +24,12 @@ pub struct StoreArgs {
 impl StoreArgs {
     /// The store these name (`--store`, else RALPH_FLOW_STORE, else the state directory's
     /// SQLite file), its state directory as given.
-    pub fn location(&self) -> Result<Location, StoreError> {
+    pub(super) fn location(&self) -> Result<Location, StoreError> {
         Location::new(self.store.as_deref(), &self.state_dir)
     }
 
     /// The state directory, under `cwd` when it is relative.
-    pub fn state_dir_in(&self, cwd: &Path) -> PathBuf {
+    pub(super) fn state_dir_in(&self, cwd: &Path) -> PathBuf {
         if self.state_dir.is_absolute() {
             self.state_dir.clone()
         } else {
@@ -38,7 +38,7 @@ impl StoreArgs {
     }
 
     /// [`StoreArgs::location`], with the state directory under `cwd` when it is relative.
-    pub fn location_in(&self, cwd: &Path) -> Result<Location, StoreError> {
+    pub(super) fn location_in(&self, cwd: &Path) -> Result<Location, StoreError> {
         Location::new(self.store.as_deref(), &self.state_dir_in(cwd))
     }
 }

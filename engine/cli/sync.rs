@@ -13,7 +13,7 @@ use ralph_flow::source::Sources;
 
 /// Why [`sync`] stopped: diagnostics (at the source's declaration where there is one), with
 /// the files to render them.
-pub struct SyncError {
+pub(super) struct SyncError {
     pub sources: Sources,
     pub diagnostics: Vec<Diagnostic>,
 }
@@ -49,7 +49,7 @@ fn discover(path: &Path, sets: &[(String, String)]) -> Discovered {
 /// them ([`fetch_missing`], then a load again, until nothing is missing). With `update`, the
 /// named sources (every declared one when the list is empty) are first resolved anew from
 /// their `rev` and pinned again.
-pub fn sync(
+pub(super) fn sync(
     path: &Path,
     sets: &[(String, String)],
     update: Option<&[String]>,

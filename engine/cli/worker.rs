@@ -23,7 +23,7 @@ use super::run::{duration, fail, runtime, say};
          (`workspaces/ID`)"
     )),
 )]
-pub struct Args {
+pub(super) struct Args {
     #[command(flatten)]
     store: super::store::StoreArgs,
     /// This worker's labels (`gpu,linux`): it claims only runs, and units of work, whose
@@ -58,7 +58,7 @@ pub struct Args {
 /// `ralph-flow worker`. Exits 0 when SIGTERM or SIGHUP (a service manager's stop, a closed
 /// terminal) stopped it, 130 after Ctrl-C, 3 when it cannot start. Each stops it the same
 /// way: it stops claiming, and hands its runs back to the queue.
-pub fn run(args: &Args) -> i32 {
+pub(super) fn run(args: &Args) -> i32 {
     let cwd = match std::env::current_dir() {
         Ok(d) => d,
         Err(e) => return fail(&format!("no current directory: {e}")),

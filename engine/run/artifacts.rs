@@ -97,7 +97,7 @@ impl Inner {
 
 impl Artifacts {
     /// The records of a run's directory.
-    pub fn start(run_dir: &Path) -> Artifacts {
+    pub(crate) fn start(run_dir: &Path) -> Artifacts {
         Artifacts {
             run_dir: run_dir.to_path_buf(),
             inner: Arc::new(Mutex::new(Inner {
@@ -110,7 +110,7 @@ impl Artifacts {
     }
 
     /// Holds a record of a file under the run's directory (`path`, which lies under it).
-    pub fn file(&self, path: &Path, text: &str) {
+    pub(crate) fn file(&self, path: &Path, text: &str) {
         let rel = path.strip_prefix(&self.run_dir).unwrap_or(path);
         let mut inner = lock(&self.inner);
         inner
@@ -122,18 +122,18 @@ impl Artifacts {
     }
 
     /// Writes the held records.
-    pub fn hand_over(&self) {
+    pub(crate) fn hand_over(&self) {
         lock(&self.inner).write();
     }
 
     /// [`Artifacts::hand_over`] as a function, for the template helpers that read files.
-    pub fn waiter(&self) -> impl Fn() + Send + Sync + 'static {
+    pub(crate) fn waiter(&self) -> impl Fn() + Send + Sync + 'static {
         let inner = self.inner.clone();
         move || lock(&inner).write()
     }
 
     /// The first write that failed, if one did.
-    pub fn failure(&self) -> Option<Arc<IoFailure>> {
+    pub(crate) fn failure(&self) -> Option<Arc<IoFailure>> {
         lock(&self.inner).failed.clone()
     }
 }

@@ -15,7 +15,7 @@ impl Exec<'_> {
     /// Builds the template context of a frame, with extra variables. Its cost does not grow
     /// with the run: `stages` reads the frames' outputs when a template asks for a stage
     /// ([`Stages`]), so only the variables of the frames in the chain are copied.
-    pub fn context(&self, frame: &Frame<'_>, extra: &[(&str, Value)]) -> Value {
+    pub(super) fn context(&self, frame: &Frame<'_>, extra: &[(&str, Value)]) -> Value {
         let chain = frame.chain();
         let mut vars: BTreeMap<String, Value> = BTreeMap::new();
         let mut loops: BTreeMap<String, Value> = BTreeMap::new();
@@ -70,12 +70,12 @@ impl Exec<'_> {
     }
 
     /// Tells whether the plan has a template (`STAGE/feedback`, ...).
-    pub fn has_template(&self, name: &str) -> bool {
+    pub(super) fn has_template(&self, name: &str) -> bool {
         self.plan.templates.contains_key(name)
     }
 
     /// Renders a template of the plan (`STAGE/prompt`, ...).
-    pub fn render(&self, name: &str, ctx: &Value) -> Result<String, TemplateError> {
+    pub(super) fn render(&self, name: &str, ctx: &Value) -> Result<String, TemplateError> {
         let src = self
             .plan
             .templates
@@ -95,7 +95,7 @@ impl Exec<'_> {
     }
 
     /// Evaluates an expression (`when`, `until`, `over`, ...).
-    pub fn eval(&self, src: &str, ctx: &Value) -> Result<Value, TemplateError> {
+    pub(super) fn eval(&self, src: &str, ctx: &Value) -> Result<Value, TemplateError> {
         let expr = self.env.compile_expression(src)?;
         expr.eval(ctx).map_err(|error| TemplateError::Eval {
             expr: src.to_string(),
@@ -105,7 +105,7 @@ impl Exec<'_> {
 }
 
 /// Converts a serializable value for templates.
-pub fn to_value<T: serde::Serialize + ?Sized>(x: &T) -> Value {
+pub(super) fn to_value<T: serde::Serialize + ?Sized>(x: &T) -> Value {
     Value::from(minijinja::value::Serde(x))
 }
 

@@ -9,7 +9,7 @@
 //! settled node is committed before anything that depends on it starts; nodes that settle
 //! together are committed together.
 
-pub use super::error::{Halt, IoFailure, RunError, StageError, TemplateError};
+pub(super) use super::error::{Halt, IoFailure, RunError, StageError, TemplateError};
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -114,20 +114,20 @@ pub(crate) fn scopes_of<'a>(scopes: impl Iterator<Item = &'a str>) -> HashSet<St
 impl Shared {
     /// Queues a write for the next group commit (the store masks its secrets as it commits
     /// it).
-    pub fn write(&self, w: Write) {
+    pub(super) fn write(&self, w: Write) {
         self.pending.borrow_mut().push(w);
         self.queued.set(self.queued.get() + 1);
     }
 
     /// Counts some of the executor's work.
-    pub fn count(&self, f: impl FnOnce(&mut super::WorkCounts)) {
+    pub(super) fn count(&self, f: impl FnOnce(&mut super::WorkCounts)) {
         let mut w = self.work.get();
         f(&mut w);
         self.work.set(w);
     }
 
     /// Tells whether writes wait for a commit.
-    pub fn has_pending(&self) -> bool {
+    pub(super) fn has_pending(&self) -> bool {
         !self.pending.borrow().is_empty()
     }
 
@@ -135,7 +135,7 @@ impl Shared {
     /// settled in it leave their output to the store. When an output could not be read
     /// back since the last commit, nothing is committed (what was decided since may rest on
     /// the `null` given in its place) and the run stops as on a failed commit.
-    pub fn flush(&self) {
+    pub(super) fn flush(&self) {
         let writes: Vec<Write> = std::mem::take(&mut *self.pending.borrow_mut());
         let to_store = std::mem::take(&mut *self.to_store.borrow_mut());
         self.committed.set(self.queued.get());
@@ -185,7 +185,7 @@ impl Shared {
     /// that are ready queue their writes too, and the first of them to come back commits
     /// them all (a group commit). Call it before anything that must not happen unless the
     /// writes are durable (starting an agent or a program).
-    pub async fn durable(&self) {
+    pub(super) async fn durable(&self) {
         if !self.has_pending() {
             return;
         }
@@ -198,7 +198,7 @@ impl Shared {
 
     /// Stops the run for a failure that is not the stage's (a workspace that cannot be
     /// published): like a failed commit, nothing new starts and `resume` continues.
-    pub fn halt(&self, halt: Halt) -> Outcome {
+    pub(super) fn halt(&self, halt: Halt) -> Outcome {
         tracing::error!("{}", crate::diag::error_chain(&halt));
         self.store_error.borrow_mut().get_or_insert(halt);
         let _ = self.interrupt.send(true);
@@ -208,7 +208,7 @@ impl Shared {
     /// A failure to write the state directory (artifacts): handled like a failed commit, so
     /// that the run stops, nothing new starts, and `resume` continues once it is fixed. One
     /// for a limit of the machine (open files, disk space, file size) names the limit.
-    pub fn io_failed(&self, failure: Arc<IoFailure>) -> Outcome {
+    pub(super) fn io_failed(&self, failure: Arc<IoFailure>) -> Outcome {
         if let Some(limit) = crate::backend::process::Limit::of(&failure.source) {
             return self.limit_reached(None, limit, crate::diag::error_chain(&*failure));
         }
@@ -224,7 +224,7 @@ impl Shared {
     /// (`stage`, its scope and name) started a program or wrote its output: the run stops as
     /// on a failed commit, the stage is not settled (it runs again on `resume`), and the
     /// run's error names the limit.
-    pub fn limit_reached(
+    pub(super) fn limit_reached(
         &self,
         stage: Option<String>,
         limit: crate::backend::process::Limit,
@@ -246,7 +246,7 @@ impl Shared {
     /// The prepared subflow of a file with params: compiled ahead with the run's plan (and
     /// admitted before the run started), else prepared now through the plan's callback, once
     /// per run, and admitted.
-    pub fn subflow(
+    pub(super) fn subflow(
         &self,
         path: &Path,
         sets: &[(String, String)],
@@ -289,7 +289,7 @@ impl Shared {
 
     /// Admits, before the run, the subflows compiled with a plan (and theirs): an invalid
     /// one, or an agent of theirs that cannot run, stops the run before anything starts.
-    pub fn preload_subflows(&self, subflows: &Subflows) -> Result<(), RunError> {
+    pub(super) fn preload_subflows(&self, subflows: &Subflows) -> Result<(), RunError> {
         for ahead in &subflows.ahead {
             if self.subflows.borrow().contains_key(&ahead.key) {
                 continue;
@@ -311,21 +311,21 @@ impl Shared {
 
     /// Says something the run's user should know of: in the log (`tracing`), in the
     /// progress (`! TEXT`), and as a `warning` event of the run.
-    pub fn warn(&self, text: String) {
+    pub(super) fn warn(&self, text: String) {
         tracing::warn!("{text}");
         self.progress.note(&format!("! {text}"));
         self.event("", "", "warning", text);
     }
 
     /// Queues an event.
-    pub fn event(&self, scope: &str, node: &str, kind: &str, message: String) {
+    pub(super) fn event(&self, scope: &str, node: &str, kind: &str, message: String) {
         self.event_at(scope, node, kind, message, now_ms());
     }
 
     /// Queues an event that happened at `at` (milliseconds since the Unix epoch). A stage's
     /// settlement event has the time of its settlement: queued just before the node, the
     /// store can keep the two in one row.
-    pub fn event_at(&self, scope: &str, node: &str, kind: &str, message: String, at: i64) {
+    pub(super) fn event_at(&self, scope: &str, node: &str, kind: &str, message: String, at: i64) {
         self.write(Write::Event(crate::store::Event {
             run: self.run.id.clone(),
             at,
@@ -355,7 +355,7 @@ pub(crate) struct Exec<'p> {
 }
 
 /// Makes a scope or a key safe as one path component.
-pub fn sanitize(s: &str) -> String {
+pub(super) fn sanitize(s: &str) -> String {
     let out: String = s
         .chars()
         .map(|c| {
@@ -375,7 +375,7 @@ pub fn sanitize(s: &str) -> String {
 }
 
 impl<'p> Exec<'p> {
-    pub fn new(
+    pub(super) fn new(
         shared: &'p Shared,
         plan: &'p Plan,
         sources: &'p Sources,
@@ -458,7 +458,7 @@ impl<'p> Exec<'p> {
     }
 
     /// The full scope of a frame (with a subflow's prefix).
-    pub fn scope(&self, frame: &Frame<'_>) -> String {
+    pub(super) fn scope(&self, frame: &Frame<'_>) -> String {
         match (self.prefix.is_empty(), frame.scope.is_empty()) {
             (true, _) => frame.scope.clone(),
             (false, true) => self.prefix.clone(),
@@ -468,14 +468,14 @@ impl<'p> Exec<'p> {
 
     /// Tells whether the run is stopping (an exit taken, Ctrl-C, a store failure): nothing
     /// new may start.
-    pub fn halted(&self) -> bool {
+    pub(super) fn halted(&self) -> bool {
         *self.stop.borrow()
             || *self.shared.interrupt.borrow()
             || self.shared.store_error.borrow().is_some()
     }
 
     /// Completes when the run stops (an exit taken, Ctrl-C, a store failure).
-    pub async fn stopped(&self) {
+    pub(super) async fn stopped(&self) {
         let mut a = self.stop.subscribe();
         let mut b = self.shared.interrupt.subscribe();
         tokio::select! {
@@ -493,7 +493,7 @@ impl<'p> Exec<'p> {
     }
 
     /// Writes an action as stored.
-    pub fn action_text(&self, t: &Target) -> String {
+    pub(super) fn action_text(&self, t: &Target) -> String {
         match t {
             Target::Continue => "continue".into(),
             Target::Break => "break".into(),
@@ -506,17 +506,17 @@ impl<'p> Exec<'p> {
     }
 
     /// Reads a stored action back.
-    pub fn parse_action(&self, s: &str) -> Option<Target> {
+    pub(super) fn parse_action(&self, s: &str) -> Option<Target> {
         self.plan.target(&Action::parse(s)?)
     }
 
     /// Resolves an action of the model.
-    pub fn target_of(&self, a: &Action) -> Target {
+    pub(super) fn target_of(&self, a: &Action) -> Target {
         self.plan.target(a).unwrap_or(Target::Fail)
     }
 
     /// The labels a worker needs to carry out a stage's work, besides the run's.
-    pub fn stage_labels(&self, n: NodeId) -> Vec<String> {
+    pub(super) fn stage_labels(&self, n: NodeId) -> Vec<String> {
         self.plan
             .stage(n)
             .keys()
@@ -528,7 +528,7 @@ impl<'p> Exec<'p> {
 
     /// The resource a stage holds while it runs, as the store names it (the subflow's
     /// prefix, the resource), with its capacity.
-    pub fn held_resource(&self, n: NodeId) -> Option<(String, i64)> {
+    pub(super) fn held_resource(&self, n: NodeId) -> Option<(String, i64)> {
         let r = &self.plan.workflow.resources[self.plan.node(n).resource?];
         let capacity = resolve_count(&r.capacity.value, &self.plan.params).unwrap_or(1);
         let capacity = i64::try_from(capacity).unwrap_or(i64::MAX);
@@ -536,7 +536,7 @@ impl<'p> Exec<'p> {
     }
 
     /// A node that fails before it starts (a limit that cannot be resolved, a template).
-    pub fn fail_now(&self, started: i64, message: String) -> Outcome {
+    pub(super) fn fail_now(&self, started: i64, message: String) -> Outcome {
         Outcome::Settled(Settled::error(
             NodeState::Failed,
             message,
@@ -547,7 +547,10 @@ impl<'p> Exec<'p> {
 
     /// Builds (once) and returns the backend of an agent.
     /// Fails with why the backend cannot be built; the caller names the agent.
-    pub fn backend(&self, agent: usize) -> Result<Arc<dyn Backend>, crate::backend::BuildError> {
+    pub(super) fn backend(
+        &self,
+        agent: usize,
+    ) -> Result<Arc<dyn Backend>, crate::backend::BuildError> {
         let cfg = &self.agents[agent];
         if let Some(b) = self.backends.borrow().get(&cfg.name) {
             return Ok(b.clone());
@@ -642,7 +645,7 @@ fn stepped_down(shared: &Shared) -> Vec<(String, crate::model::StructuredOutput)
 }
 
 /// A JSON value shortened for a message.
-pub fn short_json(j: &Json) -> String {
+pub(super) fn short_json(j: &Json) -> String {
     let s = j.to_string();
     if s.len() > 120 {
         let mut cut = 120;
@@ -656,7 +659,7 @@ pub fn short_json(j: &Json) -> String {
 }
 
 /// A stage's timeout (or idle timeout): the stage's own, else its agent's.
-pub fn timeout_of(
+pub(super) fn timeout_of(
     stage: Option<&crate::source::Spanned<crate::model::Dur>>,
     agent: Option<&crate::source::Spanned<crate::model::Dur>>,
     plan: &Plan,

@@ -56,7 +56,7 @@ impl Frame<'_> {
         out
     }
 
-    pub fn child_scope(&self, part: &str) -> String {
+    pub(super) fn child_scope(&self, part: &str) -> String {
         if self.scope.is_empty() {
             part.to_string()
         } else {
@@ -103,7 +103,7 @@ struct StoredAt {
 }
 
 impl View {
-    pub fn new(
+    pub(super) fn new(
         output: &Json,
         state: NodeState,
         feedback: Option<&str>,
@@ -124,13 +124,13 @@ impl View {
     }
 
     /// Tells whether the output is long enough to be left to the store once committed.
-    pub fn is_long(&self) -> bool {
+    pub(super) fn is_long(&self) -> bool {
         matches!(&self.output, Kept::Text(t) if t.len() > KEEP_BYTES)
     }
 
     /// Leaves a long output to the store, where its node (`scope`, `node`) is committed: the
     /// view drops its text and reads it back when asked for.
-    pub fn leave_to_store(
+    pub(super) fn leave_to_store(
         &mut self,
         scope: &str,
         node: &str,
@@ -148,7 +148,7 @@ impl View {
     /// The output. One the store keeps is read back; if that read fails, this is `null`
     /// and the failure is kept by the reader: the run stops at its next commit, and nothing
     /// decided since is committed (see `Shared::flush`).
-    pub fn output(&self) -> Json {
+    pub(super) fn output(&self) -> Json {
         match &self.output {
             Kept::Text(t) => serde_json::from_str(t).unwrap_or(Json::Null),
             Kept::Stored(at) => at.reader.read(&at.scope, &at.node),
@@ -156,7 +156,7 @@ impl View {
     }
 
     /// The output, or the failure to read it back from the store.
-    pub fn try_output(&self) -> Result<Json, crate::store::StoreError> {
+    pub(super) fn try_output(&self) -> Result<Json, crate::store::StoreError> {
         match &self.output {
             Kept::Text(t) => Ok(serde_json::from_str(t).unwrap_or(Json::Null)),
             Kept::Stored(at) => at.reader.try_read(&at.scope, &at.node),
@@ -165,7 +165,7 @@ impl View {
 
     /// `stages.ID` as templates see it: `output`, `status`, `ran`, `feedback`, `attempts`,
     /// `usage`. Made each time a template asks (most stages' views are never asked for).
-    pub fn value(&self) -> Value {
+    pub(super) fn value(&self) -> Value {
         let mut e: BTreeMap<&'static str, Value> = BTreeMap::new();
         e.insert("output", super::context::to_value(&self.output()));
         e.insert("status", Value::from(self.state.as_str()));
@@ -200,7 +200,7 @@ pub(crate) struct Resumed {
 }
 
 impl Resumed {
-    pub fn new(rec: crate::store::NodeRecord) -> Resumed {
+    pub(super) fn new(rec: crate::store::NodeRecord) -> Resumed {
         Resumed {
             output: serde_json::to_string(&rec.output)
                 .unwrap_or_else(|_| String::from("null"))
@@ -215,7 +215,7 @@ impl Resumed {
     }
 
     /// The output.
-    pub fn output(&self) -> Json {
+    pub(super) fn output(&self) -> Json {
         serde_json::from_str(&self.output).unwrap_or(Json::Null)
     }
 }
@@ -226,12 +226,12 @@ impl Resumed {
 pub(crate) struct Outputs(Mutex<BTreeMap<String, View>>);
 
 impl Outputs {
-    pub fn new(map: BTreeMap<String, View>) -> Arc<Outputs> {
+    pub(super) fn new(map: BTreeMap<String, View>) -> Arc<Outputs> {
         Arc::new(Outputs(Mutex::new(map)))
     }
 
     /// The map, to read or change (the lock is never contended: one thread).
-    pub fn borrow(&self) -> MutexGuard<'_, BTreeMap<String, View>> {
+    pub(super) fn borrow(&self) -> MutexGuard<'_, BTreeMap<String, View>> {
         self.0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -239,7 +239,7 @@ impl Outputs {
 
     /// The outputs of the stages that ran (not skipped), by id: what a run or a subflow
     /// gives back.
-    pub fn ran(&self) -> serde_json::Map<String, Json> {
+    pub(super) fn ran(&self) -> serde_json::Map<String, Json> {
         self.borrow()
             .iter()
             .filter(|(_, v)| v.state != NodeState::Skipped)
@@ -248,7 +248,7 @@ impl Outputs {
     }
 
     /// Takes the map, leaving it empty.
-    pub fn take(&self) -> BTreeMap<String, View> {
+    pub(super) fn take(&self) -> BTreeMap<String, View> {
         std::mem::take(&mut *self.borrow())
     }
 }
@@ -283,7 +283,7 @@ pub(crate) struct Settled {
 }
 
 impl Settled {
-    pub fn new(state: NodeState, output: Json, started_at: i64) -> Self {
+    pub(super) fn new(state: NodeState, output: Json, started_at: i64) -> Self {
         Settled {
             state,
             output,
@@ -299,7 +299,12 @@ impl Settled {
     }
 
     /// A failure for reasons outside the work: no feedback, the given action.
-    pub fn error(state: NodeState, message: String, action: Target, started_at: i64) -> Self {
+    pub(super) fn error(
+        state: NodeState,
+        message: String,
+        action: Target,
+        started_at: i64,
+    ) -> Self {
         let mut s = Settled::new(state, Json::Null, started_at);
         s.message = Some(message);
         s.action = Some(action);
@@ -308,39 +313,39 @@ impl Settled {
     }
 
     /// A stage that produced its output.
-    pub fn done(output: Json, started_at: i64) -> Self {
+    pub(super) fn done(output: Json, started_at: i64) -> Self {
         Settled::new(NodeState::Done, output, started_at)
     }
 
     /// A failure that is a verdict on the work: its message is also the feedback the next
     /// iteration gets, and `action` follows.
-    pub fn failed(output: Json, message: String, action: Target, started_at: i64) -> Self {
+    pub(super) fn failed(output: Json, message: String, action: Target, started_at: i64) -> Self {
         Settled::new(NodeState::Failed, output, started_at)
             .with_verdict(message)
             .with_action(action)
     }
 
     /// Takes an action.
-    pub fn with_action(mut self, action: Target) -> Self {
+    pub(super) fn with_action(mut self, action: Target) -> Self {
         self.action = Some(action);
         self
     }
 
     /// Says why, as the message and as the feedback.
-    pub fn with_verdict(mut self, message: String) -> Self {
+    pub(super) fn with_verdict(mut self, message: String) -> Self {
         self.feedback = Some(message.clone());
         self.message = Some(message);
         self
     }
 
     /// Gives the next iteration this feedback.
-    pub fn with_feedback(mut self, feedback: Option<String>) -> Self {
+    pub(super) fn with_feedback(mut self, feedback: Option<String>) -> Self {
         self.feedback = feedback;
         self
     }
 
     /// Counts the attempts and the usage.
-    pub fn spent(mut self, attempts: u32, usage: Usage) -> Self {
+    pub(super) fn spent(mut self, attempts: u32, usage: Usage) -> Self {
         self.attempts = attempts;
         self.usage = usage;
         self

@@ -10,12 +10,12 @@ use crate::backend::CallError;
 
 /// The longest single wait between two tries that the backoff makes (a `Retry-After` the
 /// server sends is honoured as it is).
-pub const MAX_BACKOFF: Duration = Duration::from_secs(900);
+pub(super) const MAX_BACKOFF: Duration = Duration::from_secs(900);
 
 /// The `n`th wait (from 1) of an exponential backoff that starts at `first` and doubles,
 /// never longer than [`MAX_BACKOFF`]: backon's delay iterator, without jitter (a run's waits
 /// are reproducible, and its calls are too few to stampede a server).
-pub fn backoff_delay(first: Duration, n: u32) -> Duration {
+pub(super) fn backoff_delay(first: Duration, n: u32) -> Duration {
     use backon::BackoffBuilder as _;
     backon::ExponentialBuilder::new()
         .with_min_delay(first.min(MAX_BACKOFF))
@@ -30,7 +30,7 @@ pub fn backoff_delay(first: Duration, n: u32) -> Duration {
 
 /// The settings of the policy.
 #[derive(Clone, Debug)]
-pub struct Policy {
+pub(super) struct Policy {
     /// The first delay of the exponential backoff (of transient failures and of rate limits
     /// that do not say how long to wait).
     pub backoff: Duration,
@@ -44,7 +44,7 @@ pub struct Policy {
 
 /// What happened so far in one call.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Tries {
+pub(super) struct Tries {
     /// The agent of the chain being called.
     pub agent: usize,
     /// Transient failures so far.
@@ -57,7 +57,7 @@ pub struct Tries {
 
 /// What to do after a failure.
 #[derive(Debug, PartialEq)]
-pub enum Next {
+pub(super) enum Next {
     /// Call the next agent of the chain (`to`), because of this failure.
     HandOver { to: usize, why: CallError },
     /// Try the same agent again after `wait`.
@@ -75,7 +75,7 @@ pub enum Next {
 }
 
 /// Decides what follows a failed call. `tries` is updated (the agent, the counts).
-pub fn decide(policy: &Policy, tries: &mut Tries, err: CallError) -> Next {
+pub(super) fn decide(policy: &Policy, tries: &mut Tries, err: CallError) -> Next {
     let has_next = tries.agent + 1 < policy.chain;
     match err {
         CallError::Missing { .. } | CallError::Refused { .. } if has_next => {
@@ -148,7 +148,7 @@ pub fn decide(policy: &Policy, tries: &mut Tries, err: CallError) -> Next {
 /// Calls `attempt(agent)` until it succeeds or the policy gives up, sleeping the waits it
 /// decides on; `tell` hears every decision before it is carried out. Returns the result and
 /// the agent of the chain that gave it.
-pub async fn call<T, F, Fut>(
+pub(super) async fn call<T, F, Fut>(
     policy: &Policy,
     mut attempt: F,
     mut tell: impl FnMut(usize, &Next),

@@ -25,7 +25,7 @@ use super::error::WorktreeError;
 use super::worktree::{git, git_with};
 
 /// The namespace of the uncommitted changes' commits on the remote.
-pub const WIP_REFS: &str = "refs/ralph-flow/wip";
+pub(super) const WIP_REFS: &str = "refs/ralph-flow/wip";
 
 /// Who the commits of uncommitted changes are by (a worker may have no git identity), and
 /// when: a fixed date, so that the same changes on the same commit make the same commit
@@ -42,7 +42,7 @@ const IDENTITY: [(&str, &str); 6] = [
 /// What a workspace holds: its branch, the branch's commit, and the commit of what is not
 /// committed (`None` when the tree is clean).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Snapshot {
+pub(super) struct Snapshot {
     pub branch: String,
     pub head: String,
     pub wip: Option<String>,
@@ -50,7 +50,7 @@ pub struct Snapshot {
 
 /// What the remote holds of a branch: its commit and its uncommitted changes' commit.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Remote {
+pub(super) struct Remote {
     pub head: Option<String>,
     pub wip: Option<String>,
 }
@@ -94,7 +94,7 @@ fn checked(url: &str, branch: &str) -> Result<(), PublishError> {
 }
 
 impl Publisher {
-    pub fn new(url: String) -> Publisher {
+    pub(super) fn new(url: String) -> Publisher {
         Publisher {
             url,
             turn: tokio::sync::Mutex::new(()),
@@ -104,12 +104,12 @@ impl Publisher {
     }
 
     /// The repository the run publishes to.
-    pub fn url(&self) -> &str {
+    pub(super) fn url(&self) -> &str {
         &self.url
     }
 
     /// The top of the git worktree `dir` is in (`None`: it is in none).
-    pub async fn top(&self, dir: &Path) -> Option<PathBuf> {
+    pub(super) async fn top(&self, dir: &Path) -> Option<PathBuf> {
         if let Some(t) = self.tops.borrow().get(dir) {
             return t.clone();
         }
@@ -126,7 +126,10 @@ impl Publisher {
 
     /// Publishes the git workspace `dir` is in (nothing when it is in none, or when
     /// nothing changed since the last publish). Returns the workspace's top and branch.
-    pub async fn publish(&self, dir: &Path) -> Result<Option<(PathBuf, String)>, PublishError> {
+    pub(super) async fn publish(
+        &self,
+        dir: &Path,
+    ) -> Result<Option<(PathBuf, String)>, PublishError> {
         let _turn = self.turn.lock().await;
         let Some(top) = self.top(dir).await else {
             return Ok(None);
@@ -176,7 +179,7 @@ impl Publisher {
 
     /// [`restore`]s a worktree of the run on `branch` from the remote, and remembers what
     /// the remote holds.
-    pub async fn restore(&self, dir: &Path, branch: &str) -> Result<bool, PublishError> {
+    pub(super) async fn restore(&self, dir: &Path, branch: &str) -> Result<bool, PublishError> {
         let _turn = self.turn.lock().await;
         let remote = restore(dir, &self.url, branch).await?;
         let found = remote.head.is_some();
@@ -189,7 +192,7 @@ impl Publisher {
 
 /// What the workspace at `top` holds: its branch, HEAD, and a commit of its uncommitted
 /// changes (made with an index of its own: the workspace's index is not touched).
-pub async fn snapshot(top: &Path) -> Result<Snapshot, PublishError> {
+pub(super) async fn snapshot(top: &Path) -> Result<Snapshot, PublishError> {
     let branch = git(top, &["symbolic-ref", "--quiet", "--short", "HEAD"])
         .await
         .map_err(|_| PublishError::Detached(top.to_path_buf()))?
@@ -239,7 +242,7 @@ pub async fn snapshot(top: &Path) -> Result<Snapshot, PublishError> {
 }
 
 /// What the remote at `url` holds of `branch`.
-pub async fn ls_remote(dir: &Path, url: &str, branch: &str) -> Result<Remote, PublishError> {
+pub(super) async fn ls_remote(dir: &Path, url: &str, branch: &str) -> Result<Remote, PublishError> {
     checked(url, branch)?;
     let branch_ref = format!("refs/heads/{branch}");
     let wip_ref = format!("{WIP_REFS}/{branch}");
@@ -265,7 +268,7 @@ pub async fn ls_remote(dir: &Path, url: &str, branch: &str) -> Result<Remote, Pu
 /// changes (the index is the branch's commit; new files are untracked again). Returns what
 /// the remote holds (`head` is `None` when it does not have the branch: then nothing is
 /// touched).
-pub async fn restore(dir: &Path, url: &str, branch: &str) -> Result<Remote, PublishError> {
+pub(super) async fn restore(dir: &Path, url: &str, branch: &str) -> Result<Remote, PublishError> {
     let remote = ls_remote(dir, url, branch).await?;
     tracing::debug!(dir = %dir.display(), branch, ?remote, "restore");
     let Some(head) = &remote.head else {

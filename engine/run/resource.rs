@@ -8,12 +8,12 @@ use tokio::sync::oneshot;
 
 /// A concurrency limit as a tokio semaphore: at least 1, and at most what tokio allows
 /// (`max_concurrency = 9223372036854775807` means no limit, not a panic).
-pub fn limit(n: usize) -> tokio::sync::Semaphore {
+pub(super) fn limit(n: usize) -> tokio::sync::Semaphore {
     tokio::sync::Semaphore::new(n.clamp(1, tokio::sync::Semaphore::MAX_PERMITS))
 }
 
 /// How a waiter ranks: lower sorts first (served first), then first come.
-pub type Rank = (i64, u64);
+pub(super) type Rank = (i64, u64);
 
 #[derive(Debug)]
 struct State {
@@ -24,19 +24,19 @@ struct State {
 
 /// A priority semaphore.
 #[derive(Clone, Debug)]
-pub struct PrioritySemaphore {
+pub(super) struct PrioritySemaphore {
     state: Rc<RefCell<State>>,
 }
 
 /// Holds one unit of a resource until dropped.
 #[derive(Debug)]
-pub struct Permit {
+pub(super) struct Permit {
     state: Rc<RefCell<State>>,
 }
 
 impl PrioritySemaphore {
     /// Creates a semaphore with a capacity.
-    pub fn new(capacity: usize) -> Self {
+    pub(super) fn new(capacity: usize) -> Self {
         PrioritySemaphore {
             state: Rc::new(RefCell::new(State {
                 available: capacity.max(1),
@@ -47,7 +47,7 @@ impl PrioritySemaphore {
     }
 
     /// Waits for a unit; `priority` ranks the waiter (lower is served first).
-    pub async fn acquire(&self, priority: i64) -> Permit {
+    pub(super) async fn acquire(&self, priority: i64) -> Permit {
         let rx = {
             let mut st = self.state.borrow_mut();
             if st.available > 0 && st.waiters.is_empty() {

@@ -96,7 +96,7 @@ impl Exec<'_> {
     /// its successors, and those that reach zero become ready. Ready nodes start in the
     /// body's topological order. So the work per settlement is its out-degree, whatever the
     /// size of the body.
-    pub fn run_body<'s>(&'s self, frame: &'s Frame<'s>) -> LocalBoxFuture<'s, BodyEnd> {
+    pub(super) fn run_body<'s>(&'s self, frame: &'s Frame<'s>) -> LocalBoxFuture<'s, BodyEnd> {
         async move {
             let body = self.plan.body(frame.region);
             let g = &body.graph;
@@ -380,7 +380,7 @@ impl Exec<'_> {
     /// Returns a settled node from an earlier attempt at the run, if there is one. The
     /// record is taken: the node settles from it once, and its view holds it from then on
     /// (a resume of 10,000 settled stages held both).
-    pub fn resumed(&self, frame: &Frame<'_>, n: NodeId) -> Option<Settled> {
+    pub(super) fn resumed(&self, frame: &Frame<'_>, n: NodeId) -> Option<Settled> {
         let mut map = self.shared.resumed.borrow_mut();
         let rec = map.remove(&self.key(frame, n))?;
         // The table gives back its room as it empties (a quarter full: halved).
@@ -392,7 +392,7 @@ impl Exec<'_> {
     }
 
     /// Turns a stored record into a settlement.
-    pub fn settled_from(&self, rec: &super::frame::Resumed) -> Option<Settled> {
+    pub(super) fn settled_from(&self, rec: &super::frame::Resumed) -> Option<Settled> {
         let action = match &rec.action {
             Some(a) => Some(self.parse_action(a)?),
             None => None,

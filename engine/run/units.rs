@@ -35,7 +35,7 @@ use crate::store::{SharedStore, UnitRequest, UnitState};
 
 /// The program of a command or check stage, as a unit asks for it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct CommandWork {
+pub(super) struct CommandWork {
     pub argv: Vec<String>,
     pub env: Vec<(String, String)>,
     pub stdin: Option<String>,
@@ -48,7 +48,7 @@ pub struct CommandWork {
 /// directories (the worker's own). Serialized as `{"agent": ..., "stage": ..., ...}`, the
 /// call's fields beside the agent's name, as stored units hold it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct AgentWork {
+pub(super) struct AgentWork {
     pub agent: String,
     #[serde(flatten)]
     pub call: AgentCall,
@@ -56,7 +56,7 @@ pub struct AgentWork {
 
 /// What a program did, as a unit answers.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct ProgramDone {
+pub(super) struct ProgramDone {
     pub code: Option<i32>,
     pub signal: Option<i32>,
     pub stdout: String,
@@ -70,7 +70,7 @@ pub struct ProgramDone {
 /// What came of a unit.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum UnitResult {
+pub(super) enum UnitResult {
     Program(ProgramDone),
     Agent(Result<AgentReply, CallError>),
     /// The work could not be done there (its workspace, its program could not start).
@@ -86,7 +86,7 @@ pub enum UnitResult {
 }
 
 impl ProgramDone {
-    pub fn of(out: &ProcOutput) -> ProgramDone {
+    pub(super) fn of(out: &ProcOutput) -> ProgramDone {
         ProgramDone {
             code: out.code,
             signal: out.signal,
@@ -105,7 +105,7 @@ impl ProgramDone {
         }
     }
 
-    pub fn output(self) -> ProcOutput {
+    pub(super) fn output(self) -> ProcOutput {
         ProcOutput {
             code: self.code,
             signal: self.signal,
@@ -125,7 +125,7 @@ impl ProgramDone {
 }
 
 impl CommandWork {
-    pub fn of(spec: &ProcSpec) -> CommandWork {
+    pub(super) fn of(spec: &ProcSpec) -> CommandWork {
         CommandWork {
             argv: spec.argv.clone(),
             env: spec.env.clone(),
@@ -140,7 +140,7 @@ impl CommandWork {
 }
 
 impl AgentWork {
-    pub fn of(agent: &str, call: &AgentCall) -> AgentWork {
+    pub(super) fn of(agent: &str, call: &AgentCall) -> AgentWork {
         AgentWork {
             agent: agent.to_string(),
             call: call.clone(),
@@ -148,7 +148,7 @@ impl AgentWork {
     }
 
     /// The call, made in `cwd` with its files in `dir`.
-    pub fn into_call(self, cwd: PathBuf, dir: PathBuf) -> AgentCall {
+    pub(super) fn into_call(self, cwd: PathBuf, dir: PathBuf) -> AgentCall {
         AgentCall {
             cwd,
             dir,
@@ -159,7 +159,7 @@ impl AgentWork {
 
 /// Whether a repository URL can be reached from this machine, as far as can be told
 /// without the network: a `file://` URL or a path must exist here.
-pub fn repository_here(url: &str) -> bool {
+pub(super) fn repository_here(url: &str) -> bool {
     if let Some(path) = url.strip_prefix("file://") {
         return Path::new(path).exists();
     }
@@ -175,7 +175,7 @@ fn ms(d: Duration) -> u64 {
 
 /// Where a unit works.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Place {
+pub(super) enum Place {
     /// A branch of a git repository, and the directory below its top.
     Git {
         url: String,
@@ -187,7 +187,7 @@ pub enum Place {
 }
 
 impl Place {
-    pub fn to_json(&self) -> Json {
+    pub(super) fn to_json(&self) -> Json {
         match self {
             Place::Git {
                 url,
@@ -198,7 +198,7 @@ impl Place {
         }
     }
 
-    pub fn from_json(j: &Json) -> Option<Place> {
+    pub(super) fn from_json(j: &Json) -> Option<Place> {
         if let Some(g) = j.get("git") {
             return Some(Place::Git {
                 url: g.get("url")?.as_str()?.to_string(),
@@ -212,7 +212,7 @@ impl Place {
     /// Whether a worker on this machine can work there: a directory that is here, or a
     /// repository it can reach (one on the file system must be here; a network one is
     /// assumed reachable, and a failed clone fails the unit).
-    pub fn reachable(&self) -> bool {
+    pub(super) fn reachable(&self) -> bool {
         match self {
             Place::Git { url, .. } => repository_here(url),
             Place::Dir(d) => d.is_dir(),
@@ -242,7 +242,7 @@ pub(crate) struct UnitAsk<'a> {
 
 /// Why a unit of work gave no result.
 #[derive(Debug, thiserror::Error)]
-pub enum UnitError {
+pub(super) enum UnitError {
     #[error("cannot publish the workspace {} for another machine: {why}", workspace.display())]
     Publish { workspace: PathBuf, why: String },
     /// The store failed (said as its whole chain, as the stage's error shows it).
@@ -305,7 +305,7 @@ impl Drop for CancelOnDrop<'_> {
 
 impl Units {
     /// Units of `run` through `store` (a handle on the executor's connection).
-    pub fn new(
+    pub(super) fn new(
         store: Box<dyn SharedStore>,
         run: &str,
         holder: &str,
@@ -328,7 +328,7 @@ impl Units {
     /// Withdraws every unit of the run that has not finished (the run was cancelled):
     /// queued ones are cancelled, and the workers that run the others stop them when they
     /// next renew their lease.
-    pub fn cancel_all(&self) {
+    pub(super) fn cancel_all(&self) {
         if let Err(e) = self
             .store
             .borrow_mut()
@@ -345,7 +345,7 @@ impl Units {
     /// Waits for the turn of the git workspace `cwd` is in (none outside git, or without a
     /// publisher): a unit there, or a program the coordinator runs there itself, works
     /// alone, since the workspace is brought up to what each unit left.
-    pub async fn turn(
+    pub(super) async fn turn(
         &self,
         publisher: Option<&super::publish::Publisher>,
         cwd: &Path,
@@ -369,7 +369,7 @@ impl Units {
     }
 
     /// The next call's number in a stage's attempt.
-    pub fn next_call(&self, attempt_key: &str) -> u32 {
+    pub(super) fn next_call(&self, attempt_key: &str) -> u32 {
         let mut calls = self.calls.borrow_mut();
         let n = calls.entry(attempt_key.to_string()).or_insert(0);
         *n += 1;
@@ -377,7 +377,7 @@ impl Units {
     }
 
     /// Has a unit of work done where `ask.cwd` is and returns its result.
-    pub async fn work(&self, ask: UnitAsk<'_>) -> Result<UnitResult, UnitError> {
+    pub(super) async fn work(&self, ask: UnitAsk<'_>) -> Result<UnitResult, UnitError> {
         let UnitAsk {
             publisher,
             cwd,

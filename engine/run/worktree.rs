@@ -95,7 +95,7 @@ async fn repo_lock(repo: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, Work
 
 /// Who left a worktree that has a branch checked out, as the [`Claim`] found it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Leftover {
+pub(super) struct Leftover {
     /// The run that made it.
     pub run: String,
     /// That run can still be resumed (it was stopped before its end): the message for changes
@@ -106,7 +106,7 @@ pub struct Leftover {
 }
 
 /// Decides whether a worktree that has the branch another worktree needs may be taken.
-pub trait Claim {
+pub(super) trait Claim {
     /// Who left the worktree at `path`, when it may be taken (it is in the state directory,
     /// left by another run that is not running and will not go on by itself), else why not.
     /// [`ensure`] then checks that it has no changes but those its run recorded leaving
@@ -117,7 +117,7 @@ pub trait Claim {
 /// What a worktree holds beside its commits, to tell whether anyone changed it since a run
 /// left it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WorkState {
+pub(super) struct WorkState {
     /// Nothing differs from HEAD: no change to a tracked file, staged or not, and no new file
     /// (files git ignores do not count).
     pub clean: bool,
@@ -131,7 +131,7 @@ pub struct WorkState {
 /// index starts as a copy of the worktree's own, its time kept, so that git hashes only the
 /// files whose stat data changed (an index made from HEAD has none: every file would be
 /// hashed, under the repository's worktree lock).
-pub async fn state(dir: &Path) -> Result<WorkState, WorktreeError> {
+pub(super) async fn state(dir: &Path) -> Result<WorkState, WorktreeError> {
     use sha2::{Digest, Sha256};
     use std::sync::atomic::{AtomicU64, Ordering};
     let quiet: [(&str, &std::ffi::OsStr); 1] = [("GIT_OPTIONAL_LOCKS", std::ffi::OsStr::new("0"))];
@@ -289,7 +289,7 @@ async fn may_take(
 /// When the branch is checked out in another worktree that `claim` lets it take (and that
 /// holds no change but those its run left there), that worktree is moved to `path`: its
 /// path before, and who left it, are returned.
-pub async fn ensure(
+pub(super) async fn ensure(
     repo: &Path,
     path: &Path,
     branch: &str,
@@ -393,7 +393,7 @@ pub async fn ensure(
 }
 
 /// Removes a worktree (the branch stays).
-pub async fn remove(repo: &Path, path: &Path) -> Result<(), WorktreeError> {
+pub(super) async fn remove(repo: &Path, path: &Path) -> Result<(), WorktreeError> {
     if !path.exists() {
         return Ok(());
     }

@@ -25,7 +25,7 @@ struct Span {
 
 /// The stages on a time axis: each settled stage from its start to its end, each running
 /// attempt to now.
-pub fn timeline(run: &RunDetail) -> String {
+pub(super) fn timeline(run: &RunDetail) -> String {
     let mut spans: Vec<Span> = run
         .nodes
         .iter()
@@ -108,7 +108,7 @@ fn shorten(s: &str, n: usize) -> String {
 /// Tokens (input and output) and cost per stage, as bars, and tokens over time, as a line.
 /// A stage whose calls reported no usage shows `unknown` and no bar; counts that leave out
 /// calls which reported none are shown as lower bounds (`≥`).
-pub fn usage(run: &RunDetail) -> String {
+pub(super) fn usage(run: &RunDetail) -> String {
     let mut per_stage: BTreeMap<&str, Usage> = BTreeMap::new();
     for a in &run.attempts {
         per_stage.entry(&a.node).or_default().add(&a.usage);

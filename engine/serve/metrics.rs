@@ -22,7 +22,7 @@ fn label(v: &str) -> String {
 }
 
 /// The metrics text of a store.
-pub fn text(store: &mut dyn Store) -> Result<String, StoreError> {
+pub(super) fn text(store: &mut dyn Store) -> Result<String, StoreError> {
     let mut runs: BTreeMap<&'static str, u64> = [
         "queued",
         "running",

@@ -15,7 +15,7 @@ use crate::text::duration_ms;
 
 /// One run, as the runs page and `/api/runs` show it.
 #[derive(Clone, Debug, Serialize)]
-pub struct RunSummary {
+pub(super) struct RunSummary {
     pub id: String,
     pub workflow: String,
     pub file: String,
@@ -53,7 +53,7 @@ pub struct RunSummary {
 /// `unknown`), `usage_unknown_calls` (how many calls reported no usage), `usage_note` (`3
 /// calls reported no usage`, when some did) and `cost` ([`cost_text`]).
 #[derive(Clone, Debug, Default)]
-pub struct RunUsage(pub Usage);
+pub(super) struct RunUsage(pub Usage);
 
 impl Serialize for RunUsage {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -73,7 +73,7 @@ impl Serialize for RunUsage {
 
 /// Everything about one run that the run page shows.
 #[derive(Clone, Debug, Serialize)]
-pub struct RunDetail {
+pub(super) struct RunDetail {
     pub summary: RunSummary,
     pub record: RunRecord,
     /// Settled nodes, without the executor's own decisions (`@...`).
@@ -87,7 +87,7 @@ pub struct RunDetail {
 
 /// A gate that waits, as a page shows it.
 #[derive(Clone, Debug, Serialize)]
-pub struct GateView {
+pub(super) struct GateView {
     /// `SCOPE/GATE`, as `approve` takes it.
     pub name: String,
     pub gate: String,
@@ -123,7 +123,7 @@ fn tone(state: &str, exit_code: Option<i64>) -> &'static str {
 /// its holder is provably gone from this host (its pid free, a zombie or another process: a
 /// `kill -9`, a crash; a clean exit changes the status first). No holder yet means the run
 /// is starting; a holder with a live lease that is not provably gone counts as alive.
-pub fn orphaned(store: &dyn Store, run: &RunRecord) -> Result<bool, StoreError> {
+pub(super) fn orphaned(store: &dyn Store, run: &RunRecord) -> Result<bool, StoreError> {
     if run.status != RunStatus::Running {
         return Ok(false);
     }
@@ -134,7 +134,7 @@ pub fn orphaned(store: &dyn Store, run: &RunRecord) -> Result<bool, StoreError> 
 }
 
 /// Summarises a run from what the store holds of it; `orphaned` from [`orphaned`].
-pub fn summary(
+pub(super) fn summary(
     run: &RunRecord,
     nodes: &[NodeRecord],
     attempts: &[AttemptRecord],
@@ -221,7 +221,7 @@ pub fn summary(
 
 /// An attempt's usage in words: `12 tokens in, 3 out`; `usage unknown: the agent reported
 /// none`; a lower bound said as such (`≥ 12 tokens in, 3 out (1 call reported no usage)`).
-pub fn attempt_usage_text(u: &Usage) -> String {
+pub(super) fn attempt_usage_text(u: &Usage) -> String {
     let known = u
         .known()
         .map(|_| format!("{} tokens in, {} out", u.input_tokens, u.output_tokens));
@@ -233,7 +233,7 @@ pub fn attempt_usage_text(u: &Usage) -> String {
 }
 
 /// `$0.0123`, or `—` when no backend reported a cost.
-pub fn cost_text(cost: Option<f64>) -> String {
+pub(super) fn cost_text(cost: Option<f64>) -> String {
     match cost {
         Some(c) => format!("${c:.4}"),
         None => "—".into(),
@@ -241,7 +241,7 @@ pub fn cost_text(cost: Option<f64>) -> String {
 }
 
 /// `SCOPE/STAGE`, or the stage at the top level.
-pub fn qualified(scope: &str, node: &str) -> String {
+pub(super) fn qualified(scope: &str, node: &str) -> String {
     if scope.is_empty() {
         node.to_string()
     } else {
@@ -250,7 +250,7 @@ pub fn qualified(scope: &str, node: &str) -> String {
 }
 
 /// Every run, newest first, summarised.
-pub fn runs(store: &mut dyn Store) -> Result<Vec<RunSummary>, StoreError> {
+pub(super) fn runs(store: &mut dyn Store) -> Result<Vec<RunSummary>, StoreError> {
     let mut out = Vec::new();
     for run in store.runs(10_000)? {
         let nodes = store.nodes(&run.id)?;
@@ -286,7 +286,7 @@ fn placed(
 }
 
 /// One run with everything its page shows; `None` when there is no such run.
-pub fn run(store: &mut dyn Store, id: &str) -> Result<Option<RunDetail>, StoreError> {
+pub(super) fn run(store: &mut dyn Store, id: &str) -> Result<Option<RunDetail>, StoreError> {
     let Some(record) = store.run(id)? else {
         return Ok(None);
     };
@@ -335,7 +335,7 @@ fn scope_segments(scope: &str) -> impl Iterator<Item = (&str, &str)> {
 /// times (in loop iterations, fan-out items) takes the state of its latest record, unless one
 /// of its attempts runs or its gate waits now. A region (loop, for_each, group) is running
 /// while anything inside it runs.
-pub fn live_states(
+pub(super) fn live_states(
     run: &RunRecord,
     orphaned: bool,
     nodes: &[NodeRecord],
@@ -443,7 +443,7 @@ pub fn live_states(
 
 /// One attempt of a stage, with what it wrote.
 #[derive(Clone, Debug, Serialize)]
-pub struct AttemptView {
+pub(super) struct AttemptView {
     pub record: AttemptRecord,
     /// Its usage in words ([`attempt_usage_text`]).
     pub usage: String,
@@ -475,7 +475,7 @@ fn file_rank(name: &str) -> (usize, String) {
 
 /// A text an attempt wrote (a record of `artifacts.jsonl` or a file of its directory).
 #[derive(Clone, Debug, Serialize)]
-pub struct FileView {
+pub(super) struct FileView {
     pub name: String,
     pub text: String,
     pub lines: usize,
@@ -489,7 +489,7 @@ pub struct FileView {
 
 /// One place a stage ran (a scope), with its attempts and how it settled.
 #[derive(Clone, Debug, Serialize)]
-pub struct Instance {
+pub(super) struct Instance {
     pub scope: String,
     pub settled: Option<NodeRecord>,
     pub output: Option<String>,
@@ -514,7 +514,7 @@ fn file_view(name: &str, text: &str) -> FileView {
 
 /// The instances of stage `node` in a run, with each attempt's texts, and diffs between
 /// consecutive attempts of the same instance.
-pub fn stage(
+pub(super) fn stage(
     store: &mut dyn Store,
     run: &RunRecord,
     node: &str,
@@ -650,7 +650,7 @@ pub fn stage(
 }
 
 /// A line diff, as unified diff lines with three lines of context.
-pub fn diff_lines(old: &str, new: &str) -> Vec<(char, String)> {
+pub(super) fn diff_lines(old: &str, new: &str) -> Vec<(char, String)> {
     let diff = similar::TextDiff::from_lines(old, new);
     let mut out = Vec::new();
     for group in diff.grouped_ops(3) {

@@ -44,7 +44,7 @@ const CHROMIUM_FLAGS: &[&str] = &[
 
 /// The window's outer size, as the flag above sets it. Headless Chromium still takes room for
 /// its (invisible) tabs and toolbar from it: the page's viewport is 1280x757 (Chromium 156).
-pub const WINDOW: (u32, u32) = (1280, 900);
+pub(crate) const WINDOW: (u32, u32) = (1280, 900);
 
 /// How long chromedriver may take to answer `/status` after it was spawned.
 const DRIVER_READY: Duration = Duration::from_secs(20);
@@ -57,7 +57,7 @@ const REQUIRE: &str = "RALPH_FLOW_REQUIRE_BROWSER";
 
 /// A headless Chromium behind its own chromedriver, for one test. Dropping it ends the WebDriver
 /// session (which quits the browser), kills chromedriver and removes the temporary profile.
-pub struct Browser {
+pub(crate) struct Browser {
     client: Client,
     session_id: String,
     /// The browser's own process, as chromedriver reported it (killed if the session's end fails).
@@ -243,16 +243,16 @@ async fn spawn_driver(chromedriver: &Path) -> Option<Driver> {
 /// What [`Browser::wait_until`] polls: a closure that returns `bool` (`|| flag.load(..)`), or an
 /// async one whose future does (`async || browser.exists("#done").await`). `M` only tells the
 /// two apart ([`PlainClosure`] or [`AsyncClosure`]); callers never name it.
-pub trait Condition<M> {
+pub(crate) trait Condition<M> {
     /// Evaluates the condition once.
     fn check(&mut self) -> impl Future<Output = bool>;
 }
 
 /// Marks a [`Condition`] that is a plain closure returning `bool`.
-pub enum PlainClosure {}
+pub(crate) enum PlainClosure {}
 
 /// Marks a [`Condition`] that is an async closure returning `bool`.
-pub enum AsyncClosure {}
+pub(crate) enum AsyncClosure {}
 
 impl<F: FnMut() -> bool> Condition<PlainClosure> for F {
     fn check(&mut self) -> impl Future<Output = bool> {
@@ -271,7 +271,7 @@ impl Browser {
     /// (the flags above, a new empty profile, a 1280x900 window). `None`, after printing
     /// `SKIPPED: ...` to stderr, when chromedriver or Chromium is not installed; panics instead
     /// under `RALPH_FLOW_REQUIRE_BROWSER=1`, and always when they are there but fail to start.
-    pub async fn start() -> Option<Browser> {
+    pub(crate) async fn start() -> Option<Browser> {
         let Some(chromedriver) = on_path(&["chromedriver"]) else {
             return skip("no chromedriver on PATH");
         };
@@ -332,12 +332,12 @@ impl Browser {
     }
 
     /// The fantoccini client, for anything the helpers here do not cover.
-    pub fn client(&self) -> &Client {
+    pub(crate) fn client(&self) -> &Client {
         &self.client
     }
 
     /// Opens `url` and waits for its load event.
-    pub async fn goto(&self, url: &str) {
+    pub(crate) async fn goto(&self, url: &str) {
         self.client
             .goto(url)
             .await
@@ -345,7 +345,7 @@ impl Browser {
     }
 
     /// The address of the page shown now.
-    pub async fn current_url(&self) -> String {
+    pub(crate) async fn current_url(&self) -> String {
         self.client
             .current_url()
             .await
@@ -388,20 +388,20 @@ impl Browser {
     }
 
     /// The visible text of the first element that `css` matches (panics when none does).
-    pub async fn text(&self, css: &str) -> String {
+    pub(crate) async fn text(&self, css: &str) -> String {
         self.on_element(css, "no text for", async |e| e.text().await)
             .await
     }
 
     /// Clicks the first element that `css` matches (panics when none does or it is not
     /// clickable, e.g. hidden or covered).
-    pub async fn click(&self, css: &str) {
+    pub(crate) async fn click(&self, css: &str) {
         self.on_element(css, "cannot click", async |e| e.click().await)
             .await;
     }
 
     /// Clears the first input or textarea that `css` matches and types `text` into it.
-    pub async fn fill(&self, css: &str, text: &str) {
+    pub(crate) async fn fill(&self, css: &str, text: &str) {
         self.on_element(css, "cannot type into", async |e| {
             e.clear().await?;
             e.send_keys(text).await
@@ -410,7 +410,7 @@ impl Browser {
     }
 
     /// The attribute `name` of the first element that `css` matches; `None` when it has none.
-    pub async fn attr(&self, css: &str, name: &str) -> Option<String> {
+    pub(crate) async fn attr(&self, css: &str, name: &str) -> Option<String> {
         self.on_element(css, &format!("cannot read `{name}` of"), async |e| {
             e.attr(name).await
         })
@@ -418,7 +418,7 @@ impl Browser {
     }
 
     /// Whether any element matches `css` now (no waiting).
-    pub async fn exists(&self, css: &str) -> bool {
+    pub(crate) async fn exists(&self, css: &str) -> bool {
         !self
             .client
             .find_all(Locator::Css(css))
@@ -429,7 +429,7 @@ impl Browser {
 
     /// Runs `js` as a function body in the page (`arguments[0]` .. are `args`) and gives back
     /// what it returns, as JSON.
-    pub async fn execute(&self, js: &str, args: Vec<Value>) -> Value {
+    pub(crate) async fn execute(&self, js: &str, args: Vec<Value>) -> Value {
         self.client
             .execute(js, args)
             .await
@@ -437,7 +437,7 @@ impl Browser {
     }
 
     /// Writes a PNG screenshot of the window to `path`.
-    pub async fn screenshot_png(&self, path: impl AsRef<Path>) {
+    pub(crate) async fn screenshot_png(&self, path: impl AsRef<Path>) {
         let path = path.as_ref();
         let png = self
             .client
@@ -451,7 +451,7 @@ impl Browser {
     /// Polls `condition` every 100 ms until it holds. On `timeout`, panics with `desc`, the
     /// page's URL and the start of its text. `condition` is a closure returning `bool` or an
     /// async closure (`async || browser.exists("#x").await`).
-    pub async fn wait_until<M>(
+    pub(crate) async fn wait_until<M>(
         &self,
         desc: &str,
         timeout: Duration,
@@ -473,7 +473,7 @@ impl Browser {
     }
 
     /// Waits until the first element that `css` matches contains `needle` in its visible text.
-    pub async fn wait_for_text(&self, css: &str, needle: &str, timeout: Duration) {
+    pub(crate) async fn wait_for_text(&self, css: &str, needle: &str, timeout: Duration) {
         let desc = format!("`{css}` shows {needle:?}");
         self.wait_until(&desc, timeout, async || {
             let Ok(element) = self.client.find(Locator::Css(css)).await else {

@@ -11,7 +11,7 @@ use ralph_flow::store::sqlite::{SqliteStore, default_path};
 
 /// The shipped Wiggum review preset, replayed offline on the demo (the README's main job):
 /// the arguments of `ralph-flow run` in a checkout made by `demo_checkout`/`checkout_with`.
-pub const WIGGUM_REPLAY: [&str; 8] = [
+pub(crate) const WIGGUM_REPLAY: [&str; 8] = [
     "workflows/wiggum-review.toml",
     "--replay",
     "examples/wiggum-review.replay.jsonl",
@@ -22,12 +22,12 @@ pub const WIGGUM_REPLAY: [&str; 8] = [
     "--json",
 ];
 
-pub struct Project {
+pub(crate) struct Project {
     dir: tempfile::TempDir,
 }
 
 /// What a run printed and how it ended.
-pub struct Out {
+pub(crate) struct Out {
     pub code: i32,
     pub stdout: String,
     pub stderr: String,
@@ -38,7 +38,7 @@ pub struct Out {
 impl Out {
     /// What a finished process left: its exit code (-1 when a signal ended it), its output,
     /// and its stdout as JSON when it is JSON.
-    pub fn of(out: &std::process::Output) -> Out {
+    pub(crate) fn of(out: &std::process::Output) -> Out {
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         Out {
             code: out.status.code().unwrap_or(-1),
@@ -49,7 +49,7 @@ impl Out {
     }
 }
 
-pub fn fakes() -> PathBuf {
+pub(crate) fn fakes() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fakes")
 }
 
@@ -58,7 +58,7 @@ pub fn fakes() -> PathBuf {
 /// per test process, under a file lock shared by the test processes. Quick when installed.
 /// An error (no node or npm, no registry) is reported once on stderr; the fakes then refuse
 /// to decide a schema (exit 2) instead of accepting it.
-pub fn node_deps() -> Result<(), String> {
+pub(crate) fn node_deps() -> Result<(), String> {
     static DONE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
     DONE.get_or_init(|| {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -105,7 +105,7 @@ fn path_env() -> String {
 }
 
 /// Tells whether a process is alive (a zombie counts as dead).
-pub fn alive(pid: i32) -> bool {
+pub(crate) fn alive(pid: i32) -> bool {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     if stat.is_empty() {
         return false;
@@ -119,17 +119,17 @@ pub fn alive(pid: i32) -> bool {
 }
 
 impl Project {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("answers")).unwrap();
         Project { dir }
     }
 
-    pub fn dir(&self) -> &Path {
+    pub(crate) fn dir(&self) -> &Path {
         self.dir.path()
     }
 
-    pub fn write(&self, rel: &str, text: &str) {
+    pub(crate) fn write(&self, rel: &str, text: &str) {
         let p = self.dir().join(rel);
         if let Some(parent) = p.parent() {
             std::fs::create_dir_all(parent).unwrap();
@@ -137,33 +137,33 @@ impl Project {
         std::fs::write(p, text).unwrap();
     }
 
-    pub fn read(&self, rel: &str) -> String {
+    pub(crate) fn read(&self, rel: &str) -> String {
         std::fs::read_to_string(self.dir().join(rel)).unwrap_or_default()
     }
 
-    pub fn workflow(&self, rel: &str, text: &str) {
+    pub(crate) fn workflow(&self, rel: &str, text: &str) {
         self.write(rel, text);
     }
 
     /// Prepares the n-th answer of a scripted stage.
-    pub fn answer(&self, stage: &str, n: u32, text: &str) {
+    pub(crate) fn answer(&self, stage: &str, n: u32, text: &str) {
         self.write(&format!("answers/{stage}/{n}"), text);
     }
 
     /// Returns the prompt of the n-th call of a scripted stage.
-    pub fn prompt(&self, stage: &str, n: u32) -> String {
+    pub(crate) fn prompt(&self, stage: &str, n: u32) -> String {
         self.read(&format!("answers/.prompt-{stage}-{n}"))
     }
 
     /// Counts the calls of a scripted stage.
-    pub fn calls(&self, stage: &str) -> usize {
+    pub(crate) fn calls(&self, stage: &str) -> usize {
         self.read("answers/.calls")
             .lines()
             .filter(|l| l.split_whitespace().next() == Some(stage))
             .count()
     }
 
-    pub fn probe_log(&self) -> String {
+    pub(crate) fn probe_log(&self) -> String {
         self.read("probe.log")
     }
 
@@ -183,13 +183,13 @@ impl Project {
     }
 
     /// Runs ralph-flow to its end.
-    pub fn run(&self, args: &[&str]) -> Out {
+    pub(crate) fn run(&self, args: &[&str]) -> Out {
         let out = self.command(args).output().unwrap();
         Out::of(&out)
     }
 
     /// Runs ralph-flow to its end with extra environment variables.
-    pub fn run_env(&self, args: &[&str], env: &[(&str, &str)]) -> Out {
+    pub(crate) fn run_env(&self, args: &[&str], env: &[(&str, &str)]) -> Out {
         let mut c = self.command(args);
         for (k, v) in env {
             c.env(k, v);
@@ -199,7 +199,7 @@ impl Project {
     }
 
     /// Starts ralph-flow in the background.
-    pub fn spawn(&self, args: &[&str]) -> Running {
+    pub(crate) fn spawn(&self, args: &[&str]) -> Running {
         let child = self
             .command(args)
             .stdout(Stdio::piped())
@@ -210,7 +210,7 @@ impl Project {
     }
 
     /// Starts ralph-flow in the background with extra environment variables.
-    pub fn spawn_env(&self, args: &[&str], env: &[(&str, &str)]) -> Running {
+    pub(crate) fn spawn_env(&self, args: &[&str], env: &[(&str, &str)]) -> Running {
         let mut c = self.command(args);
         for (k, v) in env {
             c.env(k, v);
@@ -224,7 +224,7 @@ impl Project {
     }
 
     /// Waits (up to 30 s) until a condition holds.
-    pub fn wait_for(&self, mut f: impl FnMut() -> bool) {
+    pub(crate) fn wait_for(&self, mut f: impl FnMut() -> bool) {
         let t = Instant::now();
         while !f() {
             assert!(t.elapsed() < Duration::from_secs(30), "timed out waiting");
@@ -232,13 +232,13 @@ impl Project {
         }
     }
 
-    pub fn store(&self) -> Option<SqliteStore> {
+    pub(crate) fn store(&self) -> Option<SqliteStore> {
         let path = default_path(&self.dir().join(".ralph-flow"));
         path.exists().then(|| SqliteStore::open(&path).unwrap())
     }
 
     /// Waits for the first run to exist and returns its id.
-    pub fn wait_for_run(&self) -> String {
+    pub(crate) fn wait_for_run(&self) -> String {
         let mut id = String::new();
         self.wait_for(|| {
             if let Some(s) = self.store() {
@@ -253,7 +253,7 @@ impl Project {
     }
 
     /// Everything the store holds, as text, for assertions.
-    pub fn store_text(&self) -> String {
+    pub(crate) fn store_text(&self) -> String {
         let Some(s) = self.store() else {
             return String::new();
         };
@@ -267,7 +267,7 @@ impl Project {
         out
     }
 
-    pub fn git_init(&self) {
+    pub(crate) fn git_init(&self) {
         self.git(&["init", "-q", "-b", "main"]);
         self.git(&["config", "user.email", "t@example.com"]);
         self.git(&["config", "user.name", "t"]);
@@ -276,7 +276,7 @@ impl Project {
         self.git(&["commit", "-qm", "init"]);
     }
 
-    pub fn git(&self, args: &[&str]) -> String {
+    pub(crate) fn git(&self, args: &[&str]) -> String {
         let out = Command::new("git")
             .args(args)
             .current_dir(self.dir())
@@ -289,7 +289,7 @@ impl Project {
 /// Starts a local HTTP server (wiremock) on a thread of its own, answering every POST with
 /// `responder`, and returns its base URI. Runs of ralph-flow block the test's thread, so the
 /// server needs its own runtime; it lives until the test process ends.
-pub fn serve_posts(responder: impl wiremock::Respond + 'static) -> String {
+pub(crate) fn serve_posts(responder: impl wiremock::Respond + 'static) -> String {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -310,27 +310,27 @@ pub fn serve_posts(responder: impl wiremock::Respond + 'static) -> String {
 }
 
 /// A ralph-flow process running in the background.
-pub struct Running {
+pub(crate) struct Running {
     child: Child,
 }
 
 impl Running {
-    pub fn pid(&self) -> i32 {
+    pub(crate) fn pid(&self) -> i32 {
         i32::try_from(self.child.id()).unwrap()
     }
 
-    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+    pub(crate) fn signal(&self, sig: nix::sys::signal::Signal) {
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), sig).unwrap();
     }
 
-    pub fn finish(self) -> Out {
+    pub(crate) fn finish(self) -> Out {
         let out = self.child.wait_with_output().unwrap();
         Out::of(&out)
     }
 }
 
 /// Copies a directory tree.
-pub fn copy_dir(from: &Path, to: &Path) {
+pub(crate) fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for e in std::fs::read_dir(from).unwrap().flatten() {
         let p = e.path();
@@ -344,7 +344,7 @@ pub fn copy_dir(from: &Path, to: &Path) {
 }
 
 /// Makes `dir` a git repository (branch `main`) whose one commit holds everything in it.
-pub fn commit_all(dir: &Path) {
+pub(crate) fn commit_all(dir: &Path) {
     for args in [
         &["init", "-q", "-b", "main"][..],
         &["add", "-A"],
@@ -371,12 +371,12 @@ pub fn commit_all(dir: &Path) {
 
 /// A clean git checkout of what the README's demo needs: the presets, their prompts and
 /// schemas, and the examples (`.ralph-flow/` ignored).
-pub fn demo_checkout() -> tempfile::TempDir {
+pub(crate) fn demo_checkout() -> tempfile::TempDir {
     checkout_with(&[])
 }
 
 /// [`demo_checkout`] with more files (path, text), committed with the rest.
-pub fn checkout_with(files: &[(&str, &str)]) -> tempfile::TempDir {
+pub(crate) fn checkout_with(files: &[(&str, &str)]) -> tempfile::TempDir {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = tempfile::tempdir().unwrap();
     for d in ["workflows", "prompts", "schemas", "examples"] {
@@ -397,7 +397,7 @@ pub fn checkout_with(files: &[(&str, &str)]) -> tempfile::TempDir {
 /// `c` under the shell's `ulimit` arguments (`-n 32`, `-f 4096`): the same program, arguments,
 /// environment and directory, started by `sh -c 'ulimit ...; exec ...'`, so that a limit of
 /// the machine is met for real (the shell exits 99 when it cannot set the limit).
-pub fn under_ulimit(ulimit: &str, c: &Command) -> Command {
+pub(crate) fn under_ulimit(ulimit: &str, c: &Command) -> Command {
     let mut sh = Command::new("sh");
     sh.arg("-c")
         .arg(format!("ulimit {ulimit} || exit 99; exec \"$0\" \"$@\""))
@@ -418,13 +418,13 @@ pub fn under_ulimit(ulimit: &str, c: &Command) -> Command {
 impl Project {
     /// Runs ralph-flow to its end under the shell's `ulimit` arguments (see
     /// [`under_ulimit`]).
-    pub fn run_limited(&self, ulimit: &str, args: &[&str]) -> Out {
+    pub(crate) fn run_limited(&self, ulimit: &str, args: &[&str]) -> Out {
         let out = under_ulimit(ulimit, &self.command(args)).output().unwrap();
         Out::of(&out)
     }
 
     /// The newest run of the project's store: its id and status.
-    pub fn last_run(&self) -> (String, ralph_flow::store::RunStatus) {
+    pub(crate) fn last_run(&self) -> (String, ralph_flow::store::RunStatus) {
         let store = self.store().expect("a store");
         let run = store.runs(1).unwrap().into_iter().next().expect("a run");
         (run.id, run.status)
@@ -432,7 +432,7 @@ impl Project {
 }
 
 /// What [`damage_root_page`] overwrites of a page.
-pub enum Damage {
+pub(crate) enum Damage {
     /// Its header: `PRAGMA quick_check` itself then fails ("database disk image is
     /// malformed") instead of listing what it found.
     Header,
@@ -442,7 +442,7 @@ pub enum Damage {
 
 /// Damages a SQLite store as a failing disk would: its log brought into the file (as a
 /// checkpoint would), then the root page of the table or index `name` overwritten (0xA5).
-pub fn damage_root_page(db: &Path, name: &str, damage: Damage) {
+pub(crate) fn damage_root_page(db: &Path, name: &str, damage: Damage) {
     let (page_size, root) = {
         let conn = rusqlite::Connection::open(db).unwrap();
         conn.pragma_update(None, "wal_checkpoint", "TRUNCATE")

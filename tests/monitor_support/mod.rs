@@ -9,16 +9,16 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A checkout of the presets with the demo, the recordings and the files SPIDER reads.
-pub struct Checkout {
+pub(crate) struct Checkout {
     pub dir: tempfile::TempDir,
 }
 
-pub fn bin() -> &'static str {
+pub(crate) fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_ralph-flow")
 }
 
 impl Checkout {
-    pub fn new() -> Checkout {
+    pub(crate) fn new() -> Checkout {
         Checkout {
             dir: crate::common::checkout_with(&[
                 ("BRIEF.md", "A CLI that counts words in its input.\n"),
@@ -28,11 +28,11 @@ impl Checkout {
         }
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         self.dir.path()
     }
 
-    pub fn command(&self, args: &[&str]) -> Command {
+    pub(crate) fn command(&self, args: &[&str]) -> Command {
         let mut c = Command::new(bin());
         c.args(args)
             .current_dir(self.path())
@@ -42,7 +42,7 @@ impl Checkout {
     }
 
     /// Runs ralph-flow to its end: (exit code, stdout, stderr).
-    pub fn run(&self, args: &[&str]) -> (i32, String, String) {
+    pub(crate) fn run(&self, args: &[&str]) -> (i32, String, String) {
         let out = self.command(args).output().unwrap();
         (
             out.status.code().unwrap_or(-1),
@@ -52,12 +52,12 @@ impl Checkout {
     }
 
     /// The shipped Wiggum review preset, replayed to its end; returns the run id.
-    pub fn wiggum(&self) -> String {
+    pub(crate) fn wiggum(&self) -> String {
         self.wiggum_with(&[])
     }
 
     /// [`Checkout::wiggum`] with more arguments (`--store URL`).
-    pub fn wiggum_with(&self, more: &[&str]) -> String {
+    pub(crate) fn wiggum_with(&self, more: &[&str]) -> String {
         let mut args = vec!["run"];
         args.extend(crate::common::WIGGUM_REPLAY);
         args.extend(more);
@@ -68,7 +68,7 @@ impl Checkout {
     }
 
     /// The arguments of the SPIDER preset replayed from its recording.
-    pub fn spider_args(extra: &[&'static str]) -> Vec<&'static str> {
+    pub(crate) fn spider_args(extra: &[&'static str]) -> Vec<&'static str> {
         let mut args = vec![
             "run",
             "workflows/spider.toml",
@@ -84,12 +84,12 @@ impl Checkout {
     }
 
     /// The newest run's id, once there is one.
-    pub fn newest_run(&self) -> String {
+    pub(crate) fn newest_run(&self) -> String {
         self.new_run(&[])
     }
 
     /// The id of a run that is not one of `known`, once there is one.
-    pub fn new_run(&self, known: &[&str]) -> String {
+    pub(crate) fn new_run(&self, known: &[&str]) -> String {
         let t = Instant::now();
         loop {
             let (_, out, _) = self.run(&["runs", "--json"]);
@@ -109,7 +109,7 @@ impl Checkout {
 }
 
 /// A running `ralph-flow serve`, stopped on drop.
-pub struct Server {
+pub(crate) struct Server {
     child: Child,
     /// `http://127.0.0.1:PORT`
     pub base: String,
@@ -120,7 +120,7 @@ pub struct Server {
 
 impl Server {
     /// Serves the checkout's state directory on a free port.
-    pub fn start(dir: &Path, env: &[(&str, &str)]) -> Server {
+    pub(crate) fn start(dir: &Path, env: &[(&str, &str)]) -> Server {
         let mut c = Command::new(bin());
         c.args(["serve", "--addr", "127.0.0.1:0", "--poll", "100ms"])
             .current_dir(dir)
@@ -153,7 +153,13 @@ impl Server {
     }
 
     /// A request: (status, headers in lower case, body).
-    pub fn request(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Reply {
+    pub(crate) fn request(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Reply {
         let mut s = TcpStream::connect(self.addr()).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
         let mut req = format!(
@@ -195,7 +201,7 @@ impl Server {
 
     /// Opens a stream (server-sent events) with the bearer token and reads its lines until
     /// `until` holds for one of them (panics after 30 s); returns the lines read.
-    pub fn stream_until(
+    pub(crate) fn stream_until(
         &self,
         path: &str,
         mut started: impl FnMut(),
@@ -240,18 +246,18 @@ impl Server {
     }
 
     /// A GET with the bearer token.
-    pub fn get(&self, path: &str) -> Reply {
+    pub(crate) fn get(&self, path: &str) -> Reply {
         let auth = format!("Bearer {}", self.token);
         self.request("GET", path, &[("Authorization", &auth)], "")
     }
 
     /// A GET as the browser sends it after the first visit (the cookie).
-    pub fn get_with_cookie(&self, path: &str) -> Reply {
+    pub(crate) fn get_with_cookie(&self, path: &str) -> Reply {
         let cookie = format!("ralph_flow_token={}", self.token);
         self.request("GET", path, &[("Cookie", &cookie)], "")
     }
 
-    pub fn json(&self, path: &str) -> serde_json::Value {
+    pub(crate) fn json(&self, path: &str) -> serde_json::Value {
         let r = self.get(path);
         assert_eq!(r.status, 200, "{path}: {}", r.body);
         serde_json::from_str(&r.body).unwrap_or_else(|e| panic!("{path}: {e}: {}", r.body))
@@ -282,14 +288,14 @@ impl Drop for Server {
 }
 
 /// An HTTP reply.
-pub struct Reply {
+pub(crate) struct Reply {
     pub status: u16,
     pub headers: Vec<(String, String)>,
     pub body: String,
 }
 
 impl Reply {
-    pub fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
             .find(|(k, _)| k == name)
@@ -298,7 +304,7 @@ impl Reply {
 }
 
 /// Where screenshots go: docs/ when RALPH_FLOW_SCREENSHOTS=1, else a temp dir.
-pub fn screenshot_dir(tmp: &Path) -> PathBuf {
+pub(crate) fn screenshot_dir(tmp: &Path) -> PathBuf {
     if std::env::var_os("RALPH_FLOW_SCREENSHOTS").is_some_and(|v| v == "1") {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("docs")
     } else {

@@ -157,7 +157,7 @@ fn start() -> Option<Server> {
 }
 
 /// The URL of a new, empty database on the shared server; `None` when there is no server.
-pub fn database() -> Option<String> {
+pub(crate) fn database() -> Option<String> {
     let server = SERVER.get_or_init(start).as_ref()?;
     let name = format!(
         "t{}_{}",
@@ -172,18 +172,18 @@ pub fn database() -> Option<String> {
 
 /// Restarts the server (every connection is cut; the port stays), as a failover or an
 /// upgrade would. Only for a test binary whose tests all expect it.
-pub fn restart() {
+pub(crate) fn restart() {
     pg_ctl("restart", &["-l", LOG, "-m", "fast", "-w", "restart"]);
 }
 
 /// Stops the server (every connection is cut, new ones refused) until [`start_again`]: an
 /// outage. Only for a test binary whose tests all expect it.
-pub fn stop() {
+pub(crate) fn stop() {
     pg_ctl("stop", &["-m", "fast", "-w", "stop"]);
 }
 
 /// Starts the server again after [`stop`], on the same port.
-pub fn start_again() {
+pub(crate) fn start_again() {
     pg_ctl("start", &["-o", OPTS, "-l", LOG, "-w", "start"]);
 }
 

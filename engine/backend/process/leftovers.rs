@@ -38,7 +38,7 @@ pub fn start_ticks(pid: i32) -> Option<u64> {
 
 /// The boot clock now, in the clock ticks of `/proc/PID/stat` (USER_HZ, 100 a second on
 /// Linux): read from the vDSO, no system call.
-pub fn boot_ticks() -> u64 {
+pub(super) fn boot_ticks() -> u64 {
     /// USER_HZ: the unit of the start time in `/proc/PID/stat`, fixed by the kernel's ABI.
     const TICKS_PER_SECOND: u64 = 100;
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).map_or(0, |t| {
@@ -53,7 +53,7 @@ pub fn boot_ticks() -> u64 {
 /// every spawn (an open, two reads and a close: about a tenth of a command stage's cost)
 /// still names one process: a pid reused later started after the window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StartWindow {
+pub(super) struct StartWindow {
     pub from: u64,
     pub to: u64,
 }

@@ -17,7 +17,7 @@ use crate::model::Count;
 use crate::source::Spanned;
 use actions::action_ok;
 
-pub fn check(c: &mut Checked<'_>, diags: &mut Diagnostics) {
+pub(super) fn check(c: &mut Checked<'_>, diags: &mut Diagnostics) {
     let wf = c.workflow;
     if !wf.name.value.is_empty()
         && !wf

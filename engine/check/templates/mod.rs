@@ -50,7 +50,7 @@ struct Text<'a> {
     in_file: bool,
 }
 
-pub fn check(c: &mut Checked<'_>, loader: &mut Loader<'_>, diags: &mut Diagnostics) {
+pub(super) fn check(c: &mut Checked<'_>, loader: &mut Loader<'_>, diags: &mut Diagnostics) {
     let env = minijinja::Environment::new();
     let wf = c.workflow;
     let params = Scope::Params;

@@ -12,7 +12,7 @@ use crate::model::StageKind;
 use crate::source::{Sources, Span};
 
 /// Helper functions templates may call; the run side provides them.
-pub const HELPERS: &[&str] = &[
+pub(super) const HELPERS: &[&str] = &[
     "read_file",
     "glob",
     "git_diff",
@@ -35,13 +35,13 @@ const BUILTINS: &[&str] = &[
     "None",
 ];
 /// The attributes of `stages.ID`.
-pub const STAGE_ATTRS: &[&str] = &[
+pub(super) const STAGE_ATTRS: &[&str] = &[
     "output", "history", "last", "status", "ran", "feedback", "attempts", "usage", "settled",
 ];
 /// The attributes of `run`.
-pub const RUN_ATTRS: &[&str] = &["id", "dir", "workflow", "started_at", "stage_dir", "cwd"];
+pub(super) const RUN_ATTRS: &[&str] = &["id", "dir", "workflow", "started_at", "stage_dir", "cwd"];
 /// The loop variables.
-pub const LOOP_VARS: &[&str] = &["iteration", "max_iterations", "feedback", "history"];
+pub(super) const LOOP_VARS: &[&str] = &["iteration", "max_iterations", "feedback", "history"];
 
 pub(super) fn variable(
     c: &Checked<'_>,

@@ -32,7 +32,7 @@ pub const PAGE_SIZE: i64 = 1024;
 /// the file, by strace). SQLite's default of 2 MiB filled up with the pages a resume's
 /// single pass over the nodes read (2.45 MB of SQLite's heap in a resume of 10,000 settled
 /// stages, by heaptrack, against 0.7 MB now), and cut those reads by little.
-pub const CACHE_KIB: i64 = 512;
+pub(super) const CACHE_KIB: i64 = 512;
 
 impl SqliteStore {
     /// Opens (creating if needed) the store at `path` with [`Durability::Normal`].

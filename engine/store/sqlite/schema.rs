@@ -13,7 +13,7 @@ pub const SCHEMA_VERSION: i64 = 7;
 /// bringing it up to date, which needs a store that can be written): version 5 lacks the
 /// count of calls that reported no usage, read as 0, and versions 5 and 6 the identity of a
 /// lock's holder, read as unknown.
-pub const OLDEST_READABLE: i64 = 5;
+pub(super) const OLDEST_READABLE: i64 = 5;
 
 const SCHEMA_V1: &str = "
 CREATE TABLE runs (
