@@ -85,6 +85,8 @@ impl FileSystem for RealFs {
 #[derive(Default)]
 pub struct MemFs {
     files: std::collections::HashMap<PathBuf, String>,
+    /// Read a file it does not hold from the disk (see [`MemFs::over_disk`]).
+    disk: bool,
 }
 
 impl MemFs {
@@ -92,6 +94,17 @@ impl MemFs {
     pub fn new(files: impl IntoIterator<Item = (PathBuf, String)>) -> Self {
         MemFs {
             files: files.into_iter().map(|(p, t)| (normalize(&p), t)).collect(),
+            disk: false,
+        }
+    }
+
+    /// These files first, then the disk: a worker reads a run's files as stored with it,
+    /// and a file that was not stored (a prompt file of a subflow prepared during the run)
+    /// where the run's machine had it, as before files were stored.
+    pub fn over_disk(files: impl IntoIterator<Item = (PathBuf, String)>) -> Self {
+        MemFs {
+            disk: true,
+            ..MemFs::new(files)
         }
     }
 }
@@ -100,7 +113,7 @@ impl FileSystem for MemFs {
     fn read(&self, path: &Path) -> std::io::Result<String> {
         match self.files.get(&normalize(path)) {
             Some(text) => Ok(text.clone()),
-            None if is_builtin(path) => RealFs.read(path),
+            None if is_builtin(path) || self.disk => RealFs.read(path),
             None => Err(std::io::Error::new(
                 std::io::ErrorKind::NotFound,
                 "not among the workflow's files stored with the run",
@@ -109,7 +122,8 @@ impl FileSystem for MemFs {
     }
 
     fn exists(&self, path: &Path) -> bool {
-        self.files.contains_key(&normalize(path)) || (is_builtin(path) && RealFs.exists(path))
+        self.files.contains_key(&normalize(path))
+            || ((is_builtin(path) || self.disk) && RealFs.exists(path))
     }
 
     fn list(&self, dir: &Path) -> Vec<PathBuf> {
@@ -120,8 +134,12 @@ impl FileSystem for MemFs {
             .filter(|p| p.parent() == Some(dir.as_path()))
             .cloned()
             .collect();
-        if is_builtin(&dir) {
-            out.extend(RealFs.list(&dir));
+        if is_builtin(&dir) || self.disk {
+            for p in RealFs.list(&dir) {
+                if !out.contains(&p) {
+                    out.push(p);
+                }
+            }
         }
         out.sort();
         out.dedup();
@@ -224,6 +242,34 @@ impl IoFailure {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stored_files_come_first_and_the_disk_only_when_asked() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let on_disk = dir.path().join("prompt.md");
+        let stored = dir.path().join("w.toml");
+        std::fs::write(&on_disk, "from the disk").unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&stored, "the disk's copy").unwrap_or_else(|e| panic!("{e}"));
+        let files = || [(stored.clone(), "the stored copy".to_string())];
+        let strict = MemFs::new(files());
+        assert_eq!(
+            strict.read(&stored).ok().as_deref(),
+            Some("the stored copy")
+        );
+        assert!(strict.read(&on_disk).is_err());
+        assert!(!strict.exists(&on_disk));
+        let over = MemFs::over_disk(files());
+        assert_eq!(over.read(&stored).ok().as_deref(), Some("the stored copy"));
+        assert_eq!(over.read(&on_disk).ok().as_deref(), Some("from the disk"));
+        assert!(over.exists(&on_disk));
+        let listed = over.list(dir.path());
+        assert_eq!(
+            listed.iter().filter(|p| **p == stored).count(),
+            1,
+            "{listed:?}"
+        );
+        assert!(listed.contains(&on_disk));
+    }
 
     #[test]
     fn builtin_presets_are_embedded() {

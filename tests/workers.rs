@@ -1067,3 +1067,46 @@ argv = ["echo", "{{ stages.ask.output.said }}"]
         "{records}"
     );
 }
+
+/// A subflow compiled with the run's plan travels with the run: its workflow and its prompt
+/// file are stored with the run, so a worker runs it though neither is on any disk any more.
+#[test]
+fn a_subflow_and_its_prompt_file_travel_with_the_run() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(url) = pg::database() else {
+        return;
+    };
+    let p = Project::new(
+        url,
+        &format!(
+            "{}\n[stages.sub]\nkind = \"subflow\"\nneeds = [\"a\"]\nworkflow = \"child.toml\"\nparams = {{ word = \"otter\" }}\n",
+            workflow(&[stage("a", &[], "0")]),
+        ),
+    );
+    std::fs::write(
+        p.path().join("child.toml"),
+        "name = \"child\"\n\n[params.word]\ntype = \"string\"\n\n[agents.echo]\nkind = \"command\"\ncommand = [\"cat\"]\n\n[stages.say]\nkind = \"agent\"\nagent = \"echo\"\nprompt_file = \"say.md\"\n",
+    )
+    .unwrap();
+    std::fs::write(p.path().join("say.md"), "the word is {{ params.word }}\n").unwrap();
+    let id = p.detach();
+    // As on another machine: neither file is on a disk the worker could read.
+    std::fs::remove_file(p.path().join("child.toml")).unwrap();
+    std::fs::remove_file(p.path().join("say.md")).unwrap();
+    let w = p.worker(0, "30s", &[]);
+    p.wait_finished(std::slice::from_ref(&id), Duration::from_secs(30));
+    stop(vec![w]);
+    let run = p.store().run(&id).unwrap().unwrap();
+    assert_eq!(
+        run.exit.as_ref().map(|(name, _)| name.as_str()),
+        Some("success"),
+        "{}",
+        p.worker_logs()
+    );
+    let said = p
+        .store()
+        .output(&id, "sub>", "say")
+        .unwrap()
+        .unwrap_or_default();
+    assert_eq!(said["text"], "the word is otter", "{said}");
+}

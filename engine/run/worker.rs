@@ -196,19 +196,30 @@ pub fn enqueue(
         options: Json::Object(options),
     };
     // By absolute path: the loader names files relative to the current directory, which a
-    // worker does not share.
-    let sources: Vec<(String, String)> = prepared
-        .sources
-        .iter()
-        .map(|(_, f)| {
+    // worker does not share. The subflows compiled with the plan bring theirs (their prompt
+    // files among them), each file once.
+    let mut sources: Vec<(String, String)> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut stack = vec![prepared];
+    while let Some(p) = stack.pop() {
+        for (_, f) in p.sources.iter() {
             let path = if f.path.is_absolute() {
                 crate::fs::normalize(&f.path)
             } else {
                 crate::fs::normalize(&opts.cwd.join(&f.path))
             };
-            (path.to_string_lossy().into_owned(), f.text.to_string())
-        })
-        .collect();
+            let path = path.to_string_lossy().into_owned();
+            if seen.insert(path.clone()) {
+                sources.push((path, f.text.to_string()));
+            }
+        }
+        stack.extend(
+            p.subflows
+                .ahead
+                .iter()
+                .filter_map(|a| a.prepared.as_deref().ok()),
+        );
+    }
     // A drawn id may be taken (runs queued in the same second): draw again.
     let mut run = run;
     let mut draws = 1;
@@ -670,7 +681,7 @@ async fn carry_out(
     stop: watch::Receiver<bool>,
 ) -> Result<RunEnd, WorkerError> {
     let sources = store.borrow().sources(&run.id)?;
-    let fs: Arc<dyn FileSystem + Send + Sync> = Arc::new(crate::fs::MemFs::new(
+    let fs: Arc<dyn FileSystem + Send + Sync> = Arc::new(crate::fs::MemFs::over_disk(
         sources.into_iter().map(|(p, t)| (PathBuf::from(p), t)),
     ));
     let prepared = (opts.prepare)(&fs, Path::new(&run.file), &run.param_sets()).map_err(|e| {
@@ -946,7 +957,7 @@ fn prepared_run(
         .run(run)?
         .ok_or_else(|| PrepareError::NoRun(run.to_string()))?;
     let sources = store.borrow().sources(run)?;
-    let fs: Arc<dyn FileSystem + Send + Sync> = Arc::new(crate::fs::MemFs::new(
+    let fs: Arc<dyn FileSystem + Send + Sync> = Arc::new(crate::fs::MemFs::over_disk(
         sources.into_iter().map(|(p, t)| (PathBuf::from(p), t)),
     ));
     let prepared = (cache.prepare)(&fs, Path::new(&record.file), &record.param_sets())
@@ -1232,8 +1243,30 @@ async fn command_unit(
     }
 }
 
+/// The workflow a unit's stage is written in: the run's, or the subflow compiled with it
+/// that the unit's scope names (`sub>/say#1.1@...`, `l#2/sub>/inner>/x#1.1@...`: a segment
+/// ending in `>` is a subflow stage's). A subflow prepared during the run (params from
+/// outputs) is not among them: its stages' agents are looked up in the nearest workflow.
+fn workflow_of<'p>(prepared: &'p Prepared, key: &str) -> &'p Prepared {
+    let scope = key.split('@').next().unwrap_or(key);
+    let mut current = prepared;
+    for stage in scope.split('/').filter_map(|seg| seg.strip_suffix('>')) {
+        let written = current.plan.written_subflows(&current.sources);
+        let child = written
+            .iter()
+            .find(|(name, _)| name == stage)
+            .and_then(|(_, key)| current.subflows.ahead.iter().find(|a| &a.key == key))
+            .and_then(|a| a.prepared.as_deref().ok());
+        match child {
+            Some(c) => current = c,
+            None => break,
+        }
+    }
+    current
+}
+
 /// Makes an agent unit's call in `cwd`, its files in `files`, tagged with `tag`: the agent
-/// built from the run's workflow, with this machine's keys.
+/// built from the workflow its stage is written in, with this machine's keys.
 async fn agent_unit(
     job: &UnitJob,
     cwd: &Path,
@@ -1249,7 +1282,9 @@ async fn agent_unit(
         Ok(p) => p,
         Err(e) => return UnitResult::Failed(e.to_string()),
     };
-    let plan = &prepared.plan;
+    // The agent of a subflow's stage is the subflow's own.
+    let workflow = workflow_of(&prepared, &job.unit.key);
+    let plan = &workflow.plan;
     let Some(agent) = plan
         .workflow
         .agents
@@ -1258,7 +1293,7 @@ async fn agent_unit(
     else {
         return UnitResult::Failed(format!("the run's workflow has no agent `{}`", w.agent));
     };
-    let cfg = match super::exec::agent_config(agent, plan, &prepared.sources) {
+    let cfg = match super::exec::agent_config(agent, plan, &workflow.sources) {
         Ok(c) => c,
         Err(e) => return UnitResult::Failed(e.message()),
     };
