@@ -52,6 +52,19 @@ pub(super) struct StreamReader {
     events: EventParser,
     out: Streamed,
     error: Option<StreamError>,
+    /// What the body is, once its first significant byte came: a JSON body (a server
+    /// that does not stream) is not parsed as events, nor copied into the parser's line.
+    body: Body,
+}
+
+/// What a response body is, from its first byte past a BOM and whitespace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Body {
+    /// Only a BOM and whitespace so far.
+    Undecided,
+    /// `{` or `[`: JSON, which [`looks_like_stream`] will not take for a stream either.
+    Json,
+    Events,
 }
 
 impl StreamReader {
@@ -61,16 +74,32 @@ impl StreamReader {
             events: EventParser::default(),
             out: Streamed::default(),
             error: None,
+            body: Body::Undecided,
         }
     }
 
     /// Reads the next bytes of the stream, in whatever pieces they came.
     pub(super) fn feed(&mut self, chunk: &[u8]) {
+        if self.body == Body::Undecided {
+            // The BOM's bytes (EF BB BF) and whitespace, in any pieces, decide nothing.
+            let first = chunk
+                .iter()
+                .find(|b| !b.is_ascii_whitespace() && ![0xEF, 0xBB, 0xBF].contains(*b));
+            self.body = match first {
+                None => Body::Undecided,
+                Some(b'{' | b'[') => Body::Json,
+                Some(_) => Body::Events,
+            };
+        }
+        if self.body == Body::Json {
+            return;
+        }
         let StreamReader {
             api,
             events,
             out,
             error,
+            body: _,
         } = self;
         events.feed(chunk, |event| {
             tracing::trace!(event = event.kind, id = event.id, "stream event");
@@ -504,6 +533,30 @@ mod tests {
             reader.feed(piece);
         }
         reader.finish()
+    }
+
+    #[test]
+    fn a_json_body_is_not_copied_into_the_event_parser() {
+        let mut reader = StreamReader::new(Api::Chat);
+        for piece in [
+            "\u{feff}",
+            "\n  ",
+            "{\"choices\": [",
+            "{\"text\": \"no newline at all\"}]}",
+        ] {
+            reader.feed(piece.as_bytes());
+        }
+        assert_eq!(reader.body, Body::Json);
+        // Only the lead before the first `{` reached the parser.
+        assert!(
+            reader.events.line.iter().all(u8::is_ascii_whitespace),
+            "{:?}",
+            reader.events.line
+        );
+        // A stream after the same lead is read as one.
+        let out =
+            read(Api::Chat, &[b"\xEF\xBB", b"\xBF\n", b"data: [DONE]\n\n"]).expect("no error");
+        assert!(out.done);
     }
 
     #[test]
