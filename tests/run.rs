@@ -43,10 +43,16 @@ argv = ["sh", "-c", "test \"$0\" = ok || {{ echo \"wanted ok, got $0\"; exit 1; 
     p.answer("work", 3, "ok");
     let out = p.run(&["run", "w.toml", "--json"]);
     assert_eq!(out.code, 0, "{}", out.stderr);
-    assert_eq!(
-        out.json["outputs"]["attempts"],
-        json!({"iterations": 3, "outcome": "until"})
-    );
+    let attempts = &out.json["outputs"]["attempts"];
+    assert_eq!(attempts["iterations"], 3);
+    assert_eq!(attempts["outcome"], "until");
+    let works: Vec<&serde_json::Value> = attempts["history"]
+        .as_array()
+        .expect("the loop's history")
+        .iter()
+        .map(|h| &h["outputs"]["work"]["text"])
+        .collect();
+    assert_eq!(works, [&json!("bad"), &json!("worse"), &json!("ok")]);
     let second = p.prompt("work", 2);
     assert!(second.contains("iteration 2 of 4"), "{second}");
     assert!(
@@ -1122,6 +1128,53 @@ then = "exit:expired"
     assert_eq!(out.code, 4, "{}", out.stderr);
     assert_eq!(out.json["exit"], "expired");
     assert_eq!(out.json["outputs"]["remind"]["stdout"], "nobody answered\n");
+}
+
+#[test]
+fn a_loop_that_succeeds_or_breaks_keeps_its_history_for_the_stages_after_it() {
+    let p = Project::new();
+    let flow = |end: &str| {
+        format!(
+            r#"name = "learnings"
+[stages.attempts]
+kind = "loop"
+max_iterations = 5
+{end}
+[stages.attempts.stages.try]
+kind = "command"
+argv = ["sh", "-c", "echo try {{{{ iteration }}}}; test {{{{ iteration }}}} -ge 3"]
+ok_codes = [0, 1]
+feedback = "exit {{{{ output.exit_code }}}}"
+[stages.attempts.stages.stop]
+kind = "command"
+needs = ["try"]
+when = "stages.try.output.exit_code == 0 and {break_on}"
+argv = ["true"]
+on_fail = "fail"
+route = {{ on = "exit_code", cases = {{ "0" = "break" }} }}
+[stages.learnings]
+kind = "command"
+needs = ["attempts"]
+argv = ["echo", "{{{{ stages.attempts.output.outcome }}}} after {{{{ stages.attempts.output.iterations }}}}: {{{{ stages.attempts.output.history | map(attribute='outputs') | map(attribute='try') | map(attribute='stdout') | map('trim') | join(', ') }}}} / {{{{ stages.attempts.output.history | map(attribute='feedback') | join(', ') }}}}"]
+"#,
+            break_on = if end.is_empty() {{ "true" }} else {{ "false" }}
+        )
+    };
+    p.workflow("w.toml", &flow("until = \"stages.try.output.exit_code == 0\""));
+    let out = p.run(&["run", "w.toml", "--json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(
+        out.json["outputs"]["learnings"]["stdout"],
+        "until after 3: try 1, try 2, try 3 / try: exit 1, try: exit 1, try: exit 0\n"
+    );
+    // Ended by a route to `break` in its last iteration.
+    p.workflow("w.toml", &flow(""));
+    let out = p.run(&["run", "w.toml", "--json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(
+        out.json["outputs"]["learnings"]["stdout"],
+        "break after 3: try 1, try 2, try 3 / try: exit 1, try: exit 1, try: exit 0\n"
+    );
 }
 
 #[test]

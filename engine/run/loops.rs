@@ -43,8 +43,14 @@ struct LoopRun<'x> {
 }
 
 impl LoopRun<'_> {
+    /// The loop's output: how many iterations ran, how it ended, and its history (for a
+    /// learnings or report stage after it, whatever the ending).
     fn outcome(&self, s: &str, it: u64) -> Json {
-        json!({"iterations": it, "outcome": s})
+        json!({"iterations": it, "outcome": s, "history": self.history_json()})
+    }
+
+    fn history_json(&self) -> Json {
+        serde_json::to_value(&self.history).unwrap_or_else(|_| Json::Array(Vec::new()))
     }
 
     /// Keeps a finished iteration for the ones after it: its feedback, its entry in the
@@ -146,6 +152,8 @@ impl Exec<'_> {
             let outs: BTreeMap<String, View> = iframe.outputs.take();
             let snapshot = keep_outputs(&outs, latest);
             let iter_feedback = iteration_feedback(&end, &outs);
+            // Kept before anything ends the loop: its output's `history` has every iteration.
+            lp.record(it, iter_feedback, snapshot);
             if let Some(o) = self.iteration_ended(frame, &lp, it, end).await {
                 return o;
             }
@@ -166,7 +174,6 @@ impl Exec<'_> {
             if let Some(o) = self.loop_rules(frame, &mut lp, it, &end_frame).await {
                 return o;
             }
-            lp.record(it, iter_feedback, snapshot);
         }
         self.leave_worktree(frame, n, &lp.cwd, false).await;
         let then = lp
@@ -423,9 +430,9 @@ impl Exec<'_> {
         s
     }
 
-    /// The settlement of a loop that ended by a rule (`stuck`, exhausted) with an action.
-    /// When the action runs a stage (one that handles giving up: a report, a block with
-    /// context), the loop's output carries its `history` for that stage to read.
+    /// The settlement of a loop that ended by a rule (`stuck`, exhausted) with an action; the
+    /// loop's output carries its `history` for the stage that handles giving up (a report, a
+    /// block with context) to read.
     fn loop_end(
         &self,
         lp: &LoopRun<'_>,
@@ -434,12 +441,8 @@ impl Exec<'_> {
         then: Target,
         message: String,
     ) -> Settled {
-        let (n, started, history) = (lp.n, lp.started, &lp.history);
-        let mut output = json!({"iterations": it, "outcome": outcome});
-        if matches!(then, Target::Stage(_)) {
-            output["history"] =
-                serde_json::to_value(history).unwrap_or_else(|_| Json::Array(Vec::new()));
-        }
+        let (n, started) = (lp.n, lp.started);
+        let output = lp.outcome(outcome, it);
         match then {
             Target::Fail => {
                 Settled::failed(output, message, self.plan.node(n).on_fail.clone(), started)

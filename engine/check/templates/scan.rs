@@ -8,7 +8,7 @@ use super::syntax::syntax_error;
 use super::variables::variable;
 use super::{Kind, Scope, Text};
 use crate::check::Checked;
-use crate::check::filters::{self, UseKind};
+use crate::check::filters::{self, Use, UseKind};
 use crate::diag::{Code, Diagnostic, Diagnostics};
 use crate::source::{Sources, Span, Spanned};
 
@@ -103,25 +103,79 @@ pub(super) fn check_text(
     };
     let mut vars: Vec<String> = vars.into_iter().collect();
     vars.sort();
-    let guarded: HashSet<String> = vars
-        .iter()
-        .filter_map(|v| {
-            let parts: Vec<&str> = v.split('.').collect();
-            (parts.len() >= 3 && parts[0] == "stages" && matches!(parts[2], "ran" | "status"))
-                .then(|| parts[1].to_string())
-        })
-        .collect();
-    for var in &vars {
-        variable(c, src, text, var, scope, &guarded, diags);
-    }
     let uses = match kind {
         Kind::Template => filters::in_template(text.source),
         Kind::Expr => filters::in_expression(text.source),
     };
+    let mut guards = Guards::default();
+    for v in &vars {
+        let parts: Vec<&str> = v.split('.').collect();
+        if parts.len() >= 3 && parts[0] == "stages" && matches!(parts[2], "ran" | "status") {
+            guards.ran.insert(parts[1].to_string());
+        }
+    }
+    for u in &uses {
+        guards.add(text.source, u);
+    }
+    for var in &vars {
+        variable(c, src, text, var, scope, &guards, diags);
+    }
     for u in &uses {
         filter_or_test(src, text, u, diags);
         if u.kind == UseKind::Filter && text.source.get(u.range.clone()) == Some("spread") {
             spread_in_place(src, text, u, diags);
+        }
+    }
+}
+
+/// The stages whose output a text guards against their having been skipped.
+#[derive(Default)]
+pub(super) struct Guards {
+    /// Stages the text reads `ran` or `status` of, or tests a field of the output of with
+    /// `is defined` or `| default(...)`, or the output of with `is none` (a skipped stage's
+    /// output is `none`, and its fields are undefined).
+    pub ran: HashSet<String>,
+    /// Stages whose whole output the text tests with `is defined` or `| default(...)`, which
+    /// does not guard: a skipped stage's output is `none`, which is defined.
+    pub weak: HashSet<String>,
+}
+
+impl Guards {
+    /// Records what the filter or test `u` guards: the variable path written just before it.
+    fn add(&mut self, text: &str, u: &Use) {
+        let Some(name) = text.get(u.range.clone()) else {
+            return;
+        };
+        let before = text.get(..u.range.start).unwrap_or_default().trim_end();
+        let operand = match u.kind {
+            UseKind::Filter if matches!(name, "default" | "d") => before.strip_suffix('|'),
+            UseKind::Test if matches!(name, "defined" | "undefined" | "none") => {
+                let b = before.strip_suffix("not").map_or(before, str::trim_end);
+                b.strip_suffix("is")
+            }
+            _ => None,
+        };
+        let Some(operand) = operand.map(str::trim_end) else {
+            return;
+        };
+        let start = operand
+            .rfind(|ch: char| !(ch.is_ascii_alphanumeric() || ch == '_' || ch == '.'))
+            .map_or(0, |i| i + 1);
+        let parts: Vec<&str> = operand[start..].split('.').collect();
+        let ["stages", stage, "output", rest @ ..] = parts.as_slice() else {
+            return;
+        };
+        // `default(x, true)` replaces `none` too.
+        let lax = u.kind == UseKind::Filter
+            && text
+                .get(u.range.end..)
+                .and_then(|r| r.trim_start().strip_prefix('('))
+                .and_then(|r| r.split(')').next())
+                .is_some_and(|args| args.split(',').nth(1).is_some_and(|b| b.trim() == "true"));
+        if !rest.is_empty() || name == "none" || lax {
+            self.ran.insert((*stage).to_string());
+        } else {
+            self.weak.insert((*stage).to_string());
         }
     }
 }

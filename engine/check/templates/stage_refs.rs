@@ -1,10 +1,8 @@
 //! `stages.X...` in a template: the stage exists, has the attribute, has run (or may have been
 //! skipped) where it is read, and its output has the field.
 
-use std::collections::HashSet;
-
 use super::Text;
-use super::scan::locate;
+use super::scan::{Guards, locate};
 use super::variables::STAGE_ATTRS;
 use crate::check::scope::{Site, is_upstream, maybe_skipped_at, runs_only_after, share_loop};
 use crate::check::{Checked, StageId};
@@ -18,7 +16,7 @@ pub(super) fn stage_ref(
     text: &Text<'_>,
     parts: &[&str],
     site: Option<Site>,
-    guarded: &HashSet<String>,
+    guards: &Guards,
     diags: &mut Diagnostics,
 ) {
     let Some(name) = parts.get(1) else { return };
@@ -92,22 +90,25 @@ pub(super) fn stage_ref(
                 .when
                 .as_ref()
                 .is_some_and(|w| w.span == text.span);
-            let guard = guarded.contains(*name) || when_mentions(c, at, name, own_when);
+            let guard = guards.ran.contains(*name) || when_mentions(c, at, name, own_when);
             let implied =
                 matches!(site, Site::Stage(_) | Site::Region(_)) && runs_only_after(c, at, target);
             if *attr == "output" && maybe_skipped_at(c, target, site) && !guard && !implied {
                 diags.push(
                     Diagnostic::new(Code::MaybeSkipped, span, format!("stage `{name}` may have been skipped here, leaving its output empty"))
                         .label("may not have run")
-                        .help(if text.source.contains("{{") || text.source.contains("{%") {
-                            format!("guard the use with `{{% if stages.{name}.ran %}}` (or in `when`), or give a default with `| default(...)` after checking `stages.{name}.ran`")
+                        .help(if guards.weak.contains(*name) {
+                            format!("a skipped stage's output is `none`, which is defined: test `stages.{name}.ran`, `stages.{name}.output is none`, or a field (`stages.{name}.output.FIELD is defined`, `stages.{name}.output.FIELD | default(...)`)")
+                        } else if text.source.contains("{{") || text.source.contains("{%") {
+                            format!("guard the use with `{{% if stages.{name}.ran %}}` (or in `when`), or give a field a default: `stages.{name}.output.FIELD | default(...)`")
                         } else {
                             format!("guard it in the expression: `stages.{name}.ran and ...` (a skipped stage's output is empty, so the rest would read nothing)")
                         }),
                 );
             }
             if *attr == "output" && parts.len() > 3 {
-                field(c, src, text, target, &parts[3..], diags);
+                let full = format!("stages.{name}.output.{}", parts[3..].join("."));
+                field(c, src, text, target, &parts[3..], &full, false, diags);
             }
         }
         "settled"
@@ -146,12 +147,17 @@ fn when_mentions(c: &Checked<'_>, at: StageId, name: &str, skip_own: bool) -> bo
     })
 }
 
-fn field(
+/// Checks that the output of `target` has the field `path` (written as `full` in the text);
+/// `own` when a stage reads its own output (`output.x` in its `feedback`, `files` or `expect`).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn field(
     c: &Checked<'_>,
     src: &Sources,
     text: &Text<'_>,
     target: StageId,
     path: &[&str],
+    full: &str,
+    own: bool,
     diags: &mut Diagnostics,
 ) {
     let Some(schema) = c.schemas.get(&target) else {
@@ -159,12 +165,16 @@ fn field(
     };
     if let Err((bad, known)) = crate::check::outputs::walk_schema(schema, path) {
         let name = &c.info(target).stage.id.value;
-        let full = format!("stages.{name}.output.{}", path.join("."));
+        let whose = if own {
+            format!("this stage's output (`{name}`)")
+        } else {
+            format!("the output of `{name}`")
+        };
         diags.push(
             Diagnostic::new(
                 Code::UnknownField,
-                locate(src, text, &full),
-                format!("the output of `{name}` has no field `{bad}`"),
+                locate(src, text, full),
+                format!("{whose} has no field `{bad}`"),
             )
             .label("not in the output schema")
             .suggest(&bad, known.iter().map(String::as_str))

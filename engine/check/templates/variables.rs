@@ -1,8 +1,6 @@
 //! Which variables a template may name where: params, run, stages, loop and item variables.
 
-use std::collections::HashSet;
-
-use super::scan::locate;
+use super::scan::{Guards, locate};
 use super::stage_refs::stage_ref;
 use super::{Scope, Text};
 use crate::check::scope::Site;
@@ -49,7 +47,7 @@ pub(super) fn variable(
     text: &Text<'_>,
     var: &str,
     scope: Scope,
-    guarded: &HashSet<String>,
+    guards: &Guards,
     diags: &mut Diagnostics,
 ) {
     let parts: Vec<&str> = var.split('.').collect();
@@ -118,7 +116,7 @@ pub(super) fn variable(
         return;
     }
     if root == "stages" {
-        stage_ref(c, src, text, &parts, site, guarded, diags);
+        stage_ref(c, src, text, &parts, site, guards, diags);
         return;
     }
     let Some(site) = site else {
@@ -155,8 +153,20 @@ pub(super) fn variable(
             .collect()
     };
     match root {
-        "attempt" => {}
-        "output" if matches!(scope, Scope::WithOutput(_)) => {}
+        "attempt" => {
+            if let Some(attr) = parts.get(1) {
+                diags.push(
+                    Diagnostic::new(Code::UnknownVariable, span, format!("`attempt` is a number, so it has no `{attr}`"))
+                        .label("not a field")
+                        .help("`attempt` is this stage's attempt number (1, 2, ...); its output is `output`"),
+                );
+            }
+        }
+        "output" if matches!(scope, Scope::WithOutput(_)) => {
+            if parts.len() > 1 {
+                super::stage_refs::field(c, src, text, at, &parts[1..], var, true, diags);
+            }
+        }
         "output" => diags.push(
             Diagnostic::new(Code::UnknownVariable, span, "`output` is only available in a stage's `feedback`, `files` and a check's `expect`")
                 .help(format!("use `stages.{}.output` after the stage has run", c.info(at).stage.id.value)),
