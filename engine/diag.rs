@@ -62,6 +62,7 @@ codes! {
     LoopNeverEndsEarly = "RF023", Warning, "a loop whose only way out is running out of iterations";
     ActionOutOfPlace = "RF024", Error, "an action that cannot be taken where it is written (`continue` outside a loop, `approve` outside a gate)";
     FileCycle = "RF025", Error, "workflow files that extend, include or call each other in a circle";
+    SkipSpreads = "RF026", Warning, "a stage skipped whenever a stage it needs is skipped by its `when`, though it reads nothing of that stage (mark the need `optional`, or say so in a `when`)";
     TemplateSyntax = "RF030", Error, "a template that does not parse";
     UnknownVariable = "RF031", Error, "a template variable that names no param, loop variable, stage or helper";
     NotUpstream = "RF032", Error, "a stage's output used where that stage has not run yet";

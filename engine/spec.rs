@@ -613,6 +613,11 @@ pub static STAGE: TableSpec = TableSpec {
             Ty::Expr,
             "A condition; when false the stage is skipped.",
         ),
+        f(
+            "optional",
+            Ty::Bool,
+            "When the stage is skipped, the stages that need it run as if it had run: its skip does not spread to them (default false).",
+        ),
         k(
             "labels",
             CALLS_STAGES,
@@ -1034,6 +1039,11 @@ pub static OVERRIDE: TableSpec = TableSpec {
             "A new concurrency limit for a fan-out.",
         ),
         f("when", Ty::Expr, "A new condition."),
+        f(
+            "optional",
+            Ty::Bool,
+            "Whether the stage's skip counts as done for the stages that need it.",
+        ),
         f("budget", Ty::Table(&BUDGET), "A new budget."),
     ],
 };

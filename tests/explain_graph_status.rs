@@ -175,3 +175,45 @@ fn status_of_the_demo_run() {
     redact_json(&mut json, dir.path(), &id);
     insta::assert_snapshot!("status_json", serde_json::to_string_pretty(&json).unwrap());
 }
+
+/// A skip that spreads is said in words and drawn; an optional stage says so.
+#[test]
+fn explain_and_graphs_show_where_a_skip_spreads_and_what_is_optional() {
+    let spreads = "tests/fixtures/check/invalid/RF026-skip-spreads.toml";
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = |args: &[&str]| String::from_utf8(ralph(root, args).stdout).unwrap();
+    let explain = text(&["explain", spreads]);
+    assert!(
+        explain.contains(
+            "`deploy` runs `./deploy.sh`, after `sign_off`, skipped whenever `sign_off` is skipped."
+        ),
+        "{explain}"
+    );
+    assert!(
+        explain.contains(
+            "`announce` runs `./announce.sh`, after `deploy`, skipped whenever `deploy` is skipped."
+        ),
+        "{explain}"
+    );
+    let mermaid = text(&["graph", spreads]);
+    assert!(
+        mermaid.contains("sign_off -->|\"skipped with it\"| deploy"),
+        "{mermaid}"
+    );
+    let dot = text(&["graph", "--format", "dot", spreads]);
+    assert!(
+        dot.contains("sign_off -> deploy [label=\"skipped with it\"]"),
+        "{dot}"
+    );
+    let optional = "tests/fixtures/check/valid/optional.toml";
+    let explain = text(&["explain", optional]);
+    assert!(
+        explain.contains("only when `params.sign_off`, optional (when skipped, what needs it runs as if it had run)."),
+        "{explain}"
+    );
+    assert!(
+        explain.contains("`deploy` runs `./deploy.sh`, after `sign_off`.\n"),
+        "an optional need's skip does not spread: {explain}"
+    );
+    assert!(text(&["graph", optional]).contains("human approval<br/>optional"));
+}

@@ -1157,10 +1157,13 @@ kind = "command"
 needs = ["attempts"]
 argv = ["echo", "{{{{ stages.attempts.output.outcome }}}} after {{{{ stages.attempts.output.iterations }}}}: {{{{ stages.attempts.output.history | map(attribute='outputs') | map(attribute='try') | map(attribute='stdout') | map('trim') | join(', ') }}}} / {{{{ stages.attempts.output.history | map(attribute='feedback') | join(', ') }}}}"]
 "#,
-            break_on = if end.is_empty() {{ "true" }} else {{ "false" }}
+            break_on = if end.is_empty() { "true" } else { "false" }
         )
     };
-    p.workflow("w.toml", &flow("until = \"stages.try.output.exit_code == 0\""));
+    p.workflow(
+        "w.toml",
+        &flow("until = \"stages.try.output.exit_code == 0\""),
+    );
     let out = p.run(&["run", "w.toml", "--json"]);
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert_eq!(
@@ -1175,6 +1178,67 @@ argv = ["echo", "{{{{ stages.attempts.output.outcome }}}} after {{{{ stages.atte
         out.json["outputs"]["learnings"]["stdout"],
         "break after 3: try 1, try 2, try 3 / try: exit 1, try: exit 1, try: exit 0\n"
     );
+}
+
+#[test]
+fn an_optional_stage_skipped_counts_as_done_for_what_needs_it() {
+    let p = Project::new();
+    let flow = |optional: bool| {
+        format!(
+            r#"name = "optional"
+[params.sign_off]
+type = "bool"
+default = false
+[stages.build]
+kind = "command"
+argv = ["echo", "built"]
+[stages.sign_off]
+kind = "gate"
+needs = ["build"]
+when = "params.sign_off"
+optional = {optional}
+message = "Ship?"
+timeout = "1h"
+on_timeout = "reject"
+[stages.deploy]
+kind = "command"
+needs = ["sign_off"]
+argv = ["echo", "deployed{}"]
+[stages.announce]
+kind = "command"
+needs = ["deploy"]
+argv = ["echo", "announced"]
+"#,
+            if optional {
+                "; sign-off ran: {{ stages.sign_off.ran }}"
+            } else {
+                ""
+            }
+        )
+    };
+    p.workflow("w.toml", &flow(true));
+    let out = p.run(&["run", "w.toml", "--json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(
+        out.json["outputs"]["deploy"]["stdout"],
+        "deployed; sign-off ran: False\n"
+    );
+    assert_eq!(out.json["outputs"]["announce"]["stdout"], "announced\n");
+    // Without `optional`, the skip spreads: check warns, and the deploy does not run.
+    p.workflow("w.toml", &flow(false));
+    let check = p.run(&["check", "w.toml"]);
+    assert!(check.stderr.contains("RF026"), "{}", check.stderr);
+    let out = p.run(&["run", "w.toml", "--json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    for skipped in ["deploy", "announce"] {
+        assert!(
+            out.json["outputs"]
+                .get(skipped)
+                .is_none_or(serde_json::Value::is_null),
+            "{}",
+            out.json
+        );
+    }
 }
 
 #[test]

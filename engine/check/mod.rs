@@ -10,6 +10,7 @@ pub mod outputs;
 mod params;
 mod refs;
 pub mod scope;
+mod skips;
 mod subflows;
 mod templates;
 
@@ -149,6 +150,7 @@ pub fn check<'w>(
     outputs::check(&mut checked, loader, &mut found);
     budgets::check(&checked, &mut found);
     templates::check(&mut checked, loader, &mut found);
+    skips::check(&checked, &mut found);
     subflows::check(&checked, loader, &mut found);
     prompt_dirs(workflow, loader, &mut found);
     secret_names(workflow, &mut found);

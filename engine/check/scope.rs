@@ -154,7 +154,7 @@ fn plain_search(c: &Checked<'_>, from: StageId, wanted: StageId) -> bool {
 
 /// Tells whether a stage may be skipped in a run: it has a condition, is reached only by a
 /// route or an escalation rule, sits in a body that may be skipped, or needs only stages that
-/// may be skipped. Computed once for all stages by [`compute_skips`].
+/// may be skipped (and are not `optional`). Computed once for all stages by [`compute_skips`].
 pub fn conditional(c: &Checked<'_>, id: StageId) -> bool {
     c.conditional.get(id.0).copied().unwrap_or(false)
 }
@@ -214,7 +214,12 @@ pub fn compute_skips(c: &Checked<'_>) -> (Vec<bool>, Vec<bool>, HashMap<StageId,
         let mut missing: Vec<usize> = c.stages.iter().map(|s| s.needs.len()).collect();
         let mut queue: Vec<usize> = (0..n).filter(|&i| set[i]).collect();
         while let Some(i) = queue.pop() {
-            for &d in &dependents[first[i]..first[i + 1]] {
+            // An optional stage's skip counts as done for the stages that need it.
+            let spreads = !c.stages[i].stage.keys().is_optional();
+            for &d in dependents[first[i]..first[i + 1]]
+                .iter()
+                .filter(|_| spreads)
+            {
                 missing[d] -= 1;
                 if missing[d] == 0 && !set[d] {
                     set[d] = true;
@@ -235,6 +240,20 @@ pub fn compute_skips(c: &Checked<'_>) -> (Vec<bool>, Vec<bool>, HashMap<StageId,
     let conditional = propagate((0..n).map(|i| starts(i, &targets)).collect(), true);
     let skippable = propagate((0..n).map(|i| starts(i, &local_targets)).collect(), false);
     (conditional, skippable, routed_from)
+}
+
+/// Tells whether a stage may be skipped for a reason of its own: its `when`, a route or
+/// escalation rule that alone starts it.
+pub fn skips_on_its_own(c: &Checked<'_>, id: StageId) -> bool {
+    c.info(id).stage.keys().when.is_some() || c.routed_from.contains_key(&id) || is_escalated(c, id)
+}
+
+/// Tells whether a stage is skipped only because every stage it needs may be skipped (none
+/// of them optional): a skip that spreads to it.
+pub fn skips_with_needs(c: &Checked<'_>, id: StageId) -> bool {
+    c.skippable.get(id.0).copied().unwrap_or(false)
+        && !c.info(id).needs.is_empty()
+        && !skips_on_its_own(c, id)
 }
 
 /// Tells whether an escalation rule of the enclosing loop runs this stage.
@@ -354,6 +373,11 @@ fn remembered_after(
         if answer.is_none() && !info.needs.is_empty() && *k <= info.needs.len() {
             while *k < info.needs.len() {
                 let n = info.needs[*k];
+                if c.info(n).stage.keys().is_optional() {
+                    // Skipped, it counts as done: `x` may run without it.
+                    *k = ASK_REGION;
+                    break;
+                }
                 match lookup(n, known, &open)? {
                     Next::Known(true) => *k += 1,
                     Next::Known(false) => {
@@ -405,7 +429,11 @@ fn plain_after(c: &Checked<'_>, at: StageId, target: StageId) -> bool {
             return false; // a cycle, reported on its own
         }
         let info = c.info(at);
-        (!info.needs.is_empty() && info.needs.iter().all(|n| go(c, *n, target, depth + 1)))
+        (!info.needs.is_empty()
+            && info
+                .needs
+                .iter()
+                .all(|n| !c.info(*n).stage.keys().is_optional() && go(c, *n, target, depth + 1)))
             || info.parent.is_some_and(|p| go(c, p, target, depth + 1))
     }
     go(c, at, target, 0)

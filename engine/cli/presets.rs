@@ -799,7 +799,7 @@ fn overrides_help(sc: &Scaffold<'_>, c: &str) -> String {
     let mut s = String::from("\n");
     s.push_str(&comment(
         &format!("{c} "),
-        "Change a stage of the preset with an override: prompt, prompt_file, agent, timeout, idle_timeout, retries, max_iterations, max_concurrency, when, budget. Overriding a stage or key the preset lacks is an error (RF056).",
+        "Change a stage of the preset with an override: prompt, prompt_file, agent, timeout, idle_timeout, retries, max_iterations, max_concurrency, when, optional, budget. Overriding a stage or key the preset lacks is an error (RF056).",
     ));
     s.push_str(&comment(
         &format!("{c} "),

@@ -317,6 +317,29 @@ fn body(plan: &Plan, region: Option<NodeId>, depth: usize, out: &mut String) {
         if let Some(w) = &s.keys().when {
             let _ = write!(line, ", only when `{}`", w.value);
         }
+        if node.skips_with_needs {
+            let names: Vec<String> = node
+                .needs
+                .iter()
+                .map(|x| format!("`{}`", plan.node(*x).name))
+                .collect();
+            let _ = match names.as_slice() {
+                [one] => write!(line, ", skipped whenever {one} is skipped"),
+                [a, b] => write!(line, ", skipped whenever {a} and {b} are both skipped"),
+                [rest @ .., last] => write!(
+                    line,
+                    ", skipped whenever {} and {last} are all skipped",
+                    rest.join(", ")
+                ),
+                [] => Ok(()),
+            };
+        }
+        if s.keys().is_optional() {
+            let _ = write!(
+                line,
+                ", optional (when skipped, what needs it runs as if it had run)"
+            );
+        }
         if let Some(r) = &s.keys().resource {
             let _ = write!(line, ", holding `{}`", r.value);
         }

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use petgraph::graph::{DiGraph, NodeIndex};
 
-use crate::check::scope::conditional;
+use crate::check::scope::{conditional, skips_with_needs};
 use crate::check::{Checked, StageId};
 use crate::model::{Action, Stage, StageKind, Workflow};
 
@@ -77,6 +77,9 @@ pub struct Node {
     pub then: Option<Target>,
     /// Whether the stage may be skipped (a condition, a route or an escalation decides).
     pub conditional: bool,
+    /// Whether the stage is skipped when every stage it needs is, and only then (no reason
+    /// of its own): `explain` and the graphs show the skip spreading to it.
+    pub skips_with_needs: bool,
     /// Whether one of the stage's templates names `stage_dir`: its program may write in its
     /// attempt's directory, which is then made before it starts.
     pub uses_stage_dir: bool,
@@ -488,6 +491,7 @@ pub fn compile_parts(checked: &Checked<'_>) -> PlanParts {
                 .map_or(Target::Fail, |a| target(&a.value, &exits)),
             then: s.keys().then.as_ref().map(|a| target(&a.value, &exits)),
             conditional: conditional(checked, id),
+            skips_with_needs: skips_with_needs(checked, id),
             uses_stage_dir,
             path: Vec::new(),
             local: NodeIndex::end(),

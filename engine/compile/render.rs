@@ -98,6 +98,9 @@ pub fn node_label(plan: &Plan, id: NodeId) -> String {
     if let Some(r) = &s.keys().resource {
         let _ = write!(label, "\nholds {}", r.value);
     }
+    if s.keys().is_optional() {
+        label.push_str("\noptional");
+    }
     label
 }
 
@@ -135,13 +138,12 @@ fn edges(plan: &Plan) -> Vec<(String, String, String, bool)> {
             };
             let (a, b) = (body.graph[a], body.graph[b]);
             let label = match &body.graph[e] {
-                Edge::Needs => plan
-                    .stage(b)
-                    .keys()
-                    .when
-                    .as_ref()
-                    .map(|w| format!("when {}", w.value))
-                    .unwrap_or_default(),
+                Edge::Needs => match &plan.stage(b).keys().when {
+                    Some(w) => format!("when {}", w.value),
+                    // `b` is skipped when all its needs are: the skip spreads along here.
+                    None if plan.node(b).skips_with_needs => "skipped with it".to_string(),
+                    None => String::new(),
+                },
                 Edge::Route(values) => values.join(" | "),
             };
             out.push((entry(a), entry(b), label, false));

@@ -140,6 +140,9 @@ pub(super) fn apply_override(
     if o.when.is_some() {
         stage.keys_mut().when = o.when.clone();
     }
+    if o.optional.is_some() {
+        stage.keys_mut().optional = o.optional.clone();
+    }
     if o.budget.is_some() {
         stage.keys_mut().budget = o.budget.clone().map(Box::new);
     }

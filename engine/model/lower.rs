@@ -221,6 +221,11 @@ fn duration(t: &Table, key: &str) -> Option<Spanned<Dur>> {
     Some(Spanned::new(d, v.span))
 }
 
+fn boolean(t: &Table, key: &str) -> Option<Spanned<bool>> {
+    t.get(key)
+        .and_then(|v| Some(Spanned::new(v.as_bool()?, v.span)))
+}
+
 fn action(t: &Table, key: &str) -> Option<Spanned<Action>> {
     let v = t.get(key)?;
     Some(Spanned::new(Action::parse(v.as_str()?)?, v.span))
@@ -486,6 +491,7 @@ fn stage(id: Text, t: &Table, span: Span) -> Option<Stage> {
         on_fail: action(t, "on_fail"),
         on_error: action(t, "on_error"),
         then: action(t, "then"),
+        optional: boolean(t, "optional"),
         feedback: text(t, "feedback"),
         timeout: duration(t, "timeout"),
         idle_timeout: duration(t, "idle_timeout"),
@@ -584,6 +590,7 @@ fn override_(stage: Text, t: &Table, span: Span) -> Option<Override> {
         max_iterations: count(t, "max_iterations"),
         max_concurrency: count(t, "max_concurrency"),
         when: text(t, "when"),
+        optional: boolean(t, "optional"),
         budget: budget(t),
         span,
     })

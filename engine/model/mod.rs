@@ -237,6 +237,7 @@ pub struct Override {
     pub max_iterations: Option<Spanned<Count>>,
     pub max_concurrency: Option<Spanned<Count>>,
     pub when: Option<Text>,
+    pub optional: Option<Spanned<bool>>,
     pub budget: Option<Budget>,
     pub span: Span,
 }

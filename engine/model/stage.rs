@@ -28,6 +28,9 @@ pub struct Stage {
 pub struct StageKeys {
     pub description: Option<Text>,
     pub when: Option<Text>,
+    /// `optional = true`: when the stage is skipped, the stages that need it run as if it had
+    /// run (its skip does not spread to them).
+    pub optional: Option<Spanned<bool>>,
     /// What a worker must have to carry out the stage's work (a run on workers).
     pub labels: Vec<Text>,
     pub route: Option<Box<Route>>,
@@ -48,6 +51,7 @@ pub struct StageKeys {
 static NO_KEYS: StageKeys = StageKeys {
     description: None,
     when: None,
+    optional: None,
     labels: Vec::new(),
     route: None,
     on_fail: None,
@@ -64,11 +68,17 @@ static NO_KEYS: StageKeys = StageKeys {
 };
 
 impl StageKeys {
+    /// Tells whether the stage's skip counts as done for the stages that need it.
+    pub fn is_optional(&self) -> bool {
+        self.optional.as_ref().is_some_and(|o| o.value)
+    }
+
     /// Tells whether no key is set.
     pub fn is_empty(&self) -> bool {
         let StageKeys {
             description,
             when,
+            optional,
             labels,
             route,
             on_fail,
@@ -85,6 +95,7 @@ impl StageKeys {
         } = self;
         description.is_none()
             && when.is_none()
+            && optional.is_none()
             && labels.is_empty()
             && route.is_none()
             && on_fail.is_none()

@@ -117,7 +117,14 @@ impl Exec<'_> {
                     let mut routed = false;
                     for e in g.edges_directed(ix, Direction::Incoming) {
                         match e.weight() {
-                            Edge::Needs => needs_ran.push(graph.state(e.source()) == Slot::Ran),
+                            Edge::Needs => needs_ran.push(match graph.state(e.source()) {
+                                Slot::Ran => true,
+                                // An optional stage's skip counts as done.
+                                Slot::Skipped => {
+                                    self.plan.stage(g[e.source()]).keys().is_optional()
+                                }
+                                _ => false,
+                            }),
                             Edge::Route(_) => routed = true,
                         }
                     }
