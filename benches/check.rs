@@ -70,7 +70,11 @@ fn main() {
                     .arg(p)
                     .output()
                     .expect("ralph-flow check");
-                assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+                assert!(
+                    out.status.success(),
+                    "{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
                 t.elapsed()
             })
             .collect();

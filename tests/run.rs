@@ -612,6 +612,36 @@ argv = ["sh", "-c", "{script}", "{{{{ t }}}}"]
 }
 
 #[test]
+fn templates_name_the_projects_own_checkout_from_inside_a_worktree() {
+    let p = Project::new();
+    p.git_init();
+    p.workflow(
+        "w.toml",
+        &items_in_worktrees(
+            "['a']",
+            r#"{ branch = "root/{{ t }}", cleanup = "never" }"#,
+            "pwd -P > {{ run.root }}/where.txt; echo {{ run.cwd }} >> {{ run.root }}/where.txt; git -C {{ run.root }} branch --show-current >> {{ run.root }}/where.txt",
+        ),
+    );
+    let out = p.run(&["run", "w.toml", "--json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let written =
+        std::fs::read_to_string(p.dir().join("where.txt")).expect("written in the project");
+    let lines: Vec<&str> = written.lines().collect();
+    let [pwd, cwd, branch] = lines.as_slice() else {
+        panic!("{written}")
+    };
+    let real = |x: &str| std::fs::canonicalize(x).expect("a directory");
+    assert_eq!(real(pwd), real(cwd), "run.cwd is where the item runs");
+    assert_ne!(
+        real(cwd),
+        real(p.dir().to_str().unwrap_or_default()),
+        "in its worktree"
+    );
+    assert_eq!(*branch, "main", "run.root is the project's own checkout");
+}
+
+#[test]
 fn many_items_add_and_remove_worktrees_at_once() {
     // Worktree changes of one repository must not race (`worktree prune` against a
     // half-done `worktree add`, lock files): twelve items start together.

@@ -54,6 +54,10 @@ impl Exec<'_> {
             Value::from(rfc3339(self.shared.run.started_at)),
         );
         run.insert("cwd", Value::from(frame.cwd.to_string_lossy().into_owned()));
+        run.insert(
+            "root",
+            Value::from(self.shared.opts.cwd.to_string_lossy().into_owned()),
+        );
         let mut ctx: BTreeMap<String, Value> = vars;
         ctx.insert("params".into(), self.params.clone());
         ctx.insert("stages".into(), stages);

@@ -37,7 +37,15 @@ pub(super) const STAGE_ATTRS: &[&str] = &[
     "output", "history", "last", "status", "ran", "feedback", "attempts", "usage", "settled",
 ];
 /// The attributes of `run`.
-pub(super) const RUN_ATTRS: &[&str] = &["id", "dir", "workflow", "started_at", "stage_dir", "cwd"];
+pub(super) const RUN_ATTRS: &[&str] = &[
+    "id",
+    "dir",
+    "workflow",
+    "started_at",
+    "stage_dir",
+    "cwd",
+    "root",
+];
 /// The loop variables.
 pub(super) const LOOP_VARS: &[&str] = &["iteration", "max_iterations", "feedback", "history"];
 
