@@ -226,7 +226,7 @@ impl<'t> Cx<'t> {
         &code[..end]
     }
 
-    /// `1:` style reference to a line, for help texts (lines count from 1).
+    /// The number a person reads for line `n` (lines count from 1).
     fn line_no(&self, n: usize) -> usize {
         n + 1
     }
@@ -601,7 +601,7 @@ impl<'t> Cx<'t> {
     /// An `=` after a node's name (`name = "x"`), or one on its own.
     fn equals(&self, at: usize) -> Mistake {
         let n = self.line_of(at);
-        if let Some(m) = self.toml_file(n) {
+        if let Some(m) = self.toml_file() {
             return m;
         }
         let code = self.code_of(n);
@@ -631,7 +631,7 @@ impl<'t> Cx<'t> {
     /// A `[` in KDL text: a TOML table header, or a TOML or JSON list.
     fn bracket_list(&self, at: usize) -> Mistake {
         let n = self.line_of(at);
-        if let Some(m) = self.toml_file(n) {
+        if let Some(m) = self.toml_file() {
             return m;
         }
         let code = self.code_of(n);
@@ -646,7 +646,7 @@ impl<'t> Cx<'t> {
 
     /// When the text reads as TOML (a `[table]` header, or two `key = value` lines), one
     /// mistake at its first TOML line.
-    fn toml_file(&self, _n: usize) -> Option<Mistake> {
+    fn toml_file(&self) -> Option<Mistake> {
         let mut headers = 0;
         let mut keys = 0;
         let mut first = None;

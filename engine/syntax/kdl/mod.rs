@@ -329,18 +329,24 @@ impl Cx<'_> {
 
     /// Several words where one text is expected (`description hello world`, or the words
     /// after `description=hello`): one syntax error that says how to quote them, and the text
-    /// they were meant to be. `None` when they are not all plain words.
+    /// they were meant to be. `None` when none of them is a plain word.
     fn words(&mut self, key: &str, entries: &[&KdlEntry]) -> Option<Value> {
-        let texts: Vec<&str> = entries
+        if !entries
             .iter()
-            .map(|e| match e.value() {
-                KdlValue::String(s) => Some(s.as_str()),
-                _ => None,
-            })
-            .collect::<Option<_>>()?;
-        if !entries.iter().any(|e| bare_value(e)) {
+            .any(|e| matches!(e.value(), KdlValue::String(_)) && bare_value(e))
+        {
             return None;
         }
+        // A number among the words (`build 2 things`) is a word as written.
+        let texts: Vec<String> = entries
+            .iter()
+            .map(|e| match e.value() {
+                KdlValue::String(s) => s.clone(),
+                other => e
+                    .format()
+                    .map_or_else(|| other.to_string(), |f| f.value_repr.trim().to_string()),
+            })
+            .collect();
         let (first, last) = (entries.first()?, entries.last()?);
         let start = self.span(first.span()).start as usize;
         let end = self.span(last.span()).end as usize;
