@@ -252,6 +252,82 @@ fn invalid() {
     });
 }
 
+/// The parser's own phrases, which a KDL syntax error must never show: ralph-flow says what is
+/// wrong and what to write in words of its own.
+const KDL_PARSER_PHRASES: &[&str] = &[
+    "not quoted string",
+    "not identifier string",
+    "not node name",
+    "not property value",
+    "not closed",
+    "Expected end of document",
+    "not EOF",
+    "value terminator",
+    "partially parsed",
+    "Found invalid node name",
+    "Found child block",
+    "Did you forget",
+    "Expected quoted string",
+    "Expected identifier string",
+];
+
+/// Each KDL syntax fixture (`invalid/RF001-kdl-*.kdl`) marks the lines of its mistakes with a
+/// `// mistake-on-line: N ...` directive: it must report exactly one diagnostic per marked line
+/// (no echo errors after it), each on its line, in ralph-flow's own words.
+#[test]
+fn kdl_syntax_errors_are_ours_one_per_mistake_on_its_line() {
+    let names: Vec<String> = names_in("invalid")
+        .into_iter()
+        .filter(|n| n.starts_with("RF001-kdl-") && n.ends_with(".kdl"))
+        .collect();
+    assert!(names.len() >= 20, "the KDL syntax fixtures: {names:?}");
+    for name in names {
+        let path = Path::new(FIXTURES).join("invalid").join(&name);
+        let text = std::fs::read_to_string(&path).expect("a KDL fixture is UTF-8");
+        let marked: Vec<usize> = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("// mistake-on-line:"))
+            .unwrap_or_else(|| panic!("{name} must mark its mistake: `// mistake-on-line: N`"))
+            .split_whitespace()
+            .map(|n| n.parse().expect("a line number"))
+            .collect();
+        let outcome = check_fixture(&path);
+        let lines: Vec<usize> = outcome
+            .diags
+            .iter()
+            .map(|d| {
+                let start = d.span.map_or(0, |s| s.start as usize);
+                text[..start.min(text.len())].matches('\n').count() + 1
+            })
+            .collect();
+        assert_eq!(
+            lines, marked,
+            "{name} must report one diagnostic on each marked line, and nothing else:\n{}",
+            outcome.text
+        );
+        for d in &outcome.diags {
+            assert_eq!(d.code, Code::Syntax, "{name}:\n{}", outcome.text);
+            let words = [
+                d.message.as_str(),
+                d.label.as_deref().unwrap_or_default(),
+                d.help.as_deref().unwrap_or_default(),
+            ];
+            for phrase in KDL_PARSER_PHRASES {
+                assert!(
+                    words.iter().all(|w| !w.contains(phrase)),
+                    "{name} shows the parser's phrase {phrase:?}:\n{}",
+                    outcome.text
+                );
+            }
+            assert!(
+                d.help.as_deref().is_some_and(|h| !h.is_empty()),
+                "{name} must say what to write instead:\n{}",
+                outcome.text
+            );
+        }
+    }
+}
+
 /// Known gaps: snapshots of what the checker does today, where it should do more.
 #[test]
 fn gaps() {

@@ -15,122 +15,32 @@ use crate::source::{FileId, Span};
 use crate::spec::{TableSpec, Ty, WORKFLOW};
 use crate::syntax::tree::{Entry, Table, Value, ValueKind};
 
-/// Parses KDL text into a table, reporting every syntax error the parser finds.
+mod errors;
+
+/// Parses KDL text into a table, reporting each syntax mistake once, in words of our own
+/// (see [`errors`]).
 pub fn parse(file: FileId, text: &str, diags: &mut Diagnostics) -> Table {
     match KdlDocument::parse_v2(text) {
         Ok(doc) => {
-            let mut cx = Cx { file, diags };
+            let mut cx = Cx { file, text, diags };
             cx.document(&doc, Some(&WORKFLOW))
         }
         Err(err) => {
-            let mut found: Vec<(Span, String, Option<String>)> = err
-                .diagnostics
-                .iter()
-                .map(|d| {
-                    let mut message = d
-                        .message
-                        .clone()
-                        .unwrap_or_else(|| "invalid KDL".to_string());
-                    if let Some(label) = &d.label {
-                        if !message.contains(label.as_str()) {
-                            message = format!("{message}: {label}");
-                        }
-                    }
-                    let span = Span::new(file, d.span.offset()..d.span.offset() + d.span.len());
-                    (span, message, d.help.clone())
-                })
-                .collect();
-            found.sort_by_key(|(span, _, _)| (span.start, span.end));
-            for (span, message, help) in first_errors(text, found) {
-                diags.push(syntax_error(text, span, &message, help));
-            }
-            if err.diagnostics.is_empty() {
-                diags.push(Diagnostic::new(
-                    Code::Syntax,
-                    Span::new(file, 0..0),
-                    "invalid KDL",
-                ));
+            for m in errors::explain(text, &err.diagnostics) {
+                let mut d = Diagnostic::new(Code::Syntax, Span::new(file, m.range), m.message);
+                if !m.label.is_empty() {
+                    d = d.label(m.label);
+                }
+                diags.push(d.help(m.help));
             }
             Table::default()
         }
     }
 }
 
-/// Keeps the syntax errors worth reading: the parser, once thrown off, reports echoes of one
-/// mistake (an unclosed block, the rest of a line, a whole file read inside out after a
-/// newline in a string). Kept: the first error of each line, unless it is only an echo
-/// ("no closing `}`", "expected end of document") of an earlier error; nothing after a
-/// newline in a single-line string, which puts every later quote out of step.
-fn first_errors(
-    text: &str,
-    found: Vec<(Span, String, Option<String>)>,
-) -> Vec<(Span, String, Option<String>)> {
-    const ECHOES: &[&str] = &[
-        "No closing '}'",
-        "Closing '}' was not found",
-        "Expected end of document",
-        "Found invalid node name",
-    ];
-    let line = |span: Span| {
-        let end = (span.start as usize).min(text.len());
-        text.as_bytes()[..end]
-            .iter()
-            .filter(|b| **b == b'\n')
-            .count()
-    };
-    let mut kept: Vec<(Span, String, Option<String>)> = Vec::new();
-    for (span, message, help) in found {
-        if let Some((last, last_message, _)) = kept.last() {
-            if last_message.contains("Unexpected newline in single-line quoted string")
-                || line(*last) == line(span)
-                || ECHOES.iter().any(|e| message.contains(e))
-            {
-                continue;
-            }
-        }
-        kept.push((span, message, help));
-    }
-    kept
-}
-
-/// Builds the diagnostic for one KDL syntax error, recognising KDL v1 spellings.
-fn syntax_error(text: &str, span: Span, message: &str, help: Option<String>) -> Diagnostic {
-    let written = text.get(span.range()).unwrap_or("");
-    if let Some(word) = ["true", "false", "null"].iter().find(|w| written == **w) {
-        return Diagnostic::new(
-            Code::Syntax,
-            span,
-            format!("invalid KDL: `{word}` is the KDL v1 spelling; KDL v2 writes `#{word}`"),
-        )
-        .label(format!("write `#{word}`"))
-        .help("KDL v2 spells its keywords `#true`, `#false` and `#null`; a bare word is a string, and `true`, `false` and `null` may not be bare words");
-    }
-    if written.starts_with("r\"") || written.starts_with("r#") {
-        return Diagnostic::new(
-            Code::Syntax,
-            span,
-            "invalid KDL: `r\"...\"` is a KDL v1 raw string; KDL v2 writes `#\"...\"#`",
-        )
-        .label("KDL v1 raw string")
-        .help("write the raw string as #\"...\"# (add more `#` on both sides if the text holds `\"#`)");
-    }
-    if message.contains("Unexpected newline in single-line quoted string") {
-        return Diagnostic::new(Code::Syntax, span, format!("invalid KDL: {message}"))
-            .label("the string is still open here")
-            .help("close the string on its line, write the line break as \\n, or use a multi-line string: \"\"\" on its own line, the text, then \"\"\" on its own line (later errors are not reported: they are likely echoes of this one)");
-    }
-    if message.contains("No closing '}'") {
-        return Diagnostic::new(Code::Syntax, span, format!("invalid KDL: {message}"))
-            .label("this `{` is never closed")
-            .help("add the `}` that closes this block; the errors that follow from it are not reported");
-    }
-    Diagnostic::new(Code::Syntax, span, format!("invalid KDL: {message}")).help(
-        help.unwrap_or_else(|| "fix the KDL syntax; https://kdl.dev describes KDL v2".to_string()),
-    )
-}
-
 struct Cx<'a> {
     file: FileId,
+    text: &'a str,
     diags: &'a mut Diagnostics,
 }
 
@@ -149,8 +59,28 @@ impl Cx<'_> {
     }
 
     fn node_into(&mut self, table: &mut Table, node: &KdlNode, spec: Option<&'static TableSpec>) {
-        let name = node.name().value();
+        let mut name = node.name().value();
         let key_span = self.span(node.name().span());
+        // `name: "x"`, the YAML or JSON habit: said once, then read as the key it was meant to be.
+        if let Some(key) = name
+            .strip_suffix(':')
+            .filter(|k| !k.is_empty() && !k.contains(':'))
+        {
+            if bare(node.name().repr()) {
+                self.diags.push(
+                    Diagnostic::new(
+                        Code::Syntax,
+                        key_span,
+                        format!("KDL does not put `:` after a node's name: write `{key}`, not `{name}`"),
+                    )
+                    .label("remove this `:`")
+                    .help(format!(
+                        "a node's values follow its name after a space: `{key} \"...\"`; a property is written `key=value`"
+                    )),
+                );
+                name = key;
+            }
+        }
         let node_span = self.span(node.span());
         // A key whose singular is its own name (`escalation`) is an array of tables: each
         // node appends one item.
@@ -168,7 +98,6 @@ impl Cx<'_> {
                 .first()
                 .is_some_and(|e| e.name().is_none() && matches!(e.value(), KdlValue::String(_)))
         });
-        let mut name = name;
         if let Some(singular) = plural_with_id {
             self.diags.push(
                 Diagnostic::new(
@@ -326,6 +255,39 @@ impl Cx<'_> {
     fn scalar(&mut self, entry: &KdlEntry) -> Option<Value> {
         let span = self.span(entry.span());
         let kind = match entry.value() {
+            // `needs build, test`: a bare word may hold a comma, but here it separates values.
+            KdlValue::String(s) if s.len() > 1 && s.ends_with(',') && bare_value(entry) => {
+                let end = span.end as usize;
+                self.diags.push(
+                    Diagnostic::new(
+                        Code::Syntax,
+                        Span::new(self.file, end.saturating_sub(1)..end),
+                        "KDL separates values with spaces, not commas",
+                    )
+                    .label("remove this comma")
+                    .help(format!(
+                        "write `{}`",
+                        errors::line_without_commas(self.text, end)
+                    )),
+                );
+                ValueKind::Str(s.trim_end_matches(',').to_string())
+            }
+            // `'text'`: a bare word may hold quotes, but here they were meant to quote it.
+            KdlValue::String(s)
+                if s.len() > 2 && s.starts_with('\'') && s.ends_with('\'') && bare_value(entry) =>
+            {
+                let inner = &s[1..s.len() - 1];
+                self.diags.push(
+                    Diagnostic::new(
+                        Code::Syntax,
+                        span,
+                        format!("KDL quotes text with double quotes: write `{}`", quoted(inner)),
+                    )
+                    .label("single quotes are part of a bare word in KDL")
+                    .help("KDL strings are written \"...\" (or #\"...\"# for raw text); `'` is an ordinary character"),
+                );
+                ValueKind::Str(inner.to_string())
+            }
             KdlValue::String(s) => ValueKind::Str(s.clone()),
             KdlValue::Integer(i) => match i64::try_from(*i) {
                 Ok(n) => ValueKind::Int(n),
@@ -365,6 +327,57 @@ impl Cx<'_> {
         Some(Value::new(span, kind))
     }
 
+    /// Several words where one text is expected (`description hello world`, or the words
+    /// after `description=hello`): one syntax error that says how to quote them, and the text
+    /// they were meant to be. `None` when none of them is a plain word.
+    fn words(&mut self, key: &str, entries: &[&KdlEntry]) -> Option<Value> {
+        if !entries
+            .iter()
+            .any(|e| matches!(e.value(), KdlValue::String(_)) && bare_value(e))
+        {
+            return None;
+        }
+        // A number among the words (`build 2 things`) is a word as written.
+        let texts: Vec<String> = entries
+            .iter()
+            .map(|e| match e.value() {
+                KdlValue::String(s) => s.clone(),
+                other => e
+                    .format()
+                    .map_or_else(|| other.to_string(), |f| f.value_repr.trim().to_string()),
+            })
+            .collect();
+        let (first, last) = (entries.first()?, entries.last()?);
+        let start = self.span(first.span()).start as usize;
+        let end = self.span(last.span()).end as usize;
+        let span = Span::new(self.file, start..end);
+        let text = texts.join(" ");
+        // `'hello world'`: single quotes do not quote in KDL, but they were meant to.
+        let text = match text.strip_prefix('\'').and_then(|t| t.strip_suffix('\'')) {
+            Some(inner) => inner.to_string(),
+            None => text,
+        };
+        let quoted = quoted(&text);
+        let written = if key.ends_with('=') {
+            format!("{key}{quoted}")
+        } else {
+            format!("{key} {quoted}")
+        };
+        self.diags.push(
+            Diagnostic::new(
+                Code::Syntax,
+                span,
+                format!("text with spaces must be quoted: write `{written}`"),
+            )
+            .label(format!("{} separate values", entries.len()))
+            .help(format!(
+                "KDL reads unquoted words as separate values, and `{}` takes one text: put the whole text in quotes",
+                key.trim_end_matches('=')
+            )),
+        );
+        Some(Value::new(span, ValueKind::Str(text)))
+    }
+
     /// Converts a node whose key is known to have type `ty`.
     fn typed(&mut self, node: &KdlNode, ty: &Ty) -> Option<Value> {
         let span = self.span(node.span());
@@ -391,7 +404,22 @@ impl Cx<'_> {
             Ty::StrOrTable(_) if args.len() == 1 && !has_props && node.children().is_none() => {
                 self.scalar(args[0])
             }
+            Ty::StrOrTable(_) if args.len() > 1 && !has_props && node.children().is_none() => self
+                .words(node.name().value(), &args)
+                .or_else(|| self.generic(node)),
             Ty::StrOrTable(_) | Ty::Any => self.generic(node),
+            Ty::Str
+            | Ty::Template
+            | Ty::Expr
+            | Ty::Label
+            | Ty::Enum(_)
+            | Ty::Duration
+            | Ty::Action
+                if args.len() > 1 && !has_props && node.children().is_none() =>
+            {
+                self.words(node.name().value(), &args)
+                    .or_else(|| self.generic(node))
+            }
             _ if args.len() == 1 && !has_props && node.children().is_none() => self.scalar(args[0]),
             _ => self.generic(node),
         }
@@ -405,11 +433,31 @@ impl Cx<'_> {
         spec: Option<&'static TableSpec>,
     ) -> Table {
         let mut table = Table::default();
-        for e in entries {
+        let mut rest = entries;
+        while let Some((e, after)) = rest.split_first() {
+            rest = after;
             match e.name() {
                 Some(name) => {
                     let key_span = self.span(name.span());
-                    let value = self.scalar(e);
+                    // `description=do the work`: the words after a bare value belong to it.
+                    let words = after
+                        .iter()
+                        .take_while(|w| {
+                            w.name().is_none()
+                                && matches!(w.value(), KdlValue::String(_))
+                                && bare_value(w)
+                        })
+                        .count();
+                    let value =
+                        if words > 0 && bare_value(e) && matches!(e.value(), KdlValue::String(_)) {
+                            let mut all = vec![e];
+                            all.extend(&after[..words]);
+                            rest = &after[words..];
+                            let key = format!("{}=", name.value());
+                            self.words(&key, &all)
+                        } else {
+                            self.scalar(e)
+                        };
                     self.insert(&mut table, name.value(), key_span, value);
                 }
                 None => {
@@ -465,5 +513,134 @@ impl Cx<'_> {
         }
         let items = args.iter().filter_map(|e| self.scalar(e)).collect();
         Some(Value::new(span, ValueKind::Array(items)))
+    }
+}
+
+/// Whether a name or value was written as a bare word (not quoted, not a raw string).
+fn bare(repr: Option<&str>) -> bool {
+    repr.is_some_and(|r| !r.starts_with(['"', '#']))
+}
+
+/// Whether an entry's value was written as a bare word.
+fn bare_value(entry: &KdlEntry) -> bool {
+    bare(entry.format().map(|f| f.value_repr.as_str()))
+}
+
+/// A KDL quoted string holding `text`.
+fn quoted(text: &str) -> String {
+    format!("\"{}\"", text.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(text: &str) -> (Table, Vec<Diagnostic>) {
+        let mut diags = Diagnostics::default();
+        let table = parse(FileId(0), text, &mut diags);
+        (table, diags.into_sorted())
+    }
+
+    fn stage<'t>(table: &'t Table, id: &str) -> &'t Table {
+        match table.get("stages").map(|v| &v.kind) {
+            Some(ValueKind::Table(stages)) => match stages.get(id).map(|v| &v.kind) {
+                Some(ValueKind::Table(t)) => t,
+                other => panic!("stage {id}: {other:?}"),
+            },
+            other => panic!("stages: {other:?}"),
+        }
+    }
+
+    /// KDL v2 allows spaces around a property's `=`: `kind = "command"` is `kind="command"`.
+    #[test]
+    fn spaces_around_a_property_equals_sign_are_fine() {
+        let (table, diags) = parsed("stage \"b\" kind = \"command\" {\n    argv \"make\"\n}\n");
+        assert!(diags.is_empty(), "{diags:?}");
+        assert!(matches!(
+            stage(&table, "b").get("kind").map(|v| &v.kind),
+            Some(ValueKind::Str(k)) if k == "command"
+        ));
+    }
+
+    /// Bare words are strings in KDL v2: `needs build test` needs two stages.
+    #[test]
+    fn bare_word_arguments_are_strings() {
+        let (table, diags) =
+            parsed("stage \"t\" kind=\"command\" {\n    needs build test\n    argv make\n}\n");
+        assert!(diags.is_empty(), "{diags:?}");
+        let Some(ValueKind::Array(needs)) = stage(&table, "t").get("needs").map(|v| &v.kind) else {
+            panic!("needs is a list");
+        };
+        let names: Vec<&ValueKind> = needs.iter().map(|v| &v.kind).collect();
+        assert!(
+            matches!(names[..], [ValueKind::Str(a), ValueKind::Str(b)] if a == "build" && b == "test"),
+            "{names:?}"
+        );
+    }
+
+    /// Every KDL file of the project parses without a syntax error: the checks of unquoted
+    /// words, commas and quotes have no false positives there.
+    #[test]
+    fn the_project_kdl_files_have_no_syntax_errors() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut dirs = vec![
+            root.join("workflows"),
+            root.join("examples"),
+            root.join("tests/fixtures/check/valid"),
+        ];
+        let mut seen = 0;
+        while let Some(dir) = dirs.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for path in entries.flatten().map(|e| e.path()) {
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if path.extension().is_some_and(|e| e == "kdl") {
+                    let text = std::fs::read_to_string(&path).expect("a KDL file");
+                    let (_, diags) = parsed(&text);
+                    let syntax: Vec<&Diagnostic> =
+                        diags.iter().filter(|d| d.code == Code::Syntax).collect();
+                    assert!(syntax.is_empty(), "{}: {syntax:?}", path.display());
+                    seen += 1;
+                }
+            }
+        }
+        assert!(seen > 10, "only {seen} KDL files found");
+    }
+
+    /// Cut anywhere, or with a character dropped, a workflow gives syntax errors in our own
+    /// words (never the parser's), each with a hint, and never a panic.
+    #[test]
+    fn any_cut_or_dropped_character_is_explained_in_our_words() {
+        let text = "// a workflow\nname \"cut\"\ndescription #\"raw \\d\"#\nagent \"c\" kind=\"claude\"\n\
+                    stage \"plan\" kind=\"agent\" agent=\"c\" {\n    prompt \"\"\"\n        Plan {it}.\n        \"\"\"\n\
+                    \x20   output extract=\"regex\" pattern=#\"(?P<n>\\d+) é\"# /* note } */\n    retries 2\n}\n\
+                    stage \"build\" kind=\"command\" timeout=\"10m\" {\n    needs \"plan\"\n    argv \"make\" \"a\\\"b\"\n}\n";
+        let phrases = [
+            "not quoted string",
+            "not closed",
+            "Expected",
+            "not EOF",
+            "value terminator",
+            "not node name",
+        ];
+        let mut variants: Vec<String> = Vec::new();
+        for (i, c) in text.char_indices() {
+            variants.push(text[..i].to_string());
+            variants.push(format!("{}{}", &text[..i], &text[i + c.len_utf8()..]));
+        }
+        for variant in variants {
+            let (_, diags) = parsed(&variant);
+            for d in diags.iter().filter(|d| d.code == Code::Syntax) {
+                for p in phrases {
+                    assert!(!d.message.contains(p), "{variant:?}: {d:?}");
+                }
+                assert!(
+                    d.help.as_deref().is_some_and(|h| !h.is_empty()),
+                    "{variant:?}: {d:?}"
+                );
+            }
+        }
     }
 }
