@@ -1,5 +1,6 @@
-//! Quoting what the `kdl` crate would write in a form its own parser rejects: names and
-//! strings with control or bidi characters, and bare strings such as `-.5`.
+//! Quoting what the `kdl` crate would write unreadably: names and strings with control or
+//! bidi characters and bare strings such as `-.5` (which its own parser rejects), and text
+//! of several lines (which it writes on one line with `\n`), as a multi-line string.
 
 use std::fmt::Write as _;
 
@@ -7,19 +8,32 @@ use kdl::{KdlEntry, KdlEntryFormat, KdlIdentifier, KdlNode, KdlValue};
 
 /// Quotes the names and strings that the `kdl` crate (6.7) would write in a form its own
 /// parser rejects: control and bidi characters, `\u{85}`, `\u{2028}` and bare strings such
-/// as `-.5`. Runs after `autoformat`, which would reset these representations.
-pub(super) fn fix_reprs(nodes: &mut [KdlNode]) {
+/// as `-.5`; quotes every other bare string too (`"plan"`, not `plan`); and writes text of several lines as a multi-line string, indented one level
+/// below its node, which is at `depth`. Runs after `autoformat`, which would reset these
+/// representations.
+pub(super) fn fix_reprs(nodes: &mut [KdlNode], depth: usize) {
     for node in nodes {
         fix_ident(node.name_mut());
         for entry in node.entries_mut() {
             if let Some(name) = entry.name_mut() {
                 fix_ident(name);
             }
-            if let KdlValue::String(s) = entry.value() {
+            if let KdlValue::String(s) = entry.value()
+                && entry.name().is_none()
+                && let Some(value_repr) = multi_line(s, depth)
+            {
+                entry.set_format(KdlEntryFormat {
+                    value_repr,
+                    leading: " ".into(),
+                    ..Default::default()
+                });
+            } else if let KdlValue::String(s) = entry.value() {
                 let rendered = entry.value().to_string();
                 let ok = KdlEntry::parse(&rendered)
                     .is_ok_and(|e| e.name().is_none() && e.value().as_string() == Some(s.as_str()));
-                if !ok {
+                // A bare string (`plan`, `kind=agent`) is quoted too, as people write them.
+                let bare = !rendered.starts_with(['"', '#']);
+                if !ok || bare {
                     let value_repr = kdl_quote(s);
                     entry.set_format(KdlEntryFormat {
                         value_repr,
@@ -30,7 +44,7 @@ pub(super) fn fix_reprs(nodes: &mut [KdlNode]) {
             }
         }
         if let Some(children) = node.children_mut() {
-            fix_reprs(children.nodes_mut());
+            fix_reprs(children.nodes_mut(), depth + 1);
         }
     }
 }
@@ -42,6 +56,49 @@ fn fix_ident(ident: &mut KdlIdentifier) {
     }
     let repr = kdl_quote(ident.value());
     ident.set_repr(repr);
+}
+
+/// Text of several lines as a KDL v2 multi-line string: raw (`#"""`, no escapes) when it has
+/// quotes or backslashes, else `"""`; each line indented one level below a node at `depth`,
+/// the closing quotes on a line of their own. `None` when the text has no line break, or
+/// when it would not read back as it is (a line of blanks only, a carriage return, a
+/// character that only an escape can carry in a raw string), which then stays on one line.
+fn multi_line(s: &str, depth: usize) -> Option<String> {
+    if !s.contains('\n') {
+        return None;
+    }
+    let indent = "    ".repeat(depth + 1);
+    let raw = s.contains(['"', '\\']);
+    let (open, close) = if raw {
+        // Enough `#`s that no `"""#...` inside the text closes the string.
+        let mut hashes = String::from("#");
+        while s.contains(&format!("\"\"\"{hashes}")) {
+            hashes.push('#');
+        }
+        (format!("{hashes}\"\"\""), format!("\"\"\"{hashes}"))
+    } else {
+        ("\"\"\"".to_string(), "\"\"\"".to_string())
+    };
+    let mut out = open;
+    out.push('\n');
+    for line in s.split('\n') {
+        if !line.is_empty() {
+            out.push_str(&indent);
+            if raw {
+                out.push_str(line);
+            } else {
+                // Only what a literal may not hold needs an escape (no quote or backslash
+                // is here).
+                let quoted = kdl_quote(line);
+                out.push_str(&quoted[1..quoted.len() - 1]);
+            }
+        }
+        out.push('\n');
+    }
+    out.push_str(&indent);
+    out.push_str(&close);
+    let back = KdlEntry::parse(&out).ok()?;
+    (back.name().is_none() && back.value().as_string() == Some(s)).then_some(out)
 }
 
 /// A quoted KDL v2 string that escapes every character a literal may not contain.
