@@ -60,15 +60,32 @@ fn fix_ident(ident: &mut KdlIdentifier) {
 
 /// Text of several lines as a KDL v2 multi-line string: raw (`#"""`, no escapes) when it has
 /// quotes or backslashes, else `"""`; each line indented one level below a node at `depth`,
-/// the closing quotes on a line of their own. `None` when the text has no line break, or
-/// when it would not read back as it is (a line of blanks only, a carriage return, a
-/// character that only an escape can carry in a raw string), which then stays on one line.
+/// the closing quotes on a line of their own. A line of blanks only (which a multi-line
+/// string reads as empty) is written with escapes (`\s`, `\t`), in a `"""` string, and so is
+/// text with a character that only an escape can carry. `None` when the text has no line
+/// break, or (a safeguard) when neither form reads back as it is: it then stays on one line.
 fn multi_line(s: &str, depth: usize) -> Option<String> {
     if !s.contains('\n') {
         return None;
     }
+    let raw = s.contains(['"', '\\']) && !s.split('\n').any(blank_line);
+    multi_line_as(s, depth, raw).or_else(|| {
+        if raw {
+            multi_line_as(s, depth, false)
+        } else {
+            None
+        }
+    })
+}
+
+/// A line of blanks only, which a multi-line string would read as an empty line.
+fn blank_line(l: &str) -> bool {
+    !l.is_empty() && l.trim_matches([' ', '\t']).is_empty()
+}
+
+/// Text of several lines as a raw or plain multi-line string, if it reads back as it is.
+fn multi_line_as(s: &str, depth: usize, raw: bool) -> Option<String> {
     let indent = "    ".repeat(depth + 1);
-    let raw = s.contains(['"', '\\']);
     let (open, close) = if raw {
         // Enough `#`s that no `"""#...` inside the text closes the string.
         let mut hashes = String::from("#");
@@ -86,9 +103,10 @@ fn multi_line(s: &str, depth: usize) -> Option<String> {
             out.push_str(&indent);
             if raw {
                 out.push_str(line);
+            } else if blank_line(line) {
+                out.push_str(&line.replace(' ', "\\s").replace('\t', "\\t"));
             } else {
-                // Only what a literal may not hold needs an escape (no quote or backslash
-                // is here).
+                // Only what a literal may not hold needs an escape.
                 let quoted = kdl_quote(line);
                 out.push_str(&quoted[1..quoted.len() - 1]);
             }
@@ -159,6 +177,33 @@ type = "string"
 default = { "a b" = { "" = true, "\u200f" = [true] } }
 "##;
         let tree = parse_ok(text, Format::Toml);
+        assert_round_trips(&tree);
+    }
+
+    #[test]
+    fn text_of_several_lines_is_a_multi_line_string_that_reads_back() {
+        for (text, raw) in [
+            ("one\ntwo\n", false),
+            ("a carriage return\r\nescaped", false),
+            ("a line of blanks\n   \n\t\nend", false),
+            ("blanks and \"quotes\"\n  \nend\\", false),
+            ("\"quotes\" and a bell \u{7}\nx", false),
+            ("no trailing\nline break", false),
+            ("  indented\n\tand a tab\n\n\nblank lines\n", false),
+            ("say \"hi\"\nback\\slash\n", true),
+            ("a \"\"\"# inside\n\"\"\"## too\n", true),
+            ("#\"\"\" opener\nend", true),
+        ] {
+            let s = super::multi_line(text, 1).unwrap_or_else(|| panic!("{text:?}"));
+            assert_eq!(s.starts_with('#'), raw, "{s}");
+            assert!(!s.contains("\\n"), "{s}");
+            assert!(s.ends_with("    \"\"\"") || s.contains("\"\"\"#"), "{s}");
+        }
+        assert_eq!(super::multi_line("one line", 0), None);
+        let tree = parse_ok(
+            "name = \"x\"\ndescription = \"\"\"\nsay \"hi\" \\\\ \n\n  indented\n\"\"\"\n[stages.a]\nkind = \"command\"\nargv = [\"sh\", \"-c\", \"\"\"\nset -e\necho ok\n\"\"\"]\n",
+            Format::Toml,
+        );
         assert_round_trips(&tree);
     }
 }
