@@ -162,12 +162,37 @@ fn place_labels(d: &mut Drawing) {
             }
         })
         .collect();
+    // Points along every edge, by grid cell, to keep labels off other edges where they can.
+    let mut grid: HashMap<(i32, i32), Vec<EdgePoint>> = HashMap::new();
+    for (i, a) in d.arrows.iter().enumerate() {
+        for (x, y) in path_points(&a.path) {
+            grid.entry((x.div_euclid(CELL), y.div_euclid(CELL)))
+                .or_default()
+                .push((i, x, y));
+        }
+    }
+    let crosses_edge = |r: (i32, i32, i32, i32), own: usize| {
+        let cells_x = r.0.div_euclid(CELL)..=(r.0 + r.2).div_euclid(CELL);
+        cells_x.into_iter().any(|cx| {
+            (r.1.div_euclid(CELL)..=(r.1 + r.3).div_euclid(CELL)).any(|cy| {
+                grid.get(&(cx, cy)).is_some_and(|pts| {
+                    pts.iter().any(|&(i, x, y)| {
+                        i != own && x >= r.0 && x <= r.0 + r.2 && y >= r.1 && y <= r.1 + r.3
+                    })
+                })
+            })
+        })
+    };
     let mut placed: Vec<(i32, i32, i32, i32)> = Vec::new();
-    for a in d.arrows.iter_mut().filter(|a| !a.label.is_empty()) {
-        let free = |x: i32, y: i32, placed: &[(i32, i32, i32, i32)], nodes: bool| {
+    for (i, a) in d.arrows.iter_mut().enumerate() {
+        if a.label.is_empty() {
+            continue;
+        }
+        let free = |x: i32, y: i32, placed: &[(i32, i32, i32, i32)], nodes: bool, edges: bool| {
             let r = label_box(&a.label, x, y);
             !placed.iter().any(|p| boxes_meet(r, *p))
                 && (!nodes || !obstacles.iter().any(|o| boxes_meet(r, *o)))
+                && (!edges || !crosses_edge(r, i))
         };
         let first = a.spots.first().copied().unwrap_or((a.label_x, a.label_y));
         let (_, _, w, _) = label_box(&a.label, 0, 0);
@@ -177,17 +202,28 @@ fn place_labels(d: &mut Drawing) {
                 .into_iter()
                 .flat_map(move |dx| [k, -k].map(|k| (first.0 + dx, first.1 + k * LABEL_H / 2)))
         });
-        let spot = a
+        let candidates: Vec<(i32, i32)> = a
             .spots
             .iter()
             .copied()
             .chain(near)
-            .find(|&(x, y)| x >= 2 && y >= 11 && free(x, y, &placed, true));
+            .filter(|&(x, y)| x >= 2 && y >= 11)
+            .collect();
+        // Clear of the stages, the labels and the other edges; else of the first two.
+        let spot = candidates
+            .iter()
+            .find(|&&(x, y)| free(x, y, &placed, true, true))
+            .or_else(|| {
+                candidates
+                    .iter()
+                    .find(|&&(x, y)| free(x, y, &placed, true, false))
+            })
+            .copied();
         let (x, y) = match spot {
             Some(spot) => spot,
             None => {
                 let mut y = first.1;
-                while !free(first.0, y, &placed, false) {
+                while !free(first.0, y, &placed, false, false) {
                     y += LABEL_H;
                 }
                 (first.0, y)
@@ -200,6 +236,76 @@ fn place_labels(d: &mut Drawing) {
         d.height = d.height.max(r.1 + r.3 + PAD);
         placed.push(r);
     }
+}
+
+/// A point of an edge: the edge's index among the arrows, x, y.
+type EdgePoint = (usize, i32, i32);
+
+/// The side of a cell of the grid that finds the points of edges near a label.
+const CELL: i32 = 32;
+
+/// Points along a path made by [`curve`], [`detour`] or a `when` stub (`M`, `C` and `L`
+/// commands), every few pixels.
+fn path_points(path: &str) -> Vec<(i32, i32)> {
+    let mut out = Vec::new();
+    let mut tokens = path.split(' ');
+    let mut at = (0.0_f64, 0.0_f64);
+    let num = |t: &mut std::str::Split<'_, char>| -> Option<f64> {
+        t.next().and_then(|v| v.parse::<i32>().ok()).map(f64::from)
+    };
+    let push = |out: &mut Vec<(i32, i32)>, (x, y): (f64, f64)| {
+        // Whole pixels, which the drawing is in.
+        #[allow(clippy::cast_possible_truncation)]
+        out.push((x.round() as i32, y.round() as i32));
+    };
+    while let Some(cmd) = tokens.next() {
+        match cmd {
+            "M" => {
+                let (Some(x), Some(y)) = (num(&mut tokens), num(&mut tokens)) else {
+                    break;
+                };
+                at = (x, y);
+                push(&mut out, at);
+            }
+            "L" => {
+                let (Some(x), Some(y)) = (num(&mut tokens), num(&mut tokens)) else {
+                    break;
+                };
+                let steps = ((x - at.0).abs().max((y - at.1).abs()) / 8.0)
+                    .ceil()
+                    .max(1.0);
+                for k in 1..=(steps as usize) {
+                    let t = k as f64 / steps;
+                    push(&mut out, (at.0 + (x - at.0) * t, at.1 + (y - at.1) * t));
+                }
+                at = (x, y);
+            }
+            "C" => {
+                let mut p = [0.0; 6];
+                for v in &mut p {
+                    match num(&mut tokens) {
+                        Some(n) => *v = n,
+                        None => return out,
+                    }
+                }
+                for k in 1..=16 {
+                    let t = f64::from(k) / 16.0;
+                    let u = 1.0 - t;
+                    let (a, b, c, e) = (u * u * u, 3.0 * u * u * t, 3.0 * u * t * t, t * t * t);
+                    push(
+                        &mut out,
+                        (
+                            a * at.0 + b * p[0] + c * p[2] + e * p[4],
+                            a * at.1 + b * p[1] + c * p[3] + e * p[5],
+                        ),
+                    );
+                }
+                at = (p[4], p[5]);
+            }
+            _ => {}
+        }
+    }
+    out
 }
 
 fn shift_arrow(a: Arrow, dx: i32, dy: i32) -> Arrow {
@@ -821,6 +927,23 @@ mod tests {
             assert!(file.starts_with("<svg") && file.contains("<style>"));
             assert!(!file.contains("<a href="));
         }
+    }
+
+    #[test]
+    fn points_follow_every_kind_of_path() {
+        let pts = path_points(&curve(0, 0, 100, 100));
+        assert_eq!(pts.first(), Some(&(0, 0)));
+        assert_eq!(pts.last(), Some(&(100, 100)));
+        assert!(pts.contains(&(50, 50)), "{pts:?}");
+        let pts = path_points("M 10 0 L 10 40");
+        assert_eq!(
+            pts,
+            vec![(10, 0), (10, 8), (10, 16), (10, 24), (10, 32), (10, 40)]
+        );
+        let pts = path_points(&detour(0, 0, 300, 0, 200));
+        assert!(pts.iter().any(|&(x, y)| x == 300 && y == 100), "{pts:?}");
+        assert_eq!(pts.last(), Some(&(0, 200)));
+        assert!(path_points("M 1").is_empty());
     }
 
     #[test]
