@@ -210,7 +210,7 @@ fn fmt_converts_toml_to_kdl_and_back() {
     let t = Test::new().file("w.toml", GOOD);
     let (code, kdl, err) = t.run(&["fmt", "--to", "kdl", "w.toml"]);
     assert_eq!(code, 0, "{err}");
-    assert!(kdl.contains("stage work kind=loop"), "{kdl}");
+    assert!(kdl.contains("stage \"work\" kind=\"loop\""), "{kdl}");
     let t = t.file("w.kdl", &kdl);
     let (code, _, err) = t.run(&["check", "w.kdl"]);
     assert_eq!(code, 0, "{err}");

@@ -537,12 +537,12 @@ fn init_scaffolds_a_workflow_that_checks_for_every_builtin_preset() {
             let out = p.run(&["init", name, "--format", format, "-o", &out_file]);
             ok(&out);
             let text = p.read(&out_file);
-            // Written by the emitter: KDL v2 leaves an identifier-like string bare.
+            // Written by the emitter, which quotes every string.
             assert!(
                 text.contains(&if format == "toml" {
                     format!("workflow = \"{name}\"")
                 } else {
-                    format!("extends workflow={name} {{")
+                    format!("extends workflow=\"{name}\" {{")
                 }),
                 "{text}"
             );

@@ -3,9 +3,13 @@
 //!
 //! It walks the plan as `ralph-flow graph` does: each body (the top level, each loop's,
 //! for_each's and group's) is its petgraph DAG. A body is laid out in layers by longest
-//! path, each layer ordered by the mean position of its predecessors; a region is drawn as a
-//! box around its own body's layout. The layout is computed once per plan; each refresh
-//! only colours it ([`svg`]) with the nodes' live states.
+//! path, each layer ordered by the mean position of its predecessors (ties in the order the
+//! stages are declared, left to right); a region is drawn as a box around its own body's
+//! layout. Gates are hexagons; a stage that holds a resource says so on a third line; a
+//! `when` is written on the edges into its stage, or, on a stage nothing in its body comes
+//! before (the first stage of a loop), on a short dashed stub above it. Edge labels are
+//! placed last, each where it meets no stage and no other label. The layout is computed
+//! once per plan; each refresh only colours it ([`svg`]) with the nodes' live states.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -16,9 +20,19 @@ use serde::Serialize;
 use super::view::NodeLive;
 use crate::compile::render::{node_label, region_label};
 use crate::compile::{Body, Edge, NodeId, Plan};
+use crate::model::StageKind;
 
 const NODE_W: i32 = 200;
 const NODE_H: i32 = 50;
+/// The extra height of a stage that holds a resource (its third line).
+const RESOURCE_H: i32 = 14;
+/// How far a hexagon's corners come in from its box.
+const HEX_INSET: i32 = 12;
+/// The room above a body's first row for the stubs that carry a `when`.
+const WHEN_STUB: i32 = 30;
+/// The height of an edge label's box, and the rough width of one of its characters (11 px).
+const LABEL_H: i32 = 14;
+const LABEL_CHAR_W: i32 = 7;
 const GAP_X: i32 = 28;
 const GAP_Y: i32 = 44;
 const PAD: i32 = 16;
@@ -33,6 +47,8 @@ const FIT: usize = 30;
 pub struct Placed {
     pub name: String,
     pub region: bool,
+    /// A gate, drawn as a hexagon.
+    pub gate: bool,
     pub x: i32,
     pub y: i32,
     pub w: i32,
@@ -43,6 +59,8 @@ pub struct Placed {
     pub detail: String,
     /// The whole label, for the tooltip.
     pub full: String,
+    /// The resource the stage holds (empty when none), on a third line.
+    pub resource: String,
 }
 
 /// An arrow between two boxes of one body.
@@ -53,6 +71,28 @@ pub struct Arrow {
     pub label_x: i32,
     pub label_y: i32,
     pub route: bool,
+    /// The stub that carries the `when` of a stage nothing in its body comes before.
+    pub when: bool,
+    /// Where the label may go (its text's start), best first; the first where it meets no
+    /// stage and no other label is taken.
+    #[serde(skip)]
+    spots: Vec<(i32, i32)>,
+}
+
+impl Arrow {
+    /// The box an edge label covers: x, y, width, height.
+    pub fn label_box(&self) -> (i32, i32, i32, i32) {
+        label_box(&self.label, self.label_x, self.label_y)
+    }
+}
+
+fn label_box(label: &str, x: i32, y: i32) -> (i32, i32, i32, i32) {
+    let chars = i32::try_from(label.chars().count()).unwrap_or(i32::MAX / LABEL_CHAR_W);
+    (x - 2, y - 11, chars * LABEL_CHAR_W + 4, LABEL_H)
+}
+
+fn boxes_meet(a: (i32, i32, i32, i32), b: (i32, i32, i32, i32)) -> bool {
+    a.0 < b.0 + b.2 && b.0 < a.0 + a.2 && a.1 < b.1 + b.3 && b.1 < a.1 + a.3
 }
 
 /// A plan's layout.
@@ -84,7 +124,7 @@ fn fit(s: &str) -> String {
 /// Lays a plan out.
 pub fn draw(plan: &Plan) -> Drawing {
     let sub = lay(plan, &plan.top);
-    Drawing {
+    let mut d = Drawing {
         width: sub.w.max(NODE_W) + 2 * PAD,
         height: sub.h.max(NODE_H) + 2 * PAD,
         boxes: sub
@@ -102,7 +142,170 @@ pub fn draw(plan: &Plan) -> Drawing {
             .map(|a| shift_arrow(a, PAD, PAD))
             .collect(),
         note: None,
+    };
+    place_labels(&mut d);
+    d
+}
+
+/// Puts each edge label on the first of its spots where it meets no stage, no region's
+/// title and no label placed before it; when every spot is taken, below its first spot,
+/// as far down as it takes to meet no other label. The drawing grows to hold them.
+fn place_labels(d: &mut Drawing) {
+    let obstacles: Vec<(i32, i32, i32, i32)> = d
+        .boxes
+        .iter()
+        .map(|b| {
+            if b.region {
+                (b.x, b.y, b.w, HEADER)
+            } else {
+                (b.x, b.y, b.w, b.h)
+            }
+        })
+        .collect();
+    // Points along every edge, by grid cell, to keep labels off other edges where they can.
+    let mut grid: HashMap<(i32, i32), Vec<EdgePoint>> = HashMap::new();
+    for (i, a) in d.arrows.iter().enumerate() {
+        for (x, y) in path_points(&a.path) {
+            grid.entry((x.div_euclid(CELL), y.div_euclid(CELL)))
+                .or_default()
+                .push((i, x, y));
+        }
     }
+    let crosses_edge = |r: (i32, i32, i32, i32), own: usize| {
+        let cells_x = r.0.div_euclid(CELL)..=(r.0 + r.2).div_euclid(CELL);
+        cells_x.into_iter().any(|cx| {
+            (r.1.div_euclid(CELL)..=(r.1 + r.3).div_euclid(CELL)).any(|cy| {
+                grid.get(&(cx, cy)).is_some_and(|pts| {
+                    pts.iter().any(|&(i, x, y)| {
+                        i != own && x >= r.0 && x <= r.0 + r.2 && y >= r.1 && y <= r.1 + r.3
+                    })
+                })
+            })
+        })
+    };
+    let mut placed: Vec<(i32, i32, i32, i32)> = Vec::new();
+    for (i, a) in d.arrows.iter_mut().enumerate() {
+        if a.label.is_empty() {
+            continue;
+        }
+        let free = |x: i32, y: i32, placed: &[(i32, i32, i32, i32)], nodes: bool, edges: bool| {
+            let r = label_box(&a.label, x, y);
+            !placed.iter().any(|p| boxes_meet(r, *p))
+                && (!nodes || !obstacles.iter().any(|o| boxes_meet(r, *o)))
+                && (!edges || !crosses_edge(r, i))
+        };
+        let first = a.spots.first().copied().unwrap_or((a.label_x, a.label_y));
+        let (_, _, w, _) = label_box(&a.label, 0, 0);
+        // Near the first spot: up and down by half a label, a little left or right.
+        let near = (1..=24).flat_map(|k| {
+            [0, -w / 2, w / 2]
+                .into_iter()
+                .flat_map(move |dx| [k, -k].map(|k| (first.0 + dx, first.1 + k * LABEL_H / 2)))
+        });
+        let candidates: Vec<(i32, i32)> = a
+            .spots
+            .iter()
+            .copied()
+            .chain(near)
+            .filter(|&(x, y)| x >= 2 && y >= 11)
+            .collect();
+        // Clear of the stages, the labels and the other edges; else of the first two.
+        let spot = candidates
+            .iter()
+            .find(|&&(x, y)| free(x, y, &placed, true, true))
+            .or_else(|| {
+                candidates
+                    .iter()
+                    .find(|&&(x, y)| free(x, y, &placed, true, false))
+            })
+            .copied();
+        let (x, y) = match spot {
+            Some(spot) => spot,
+            None => {
+                let mut y = first.1;
+                while !free(first.0, y, &placed, false, false) {
+                    y += LABEL_H;
+                }
+                (first.0, y)
+            }
+        };
+        a.label_x = x;
+        a.label_y = y;
+        let r = a.label_box();
+        d.width = d.width.max(r.0 + r.2 + PAD);
+        d.height = d.height.max(r.1 + r.3 + PAD);
+        placed.push(r);
+    }
+}
+
+/// A point of an edge: the edge's index among the arrows, x, y.
+type EdgePoint = (usize, i32, i32);
+
+/// The side of a cell of the grid that finds the points of edges near a label.
+const CELL: i32 = 32;
+
+/// Points along a path made by [`curve`], [`detour`] or a `when` stub (`M`, `C` and `L`
+/// commands), every few pixels.
+fn path_points(path: &str) -> Vec<(i32, i32)> {
+    let mut out = Vec::new();
+    let mut tokens = path.split(' ');
+    let mut at = (0.0_f64, 0.0_f64);
+    let num = |t: &mut std::str::Split<'_, char>| -> Option<f64> {
+        t.next().and_then(|v| v.parse::<i32>().ok()).map(f64::from)
+    };
+    let push = |out: &mut Vec<(i32, i32)>, (x, y): (f64, f64)| {
+        // Whole pixels, which the drawing is in.
+        #[allow(clippy::cast_possible_truncation)]
+        out.push((x.round() as i32, y.round() as i32));
+    };
+    while let Some(cmd) = tokens.next() {
+        match cmd {
+            "M" => {
+                let (Some(x), Some(y)) = (num(&mut tokens), num(&mut tokens)) else {
+                    break;
+                };
+                at = (x, y);
+                push(&mut out, at);
+            }
+            "L" => {
+                let (Some(x), Some(y)) = (num(&mut tokens), num(&mut tokens)) else {
+                    break;
+                };
+                let steps = ((x - at.0).abs().max((y - at.1).abs()) / 8.0)
+                    .ceil()
+                    .max(1.0);
+                for k in 1..=(steps as usize) {
+                    let t = k as f64 / steps;
+                    push(&mut out, (at.0 + (x - at.0) * t, at.1 + (y - at.1) * t));
+                }
+                at = (x, y);
+            }
+            "C" => {
+                let mut p = [0.0; 6];
+                for v in &mut p {
+                    match num(&mut tokens) {
+                        Some(n) => *v = n,
+                        None => return out,
+                    }
+                }
+                for k in 1..=16 {
+                    let t = f64::from(k) / 16.0;
+                    let u = 1.0 - t;
+                    let (a, b, c, e) = (u * u * u, 3.0 * u * u * t, 3.0 * u * t * t, t * t * t);
+                    push(
+                        &mut out,
+                        (
+                            a * at.0 + b * p[0] + c * p[2] + e * p[4],
+                            a * at.1 + b * p[1] + c * p[3] + e * p[5],
+                        ),
+                    );
+                }
+                at = (p[4], p[5]);
+            }
+            _ => {}
+        }
+    }
+    out
 }
 
 fn shift_arrow(a: Arrow, dx: i32, dy: i32) -> Arrow {
@@ -110,6 +313,7 @@ fn shift_arrow(a: Arrow, dx: i32, dy: i32) -> Arrow {
         path: shift_path(&a.path, dx, dy),
         label_x: a.label_x + dx,
         label_y: a.label_y + dy,
+        spots: a.spots.iter().map(|(x, y)| (x + dx, y + dy)).collect(),
         ..a
     }
 }
@@ -134,8 +338,40 @@ fn shift_path(path: &str, dx: i32, dy: i32) -> String {
 }
 
 fn curve(x1: i32, y1: i32, x2: i32, y2: i32) -> String {
-    let dy = ((y2 - y1) / 2).max(12);
+    let dy = curve_dy(y1, y2);
     format!("M {x1} {y1} C {x1} {} {x2} {} {x2} {y2}", y1 + dy, y2 - dy)
+}
+
+fn curve_dy(y1: i32, y2: i32) -> i32 {
+    ((y2 - y1) / 2).max(12)
+}
+
+/// Where a label of [`curve`] may go: beside points along it, the middle first.
+fn curve_spots(x1: i32, y1: i32, x2: i32, y2: i32) -> Vec<(i32, i32)> {
+    let dy = curve_dy(y1, y2);
+    let (p0, p1, p2, p3) = (
+        (f64::from(x1), f64::from(y1)),
+        (f64::from(x1), f64::from(y1 + dy)),
+        (f64::from(x2), f64::from(y2 - dy)),
+        (f64::from(x2), f64::from(y2)),
+    );
+    let at = |t: f64| {
+        let u = 1.0 - t;
+        let (a, b, c, d) = (u * u * u, 3.0 * u * u * t, 3.0 * u * t * t, t * t * t);
+        (
+            a * p0.0 + b * p1.0 + c * p2.0 + d * p3.0,
+            a * p0.1 + b * p1.1 + c * p2.1 + d * p3.1,
+        )
+    };
+    let mut spots = Vec::new();
+    for t in [0.5, 0.35, 0.65, 0.2, 0.8] {
+        let (x, y) = at(t);
+        // Rounded to whole pixels, which the drawing is in.
+        #[allow(clippy::cast_possible_truncation)]
+        let (x, y) = (x.round() as i32, y.round() as i32);
+        spots.push((x + 4, y + 4));
+    }
+    spots
 }
 
 /// An edge that leaves down, runs along `lane` and comes back in from above.
@@ -169,7 +405,12 @@ fn lay(plan: &Plan, body: &Body) -> Sub {
                 inner.insert(n, sub);
             }
             None => {
-                size.insert(n, (NODE_W, NODE_H));
+                let extra = if plan.stage(n).keys().resource.is_some() {
+                    RESOURCE_H
+                } else {
+                    0
+                };
+                size.insert(n, (NODE_W, NODE_H + extra));
             }
         }
     }
@@ -192,7 +433,8 @@ fn lay(plan: &Plan, body: &Body) -> Sub {
             rows[l].push(n);
         }
     }
-    // Order each row by the mean place of its predecessors in the rows above.
+    // Order each row by the mean place of its predecessors in the rows above, ties in the
+    // order the stages are declared (a topological order lists them the other way round).
     let mut place: HashMap<NodeId, f64> = HashMap::new();
     for row in &mut rows {
         let key = |n: &NodeId| -> f64 {
@@ -210,8 +452,7 @@ fn lay(plan: &Plan, body: &Body) -> Sub {
         };
         let mut keyed: Vec<(f64, usize, NodeId)> = row
             .iter()
-            .enumerate()
-            .map(|(i, n)| (key(n), i, *n))
+            .map(|n| (key(n), plan.node(*n).local.index(), *n))
             .collect();
         keyed.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
         *row = keyed.into_iter().map(|(_, _, n)| n).collect();
@@ -226,8 +467,31 @@ fn lay(plan: &Plan, body: &Body) -> Sub {
     };
     let width = rows.iter().map(|r| row_w(r)).max().unwrap_or(0);
     let mut pos: HashMap<NodeId, (i32, i32)> = HashMap::new();
-    let mut y = 0;
-    for row in &rows {
+    // A stage nothing in its body comes before is in the first row; its `when` needs a stub.
+    let when_of = |n: NodeId| plan.stage(n).keys().when.as_ref().map(|w| w.value.clone());
+    let stubs = rows
+        .first()
+        .is_some_and(|row| row.iter().any(|n| when_of(*n).is_some()));
+    // Labelled edges into a row from the row above: more than one gets the gap more room.
+    let mut labelled = vec![0_i32; rows.len()];
+    for e in body.graph.edge_indices() {
+        let Some((a, b)) = body.graph.edge_endpoints(e) else {
+            continue;
+        };
+        let (a, b) = (body.graph[a], body.graph[b]);
+        let has_label = match &body.graph[e] {
+            Edge::Needs => when_of(b).is_some(),
+            Edge::Route(_) => true,
+        };
+        if has_label && layer[&a] + 1 == layer[&b] {
+            labelled[layer[&b]] += 1;
+        }
+    }
+    let mut y = if stubs { WHEN_STUB } else { 0 };
+    for (l, row) in rows.iter().enumerate() {
+        if l > 0 {
+            y += (labelled[l] - 1).clamp(0, 3) * LABEL_H;
+        }
         let h = row.iter().map(|n| size[n].1).max().unwrap_or(0);
         let mut x = (width - row_w(row)) / 2;
         for n in row {
@@ -258,11 +522,26 @@ fn lay(plan: &Plan, body: &Body) -> Sub {
         };
         let (w, h) = size[&n];
         let node = plan.node(n);
+        if layer[&n] == 0
+            && let Some(when) = when_of(n)
+        {
+            let cx = x + w / 2;
+            arrows.push(Arrow {
+                path: format!("M {cx} {} L {cx} {y}", y - WHEN_STUB + 4),
+                label: fit(&format!("when {when}")),
+                label_x: cx + 6,
+                label_y: y - 10,
+                route: false,
+                when: true,
+                spots: vec![(cx + 6, y - 10), (cx + 6, y - WHEN_STUB + 14)],
+            });
+        }
         if let Some(sub) = inner.remove(&n) {
             let title = region_label(plan, n);
             boxes.push(Placed {
                 name: node.name.clone(),
                 region: true,
+                gate: false,
                 x,
                 y,
                 w,
@@ -270,6 +549,7 @@ fn lay(plan: &Plan, body: &Body) -> Sub {
                 title: fit_width(&title, w - 100),
                 detail: String::new(),
                 full: title,
+                resource: String::new(),
             });
             let (dx, dy) = (x + (w - sub.w) / 2, y + HEADER);
             boxes.extend(sub.boxes.into_iter().map(|b| Placed {
@@ -286,6 +566,7 @@ fn lay(plan: &Plan, body: &Body) -> Sub {
             boxes.push(Placed {
                 name: node.name.clone(),
                 region: false,
+                gate: node.kind == StageKind::Gate,
                 x,
                 y,
                 w,
@@ -293,6 +574,13 @@ fn lay(plan: &Plan, body: &Body) -> Sub {
                 title: fit(&title),
                 detail: fit(&detail),
                 full: label,
+                resource: plan
+                    .stage(n)
+                    .keys()
+                    .resource
+                    .as_ref()
+                    .map(|r| fit(&format!("holds {}", r.value)))
+                    .unwrap_or_default(),
             });
         }
     }
@@ -327,12 +615,19 @@ fn lay(plan: &Plan, body: &Body) -> Sub {
             let label = fit(&label);
             let label_w = i32::try_from(label.chars().count()).unwrap_or(0) * 6;
             extra = extra.max(lane + 8 + label_w - width);
+            let mid = (y1 + y2) / 2;
+            let spots = [0, -LABEL_H, LABEL_H, -2 * LABEL_H, 2 * LABEL_H]
+                .iter()
+                .map(|d| (lane + 4, mid + d))
+                .collect();
             arrows.push(Arrow {
                 path: detour(x1, y1, lane, x2, y2),
                 label,
                 label_x: lane + 4,
-                label_y: (y1 + y2) / 2,
+                label_y: mid,
                 route,
+                when: false,
+                spots,
             });
             continue;
         }
@@ -342,6 +637,8 @@ fn lay(plan: &Plan, body: &Body) -> Sub {
             label_x: (x1 + x2) / 2 + 4,
             label_y: (y1 + y2) / 2,
             route,
+            when: false,
+            spots: curve_spots(x1, y1, x2, y2),
         });
     }
     Sub {
@@ -350,6 +647,23 @@ fn lay(plan: &Plan, body: &Body) -> Sub {
         boxes,
         arrows,
     }
+}
+
+/// A gate's hexagon: its box with the corners of the short sides drawn in to points.
+fn hexagon(b: &Placed) -> String {
+    let (x, y, w, h, i) = (b.x, b.y, b.w, b.h, HEX_INSET);
+    format!(
+        r#"<polygon points="{} {y} {} {y} {} {} {} {} {} {} {x} {}"/>"#,
+        x + i,
+        x + w - i,
+        x + w,
+        y + h / 2,
+        x + w - i,
+        y + h,
+        x + i,
+        y + h,
+        y + h / 2,
+    )
 }
 
 /// A region's title cut to the width of its box (about 7 px a character).
@@ -454,7 +768,13 @@ pub fn svg(d: &Drawing, run: Option<&str>, live: &BTreeMap<String, NodeLive>) ->
         let _ = write!(
             out,
             r#"<path class="edge{}" d="{}" marker-end="url(#arrow)"/>"#,
-            if a.route { " route" } else { "" },
+            if a.route {
+                " route"
+            } else if a.when {
+                " when"
+            } else {
+                ""
+            },
             a.path
         );
         if !a.label.is_empty() {
@@ -483,20 +803,38 @@ pub fn svg(d: &Drawing, run: Option<&str>, live: &BTreeMap<String, NodeLive>) ->
             ),
             None => (String::new(), ""),
         };
+        let (shape, inset) = if b.gate {
+            (hexagon(b), HEX_INSET)
+        } else {
+            (
+                format!(
+                    r#"<rect x="{}" y="{}" width="{}" height="{}" rx="6"/>"#,
+                    b.x, b.y, b.w, b.h
+                ),
+                0,
+            )
+        };
+        let resource = if b.resource.is_empty() {
+            String::new()
+        } else {
+            format!(
+                r#"<text class="resource" x="{}" y="{}">{}</text>"#,
+                b.x + 10 + inset / 2,
+                b.y + 38 + RESOURCE_H,
+                xml(&b.resource)
+            )
+        };
         let _ = write!(
             out,
-            r#"{open}<g class="node s-{state}" data-node="{name}" data-state="{state}"><title>{full}</title><rect x="{x}" y="{y}" width="{w}" height="{h}" rx="6"/><text class="title" x="{tx}" y="{t1}">{title}</text><text class="detail" x="{tx}" y="{t2}">{detail}</text><text class="badge" x="{bx}" y="{t1}" text-anchor="end">{badge}</text></g>{close}"#,
+            r#"{open}<g class="node{gate} s-{state}" data-node="{name}" data-state="{state}"><title>{full}</title>{shape}<text class="title" x="{tx}" y="{t1}">{title}</text><text class="detail" x="{tx}" y="{t2}">{detail}</text>{resource}<text class="badge" x="{bx}" y="{t1}" text-anchor="end">{badge}</text></g>{close}"#,
+            gate = if b.gate { " gate" } else { "" },
             state = l.state,
             name = xml(&b.name),
             full = xml(&b.full),
-            x = b.x,
-            y = b.y,
-            w = b.w,
-            h = b.h,
-            tx = b.x + 10,
+            tx = b.x + 10 + inset / 2,
             t1 = b.y + 20,
             t2 = b.y + 38,
-            bx = b.x + b.w - 8,
+            bx = b.x + b.w - 8 - inset / 2,
             title = xml(&b.title),
             detail = xml(&b.detail),
             badge = xml(&l.badge),
@@ -589,6 +927,23 @@ mod tests {
             assert!(file.starts_with("<svg") && file.contains("<style>"));
             assert!(!file.contains("<a href="));
         }
+    }
+
+    #[test]
+    fn points_follow_every_kind_of_path() {
+        let pts = path_points(&curve(0, 0, 100, 100));
+        assert_eq!(pts.first(), Some(&(0, 0)));
+        assert_eq!(pts.last(), Some(&(100, 100)));
+        assert!(pts.contains(&(50, 50)), "{pts:?}");
+        let pts = path_points("M 10 0 L 10 40");
+        assert_eq!(
+            pts,
+            vec![(10, 0), (10, 8), (10, 16), (10, 24), (10, 32), (10, 40)]
+        );
+        let pts = path_points(&detour(0, 0, 300, 0, 200));
+        assert!(pts.iter().any(|&(x, y)| x == 300 && y == 100), "{pts:?}");
+        assert_eq!(pts.last(), Some(&(0, 200)));
+        assert!(path_points("M 1").is_empty());
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! The KDL writer: the mapping of the reader in `syntax/kdl.rs`, driven by the spec (named
+//! The KDL writer: the mapping of the reader in `syntax/kdl/`, driven by the spec (named
 //! collections as one node per item, lists as arguments, leading short scalars as
 //! properties, the rest generic).
 
@@ -8,10 +8,10 @@ use super::kdl_quote::fix_reprs;
 use crate::spec::{TableSpec, Ty, WORKFLOW};
 use crate::syntax::tree::{Table, Value, ValueKind};
 
-/// Most characters of properties the KDL writer puts on one node.
-const KDL_PROPS_WIDTH: usize = 60;
 /// Longest string the KDL writer puts in a property.
 const KDL_PROP_STR: usize = 40;
+/// Keys whose values are sentences: always child nodes, on lines of their own.
+const PROSE: [&str; 3] = ["description", "message", "prompt"];
 
 /// Renders a workflow tree as KDL v2 text that parses back to the same tree.
 pub fn to_kdl(root: &Table) -> String {
@@ -20,8 +20,48 @@ pub fn to_kdl(root: &Table) -> String {
         entry_nodes(doc.nodes_mut(), &e.key, &e.value, Some(&WORKFLOW));
     }
     doc.autoformat();
-    fix_reprs(doc.nodes_mut());
+    fix_reprs(doc.nodes_mut(), 0);
+    space_out(doc.nodes_mut(), Some(&WORKFLOW));
     doc.to_string()
+}
+
+/// The node name of a stage.
+const STAGE: &str = "stage";
+
+/// Puts blank lines between the groups of a block whose keys `spec` gives (`None`:
+/// free-form): around every stage, and where a run of a collection's items (`param`,
+/// `agent`, `escalation`, ...) starts or ends. Runs after `autoformat`, which sets each
+/// node's leading whitespace to its indentation.
+fn space_out(nodes: &mut [KdlNode], spec: Option<&'static TableSpec>) {
+    // The items of this block's collections, by node name, with their spec.
+    let item = |name: &str| -> Option<&'static TableSpec> {
+        spec?.fields.iter().find_map(|f| match &f.ty {
+            Ty::Named(item, singular) | Ty::Tables(item, singular) if *singular == name => {
+                Some(*item)
+            }
+            _ => None,
+        })
+    };
+    let mut prev: Option<String> = None;
+    for node in nodes {
+        let name = node.name().value().to_string();
+        let of = item(&name);
+        if let Some(p) = &prev {
+            let blank =
+                name == STAGE || p == STAGE || (name != *p && (of.is_some() || item(p).is_some()));
+            if blank && let Some(format) = node.format_mut() {
+                format.leading.insert(0, '\n');
+            }
+        }
+        let inner = of.or_else(|| match spec?.field(&name).map(|f| &f.ty) {
+            Some(Ty::Table(sub) | Ty::StrOrTable(sub)) => Some(*sub),
+            _ => None,
+        });
+        if let Some(children) = node.children_mut() {
+            space_out(children.nodes_mut(), inner);
+        }
+        prev = Some(name);
+    }
 }
 
 /// Appends the nodes for `key = value` of a table with the given spec (`None`: free-form).
@@ -115,20 +155,16 @@ fn generic_node(key: &str, value: &Value) -> KdlNode {
     node
 }
 
-/// Puts a table into a node: its leading short scalars as properties, the rest as children.
-/// `braces` gives an empty table `{}` so that it is not read as an empty list or a scalar.
+/// Puts a table into a node: its leading short scalars as properties, the rest as children
+/// (the rule is in the module's documentation). `braces` gives an empty table `{}` so that
+/// it is not read as an empty list or a scalar.
 fn fill(node: &mut KdlNode, table: &Table, spec: Option<&'static TableSpec>, braces: bool) {
-    let mut width = 0;
     let mut props = 0;
     for e in &table.entries {
-        let Some(len) = prop_len(&e.key, &e.value) else {
-            break;
-        };
-        if width + len > KDL_PROPS_WIDTH {
+        if !is_short(&e.value) || PROSE.contains(&e.key.as_str()) {
             break;
         }
         let Some(s) = kdl_scalar(&e.value) else { break };
-        width += len;
         props += 1;
         node.push(KdlEntry::new_prop(e.key.clone(), s));
     }
@@ -141,18 +177,14 @@ fn fill(node: &mut KdlNode, table: &Table, spec: Option<&'static TableSpec>, bra
     }
 }
 
-/// The rough width of `key=value` as a property, or `None` when it should be a child.
-fn prop_len(key: &str, value: &Value) -> Option<usize> {
-    let len = match &value.kind {
-        ValueKind::Str(s) if !s.contains(['\n', '\r']) && s.chars().count() <= KDL_PROP_STR => {
-            s.len() + 2
-        }
-        ValueKind::Int(i) => i.to_string().len(),
-        ValueKind::Float(f) => format!("{f:?}").len(),
-        ValueKind::Bool(_) => 6,
-        _ => return None,
-    };
-    Some(key.len() + 2 + len)
+/// Tells whether a value is short enough to be a property: a number, a boolean or a string
+/// of one line and at most [`KDL_PROP_STR`] characters.
+fn is_short(value: &Value) -> bool {
+    match &value.kind {
+        ValueKind::Str(s) => !s.contains(['\n', '\r']) && s.chars().count() <= KDL_PROP_STR,
+        ValueKind::Int(_) | ValueKind::Float(_) | ValueKind::Bool(_) => true,
+        ValueKind::Array(_) | ValueKind::Table(_) => false,
+    }
 }
 
 fn is_scalar(value: &Value) -> bool {

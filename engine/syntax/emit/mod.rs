@@ -20,7 +20,11 @@
 //! repeated `singular { ... }` nodes; everything else is generic: a table is a node with
 //! children, an array of two or more scalars a node with arguments, any other array a node
 //! with `-` children, a scalar a node with one argument. The leading short scalars of a table
-//! become properties (`stage "review" kind="agent" { ... }`). An array of tables whose singular
+//! (numbers, booleans, one-line strings of at most 40 characters, but not the sentences
+//! `description`, `message` and `prompt`) become properties (`stage "review" kind="agent"
+//! { ... }`); strings are quoted; text of several lines is a multi-line string (raw when it
+//! holds quotes or backslashes); a blank line stands around each stage and each group of a
+//! collection's items. An array of tables whose singular
 //! is its own key (`escalation`) is written as repeated nodes of that name. An empty array is
 //! a bare node (`default`), an empty table a node with empty braces (`default {}`).
 //!
