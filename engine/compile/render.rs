@@ -119,6 +119,16 @@ fn target_name(plan: &Plan, t: &Target) -> Option<String> {
     }
 }
 
+/// The label of a need's edge into `b`: its `when`, or that a skip spreads along it (`b` is
+/// skipped when all its needs are), or nothing.
+pub fn needs_label(plan: &Plan, b: NodeId) -> String {
+    match &plan.stage(b).keys().when {
+        Some(w) => format!("when {}", w.value),
+        None if plan.node(b).skips_with_needs => "skipped with it".to_string(),
+        None => String::new(),
+    }
+}
+
 /// Every edge to draw, as (from, to, label, dashed).
 fn edges(plan: &Plan) -> Vec<(String, String, String, bool)> {
     let mut out = Vec::new();
@@ -138,12 +148,7 @@ fn edges(plan: &Plan) -> Vec<(String, String, String, bool)> {
             };
             let (a, b) = (body.graph[a], body.graph[b]);
             let label = match &body.graph[e] {
-                Edge::Needs => match &plan.stage(b).keys().when {
-                    Some(w) => format!("when {}", w.value),
-                    // `b` is skipped when all its needs are: the skip spreads along here.
-                    None if plan.node(b).skips_with_needs => "skipped with it".to_string(),
-                    None => String::new(),
-                },
+                Edge::Needs => needs_label(plan, b),
                 Edge::Route(values) => values.join(" | "),
             };
             out.push((entry(a), entry(b), label, false));

@@ -480,7 +480,7 @@ fn lay(plan: &Plan, body: &Body) -> Sub {
         };
         let (a, b) = (body.graph[a], body.graph[b]);
         let has_label = match &body.graph[e] {
-            Edge::Needs => when_of(b).is_some(),
+            Edge::Needs => !crate::compile::render::needs_label(plan, b).is_empty(),
             Edge::Route(_) => true,
         };
         if has_label && layer[&a] + 1 == layer[&b] {
@@ -597,15 +597,7 @@ fn lay(plan: &Plan, body: &Body) -> Sub {
         let (x1, y1, x2, y2) = (ax + aw / 2, ay + ah, bx + bw / 2, by);
         let (la, lb) = (layer[&a], layer[&b]);
         let (label, route) = match &body.graph[e] {
-            Edge::Needs => (
-                plan.stage(b)
-                    .keys()
-                    .when
-                    .as_ref()
-                    .map(|w| format!("when {}", w.value))
-                    .unwrap_or_default(),
-                false,
-            ),
+            Edge::Needs => (crate::compile::render::needs_label(plan, b), false),
             Edge::Route(values) => (values.join(" | "), true),
         };
         if lb > la + 1 {
