@@ -62,6 +62,10 @@ pub(super) fn check(
     }
     for (key, raw) in sets {
         let Some(p) = wf.params.iter().find(|p| p.name.value == *key) else {
+            // A param whose type was reported as not one of the types.
+            if wf.is_broken(key) {
+                continue;
+            }
             diags.push(
                 Diagnostic::new(
                     Code::UnknownParam,
