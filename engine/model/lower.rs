@@ -173,6 +173,11 @@ fn collect_broken_stages(t: &Table, out: &mut Vec<String>) {
                     .is_some_and(|k| StageKind::parse(k).is_some()) =>
             {
                 collect_mistyped("stages", &e.key, x, out);
+                // An extraction mode that is not one: what the output holds is not known.
+                let extract = table(x, "output").and_then(|(o, _)| o.get("extract"));
+                if extract.is_some_and(|v| v.as_str().and_then(ExtractMode::parse).is_none()) {
+                    out.push(mistyped("stages", &e.key, "output.extract"));
+                }
                 collect_broken_stages(x, out);
             }
             // Not lowered, and neither are its body's stages: uses of them are not reported
