@@ -90,6 +90,14 @@ codes! {
     UsageUnreported = "RF062", Warning, "a `tokens` budget over an agent that does not report token usage (a `command` agent), or may not (an `openai` agent on a server other than OpenAI's)";
 }
 
+/// "did you mean `X`?", when a candidate is close to `name` (see [`crate::suggest::closest`]).
+pub fn did_you_mean<'a>(
+    name: &str,
+    candidates: impl IntoIterator<Item = &'a str>,
+) -> Option<String> {
+    crate::suggest::closest(name, candidates).map(|best| format!("did you mean `{best}`?"))
+}
+
 /// One problem found in a workflow, pointing at where it was written.
 #[derive(Clone, Debug)]
 pub struct Diagnostic {
@@ -154,8 +162,8 @@ impl Diagnostic {
 
     /// Adds a "did you mean" hint when a close candidate exists.
     pub fn suggest<'a>(self, name: &str, candidates: impl IntoIterator<Item = &'a str>) -> Self {
-        match crate::suggest::closest(name, candidates) {
-            Some(best) => self.help(format!("did you mean `{best}`?")),
+        match did_you_mean(name, candidates) {
+            Some(hint) => self.help(hint),
             None => self,
         }
     }

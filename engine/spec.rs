@@ -224,6 +224,10 @@ macro_rules! agent_kinds_where {
 pub const AGENT_KINDS: &[&str] = AgentKind::NAMES;
 /// The param types.
 pub const PARAM_TYPES: &[&str] = &["string", "int", "float", "bool", "list"];
+/// The types of a list param's items.
+pub const PARAM_ITEM_TYPES: &[&str] = &["string", "int", "float", "bool"];
+/// What a CLI agent may do unattended.
+pub const PERMISSIONS: &[&str] = &["read-only", "edit", "full"];
 /// The output extraction modes.
 pub const EXTRACT_MODES: &[&str] = &["text", "json", "fenced_json", "markers", "regex"];
 /// How a `command` agent may get its prompt.
@@ -263,10 +267,12 @@ pub static WORKFLOW: TableSpec = TableSpec {
     doc: "The top level of a workflow file.",
     kind_key: None,
     fields: &[
-        req(
+        // Required of every file but one pulled in by `include` (see `model::lower`), which
+        // the JSON Schema of a file cannot tell apart.
+        f(
             "name",
             Ty::Str,
-            "The workflow's name: lowercase letters, digits, `-` and `_`.",
+            "The workflow's name: lowercase letters, digits, `-` and `_`. Required, except in a file pulled in by `include`.",
         ),
         f(
             "version",
@@ -436,7 +442,7 @@ pub static PARAM: TableSpec = TableSpec {
         ),
         f(
             "items",
-            Ty::Enum(&["string", "int", "float", "bool"]),
+            Ty::Enum(PARAM_ITEM_TYPES),
             "For a list: the type of its items (default `string`).",
         ),
         f(
@@ -531,7 +537,7 @@ pub static AGENT: TableSpec = TableSpec {
         k(
             "permissions",
             agent_kinds_where!(is_agent_cli),
-            Ty::Enum(&["read-only", "edit", "full"]),
+            Ty::Enum(PERMISSIONS),
             "What a CLI agent may do unattended: `read-only` (default), `edit` (write files in its working directory) or `full` (no restriction).",
         ),
         k(
@@ -1047,3 +1053,698 @@ pub static OVERRIDE: TableSpec = TableSpec {
         f("budget", Ty::Table(&BUDGET), "A new budget."),
     ],
 };
+
+/// The pseudo-table of [`WellKnown`] entries that hold for every action-valued key.
+pub const ACTION: &str = "action";
+
+/// A value people often write for a key of a fixed set of values (or for an action), with a
+/// sentence that says what to write instead: the names other tools use for an agent CLI, the
+/// type names of other languages, local model servers that speak the OpenAI API.
+///
+/// The one table of such names: the shape check gives the sentence instead of a "did you
+/// mean" (next to the list of allowed values), as the action check does for actions.
+#[derive(Debug)]
+pub struct WellKnown {
+    /// The table ([`TableSpec::name`]) whose keys take these values, or [`ACTION`].
+    pub table: &'static str,
+    /// The keys; empty for [`ACTION`] (every action-valued key).
+    pub keys: &'static [&'static str],
+    /// The wrong values, as compared: lowercase, with `_`, `.` and spaces written as `-`.
+    pub wrong: &'static [&'static str],
+    /// The value the sentence recommends (first); for an action, empty when the sentence
+    /// holds wherever an action is written (else it is given only where that action is).
+    pub right: &'static str,
+    /// The sentence, with settings written in TOML; `{key}` stands for the key.
+    advice: &'static str,
+}
+
+impl WellKnown {
+    /// The sentence for `key`, in TOML and in KDL.
+    pub fn advice(&self, key: &str) -> (String, String) {
+        let toml = self.advice.replace("{key}", key);
+        let kdl = toml.replace(" = ", "=");
+        (toml, kdl)
+    }
+}
+
+const fn wk(
+    table: &'static str,
+    keys: &'static [&'static str],
+    wrong: &'static [&'static str],
+    right: &'static str,
+    advice: &'static str,
+) -> WellKnown {
+    WellKnown {
+        table,
+        keys,
+        wrong,
+        right,
+        advice,
+    }
+}
+
+const KIND: &[&str] = &["kind"];
+const PARAM_TYPE_KEYS: &[&str] = &["type", "items"];
+
+/// Every well-known wrong value (see [`WellKnown`]).
+pub static WELL_KNOWN: &[WellKnown] = &[
+    // Agent kinds.
+    wk(
+        "agent",
+        KIND,
+        &[
+            "claude-code",
+            "claudecode",
+            "claude-cli",
+            "claude-code-cli",
+            "anthropic-claude",
+            "anthropic-cli",
+        ],
+        "claude",
+        "the claude CLI agent (Claude Code) is `kind = \"claude\"`; `kind = \"anthropic\"` calls Anthropic's API itself",
+    ),
+    wk(
+        "agent",
+        KIND,
+        &[
+            "claude-api",
+            "anthropic-api",
+            "claude-http",
+            "anthropic-http",
+        ],
+        "anthropic",
+        "Anthropic's API is `kind = \"anthropic\"`; `kind = \"claude\"` runs the claude CLI",
+    ),
+    wk(
+        "agent",
+        KIND,
+        &[
+            "sonnet",
+            "opus",
+            "haiku",
+            "claude-sonnet",
+            "claude-opus",
+            "claude-haiku",
+        ],
+        "claude",
+        "`kind` is the backend: `kind = \"claude\"` (the claude CLI) or `kind = \"anthropic\"` (the API); the model goes in `model`",
+    ),
+    wk(
+        "agent",
+        KIND,
+        &["gemini-cli", "google-gemini", "gemini-code"],
+        "gemini",
+        "the gemini CLI agent is `kind = \"gemini\"`",
+    ),
+    wk(
+        "agent",
+        KIND,
+        &["codex-cli", "openai-codex"],
+        "codex",
+        "the codex CLI agent is `kind = \"codex\"`",
+    ),
+    wk(
+        "agent",
+        KIND,
+        &["qwen-code", "qwen-cli", "qwen-coder"],
+        "qwen",
+        "the qwen CLI agent (Qwen Code) is `kind = \"qwen\"`",
+    ),
+    wk(
+        "agent",
+        KIND,
+        &["opencode-ai", "opencode-cli", "sst-opencode"],
+        "opencode",
+        "the opencode CLI agent is `kind = \"opencode\"`",
+    ),
+    wk(
+        "agent",
+        KIND,
+        &[
+            "gpt", "chatgpt", "gpt-4", "gpt-4o", "gpt-4-1", "gpt-5", "o3", "o4-mini",
+        ],
+        "openai",
+        "`kind` is the backend: OpenAI's API is `kind = \"openai\"` (`kind = \"codex\"` runs the codex CLI); the model goes in `model`",
+    ),
+    wk(
+        "agent",
+        KIND,
+        &[
+            "openai-compatible",
+            "openai-compat",
+            "openai-api",
+            "openai-http",
+            "azure-openai",
+            "azure",
+            "litellm",
+        ],
+        "openai",
+        "a server that speaks the OpenAI API is `kind = \"openai\"`, with its address in `base_url`",
+    ),
+    wk(
+        "agent",
+        KIND,
+        &["openrouter"],
+        "openai",
+        "OpenRouter speaks the OpenAI API: use `kind = \"openai\"` with `base_url = \"https://openrouter.ai/api/v1\"`",
+    ),
+    wk(
+        "agent",
+        KIND,
+        &["ollama"],
+        "openai",
+        "an ollama server speaks the OpenAI API: use `kind = \"openai\"` with `base_url = \"http://localhost:11434/v1\"`",
+    ),
+    wk(
+        "agent",
+        KIND,
+        &["lmstudio", "lm-studio"],
+        "openai",
+        "LM Studio's server speaks the OpenAI API: use `kind = \"openai\"` with `base_url = \"http://localhost:1234/v1\"`",
+    ),
+    wk(
+        "agent",
+        KIND,
+        &["vllm"],
+        "openai",
+        "a vLLM server speaks the OpenAI API: use `kind = \"openai\"` with `base_url = \"http://localhost:8000/v1\"`",
+    ),
+    wk(
+        "agent",
+        KIND,
+        &["llama-cpp", "llamacpp", "llama-server"],
+        "openai",
+        "llama.cpp's llama-server speaks the OpenAI API: use `kind = \"openai\"` with `base_url = \"http://localhost:8080/v1\"`",
+    ),
+    wk(
+        "agent",
+        KIND,
+        &[
+            "shell", "script", "program", "exec", "cli", "custom", "process",
+        ],
+        "command",
+        "an agent that is a program of your own is `kind = \"command\"`, with the program and its arguments in `command`",
+    ),
+    wk(
+        "agent",
+        KIND,
+        &[
+            "mock",
+            "fake",
+            "recording",
+            "recorded",
+            "playback",
+            "record",
+        ],
+        "replay",
+        "an agent that plays back a recorded session is `kind = \"replay\"`, with the recording in `file`",
+    ),
+    // Param types.
+    wk(
+        "param",
+        PARAM_TYPE_KEYS,
+        &["integer", "i32", "i64", "u32", "u64", "long", "whole"],
+        "int",
+        "whole numbers are `{key} = \"int\"`",
+    ),
+    wk(
+        "param",
+        PARAM_TYPE_KEYS,
+        &["number", "num", "numeric"],
+        "int",
+        "a number is `{key} = \"int\"` (whole numbers) or `{key} = \"float\"`",
+    ),
+    wk(
+        "param",
+        PARAM_TYPE_KEYS,
+        &["double", "decimal", "real", "f32", "f64"],
+        "float",
+        "numbers with a fraction are `{key} = \"float\"`",
+    ),
+    wk(
+        "param",
+        PARAM_TYPE_KEYS,
+        &["boolean", "flag", "switch"],
+        "bool",
+        "true or false is `{key} = \"bool\"`",
+    ),
+    wk(
+        "param",
+        PARAM_TYPE_KEYS,
+        &["str", "text", "char", "path", "file", "url", "name"],
+        "string",
+        "text is `{key} = \"string\"`",
+    ),
+    wk(
+        "param",
+        &["type"],
+        &[
+            "array", "vec", "vector", "sequence", "seq", "strings", "tuple",
+        ],
+        "list",
+        "a list is `type = \"list\"` (of strings, unless `items` names another type)",
+    ),
+    wk(
+        "param",
+        &["type"],
+        &["enum", "choice", "select", "option", "options"],
+        "string",
+        "a param of a fixed set of values is `type = \"string\"` with the values in `choices`",
+    ),
+    // Stage kinds.
+    wk(
+        "stage",
+        KIND,
+        &[
+            "shell", "script", "cmd", "run", "exec", "bash", "sh", "program", "process",
+        ],
+        "command",
+        "a stage that runs a program is `kind = \"command\"` (or `kind = \"check\"` when its result passes or fails the work)",
+    ),
+    wk(
+        "stage",
+        KIND,
+        &[
+            "approval", "approve", "human", "manual", "confirm", "sign-off", "signoff", "wait",
+        ],
+        "gate",
+        "a stage that waits for a person to approve is `kind = \"gate\"`",
+    ),
+    wk(
+        "stage",
+        KIND,
+        &[
+            "map",
+            "fan-out",
+            "fanout",
+            "each",
+            "for",
+            "for-all",
+            "forall",
+            "for-every",
+            "matrix",
+        ],
+        "for_each",
+        "a stage whose body runs once per item of a list is `kind = \"for_each\"`",
+    ),
+    wk(
+        "stage",
+        KIND,
+        &[
+            "parallel",
+            "concurrent",
+            "sequence",
+            "block",
+            "steps",
+            "stages",
+            "fan-in",
+        ],
+        "group",
+        "stages that run together as one are a `kind = \"group\"`; a body run once per item of a list is `kind = \"for_each\"`",
+    ),
+    wk(
+        "stage",
+        KIND,
+        &[
+            "while",
+            "repeat",
+            "retry",
+            "iterate",
+            "until",
+            "ralph",
+            "ralph-loop",
+            "cycle",
+        ],
+        "loop",
+        "a stage whose body runs again until a condition holds is `kind = \"loop\"`",
+    ),
+    wk(
+        "stage",
+        KIND,
+        &[
+            "workflow",
+            "sub-workflow",
+            "subworkflow",
+            "call",
+            "include",
+            "flow",
+            "nested",
+        ],
+        "subflow",
+        "a stage that runs another workflow file is `kind = \"subflow\"`",
+    ),
+    wk(
+        "stage",
+        KIND,
+        &[
+            "test",
+            "tests",
+            "assert",
+            "verify",
+            "validate",
+            "condition",
+            "expect",
+        ],
+        "check",
+        "a stage that passes or fails the work by a command or a condition is `kind = \"check\"`",
+    ),
+    wk(
+        "stage",
+        KIND,
+        &[
+            "llm",
+            "ai",
+            "prompt",
+            "model",
+            "task",
+            "claude",
+            "codex",
+            "gemini",
+            "qwen",
+            "opencode",
+            "openai",
+            "anthropic",
+        ],
+        "agent",
+        "a stage that prompts an agent is `kind = \"agent\"`, with the agent's name in `agent`",
+    ),
+    // Agent permissions.
+    wk(
+        "agent",
+        &["permissions"],
+        &[
+            "write",
+            "workspace-write",
+            "write-files",
+            "rw",
+            "read-write",
+            "edit-files",
+            "accept-edits",
+            "acceptedits",
+            "auto-edit",
+        ],
+        "edit",
+        "to let the agent write files in its working directory, use `permissions = \"edit\"`",
+    ),
+    wk(
+        "agent",
+        &["permissions"],
+        &[
+            "yolo",
+            "all",
+            "any",
+            "bypass",
+            "bypasspermissions",
+            "bypass-permissions",
+            "dangerous",
+            "danger-full-access",
+            "unrestricted",
+            "unsafe",
+            "admin",
+            "root",
+            "full-access",
+        ],
+        "full",
+        "to let the agent do anything unattended, use `permissions = \"full\"`",
+    ),
+    wk(
+        "agent",
+        &["permissions"],
+        &[
+            "read",
+            "ro",
+            "none",
+            "safe",
+            "plan",
+            "default",
+            "sandbox",
+            "restricted",
+        ],
+        "read-only",
+        "`permissions = \"read-only\"` (the default) lets the agent read but change nothing",
+    ),
+    // How a schema reaches the model.
+    wk(
+        "agent",
+        &["structured_output"],
+        &["none", "no", "false", "disabled", "disable", "never"],
+        "off",
+        "to send no schema, use `structured_output = \"off\"`",
+    ),
+    wk(
+        "agent",
+        &["structured_output"],
+        &["json", "schema", "strict"],
+        "json_schema",
+        "`structured_output = \"json_schema\"` holds the model to the stage's schema; `structured_output = \"json_object\"` asks only for a JSON object",
+    ),
+    wk(
+        "agent",
+        &["structured_output"],
+        &["true", "yes", "on", "default", "enabled", "enable"],
+        "auto",
+        "`structured_output = \"auto\"` (the default) takes the best way the agent has",
+    ),
+    // Output extraction.
+    wk(
+        "output",
+        &["extract"],
+        &["yaml", "yml", "toml", "xml"],
+        "json",
+        "outputs are read as JSON, marker lines, a regex or plain text: ask for JSON and use `extract = \"json\"`",
+    ),
+    wk(
+        "output",
+        &["extract"],
+        &["raw", "plain", "string", "none", "stdout", "all"],
+        "text",
+        "the output as plain text is `extract = \"text\"`",
+    ),
+    wk(
+        "output",
+        &["extract"],
+        &[
+            "fenced",
+            "json-fenced",
+            "json-block",
+            "code-block",
+            "codeblock",
+            "markdown",
+            "md",
+        ],
+        "fenced_json",
+        "JSON in a ```json block of the text is `extract = \"fenced_json\"`",
+    ),
+    wk(
+        "output",
+        &["extract"],
+        &["lines", "prefix", "line", "tags", "labels"],
+        "markers",
+        "lines such as `VERDICT: ...` are `extract = \"markers\"`, with the fields under `markers`",
+    ),
+    wk(
+        "output",
+        &["extract"],
+        &["pattern", "re", "regular-expression", "grep"],
+        "regex",
+        "named groups of a regular expression are `extract = \"regex\"`, with the regex in `pattern`",
+    ),
+    // Fan-in.
+    wk(
+        "aggregate",
+        &["mode"],
+        &["max", "maximum", "top", "greatest"],
+        "highest",
+        "the result with the greatest `field` is `mode = \"highest\"`",
+    ),
+    wk(
+        "aggregate",
+        &["mode"],
+        &["min", "minimum", "bottom", "least"],
+        "lowest",
+        "the result with the least `field` is `mode = \"lowest\"`",
+    ),
+    wk(
+        "aggregate",
+        &["mode"],
+        &["every", "and", "each"],
+        "all",
+        "whether a boolean `field` holds for every result is `mode = \"all\"`",
+    ),
+    wk(
+        "aggregate",
+        &["mode"],
+        &["some", "or", "one"],
+        "any",
+        "whether a boolean `field` holds for some result is `mode = \"any\"`",
+    ),
+    wk(
+        "aggregate",
+        &["mode"],
+        &[
+            "list", "gather", "merge", "concat", "array", "results", "join",
+        ],
+        "collect",
+        "the list of every result is `mode = \"collect\"` (the default)",
+    ),
+    wk(
+        "aggregate",
+        &["mode"],
+        &[
+            "majority",
+            "vote",
+            "consensus",
+            "average",
+            "mean",
+            "sum",
+            "count",
+        ],
+        "collect",
+        "there is no such mode: use `mode = \"collect\"` and compute it from `output.value` in a stage after",
+    ),
+    // Worktrees.
+    wk(
+        "worktree",
+        &["cleanup"],
+        &["keep", "no", "false", "none", "manual", "off"],
+        "never",
+        "to keep the worktree, use `cleanup = \"never\"`",
+    ),
+    wk(
+        "worktree",
+        &["cleanup"],
+        &[
+            "remove", "delete", "yes", "true", "auto", "on", "done", "on-exit",
+        ],
+        "always",
+        "to remove the worktree however the work ends, use `cleanup = \"always\"`",
+    ),
+    wk(
+        "worktree",
+        &["cleanup"],
+        &[
+            "on-failure",
+            "on-fail",
+            "on-error",
+            "failure",
+            "keep-on-failure",
+        ],
+        "on_success",
+        "`cleanup = \"on_success\"` (the default) removes the worktree only when the work succeeds, and keeps it to look at after a failure",
+    ),
+    // Command agents.
+    wk(
+        "agent",
+        &["prompt_via"],
+        &["pipe", "stdio", "standard-input", "input"],
+        "stdin",
+        "the prompt on standard input is `prompt_via = \"stdin\"` (the default)",
+    ),
+    wk(
+        "agent",
+        &["prompt_via"],
+        &[
+            "argument",
+            "args",
+            "argv",
+            "positional",
+            "command-line",
+            "parameter",
+            "param",
+        ],
+        "arg",
+        "the prompt as the command's last argument is `prompt_via = \"arg\"`",
+    ),
+    wk(
+        "agent",
+        &["prompt_via"],
+        &[
+            "path",
+            "tempfile",
+            "temp-file",
+            "tmpfile",
+            "tmp-file",
+            "files",
+        ],
+        "file",
+        "the prompt in a file, whose path is the command's last argument, is `prompt_via = \"file\"`",
+    ),
+    // OpenAI APIs.
+    wk(
+        "agent",
+        &["api"],
+        &[
+            "completions",
+            "completion",
+            "chat-completions",
+            "chat-completion",
+            "chatcompletions",
+            "v1-chat-completions",
+        ],
+        "chat",
+        "the Chat Completions API is `api = \"chat\"` (the default)",
+    ),
+    // Actions.
+    wk(
+        ACTION,
+        &[],
+        &["abort", "error", "halt", "die", "crash", "failure", "raise"],
+        "fail",
+        "to fail the stage (and, outside a loop, the run), use `fail`",
+    ),
+    wk(
+        ACTION,
+        &[],
+        &["skip", "ignore", "next", "pass", "noop", "nothing"],
+        "",
+        "there is no such action: a stage is skipped by its `when` (and in a loop, `continue` moves on to the next iteration)",
+    ),
+    wk(
+        ACTION,
+        &[],
+        &[
+            "exit", "quit", "end", "stop", "finish", "done", "success", "succeed", "complete",
+        ],
+        "exit:success",
+        "to end the run, name one of its exits: `exit:success`, `exit:failed` or one declared under `exits` (`break` leaves a loop)",
+    ),
+    wk(
+        ACTION,
+        &[],
+        &["retry", "rerun", "again", "repeat", "loop", "restart"],
+        "continue",
+        "a stage that fails is tried again by its `retries`; in a loop, `continue` starts the next iteration",
+    ),
+    wk(
+        ACTION,
+        &[],
+        &["accept", "allow", "yes", "approved", "pass-gate"],
+        "approve",
+        "to approve a gate nobody answered, use `approve`",
+    ),
+    wk(
+        ACTION,
+        &[],
+        &["deny", "decline", "refuse", "no", "rejected"],
+        "reject",
+        "to reject a gate nobody answered, use `reject`",
+    ),
+];
+
+/// Returns the well-known wrong value `value` of `table`.`key` (of any action-valued key
+/// when `table` is [`ACTION`]).
+pub fn well_known(table: &str, key: &str, value: &str) -> Option<&'static WellKnown> {
+    let norm: String = value
+        .trim()
+        .chars()
+        .map(|c| match c {
+            '_' | '.' | ' ' => '-',
+            c => c.to_ascii_lowercase(),
+        })
+        .collect();
+    WELL_KNOWN.iter().find(|w| {
+        w.table == table
+            && (table == ACTION || w.keys.contains(&key))
+            && w.wrong.contains(&norm.as_str())
+    })
+}

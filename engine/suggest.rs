@@ -3,7 +3,8 @@
 /// Returns the candidate closest to `name`, when it is close enough to be a likely typo.
 ///
 /// Besides typos, a name that is a whole word of exactly one candidate (`approve` for
-/// `approve_plan`, `plan` for `write_plan`: words are separated by `_` or `-`) suggests it.
+/// `approve_plan`, `plan` for `write_plan`: words are separated by `_` or `-`), or that has
+/// exactly one candidate as a whole word (`claude` for `claude-code`), suggests it.
 pub fn closest<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
     let candidates: Vec<&'a str> = candidates.into_iter().filter(|c| *c != name).collect();
     let limit = (name.chars().count() / 3).max(1);
@@ -16,7 +17,10 @@ pub fn closest<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) ->
     if typo.is_some() || name.len() < 3 {
         return typo;
     }
-    let mut words = candidates.iter().copied().filter(|c| has_word(c, name));
+    let mut words = candidates
+        .iter()
+        .copied()
+        .filter(|c| has_word(c, name) || (c.len() >= 3 && has_word(name, c)));
     match (words.next(), words.next()) {
         (Some(only), None) => Some(only),
         _ => None,
@@ -55,5 +59,16 @@ mod tests {
         assert_eq!(closest("plan", ["write_plan", "build"]), Some("write_plan"));
         assert_eq!(closest("plan", ["plan_a", "plan_b"]), None);
         assert_eq!(closest("app", ["approve_plan"]), None);
+        // A candidate that is a whole word of the name.
+        assert_eq!(
+            closest("claude-code", ["claude", "codex", "command"]),
+            Some("claude")
+        );
+        assert_eq!(
+            closest("fenced", ["json", "fenced_json"]),
+            Some("fenced_json")
+        );
+        assert_eq!(closest("build_fast", ["build", "fast"]), None);
+        assert_eq!(closest("on_done", ["on", "done_x"]), None);
     }
 }

@@ -55,13 +55,27 @@ pub(super) fn check(
                             p.name.value
                         ),
                     )
-                    .help("add it to `choices` or change the default"),
+                    .help(
+                        d.as_str()
+                            .and_then(|s| {
+                                crate::diag::did_you_mean(
+                                    s,
+                                    p.choices.iter().filter_map(Value::as_str),
+                                )
+                            })
+                            .map_or(String::new(), |h| format!("{h} "))
+                            + "add it to `choices` or change the default",
+                    ),
                 );
             }
         }
     }
     for (key, raw) in sets {
         let Some(p) = wf.params.iter().find(|p| p.name.value == *key) else {
+            // A param whose type was reported as not one of the types.
+            if wf.is_broken(key) {
+                continue;
+            }
             diags.push(
                 Diagnostic::new(
                     Code::UnknownParam,
@@ -99,7 +113,11 @@ pub(super) fn check(
                     p.name.span,
                     format!("--set {key}={raw}: not one of the choices"),
                 )
-                .help(format!("choose one of: {}", choices.join(", "))),
+                .help(
+                    crate::diag::did_you_mean(raw, p.choices.iter().filter_map(Value::as_str))
+                        .map_or(String::new(), |h| format!("{h} "))
+                        + &format!("choose one of: {}", choices.join(", ")),
+                ),
             );
             continue;
         }

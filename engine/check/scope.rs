@@ -177,7 +177,9 @@ pub fn compute_skips(c: &Checked<'_>) -> (Vec<bool>, Vec<bool>, HashMap<StageId,
     let mut local_targets = vec![false; n];
     let mut routed_from: HashMap<StageId, Vec<StageId>> = HashMap::new();
     for i in 0..n {
-        for t in route_targets(c, StageId(i)) {
+        // With the stages a misspelt route or give-up action meant (reported once, there).
+        let meant = super::refs::meant_targets(c, StageId(i));
+        for t in route_targets(c, StageId(i)).into_iter().chain(meant) {
             targets[t.0] = true;
             if c.info(t).parent == c.info(StageId(i)).parent {
                 local_targets[t.0] = true;

@@ -17,7 +17,8 @@ use std::path::{Path, PathBuf};
 
 use crate::diag::{Code, Diagnostic, Diagnostics};
 use crate::fs::{FileSystem, normalize};
-use crate::model::{Stage, StageBody, Workflow, lower::lower};
+use crate::model::lower::{lower, lower_included};
+use crate::model::{Stage, StageBody, Workflow};
 use crate::preset::{self, DeclaredSource, MissingSource, Reference};
 use crate::source::{Sources, Span};
 use crate::syntax::{self, Format};
@@ -45,6 +46,8 @@ pub struct Loader<'a> {
     /// Prompt search directories named by files that are not fetched presets: a fetched
     /// preset's prompt may come from them (a team replacing one of its prompts).
     trusted_dirs: std::cell::RefCell<Vec<PathBuf>>,
+    /// The next file loaded is pulled in by `include` (and so needs no `name`).
+    including: bool,
 }
 
 impl<'a> Loader<'a> {
@@ -74,11 +77,13 @@ impl<'a> Loader<'a> {
             verified: Vec::new(),
             trusted_dirs: std::cell::RefCell::default(),
             visible: HashMap::new(),
+            including: false,
         }
     }
 
     /// Loads a workflow file and merges in the files it extends and includes.
     pub fn load(&mut self, path: &Path, from: Option<Span>) -> Option<Workflow> {
+        let included = std::mem::take(&mut self.including);
         let canonical = normalize(path);
         if let Some(pos) = self.stack.iter().position(|p| *p == canonical) {
             let chain: Vec<String> = self.stack[pos..]
@@ -107,7 +112,11 @@ impl<'a> Loader<'a> {
             // A file that does not parse has nothing more worth reporting.
             return None;
         }
-        let mut wf = lower(file, &table, self.diags);
+        let mut wf = if included {
+            lower_included(file, &table, self.diags)
+        } else {
+            lower(file, &table, self.diags)
+        };
         self.stack.push(canonical.clone());
         let dir = canonical
             .parent()
@@ -159,6 +168,7 @@ impl<'a> Loader<'a> {
             let Some(path) = self.resolve(&inc, &sources) else {
                 continue;
             };
+            self.including = true;
             if let Some(other) = self.load(&path, Some(inc.span)) {
                 merge_include(&mut wf, other, self.diags);
             }

@@ -10,8 +10,28 @@ use crate::syntax::tree::{Table, Value, ValueKind};
 
 /// Checks the shape of a parsed file and builds its model.
 pub fn lower(file: FileId, root: &Table, diags: &mut Diagnostics) -> Workflow {
+    lower_file(file, root, false, diags)
+}
+
+/// Like [`lower`], for a file pulled in by `include`: it needs no `name` (an include adds
+/// its definitions to the including workflow, whose name is the run's).
+pub fn lower_included(file: FileId, root: &Table, diags: &mut Diagnostics) -> Workflow {
+    lower_file(file, root, true, diags)
+}
+
+fn lower_file(file: FileId, root: &Table, included: bool, diags: &mut Diagnostics) -> Workflow {
     let mut shape = Diagnostics::default();
     super::shape::check_table(root, &spec::WORKFLOW, &mut shape);
+    // Not required by the spec, whose JSON Schema cannot tell an included file apart.
+    if !included && root.get("name").is_none() {
+        shape.push(
+            Diagnostic::new(Code::MissingKey, None, "missing key `name` in workflow")
+                .help_syntax(
+                    "name the workflow at the top of the file, such as name = \"my-flow\" (only a file pulled in by `include` needs none)",
+                    "name the workflow at the top of the file, such as name \"my-flow\" (only a file pulled in by `include` needs none)",
+                ),
+        );
+    }
     for mut d in shape.into_sorted() {
         if d.span.is_none() {
             d.span = Some(Span::new(file, 0..0));
@@ -73,10 +93,12 @@ fn collect_broken(t: &Table, key: &str, out: &mut Vec<String>) {
                 .get("kind")
                 .and_then(Value::as_str)
                 .is_some_and(|k| AgentKind::parse(k).is_some()),
-            "params" => x
-                .get("type")
-                .and_then(Value::as_str)
-                .is_some_and(|k| spec::PARAM_TYPES.contains(&k)),
+            "params" => {
+                x.get("type")
+                    .and_then(Value::as_str)
+                    .is_some_and(|k| spec::PARAM_TYPES.contains(&k))
+                    && item_type(x).is_some()
+            }
             "resources" => count(x, "capacity").is_some(),
             "exits" => x.get("code").and_then(Value::as_int).is_some(),
             _ => true,
@@ -109,6 +131,8 @@ const PRESENCE_KEYS: &[&str] = &[
     "command",
     "file",
     "model",
+    "timeout",
+    "on_timeout",
 ];
 
 /// The name under which [`Workflow::broken`] records that the table `owner`.`name` (such as
@@ -127,6 +151,8 @@ fn collect_mistyped(owner: &str, name: &str, t: &Table, out: &mut Vec<String>) {
                 !texts(t, key).is_empty() || v.as_array().is_some_and(<[Value]>::is_empty)
             }
             "stuck" => v.as_table().is_some_and(|s| text(s, "on").is_some()),
+            "timeout" => duration(t, key).is_some(),
+            "on_timeout" => action(t, key).is_some(),
             _ => v.as_str().is_some(),
         };
         if !lowers {
@@ -147,11 +173,48 @@ fn collect_broken_stages(t: &Table, out: &mut Vec<String>) {
                     .is_some_and(|k| StageKind::parse(k).is_some()) =>
             {
                 collect_mistyped("stages", &e.key, x, out);
+                // An extraction mode that is not one: what the output holds is not known.
+                let extract = table(x, "output").and_then(|(o, _)| o.get("extract"));
+                if extract.is_some_and(|v| v.as_str().and_then(ExtractMode::parse).is_none()) {
+                    out.push(mistyped("stages", &e.key, "output.extract"));
+                }
                 collect_broken_stages(x, out);
             }
-            _ => out.push(e.key.clone()),
+            // Not lowered, and neither are its body's stages: uses of them are not reported
+            // as uses of stages that do not exist.
+            Some(x) => {
+                out.push(e.key.clone());
+                all_stage_ids(x, out);
+            }
+            None => out.push(e.key.clone()),
         }
     }
+}
+
+/// Records the ids of every stage in a body, at any depth.
+fn all_stage_ids(t: &Table, out: &mut Vec<String>) {
+    let Some((m, _)) = table(t, "stages") else {
+        return;
+    };
+    for e in &m.entries {
+        out.push(e.key.clone());
+        if let Some(x) = e.value.as_table() {
+            all_stage_ids(x, out);
+        }
+    }
+}
+
+/// The type of a list param's items (`string` when not given); `None` for one that is not
+/// an item type, already reported by the shape check.
+fn item_type(t: &Table) -> Option<ParamType> {
+    Some(match t.get("items").map(Value::as_str) {
+        None => ParamType::String,
+        Some(Some("string")) => ParamType::String,
+        Some(Some("int")) => ParamType::Int,
+        Some(Some("float")) => ParamType::Float,
+        Some(Some("bool")) => ParamType::Bool,
+        Some(_) => return None,
+    })
 }
 
 fn text(t: &Table, key: &str) -> Option<Text> {
@@ -308,12 +371,7 @@ fn param(name: Text, t: &Table, span: Span) -> Option<Param> {
         "list" => ParamType::List,
         _ => return None,
     };
-    let items = match text(t, "items").as_ref().map(|i| i.value.as_str()) {
-        Some("int") => ParamType::Int,
-        Some("float") => ParamType::Float,
-        Some("bool") => ParamType::Bool,
-        _ => ParamType::String,
-    };
+    let items = item_type(t)?;
     Some(Param {
         name,
         ty: Spanned::new(ty, ty_text.span),

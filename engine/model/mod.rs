@@ -23,7 +23,11 @@ pub use regions::{Aggregate, AggregateMode, Cleanup, Escalation, Stuck, Worktree
 pub use stage::{
     BodyText, CommandSpec, ForEachBody, LoopBody, Route, Stage, StageBody, StageKeys, StageKind,
 };
-pub use values::{Action, Count, Dur, MAX_DURATION, RESERVED, is_ident, parse_duration};
+pub use values::{
+    ACTION_WORDS, Action, Count, Dur, MAX_DURATION, RESERVED, is_ident, parse_duration,
+};
+
+pub use crate::spec::{ACTION, WellKnown, well_known};
 
 use crate::source::{FileId, Span, Spanned};
 use crate::syntax::tree::Value;

@@ -1,19 +1,58 @@
 //! Checks a syntax tree against the format's spec: unknown keys, wrong types, missing keys.
 
 use crate::diag::{Code, Diagnostic, Diagnostics};
-use crate::model::{Action, MAX_DURATION, RESERVED, is_ident, parse_duration};
-use crate::spec::{Field, TableSpec, Ty};
+use crate::model::{ACTION_WORDS, Action, MAX_DURATION, RESERVED, is_ident, parse_duration};
+use crate::spec::{ACTION, Field, TableSpec, Ty};
 use crate::syntax::tree::{Table, Value, ValueKind};
+
+/// What to write instead of a wrong `value` of `table`.`key` (`table` is
+/// [`ACTION`] for an action), in TOML and in KDL: the sentence of a well-known wrong value
+/// (see [`crate::spec::WellKnown`]), else "did you mean" the closest candidate, if one is close.
+pub fn hint<'a>(
+    table: &str,
+    key: &str,
+    value: &str,
+    candidates: impl IntoIterator<Item = &'a str>,
+) -> Option<(String, String)> {
+    if let Some(w) = crate::spec::well_known(table, key, value) {
+        return Some(w.advice(key));
+    }
+    crate::diag::did_you_mean(value, candidates).map(|h| (h.clone(), h))
+}
+
+/// A hint followed by the list of what is allowed (the list alone without a hint).
+pub fn with_list(hint: Option<(String, String)>, list: &str) -> (String, String) {
+    let join = |hint: String| {
+        let sep = if hint.ends_with('?') { " " } else { "; " };
+        format!("{hint}{sep}{list}")
+    };
+    match hint {
+        Some((toml, kdl)) => (join(toml), join(kdl)),
+        None => (list.to_string(), list.to_string()),
+    }
+}
+
+/// Sets a diagnostic's help to a hint of [`hint`] or [`with_list`], when there is one.
+pub fn help_hint(d: Diagnostic, hint: Option<(String, String)>) -> Diagnostic {
+    match hint {
+        Some((toml, kdl)) if toml == kdl => d.help(toml),
+        Some((toml, kdl)) => d.help_syntax(toml, kdl),
+        None => d,
+    }
+}
 
 /// Reports every place where `table` does not fit `spec`, recursively.
 pub fn check_table(table: &Table, spec: &'static TableSpec, diags: &mut Diagnostics) {
     if spec.fields.is_empty() {
         return; // free-form (inline JSON Schema)
     }
+    // A kind that is not one of the kinds was reported on its own: which keys apply to the
+    // kind the author meant is not known, so none is reported as not applying.
     let kind = spec
         .kind_key
-        .and_then(|key| table.get(key))
-        .and_then(Value::as_str);
+        .and_then(|key| Some((spec.field(key)?, table.get(key)?.as_str()?)))
+        .filter(|(field, kind)| !matches!(field.ty, Ty::Enum(kinds) if !kinds.contains(kind)))
+        .map(|(_, kind)| kind);
     for entry in &table.entries {
         let Some(field) = spec.field(&entry.key) else {
             let keys = spec
@@ -58,7 +97,7 @@ pub fn check_table(table: &Table, spec: &'static TableSpec, diags: &mut Diagnost
                 continue;
             }
         }
-        check_value(&entry.value, &field.ty, &entry.key, diags);
+        check_value(&entry.value, &field.ty, spec.name, &entry.key, diags);
     }
     for field in spec.fields.iter().filter(|f| f.required) {
         if table.get(field.key).is_none() {
@@ -115,7 +154,7 @@ fn wrong_type(value: &Value, expected: &str, key: &str) -> Diagnostic {
     .label(format!("expected {expected}"))
 }
 
-fn check_value(value: &Value, ty: &Ty, key: &str, diags: &mut Diagnostics) {
+fn check_value(value: &Value, ty: &Ty, table: &str, key: &str, diags: &mut Diagnostics) {
     match ty {
         Ty::Str | Ty::Template | Ty::Expr => {
             if value.as_str().is_none() {
@@ -133,11 +172,11 @@ fn check_value(value: &Value, ty: &Ty, key: &str, diags: &mut Diagnostics) {
         },
         Ty::Enum(options) => match value.as_str() {
             Some(s) if options.contains(&s) => {}
-            Some(s) => diags.push(
+            Some(s) => diags.push(help_hint(
                 Diagnostic::new(Code::InvalidValue, value.span, format!("`{s}` is not a valid value for `{key}`"))
-                    .label(format!("expected one of: {}", options.join(", ")))
-                    .suggest(s, options.iter().copied()),
-            ),
+                    .label(format!("expected one of: {}", options.join(", "))),
+                hint(table, key, s, options.iter().copied()),
+            )),
             None => diags.push(wrong_type(value, "a string", key)),
         },
         Ty::Count => match &value.kind {
@@ -186,21 +225,24 @@ fn check_value(value: &Value, ty: &Ty, key: &str, diags: &mut Diagnostics) {
         },
         Ty::Action => match value.as_str() {
             Some(s) if Action::parse(s).is_some() => {}
-            Some(s) => diags.push(
+            Some(s) => diags.push(help_hint(
                 Diagnostic::new(Code::InvalidValue, value.span, format!("`{s}` is not an action"))
-                    .label("expected an action")
-                    .help("an action is `continue`, `break`, `fail`, `approve`, `reject`, `exit:NAME` or a stage id"),
-            ),
+                    .label("expected an action"),
+                Some(with_list(
+                    hint(ACTION, key, s, ACTION_WORDS.iter().copied()),
+                    "an action is `continue`, `break`, `fail`, `approve`, `reject`, `exit:NAME` or a stage id",
+                )),
+            )),
             None => diags.push(wrong_type(value, "a string", key)),
         },
         Ty::Any => {}
         Ty::List(item) => match &value.kind {
             ValueKind::Array(items) => {
                 for v in items {
-                    check_value(v, item, key, diags);
+                    check_value(v, item, table, key, diags);
                 }
             }
-            _ => check_value(value, item, key, diags),
+            _ => check_value(value, item, table, key, diags),
         },
         Ty::Table(spec) => check_value_table(value, spec, key, diags),
         Ty::StrOrTable(spec) => {
@@ -211,7 +253,7 @@ fn check_value(value: &Value, ty: &Ty, key: &str, diags: &mut Diagnostics) {
         Ty::Map(item) => match value.as_table() {
             Some(t) => {
                 for e in &t.entries {
-                    check_value(&e.value, item, &e.key, diags);
+                    check_value(&e.value, item, table, &e.key, diags);
                 }
             }
             None => diags.push(wrong_type(value, "a table", key)),
@@ -256,4 +298,243 @@ fn too_long(span: crate::source::Span, written: &str) -> Diagnostic {
     )
     .label("too long")
     .help("write at most \"366d\"; for no limit, leave the key out")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::{FileId, Span};
+    use crate::spec::{WELL_KNOWN, WORKFLOW};
+
+    type EnumKey = (&'static str, &'static str, &'static [&'static str]);
+
+    /// Every key of a fixed set of values, as (table, key, values), found by walking the spec
+    /// from the top: a key added later is covered without being listed here.
+    fn enum_keys() -> Vec<EnumKey> {
+        fn walk(spec: &'static TableSpec, seen: &mut Vec<&'static str>, out: &mut Vec<EnumKey>) {
+            if seen.contains(&spec.name) {
+                return;
+            }
+            seen.push(spec.name);
+            for f in spec.fields {
+                visit(&f.ty, spec.name, f.key, seen, out);
+            }
+        }
+        fn visit(
+            ty: &'static Ty,
+            table: &'static str,
+            key: &'static str,
+            seen: &mut Vec<&'static str>,
+            out: &mut Vec<EnumKey>,
+        ) {
+            match ty {
+                Ty::Enum(options) => out.push((table, key, options)),
+                Ty::List(item) | Ty::Map(item) => visit(item, table, key, seen, out),
+                Ty::Table(t) | Ty::StrOrTable(t) | Ty::Named(t, _) | Ty::Tables(t, _) => {
+                    walk(t, seen, out);
+                }
+                _ => {}
+            }
+        }
+        let mut out = Vec::new();
+        walk(&WORKFLOW, &mut Vec::new(), &mut out);
+        out
+    }
+
+    fn string(s: &str) -> Value {
+        Value::new(
+            Span::new(FileId(0), 0..s.len()),
+            ValueKind::Str(s.to_string()),
+        )
+    }
+
+    fn check_one(ty: &Ty, table: &str, key: &str, value: &str) -> Vec<Diagnostic> {
+        let mut diags = Diagnostics::default();
+        check_value(&string(value), ty, table, key, &mut diags);
+        diags.into_sorted()
+    }
+
+    #[test]
+    fn every_enum_key_is_found() {
+        let keys: Vec<(&str, &str)> = enum_keys().iter().map(|(t, k, _)| (*t, *k)).collect();
+        for expected in [
+            ("agent", "kind"),
+            ("stage", "kind"),
+            ("param", "type"),
+            ("param", "items"),
+            ("agent", "permissions"),
+            ("agent", "structured_output"),
+            ("agent", "prompt_via"),
+            ("agent", "api"),
+            ("output", "extract"),
+            ("aggregate", "mode"),
+            ("worktree", "cleanup"),
+        ] {
+            assert!(keys.contains(&expected), "{expected:?} in {keys:?}");
+        }
+    }
+
+    /// A typo of each value of each enum key gets "did you mean" that value, and every wrong
+    /// value the list of allowed ones.
+    #[test]
+    fn every_enum_key_suggests_and_lists() {
+        for (table, key, options) in enum_keys() {
+            let ty = Ty::Enum(options);
+            for option in options {
+                // One letter doubled: one edit away.
+                let last = option.chars().last().unwrap_or('x');
+                let typo = format!("{option}{last}");
+                let diags = check_one(&ty, table, key, &typo);
+                assert_eq!(diags.len(), 1, "{table}.{key} = {typo}");
+                let d = &diags[0];
+                assert_eq!(d.code, Code::InvalidValue);
+                assert_eq!(
+                    d.label.as_deref(),
+                    Some(format!("expected one of: {}", options.join(", ")).as_str()),
+                    "{table}.{key} = {typo}"
+                );
+                assert_eq!(
+                    d.help.as_deref(),
+                    Some(format!("did you mean `{option}`?").as_str()),
+                    "{table}.{key} = {typo}"
+                );
+            }
+            let far = check_one(&ty, table, key, "zzzzzzzzzzzz");
+            assert!(far[0].help.is_none(), "{table}.{key}: {:?}", far[0].help);
+            assert!(
+                far[0]
+                    .label
+                    .as_deref()
+                    .is_some_and(|l| l.contains(options[0]))
+            );
+        }
+    }
+
+    /// Every well-known wrong value is not valid, recommends a valid one, and gets its sentence
+    /// (in each syntax) instead of a "did you mean".
+    #[test]
+    fn well_known_values_get_their_sentence() {
+        let keys = enum_keys();
+        let mut seen = std::collections::HashSet::new();
+        for w in WELL_KNOWN {
+            for wrong in w.wrong {
+                assert_eq!(
+                    *wrong,
+                    wrong.to_lowercase().replace(['_', '.', ' '], "-"),
+                    "written as compared"
+                );
+            }
+            if w.table == ACTION {
+                assert!(
+                    w.right.is_empty()
+                        || ACTION_WORDS.contains(&w.right)
+                        || w.right.starts_with("exit:"),
+                    "{}",
+                    w.right
+                );
+                for wrong in w.wrong {
+                    assert!(seen.insert((w.table, "", *wrong)), "{wrong} twice");
+                    assert!(!ACTION_WORDS.contains(wrong));
+                    let diags = check_one(&Ty::Action, "stage", "on_fail", &format!("{wrong}!"));
+                    assert_eq!(diags.len(), 1);
+                }
+                continue;
+            }
+            assert!(!w.keys.is_empty());
+            for key in w.keys {
+                let (_, _, options) = keys
+                    .iter()
+                    .find(|(t, k, _)| *t == w.table && k == key)
+                    .unwrap_or_else(|| panic!("{}.{key} is not an enum key", w.table));
+                assert!(
+                    options.contains(&w.right),
+                    "{} for {}.{key}",
+                    w.right,
+                    w.table
+                );
+                let (toml, kdl) = w.advice(key);
+                assert!(toml.contains(&format!("\"{}\"", w.right)), "{toml}");
+                for wrong in w.wrong {
+                    assert!(
+                        seen.insert((w.table, *key, *wrong)),
+                        "{wrong} twice for {key}"
+                    );
+                    assert!(!options.contains(wrong), "{wrong} is valid for {key}");
+                    // As written by people: underscores and capitals.
+                    let written = wrong.replace('-', "_").to_uppercase();
+                    let diags = check_one(&Ty::Enum(options), w.table, key, &written);
+                    assert_eq!(diags.len(), 1);
+                    assert_eq!(diags[0].help.as_deref(), Some(toml.as_str()), "{written}");
+                    let kdl_help = diags[0].help_kdl.as_deref().unwrap_or(toml.as_str());
+                    assert_eq!(kdl_help, kdl);
+                    assert!(!kdl.contains(" = "), "{kdl}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_sentences_people_look_for() {
+        let help = |table, key, value: &str| {
+            let options = enum_keys()
+                .into_iter()
+                .find(|(t, k, _)| *t == table && *k == key)
+                .map(|(_, _, o)| o)
+                .unwrap_or_default();
+            check_one(&Ty::Enum(options), table, key, value)[0]
+                .help
+                .clone()
+                .unwrap_or_default()
+        };
+        for v in ["claude-code", "claude_code", "anthropic-claude"] {
+            assert!(
+                help("agent", "kind", v)
+                    .contains("the claude CLI agent (Claude Code) is `kind = \"claude\"`"),
+                "{v}"
+            );
+        }
+        assert_eq!(
+            help("param", "type", "integer"),
+            "whole numbers are `type = \"int\"`"
+        );
+        assert_eq!(
+            help("param", "type", "boolean"),
+            "true or false is `type = \"bool\"`"
+        );
+        assert_eq!(help("param", "type", "str"), "text is `type = \"string\"`");
+        assert!(help("param", "type", "number").contains("`type = \"float\"`"));
+        assert_eq!(
+            help("agent", "kind", "ollama"),
+            "an ollama server speaks the OpenAI API: use `kind = \"openai\"` with `base_url = \"http://localhost:11434/v1\"`"
+        );
+        assert!(help("agent", "kind", "lmstudio").contains("http://localhost:1234/v1"));
+        assert!(help("agent", "kind", "vllm").contains("http://localhost:8000/v1"));
+        assert!(help("agent", "kind", "llama.cpp").contains("http://localhost:8080/v1"));
+        for (wrong, right) in [
+            ("gpt", "openai"),
+            ("openai-compatible", "openai"),
+            ("gemini-cli", "gemini"),
+            ("codex-cli", "codex"),
+            ("qwen-code", "qwen"),
+            ("opencode-ai", "opencode"),
+        ] {
+            assert!(
+                help("agent", "kind", wrong).contains(&format!("`kind = \"{right}\"`")),
+                "{wrong}"
+            );
+        }
+    }
+
+    /// A kind that is not one of the kinds is the only error: its keys are not also reported
+    /// as not applying to it.
+    #[test]
+    fn a_wrong_kind_reports_once() {
+        let text = "[agents.a]\nkind = \"claude-code\"\npermissions = \"edit\"\n\n[stages.s]\nkind = \"shell\"\nargv = [\"true\"]\nok_codes = [0]\n";
+        let mut diags = Diagnostics::default();
+        let root = crate::syntax::parse(FileId(0), text, crate::syntax::Format::Toml, &mut diags);
+        assert!(!diags.has_errors());
+        check_table(&root, &WORKFLOW, &mut diags);
+        let codes: Vec<Code> = diags.into_sorted().iter().map(|d| d.code).collect();
+        assert_eq!(codes, [Code::InvalidValue, Code::InvalidValue]);
+    }
 }

@@ -38,6 +38,9 @@ pub enum Action {
     Goto(String),
 }
 
+/// The actions written as one word (besides `exit:NAME` and stage ids).
+pub const ACTION_WORDS: &[&str] = &["continue", "break", "fail", "approve", "reject"];
+
 impl Action {
     /// Parses an action as written in files.
     pub fn parse(s: &str) -> Option<Action> {

@@ -16,6 +16,7 @@ use crate::diag::{Code, Diagnostic, Diagnostics};
 use crate::model::Count;
 use crate::source::Spanned;
 use actions::action_ok;
+pub(super) use actions::meant_targets;
 
 pub(super) fn check(c: &mut Checked<'_>, diags: &mut Diagnostics) {
     let wf = c.workflow;

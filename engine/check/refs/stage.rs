@@ -196,8 +196,11 @@ pub(super) fn stage(c: &mut Checked<'_>, id: StageId, diags: &mut Diagnostics) {
             require(c, s, "message", message.is_some(), diags);
             action_ok(c, Some(id), on_timeout.as_ref(), "on_timeout", diags);
             action_ok(c, Some(id), on_reject.as_ref(), "on_reject", diags);
-            if s.keys().timeout.is_none() || on_timeout.is_none() {
-                let what = match (s.keys().timeout.is_some(), on_timeout.is_some()) {
+            // A value of the wrong type or shape was reported on its own: it counts as there.
+            let timeout = s.keys().timeout.is_some() || mistyped(c, s, "timeout");
+            let on_timeout = on_timeout.is_some() || mistyped(c, s, "on_timeout");
+            if !timeout || !on_timeout {
+                let what = match (timeout, on_timeout) {
                     (false, false) => "neither `timeout` nor `on_timeout`",
                     (false, true) => "`on_timeout` but no `timeout`",
                     _ => "`timeout` but no `on_timeout`",
