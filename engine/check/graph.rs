@@ -428,15 +428,17 @@ fn false_on_every_iteration(
 /// iteration 0 (iterations count from 1) or after the last iteration.
 fn iteration_help(expr: &str, max: u64, params: &crate::params::ParamValues) -> String {
     let env = minijinja::Environment::new();
+    let Ok(e) = env.compile_expression(expr) else {
+        return "fix the condition: `iteration` counts from 1 to max_iterations".to_string();
+    };
+    let params = minijinja::Value::from(minijinja::value::Serde(params));
     let holds = |i: u64| {
-        env.compile_expression(expr).is_ok_and(|e| {
-            e.eval(minijinja::context! {
-                iteration => i,
-                max_iterations => max,
-                params => minijinja::Value::from(minijinja::value::Serde(params)),
-            })
-            .is_ok_and(|v| v.is_true())
+        e.eval(minijinja::context! {
+            iteration => i,
+            max_iterations => max,
+            params => params.clone(),
         })
+        .is_ok_and(|v| v.is_true())
     };
     if holds(0) {
         return "iterations count from 1: the first iteration is `iteration == 1`".to_string();
