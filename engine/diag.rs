@@ -57,7 +57,7 @@ codes! {
     ReservedName = "RF018", Error, "an id that is a reserved word";
     CrossRegionNeed = "RF019", Error, "a `needs` entry that reaches into another loop or fan-out body";
     Cycle = "RF020", Error, "a dependency cycle outside a loop region";
-    Unreachable = "RF021", Warning, "a stage that can never run (a condition always false, or false on every iteration of a loop with a literal bound; a need whose every route leaves)";
+    Unreachable = "RF021", Warning, "a stage that can never run (a condition always false, or false on every iteration of its loop, the bound and params as in force; a need whose every route leaves)";
     UnboundedLoop = "RF022", Error, "a loop without a positive `max_iterations`";
     LoopNeverEndsEarly = "RF023", Warning, "a loop whose only way out is running out of iterations";
     ActionOutOfPlace = "RF024", Error, "an action that cannot be taken where it is written (`continue` outside a loop, `approve` outside a gate)";
@@ -88,6 +88,10 @@ codes! {
     SchemaRefused = "RF060", Error, "an output schema that an agent it goes to would refuse (claude's draft-07 validator, OpenAI's strict structured outputs)";
     ModeNotForAgent = "RF061", Error, "a `structured_output` mode that the agent's kind does not have";
     UsageUnreported = "RF062", Warning, "a `tokens` budget over an agent that does not report token usage (a `command` agent), or may not (an `openai` agent on a server other than OpenAI's)";
+    GateUnanswerable = "RF063", Warning, "a gate whose timeout is zero: it takes `on_timeout` before anybody can answer";
+    SharedBranch = "RF064", Warning, "a worktree branch that for_each items running at once all get (git checks a branch out in one worktree at a time)";
+    CommandLineInOneItem = "RF065", Warning, "a whole command line written as one argv item (a program name with spaces)";
+    ConstantLoopCondition = "RF066", Warning, "a loop's `until` or `stuck.on` that reads nothing the loop changes, so it is the same after every iteration";
 }
 
 /// "did you mean `X`?", when a candidate is close to `name` (see [`crate::suggest::closest`]).

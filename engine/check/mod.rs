@@ -6,6 +6,7 @@
 mod budgets;
 mod filters;
 mod graph;
+mod never;
 pub mod outputs;
 mod params;
 mod refs;
@@ -147,6 +148,7 @@ pub fn check<'w>(
     refs::check(&mut checked, &mut found);
     (checked.conditional, checked.skippable, checked.routed_from) = scope::compute_skips(&checked);
     graph::check(&checked, &mut found);
+    never::check(&checked, &mut found);
     outputs::check(&mut checked, loader, &mut found);
     budgets::check(&checked, &mut found);
     templates::check(&mut checked, loader, &mut found);
