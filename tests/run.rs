@@ -43,16 +43,11 @@ argv = ["sh", "-c", "test \"$0\" = ok || {{ echo \"wanted ok, got $0\"; exit 1; 
     p.answer("work", 3, "ok");
     let out = p.run(&["run", "w.toml", "--json"]);
     assert_eq!(out.code, 0, "{}", out.stderr);
-    let attempts = &out.json["outputs"]["attempts"];
-    assert_eq!(attempts["iterations"], 3);
-    assert_eq!(attempts["outcome"], "until");
-    let works: Vec<&serde_json::Value> = attempts["history"]
-        .as_array()
-        .expect("the loop's history")
-        .iter()
-        .map(|h| &h["outputs"]["work"]["text"])
-        .collect();
-    assert_eq!(works, [&json!("bad"), &json!("worse"), &json!("ok")]);
+    // Nothing reads the loop's history, so its output does not carry it.
+    assert_eq!(
+        out.json["outputs"]["attempts"],
+        json!({"iterations": 3, "outcome": "until"})
+    );
     let second = p.prompt("work", 2);
     assert!(second.contains("iteration 2 of 4"), "{second}");
     assert!(

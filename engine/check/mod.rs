@@ -11,7 +11,7 @@ pub mod outputs;
 mod params;
 mod refs;
 pub mod scope;
-mod skips;
+pub mod skips;
 mod subflows;
 mod templates;
 

@@ -183,6 +183,20 @@ fn spreads(c: &Checked<'_>, x: StageId) -> bool {
 
 /// The stages a stage (with its body and prompt file) names as `stages.NAME`.
 fn reads(c: &Checked<'_>, id: StageId) -> HashSet<StageId> {
+    let mut out = HashSet::new();
+    for t in texts_of(c, id) {
+        for (name, _) in stage_mentions(t) {
+            if let Some(x) = c.find(name) {
+                out.insert(x);
+            }
+        }
+    }
+    out
+}
+
+/// Every template and expression of a stage and of its body, with its prompt file's text
+/// (read by the template check before).
+pub fn texts_of<'c>(c: &'c Checked<'_>, id: StageId) -> Vec<&'c str> {
     let mut texts: Vec<&str> = Vec::new();
     let mut todo = vec![id];
     while let Some(s) = todo.pop() {
@@ -217,19 +231,16 @@ fn reads(c: &Checked<'_>, id: StageId) -> HashSet<StageId> {
         }
         todo.extend(info.children.iter().copied());
     }
-    let mut out = HashSet::new();
-    for t in texts {
-        let mut rest = t;
-        while let Some(at) = rest.find("stages.") {
-            let after = &rest[at + "stages.".len()..];
-            let end = after
-                .find(|ch: char| !(ch.is_ascii_alphanumeric() || ch == '_' || ch == '-'))
-                .unwrap_or(after.len());
-            if let Some(x) = c.find(&after[..end]) {
-                out.insert(x);
-            }
-            rest = &after[end..];
-        }
-    }
-    out
+    texts
+}
+
+/// The `stages.NAME` a text writes, each with what follows the name.
+pub fn stage_mentions(text: &str) -> impl Iterator<Item = (&str, &str)> {
+    text.match_indices("stages.").filter_map(|(at, m)| {
+        let after = &text[at + m.len()..];
+        let end = after
+            .find(|ch: char| !(ch.is_ascii_alphanumeric() || ch == '_' || ch == '-'))
+            .unwrap_or(after.len());
+        (end > 0).then(|| (&after[..end], &after[end..]))
+    })
 }

@@ -80,6 +80,9 @@ pub struct Node {
     /// Whether the stage is skipped when every stage it needs is, and only then (no reason
     /// of its own): `explain` and the graphs show the skip spreading to it.
     pub skips_with_needs: bool,
+    /// For a loop: whether something reads its output's `history` (a stage after it, an
+    /// exit message, `earlier_runs`), so its output carries it however it ended.
+    pub keeps_history: bool,
     /// Whether one of the stage's templates names `stage_dir`: its program may write in its
     /// attempt's directory, which is then made before it starts.
     pub uses_stage_dir: bool,
@@ -307,6 +310,42 @@ pub fn compile(checked: &Checked<'_>) -> Plan {
     compile_parts(checked).with_workflow(checked.workflow.clone())
 }
 
+/// The loops whose output's `history` the workflow may read: named as `stages.NAME.output`
+/// other than for its `iterations` or `outcome`; every loop when `earlier_runs` (which reads
+/// outputs of earlier runs) is used.
+struct HistoryRead<'c> {
+    names: std::collections::HashSet<&'c str>,
+    all: bool,
+}
+
+impl<'c> HistoryRead<'c> {
+    fn of(c: &'c Checked<'_>) -> Self {
+        use crate::check::skips::{stage_mentions, texts_of};
+        let mut read = HistoryRead {
+            names: std::collections::HashSet::new(),
+            all: false,
+        };
+        let texts = c.top.iter().flat_map(|id| texts_of(c, *id)).chain(
+            c.workflow
+                .exits
+                .iter()
+                .filter_map(|e| e.message.as_ref().map(|m| m.value.as_str())),
+        );
+        for t in texts {
+            read.all |= t.contains("earlier_runs");
+            for (name, rest) in stage_mentions(t) {
+                let Some(field) = rest.strip_prefix(".output") else {
+                    continue;
+                };
+                if !(field.starts_with(".iterations") || field.starts_with(".outcome")) {
+                    read.names.insert(name);
+                }
+            }
+        }
+        read
+    }
+}
+
 /// A plan without its workflow model: see [`compile_parts`].
 pub struct PlanParts(Plan);
 
@@ -357,6 +396,7 @@ pub fn compile_parts(checked: &Checked<'_>) -> PlanParts {
             templates.push((RUN_WORKTREE_BASE.into(), b.value.as_str().into()));
         }
     }
+    let history_read = HistoryRead::of(checked);
     let mut nodes = Vec::with_capacity(checked.stages.len());
     for (i, info) in checked.stages.iter().enumerate() {
         let s = info.stage;
@@ -492,6 +532,8 @@ pub fn compile_parts(checked: &Checked<'_>) -> PlanParts {
             then: s.keys().then.as_ref().map(|a| target(&a.value, &exits)),
             conditional: conditional(checked, id),
             skips_with_needs: skips_with_needs(checked, id),
+            keeps_history: s.kind().value == StageKind::Loop
+                && (history_read.all || history_read.names.contains(s.id.value.as_str())),
             uses_stage_dir,
             path: Vec::new(),
             local: NodeIndex::end(),

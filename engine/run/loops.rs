@@ -36,6 +36,8 @@ struct LoopRun<'x> {
     earlier_hist: BTreeMap<String, Vec<Value>>,
     earlier: Arc<HashMap<String, Value>>,
     history: Vec<Value>,
+    /// Whether the loop's output carries its history, whatever ends it (something reads it).
+    keep_history: bool,
     feedback: Option<String>,
     /// The last findings of `stuck.on`, and how many times in a row they came.
     stuck_prev: Option<Json>,
@@ -43,10 +45,14 @@ struct LoopRun<'x> {
 }
 
 impl LoopRun<'_> {
-    /// The loop's output: how many iterations ran, how it ended, and its history (for a
-    /// learnings or report stage after it, whatever the ending).
+    /// The loop's output: how many iterations ran and how it ended, with its history when
+    /// something reads it (a learnings or report stage after it, whatever the ending).
     fn outcome(&self, s: &str, it: u64) -> Json {
-        json!({"iterations": it, "outcome": s, "history": self.history_json()})
+        let mut out = json!({"iterations": it, "outcome": s});
+        if self.keep_history {
+            out["history"] = self.history_json();
+        }
+        out
     }
 
     fn history_json(&self) -> Json {
@@ -261,6 +267,7 @@ impl<'p> Exec<'p> {
             earlier_hist: BTreeMap::new(),
             earlier: Arc::default(),
             history: Vec::new(),
+            keep_history: node.keeps_history,
             feedback: None,
             stuck_prev: None,
             stuck_count: 0,
@@ -442,7 +449,10 @@ impl Exec<'_> {
         message: String,
     ) -> Settled {
         let (n, started) = (lp.n, lp.started);
-        let output = lp.outcome(outcome, it);
+        let mut output = lp.outcome(outcome, it);
+        if matches!(then, Target::Stage(_)) && !lp.keep_history {
+            output["history"] = lp.history_json();
+        }
         match then {
             Target::Fail => {
                 Settled::failed(output, message, self.plan.node(n).on_fail.clone(), started)
