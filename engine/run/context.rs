@@ -42,22 +42,26 @@ impl Exec<'_> {
             w.context_items += copied;
         });
         let stages = Value::from_object(Stages { parts });
-        let mut run: BTreeMap<&str, Value> = BTreeMap::new();
-        run.insert("id", Value::from(self.shared.run.id.clone()));
-        run.insert("dir", Value::from(self.shared.run.dir.clone()));
-        run.insert(
-            "workflow",
-            Value::from(self.plan.workflow.name.value.clone()),
-        );
-        run.insert(
-            "started_at",
-            Value::from(rfc3339(self.shared.run.started_at)),
-        );
+        let consts = self.shared.run_consts.get_or_init(|| {
+            [
+                ("id", Value::from(self.shared.run.id.clone())),
+                ("dir", Value::from(self.shared.run.dir.clone())),
+                (
+                    "workflow",
+                    Value::from(self.plan.workflow.name.value.clone()),
+                ),
+                (
+                    "started_at",
+                    Value::from(rfc3339(self.shared.run.started_at)),
+                ),
+                (
+                    "root",
+                    Value::from(self.shared.opts.cwd.to_string_lossy().into_owned()),
+                ),
+            ]
+        });
+        let mut run: BTreeMap<&str, Value> = consts.iter().cloned().collect();
         run.insert("cwd", Value::from(frame.cwd.to_string_lossy().into_owned()));
-        run.insert(
-            "root",
-            Value::from(self.shared.opts.cwd.to_string_lossy().into_owned()),
-        );
         let mut ctx: BTreeMap<String, Value> = vars;
         ctx.insert("params".into(), self.params.clone());
         ctx.insert("stages".into(), stages);

@@ -75,6 +75,9 @@ pub(crate) struct Shared {
     pub unreported_noted: RefCell<HashSet<String>>,
     /// A store failure: the run cannot be trusted to be durable any more, so it stops.
     pub store_error: RefCell<Option<Halt>>,
+    /// The parts of `run` in templates that stay the same for the whole run (its id,
+    /// directory, workflow, start and root), made once.
+    pub run_consts: std::cell::OnceCell<[(&'static str, minijinja::Value); 5]>,
     /// The store `earlier_runs()` reads in templates (template functions must be `Send +
     /// Sync`): a handle on the executor's connection on PostgreSQL, else a second
     /// connection opened when a template first asks.

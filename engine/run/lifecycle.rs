@@ -560,6 +560,7 @@ fn share(
         recorder,
         unreported_noted: RefCell::default(),
         store_error: RefCell::new(None),
+        run_consts: std::cell::OnceCell::new(),
         memory,
         outputs,
         to_store: RefCell::default(),
