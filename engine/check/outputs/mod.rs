@@ -39,13 +39,16 @@ pub fn check(c: &mut Checked<'_>, loader: &mut Loader<'_>, diags: &mut Diagnosti
         let s = c.info(id).stage;
         // An extraction mode that is not one was reported: what the output holds, and which
         // keys go with the mode meant, are not known.
-        let unknown = c.workflow.is_broken(&crate::model::lower::mistyped(
-            "stages",
-            &s.id.value,
-            "output.extract",
-        ));
+        // (Asked only of a stage with an `output`: the name is made for the question.)
+        let unknown = || {
+            c.workflow.is_broken(&crate::model::lower::mistyped(
+                "stages",
+                &s.id.value,
+                "output.extract",
+            ))
+        };
         let schema = match &s.keys().output {
-            Some(o) if unknown => {
+            Some(o) if unknown() => {
                 let mut found = Diagnostics::default();
                 let _ = output_schema(c, s, o, loader, &mut seen, &mut found);
                 for d in found.into_sorted() {
