@@ -80,9 +80,6 @@ pub struct Node {
     /// Whether the stage is skipped when every stage it needs is, and only then (no reason
     /// of its own): `explain` and the graphs show the skip spreading to it.
     pub skips_with_needs: bool,
-    /// For a loop: whether something reads its output's `history` (a stage after it, an
-    /// exit message, `earlier_runs`), so its output carries it however it ended.
-    pub keeps_history: bool,
     /// Whether one of the stage's templates names `stage_dir`: its program may write in its
     /// attempt's directory, which is then made before it starts.
     pub uses_stage_dir: bool,
@@ -197,6 +194,10 @@ pub struct Plan {
     /// Every node, sorted by its stage id (ids are unique in a workflow), for
     /// [`Plan::find`]: no second copy of the names.
     pub by_name: Vec<NodeId>,
+    /// The loops whose output's `history` something reads (a stage after it, an exit
+    /// message, `earlier_runs`): their output carries it however they ended. Few loops, so
+    /// a set beside the nodes rather than a flag in each (a node stays 192 bytes).
+    pub history_read: std::collections::HashSet<NodeId>,
 }
 
 /// An agent stage whose agent, rendered over the params, names no agent.
@@ -396,7 +397,17 @@ pub fn compile_parts(checked: &Checked<'_>) -> PlanParts {
             templates.push((RUN_WORKTREE_BASE.into(), b.value.as_str().into()));
         }
     }
-    let history_read = HistoryRead::of(checked);
+    let read = HistoryRead::of(checked);
+    let history_read: std::collections::HashSet<NodeId> = checked
+        .stages
+        .iter()
+        .enumerate()
+        .filter(|(_, info)| {
+            info.stage.kind().value == StageKind::Loop
+                && (read.all || read.names.contains(info.stage.id.value.as_str()))
+        })
+        .map(|(i, _)| NodeId(i))
+        .collect();
     let mut nodes = Vec::with_capacity(checked.stages.len());
     for (i, info) in checked.stages.iter().enumerate() {
         let s = info.stage;
@@ -532,8 +543,6 @@ pub fn compile_parts(checked: &Checked<'_>) -> PlanParts {
             then: s.keys().then.as_ref().map(|a| target(&a.value, &exits)),
             conditional: conditional(checked, id),
             skips_with_needs: skips_with_needs(checked, id),
-            keeps_history: s.kind().value == StageKind::Loop
-                && (history_read.all || history_read.names.contains(s.id.value.as_str())),
             uses_stage_dir,
             path: Vec::new(),
             local: NodeIndex::end(),
@@ -570,6 +579,7 @@ pub fn compile_parts(checked: &Checked<'_>) -> PlanParts {
         schemas: checked.schemas.clone(),
         templates: Templates::new(templates),
         by_name,
+        history_read,
     })
 }
 

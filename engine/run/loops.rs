@@ -267,7 +267,7 @@ impl<'p> Exec<'p> {
             earlier_hist: BTreeMap::new(),
             earlier: Arc::default(),
             history: Vec::new(),
-            keep_history: node.keeps_history,
+            keep_history: plan.history_read.contains(&n),
             feedback: None,
             stuck_prev: None,
             stuck_count: 0,
