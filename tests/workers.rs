@@ -333,7 +333,9 @@ fn workers_killed_in_the_middle_of_stages_lose_no_run_and_repeat_only_what_was_c
         ]),
     );
     let ids: Vec<String> = (0..10).map(|_| p.detach()).collect();
-    let lease = "2s";
+    // Long enough that only a kill lets a lease expire: on a loaded machine (CI, 2 cores) a
+    // live worker once went 2 s without renewing, and its stage ran again uncut.
+    let lease = "4s";
     let args = ["--max-concurrency", "2"];
     let mut pool: Vec<Child> = (0..3).map(|n| p.worker(n, lease, &args)).collect();
     let mut kills = 0;
