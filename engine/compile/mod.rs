@@ -326,6 +326,14 @@ impl<'c> HistoryRead<'c> {
             names: std::collections::HashSet::new(),
             all: false,
         };
+        // Most workflows have no loop: nothing to look for in their texts.
+        if !c
+            .stages
+            .iter()
+            .any(|s| s.stage.kind().value == StageKind::Loop)
+        {
+            return read;
+        }
         let texts = c.top.iter().flat_map(|id| texts_of(c, *id)).chain(
             c.workflow
                 .exits

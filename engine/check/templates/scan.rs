@@ -165,13 +165,18 @@ impl Guards {
         let ["stages", stage, "output", rest @ ..] = parts.as_slice() else {
             return;
         };
-        // `default(x, true)` replaces `none` too.
+        // `default(x, true)` replaces `none` too: its last argument is `true` (the first, a
+        // default such as `{'a': 1, 'b': 2}` or `f(x)`, may hold commas and parentheses).
         let lax = u.kind == UseKind::Filter
             && text
                 .get(u.range.end..)
                 .and_then(|r| r.trim_start().strip_prefix('('))
-                .and_then(|r| r.split(')').next())
-                .is_some_and(|args| args.split(',').nth(1).is_some_and(|b| b.trim() == "true"));
+                .is_some_and(|args| {
+                    args.match_indices("true").any(|(at, t)| {
+                        args[..at].trim_end().ends_with(',')
+                            && args[at + t.len()..].trim_start().starts_with(')')
+                    })
+                });
         if !rest.is_empty() || name == "none" || lax {
             self.ran.insert((*stage).to_string());
         } else {
