@@ -381,12 +381,7 @@ impl Cx<'_> {
     /// Converts a node whose key is known to have type `ty`.
     fn typed(&mut self, node: &KdlNode, ty: &Ty) -> Option<Value> {
         let span = self.span(node.span());
-        let args: Vec<&KdlEntry> = node
-            .entries()
-            .iter()
-            .filter(|e| e.name().is_none())
-            .collect();
-        let has_props = node.entries().iter().any(|e| e.name().is_some());
+        let (args, has_props) = arguments(node);
         match ty {
             Ty::List(_) if node.children().is_none() && !has_props => {
                 let items = args.iter().filter_map(|e| self.scalar(e)).collect();
@@ -482,12 +477,7 @@ impl Cx<'_> {
     /// several arguments an array, one argument a scalar.
     fn generic(&mut self, node: &KdlNode) -> Option<Value> {
         let span = self.span(node.span());
-        let args: Vec<&KdlEntry> = node
-            .entries()
-            .iter()
-            .filter(|e| e.name().is_none())
-            .collect();
-        let has_props = node.entries().iter().any(|e| e.name().is_some());
+        let (args, has_props) = arguments(node);
         if let Some(children) = node.children() {
             if !children.nodes().is_empty()
                 && children.nodes().iter().all(|n| n.name().value() == "-")
@@ -529,6 +519,17 @@ fn bare_value(entry: &KdlEntry) -> bool {
 /// A KDL quoted string holding `text`.
 fn quoted(text: &str) -> String {
     format!("\"{}\"", text.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+/// A node's arguments (its entries without a name), and whether it has properties too.
+fn arguments(node: &KdlNode) -> (Vec<&KdlEntry>, bool) {
+    let args = node
+        .entries()
+        .iter()
+        .filter(|e| e.name().is_none())
+        .collect();
+    let has_props = node.entries().iter().any(|e| e.name().is_some());
+    (args, has_props)
 }
 
 #[cfg(test)]
