@@ -14,6 +14,7 @@ pub mod dialect;
 pub mod exit;
 pub mod fs;
 pub mod load;
+pub mod lsp;
 pub mod model;
 pub mod params;
 pub mod prepare;

@@ -142,6 +142,20 @@ pub fn check<'w>(
     require_params: bool,
     diags: &mut Diagnostics,
 ) -> Option<Checked<'w>> {
+    let checked = check_all(workflow, loader, sets, require_params, diags);
+    (!diags.has_errors()).then_some(checked)
+}
+
+/// Runs every check, as [`check`], and returns what it learned even when there are errors:
+/// the language server reads stages, output schemas and prompt files of a workflow that is
+/// half written.
+pub fn check_all<'w>(
+    workflow: &'w Workflow,
+    loader: &mut Loader<'_>,
+    sets: &[(String, String)],
+    require_params: bool,
+    diags: &mut Diagnostics,
+) -> Checked<'w> {
     let mut found = Diagnostics::default();
     let mut checked = index(workflow, &mut found);
     checked.params = params::check(workflow, sets, require_params, &mut found);
@@ -162,7 +176,7 @@ pub fn check<'w>(
             diags.push(d);
         }
     }
-    (!diags.has_errors()).then_some(checked)
+    checked
 }
 
 /// Warns about `prompt_path` directories that hold no files: a misspelt directory would

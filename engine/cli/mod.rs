@@ -4,6 +4,7 @@ mod cancel;
 mod check;
 mod fmt;
 mod graph;
+mod lsp;
 mod presets;
 mod run;
 mod runs;
@@ -73,6 +74,8 @@ enum Command {
     Presets(presets::Args),
     /// Write a project-local workflow that extends a preset.
     Init(presets::InitArgs),
+    /// Serve the language server (LSP over stdio) for workflow files and their prompts.
+    Lsp(lsp::Args),
     /// Serve a live web monitor of the runs (on 127.0.0.1, behind a printed access token).
     Serve(serve::Args),
     /// Claim queued runs (`run --detach`) from a shared PostgreSQL store and carry them out,
@@ -121,6 +124,7 @@ pub(crate) fn main() -> i32 {
         Command::Presets(args) => presets::run(&args),
         Command::Init(args) => presets::init(&args),
         Command::Serve(args) => serve::run(&args),
+        Command::Lsp(args) => lsp::run(&args),
         Command::Worker(args) => worker::run(&args),
     }
 }

@@ -48,6 +48,8 @@ pub struct Loader<'a> {
     trusted_dirs: std::cell::RefCell<Vec<PathBuf>>,
     /// The next file loaded is pulled in by `include` (and so needs no `name`).
     including: bool,
+    /// The files pulled in by `include`: parts of a workflow, not workflows of their own.
+    pub included: Vec<PathBuf>,
 }
 
 impl<'a> Loader<'a> {
@@ -78,6 +80,7 @@ impl<'a> Loader<'a> {
             trusted_dirs: std::cell::RefCell::default(),
             visible: HashMap::new(),
             including: false,
+            included: Vec::new(),
         }
     }
 
@@ -85,6 +88,9 @@ impl<'a> Loader<'a> {
     pub fn load(&mut self, path: &Path, from: Option<Span>) -> Option<Workflow> {
         let included = std::mem::take(&mut self.including);
         let canonical = normalize(path);
+        if included && !self.included.contains(&canonical) {
+            self.included.push(canonical.clone());
+        }
         if let Some(pos) = self.stack.iter().position(|p| *p == canonical) {
             let chain: Vec<String> = self.stack[pos..]
                 .iter()

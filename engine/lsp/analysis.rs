@@ -1,0 +1,120 @@
+//! One workflow file loaded and checked as `ralph-flow check` does, through the editor's
+//! unsaved text: its diagnostics, every file it read, its model and what the checker learned
+//! of its stages (kinds, output schemas, prompt files), kept for completion, hover and
+//! navigation until the next edit.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::check::check_all;
+use crate::diag::{Diagnostic, Diagnostics};
+use crate::load::Loader;
+use crate::model::{StageKind, Workflow};
+use crate::source::{Sources, Span};
+
+use super::docs::{Docs, Overlay};
+
+/// What the checker knows of one stage.
+#[derive(Clone, Debug)]
+pub(crate) struct StageFact {
+    pub(crate) id: String,
+    /// Where its id is written.
+    pub(crate) id_span: Span,
+    /// The whole stage.
+    pub(crate) span: Span,
+    pub(crate) kind: StageKind,
+    /// The index (in [`Analysis::stages`]) of the loop, fan-out or group whose body holds it.
+    pub(crate) parent: Option<usize>,
+    pub(crate) children: Vec<usize>,
+    /// Its agent's name, for an agent stage.
+    pub(crate) agent: Option<String>,
+    pub(crate) description: Option<String>,
+    /// Its output schema (given, or its kind's built-in one).
+    pub(crate) schema: Option<Arc<serde_json::Value>>,
+    /// The prompt file it reads, for an agent stage with one.
+    pub(crate) prompt_file: Option<PathBuf>,
+}
+
+/// One workflow file, loaded and checked.
+pub(crate) struct Analysis {
+    /// The workflow file (normalized).
+    pub(crate) root: PathBuf,
+    /// Every file read: the workflow, its bases, includes, prompt files and schemas.
+    pub(crate) sources: Sources,
+    pub(crate) diagnostics: Vec<Diagnostic>,
+    /// The merged model; `None` when the file does not parse.
+    pub(crate) workflow: Option<Workflow>,
+    /// The stages in the checker's order (a body's stages after their region).
+    pub(crate) stages: Vec<StageFact>,
+    pub(crate) by_id: HashMap<String, usize>,
+    /// The files pulled in by `include` (parts, not workflows of their own).
+    pub(crate) included: Vec<PathBuf>,
+}
+
+impl Analysis {
+    /// Loads and checks `root`, reading open documents before the disk.
+    pub(crate) fn run(root: PathBuf, docs: &Docs) -> Analysis {
+        let fs = Overlay { docs };
+        let mut sources = Sources::new();
+        let mut diags = Diagnostics::default();
+        let mut stages = Vec::new();
+        let mut by_id = HashMap::new();
+        let (workflow, included) = {
+            let mut loader = Loader::new(&fs, &mut sources, &mut diags);
+            let wf = loader.load(&root, None);
+            if let Some(wf) = &wf {
+                let mut found = Diagnostics::default();
+                let checked = check_all(wf, &mut loader, &[], false, &mut found);
+                for (i, info) in checked.stages.iter().enumerate() {
+                    let s = info.stage;
+                    let (agent, prompt_file) = match &s.body {
+                        crate::model::StageBody::Agent { agent, .. } => (
+                            agent.as_ref().map(|a| a.value.clone()),
+                            checked
+                                .prompt_files
+                                .get(&crate::model::StageId(i))
+                                .map(|(p, _)| p.clone()),
+                        ),
+                        _ => (None, None),
+                    };
+                    by_id.entry(s.id.value.clone()).or_insert(i);
+                    stages.push(StageFact {
+                        id: s.id.value.clone(),
+                        id_span: s.id.span,
+                        span: s.span,
+                        kind: s.kind().value,
+                        parent: info.parent.map(|p| p.0),
+                        children: info.children.iter().map(|c| c.0).collect(),
+                        agent,
+                        description: s.keys().description.as_ref().map(|d| d.value.clone()),
+                        schema: checked.schemas.get(&crate::model::StageId(i)).cloned(),
+                        prompt_file,
+                    });
+                }
+                drop(checked);
+                loader.diags.extend(found);
+            }
+            (wf, std::mem::take(&mut loader.included))
+        };
+        Analysis {
+            root,
+            sources,
+            diagnostics: diags.into_sorted(),
+            workflow,
+            stages,
+            by_id,
+            included,
+        }
+    }
+
+    /// Tells whether the analysis read a file.
+    pub(crate) fn involves(&self, path: &std::path::Path) -> bool {
+        self.sources.find(path).is_some()
+    }
+
+    /// The stage with an id.
+    pub(crate) fn stage(&self, id: &str) -> Option<&StageFact> {
+        self.by_id.get(id).map(|&i| &self.stages[i])
+    }
+}

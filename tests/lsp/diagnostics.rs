@@ -1,0 +1,120 @@
+//! Diagnostics: what `check` reports, in the file it points into, from the unsaved text.
+
+use serde_json::{Value, json};
+
+use crate::client::{Client, position_of, project, uri};
+
+#[test]
+fn a_shipped_preset_is_clean_and_a_typo_shows_where_it_is_typed() {
+    let dir = project();
+    let path = dir.path().join("workflows/spider.toml");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{e}"));
+    let mut c = Client::start(dir.path());
+    let u = c.open(&path, &text);
+    assert_eq!(c.diagnostics(&u), Vec::<Value>::new());
+    // An unsaved edit: a need that names no stage.
+    let broken = text.replacen("needs = [\"specify\"]", "needs = [\"specfy\"]", 1);
+    assert!(broken != text, "the preset changed: fix the test's edit");
+    c.replace(&u, &broken);
+    let diags = c.diagnostics(&u);
+    // The unknown need, and the read of `specify`'s output that it no longer orders.
+    let codes: Vec<&str> = diags.iter().filter_map(|d| d["code"].as_str()).collect();
+    assert_eq!(codes, ["RF010", "RF032"], "{diags:#?}");
+    let d = &diags[0];
+    assert_eq!(d["code"], "RF010");
+    assert_eq!(d["severity"], 1);
+    assert_eq!(d["range"]["start"], position_of(&broken, "\"specfy\"", 0));
+    assert_eq!(d["range"]["end"], position_of(&broken, "\"specfy\"", 8));
+    let message = d["message"].as_str().unwrap_or("");
+    assert!(message.contains("there is no stage `specfy`"), "{message}");
+    assert!(message.contains("did you mean `specify`?"), "{message}");
+    // Fixed again: the diagnostic goes away.
+    c.replace(&u, &text);
+    assert_eq!(c.diagnostics(&u), Vec::<Value>::new());
+    c.shutdown();
+}
+
+#[test]
+fn a_template_error_in_a_prompt_file_shows_in_the_prompt_file() {
+    let dir = project();
+    let wf = dir.path().join("workflows/spider.toml");
+    let prompt = dir.path().join("prompts/spider/specify.md.j2");
+    let text = std::fs::read_to_string(&prompt).unwrap_or_else(|e| panic!("{e}"));
+    let mut c = Client::start(dir.path());
+    let wu = c.open_file(&wf);
+    let pu = c.open(&prompt, &text);
+    assert_eq!(c.diagnostics(&pu), Vec::<Value>::new());
+    let broken = format!("{text}\n{{{{ stages.nope.output.x }}}}\n");
+    c.replace(&pu, &broken);
+    let diags = c.diagnostics(&pu);
+    assert!(
+        diags
+            .iter()
+            .any(|d| d["code"] == "RF031" || d["code"] == "RF010"),
+        "{diags:#?}"
+    );
+    // The workflow itself stays clean: the problem is the prompt file's.
+    assert_eq!(c.diagnostics(&wu), Vec::<Value>::new());
+    c.shutdown();
+}
+
+#[test]
+fn a_prompt_file_opened_alone_is_checked_with_the_workflow_that_reads_it() {
+    let dir = project();
+    let prompt = dir.path().join("prompts/spider/specify.md.j2");
+    let text = std::fs::read_to_string(&prompt).unwrap_or_else(|e| panic!("{e}"));
+    let mut c = Client::start(dir.path());
+    let pu = c.open(&prompt, &format!("{text}\n{{{{ stages.nope }}}}\n"));
+    let diags = c.diagnostics(&pu);
+    assert!(!diags.is_empty(), "the prompt's workflow was not found");
+    c.shutdown();
+}
+
+#[test]
+fn a_diagnostic_in_an_included_file_shows_in_that_file() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let main = dir.path().join("w.toml");
+    let part = dir.path().join("part.toml");
+    let main_text = "name = \"w\"\ninclude = [\"part.toml\"]\n\n[stages.a]\nkind = \"command\"\nargv = [\"true\"]\n";
+    let part_text = "[stages.b]\nkind = \"command\"\nneeds = \"zz\"\nargv = [\"true\"]\n";
+    std::fs::write(&main, main_text).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&part, part_text).unwrap_or_else(|e| panic!("{e}"));
+    let mut c = Client::start(dir.path());
+    let mu = c.open(&main, main_text);
+    let pu = c.open(&part, part_text);
+    assert_eq!(c.codes(&pu), vec!["RF010".to_string()]);
+    assert_eq!(c.codes(&mu), Vec::<String>::new());
+    // The part is not checked as a workflow of its own (it has no `name`).
+    let diags = c.diagnostics(&pu);
+    assert_eq!(
+        diags[0]["range"]["start"],
+        position_of(part_text, "\"zz\"", 0)
+    );
+    c.shutdown();
+}
+
+#[test]
+fn diagnostics_follow_incremental_edits_and_a_closed_file_is_cleared() {
+    let dir = project();
+    let path = dir.path().join("workflows/wiggum-review.kdl");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{e}"));
+    let mut c = Client::start(dir.path());
+    let u = c.open(&path, &text);
+    assert_eq!(c.codes(&u), Vec::<String>::new());
+    // Type a stray `{` at the end, one character at a time would do the same.
+    let end = position_of(&text, &text[text.len() - 1..], 1);
+    let end = if text.ends_with('\n') {
+        json!({"line": text.matches('\n').count(), "character": 0})
+    } else {
+        end
+    };
+    c.change(
+        &u,
+        json!([{"range": {"start": end, "end": end}, "text": "stage \"x\" {"}]),
+    );
+    let codes = c.codes(&u);
+    assert_eq!(codes, vec!["RF001".to_string()], "{codes:?}");
+    c.notify("textDocument/didClose", json!({"textDocument": {"uri": u}}));
+    assert_eq!(c.diagnostics(&uri(&path)), Vec::<Value>::new());
+    c.shutdown();
+}

@@ -1,0 +1,4 @@
+//! `ralph-flow lsp` at the protocol level: one module per feature, all through [`client`].
+
+mod client;
+mod diagnostics;
