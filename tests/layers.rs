@@ -70,6 +70,14 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "text",
         ],
     ),
+    // The static side only: the language server loads and checks, and never runs.
+    (
+        "lsp",
+        &[
+            "check", "diag", "fs", "load", "model", "params", "preset", "source", "spec",
+            "suggest", "syntax", "template",
+        ],
+    ),
 ];
 
 fn allowed(module: &str) -> Option<&'static [&'static str]> {
