@@ -250,8 +250,7 @@ fn add_toml(text: &str, table: Bytes<usize>, key: &str, value: &str) -> Option<(
         }
         return Some((at, line));
     }
-    if written.starts_with('{') {
-        let inner = &written[1..];
+    if let Some(inner) = written.strip_prefix('{') {
         let at = table.start + 1;
         if inner.trim_start().starts_with('}') {
             return Some((at, format!(" {key} = {value} ")));
