@@ -3,8 +3,9 @@
 //!
 //! It is read from the document's own text (its syntax tree), not from the merged workflow:
 //! a file that extends or includes others shows its own stages and overrides, and a file
-//! that others include shows what it adds. A text that does not parse has no outline (an
-//! empty list), never one with ranges beyond the text.
+//! that others include shows what it adds. A TOML text that does not parse is outlined from
+//! its `[stages.ID]` headers; a KDL one has no outline (an empty list); neither ever has a
+//! range beyond the text.
 //!
 //! A symbol's `range` covers its whole text: in KDL its node (with its block), in TOML from
 //! its `[header]` to the next header outside it (so a loop's range holds its body's tables);
@@ -66,6 +67,9 @@ impl<'a> Outline<'a> {
     }
 
     fn symbols(&self) -> Vec<DocumentSymbol> {
+        if self.tree.entries.is_empty() && self.format == Format::Toml {
+            return self.headers_outline();
+        }
         let mut out = Vec::new();
         if let Some(stages) = self.tree.get("stages").and_then(|v| v.as_table()) {
             out.extend(self.stages(stages));
@@ -198,18 +202,99 @@ impl<'a> Outline<'a> {
         let whole = match self.format {
             Format::Toml if written.starts_with('[') => {
                 let path = header_path(written);
-                let end = self
-                    .headers
-                    .iter()
-                    .find(|(at, p)| *at > span.start && !p.starts_with(&path))
-                    .map_or(self.text.len(), |(at, _)| *at);
-                span.start..end
+                span.start..self.end_of_header(span.start, &path)
             }
             // KDL: the node, with its block; TOML: an inline table.
             _ => span,
         };
         let whole = trim(self.text, whole);
         (whole.start < whole.end).then_some(whole)
+    }
+
+    /// Where the tables under the header at `start` (with `path`) end: at the next header
+    /// outside them, or the end of the text.
+    fn end_of_header(&self, start: usize, path: &[String]) -> usize {
+        let after = self.headers.partition_point(|(at, _)| *at <= start);
+        self.headers[after..]
+            .iter()
+            .find(|(_, p)| !p.starts_with(path))
+            .map_or(self.text.len(), |(at, _)| *at)
+    }
+
+    /// A TOML text that does not parse: the stages its `[stages.ID]` headers name, nested as
+    /// their paths are, each with the kind its `kind = "..."` line says, if it has one.
+    fn headers_outline(&self) -> Vec<DocumentSymbol> {
+        struct Node {
+            symbol: DocumentSymbol,
+            children: Vec<usize>,
+        }
+        let mut nodes: Vec<Node> = Vec::new();
+        let mut roots = Vec::new();
+        let mut by_path: std::collections::HashMap<&[String], usize> = Default::default();
+        for (i, (at, path)) in self.headers.iter().enumerate() {
+            let is_stage = path.len() >= 2
+                && path.len() % 2 == 0
+                && path.iter().step_by(2).all(|p| p == "stages");
+            if !is_stage {
+                continue;
+            }
+            let id = &path[path.len() - 1];
+            let whole = trim(self.text, *at..self.end_of_header(*at, path));
+            // Its own lines: up to the next header.
+            let own_end = self.headers.get(i + 1).map_or(self.text.len(), |(n, _)| *n);
+            let kind = self
+                .text
+                .get(*at..own_end)
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| l.trim().strip_prefix("kind"))
+                .filter_map(|l| l.trim_start().strip_prefix('='))
+                .map(|v| v.trim().trim_matches('"').to_string())
+                .next();
+            let header = self.text[*at..].lines().next().unwrap_or_default();
+            let header = &header[..header.find(']').unwrap_or(header.len())];
+            let id_at = header.rfind(id.as_str()).map_or(*at, |i| *at + i);
+            let selection = id_at..(id_at + id.len()).min(whole.end);
+            let selection = if selection.start >= whole.start && selection.start <= selection.end {
+                selection
+            } else {
+                whole.start..whole.start
+            };
+            #[allow(deprecated)]
+            let symbol = DocumentSymbol {
+                name: id.clone(),
+                detail: kind.clone(),
+                kind: stage_kind(kind.as_deref().unwrap_or("")),
+                tags: None,
+                deprecated: None,
+                range: self.world.range(self.path, whole),
+                selection_range: self.world.range(self.path, selection),
+                children: None,
+            };
+            let n = nodes.len();
+            nodes.push(Node {
+                symbol,
+                children: Vec::new(),
+            });
+            match by_path.get(&path[..path.len() - 2]) {
+                Some(&parent) => nodes[parent].children.push(n),
+                None => roots.push(n),
+            }
+            by_path.insert(path.as_slice(), n);
+        }
+        fn build(nodes: &mut [Option<Node>], i: usize) -> Option<DocumentSymbol> {
+            let node = nodes.get_mut(i)?.take()?;
+            let children: Vec<DocumentSymbol> = node
+                .children
+                .iter()
+                .filter_map(|&c| build(nodes, c))
+                .collect();
+            let mut symbol = node.symbol;
+            symbol.children = (!children.is_empty()).then_some(children);
+            Some(symbol)
+        }
+        let mut nodes: Vec<Option<Node>> = nodes.into_iter().map(Some).collect();
+        roots.iter().filter_map(|&r| build(&mut nodes, r)).collect()
     }
 }
 
@@ -305,23 +390,40 @@ fn header_path(header: &str) -> Vec<String> {
 }
 
 /// Every `[header]` of a TOML text: the start of its line and its path. Read with the TOML
-/// lexer, so that a `[` inside a string or a multi-line array is not taken for one.
+/// lexer, so that a `[` inside a string or a multi-line array is not taken for one; a line
+/// that starts with `[` and a bare key is a header even inside a bracket left open (a
+/// half-typed array does not hide the rest of the file).
 fn toml_headers(text: &str) -> Vec<(usize, Vec<String>)> {
     use toml_parser::lexer::TokenKind as T;
+    let tokens: Vec<_> = toml_parser::Source::new(text)
+        .lex()
+        .filter(|t| !matches!(t.kind(), T::Whitespace | T::Comment))
+        .collect();
     let mut out = Vec::new();
     let mut depth: i64 = 0;
     let mut line_begins = true;
-    for token in toml_parser::Source::new(text).lex() {
+    for (i, token) in tokens.iter().enumerate() {
         let span = token.span();
-        match token.kind() {
+        let kind = token.kind();
+        let header = kind == T::LeftSquareBracket
+            && line_begins
+            && (depth <= 0 || {
+                // `[stages.x]` in an open array: a header (an array item is no bare word).
+                let next = tokens.get(i + 1).map(|t| t.span());
+                let word = next
+                    .and_then(|n| text.get(n.start()..n.end()))
+                    .unwrap_or("");
+                word.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+                    && !["true", "false", "inf", "nan"].contains(&word)
+            });
+        match kind {
             T::Newline => {
                 if depth <= 0 {
                     depth = 0;
                     line_begins = true;
                 }
             }
-            T::Whitespace | T::Comment => {}
-            T::LeftSquareBracket if line_begins && depth <= 0 => {
+            T::LeftSquareBracket if header => {
                 line_begins = false;
                 let start = span.start();
                 let line = text[..start].rfind('\n').map_or(0, |i| i + 1);
@@ -337,8 +439,11 @@ fn toml_headers(text: &str) -> Vec<(usize, Vec<String>)> {
             T::RightSquareBracket | T::RightCurlyBracket if depth > 0 => {
                 depth -= 1;
             }
-            T::Eof => break,
+            T::Eof => {}
             _ => line_begins = false,
+        }
+        if kind == T::Newline {
+            line_begins = true;
         }
     }
     out
@@ -356,6 +461,13 @@ mod tests {
         assert_eq!(paths, ["stages.x", "stages.x.stages.y"]);
         assert_eq!(&text[headers[0].0..headers[0].0 + 10], "[stages.x]");
         assert_eq!(header_path("[stages.\"a b\" . c]"), ["stages", "a b", "c"]);
+        // An array left open does not hide the headers after it.
+        let open = "a = [\n  \"x\",\n  [1],\n[stages.y]\nb = 1\n";
+        let paths: Vec<String> = toml_headers(open)
+            .iter()
+            .map(|(_, p)| p.join("."))
+            .collect();
+        assert_eq!(paths, ["stages.y"]);
     }
 
     #[test]

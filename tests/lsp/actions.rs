@@ -438,3 +438,39 @@ fn no_action_where_no_diagnostic_is_and_none_of_another_kind() {
     assert_eq!(found.len(), 1, "{found:#?}");
     c.shutdown();
 }
+
+#[test]
+fn a_misspelt_name_in_a_prompt_file_is_replaced_in_the_prompt_file() {
+    let dir = project();
+    let mut c = Client::start(dir.path());
+    c.open_file(&dir.path().join("workflows/spider.toml"));
+    let path = dir.path().join("prompts/spider/evaluate.md.j2");
+    let text = read(&path);
+    let bad = broken(
+        &text,
+        "{{ stages.implement.output.summary }}",
+        "{{ stages.implemnt.output.summary }}",
+    );
+    let (fixed, after) = fix(
+        &mut c,
+        &path,
+        &bad,
+        "RF010",
+        "implemnt",
+        "Replace `implemnt` with `implement`",
+    );
+    assert_eq!(fixed, text);
+    assert_eq!(after, Vec::<Value>::new());
+    let bad = broken(&text, "{{ params.spec_path }}", "{{ params.spec_pth }}");
+    let (fixed, after) = fix(
+        &mut c,
+        &path,
+        &bad,
+        "RF012",
+        "spec_pth",
+        "Replace `spec_pth` with `spec_path`",
+    );
+    assert_eq!(fixed, text);
+    assert_eq!(after, Vec::<Value>::new());
+    c.shutdown();
+}

@@ -266,21 +266,56 @@ fn a_workflow_that_extends_a_preset_shows_its_own_stages_and_overrides() {
 #[test]
 fn a_file_that_does_not_parse_gets_no_range_beyond_its_text() {
     let dir = project();
-    let path = dir.path().join("workflows/council.kdl");
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{e}"));
     let mut c = Client::start(dir.path());
-    let uri = c.open(&path, &text);
-    assert!(!symbols(&mut c, &uri).is_empty());
-    // Cut in the middle of a block, then cut shorter and shorter.
-    for keep in [text.len() * 2 / 3, text.len() / 2, 10, 0] {
-        let mut keep = keep;
-        while !text.is_char_boundary(keep) {
-            keep -= 1;
+    for name in ["council.kdl", "spider.toml"] {
+        let path = dir.path().join("workflows").join(name);
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{e}"));
+        let uri = c.open(&path, &text);
+        assert!(!symbols(&mut c, &uri).is_empty());
+        // Cut in the middle of a block, then shorter and shorter.
+        for keep in [
+            text.len() * 2 / 3,
+            text.len() / 2,
+            text.len() / 3 + 7,
+            10,
+            0,
+        ] {
+            let mut keep = keep;
+            while !text.is_char_boundary(keep) {
+                keep -= 1;
+            }
+            let cut = &text[..keep];
+            c.replace(&uri, cut);
+            let list = symbols(&mut c, &uri);
+            check_ranges(cut, &list, None);
         }
-        let cut = &text[..keep];
-        c.replace(&uri, cut);
-        let list = symbols(&mut c, &uri);
-        check_ranges(cut, &list, None);
     }
+    c.shutdown();
+}
+
+#[test]
+fn a_toml_file_that_does_not_parse_is_outlined_from_its_headers() {
+    let dir = project();
+    let path = dir.path().join("workflows/spider.toml");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{e}"));
+    // Half-typed: an array left open, and a header of a new stage.
+    let broken = text.replacen("needs = [\"plan_loop\"]", "needs = [\"plan_loop\"", 1);
+    assert!(broken != text);
+    let broken = format!("{broken}\n[stages.review.stages.x\n");
+    let mut c = Client::start(dir.path());
+    let uri = c.open(&path, &broken);
+    assert!(c.codes(&uri).contains(&"RF001".to_string()));
+    let list = symbols(&mut c, &uri);
+    check_ranges(&broken, &list, None);
+    assert_eq!(
+        shape(&list),
+        "specify_loop(specify, approve_spec), plan_loop(plan, approve_plan), \
+         phases(phase_loop(implement, defend(write_tests, tests), evaluate)), review(x)"
+    );
+    assert_eq!(find(&list, "approve_spec")["kind"], 24);
+    assert_eq!(
+        find(&list, "specify")["selectionRange"]["start"],
+        position_of(&broken, "specify]", 0)
+    );
     c.shutdown();
 }
