@@ -1,4 +1,6 @@
 //! `ralph-flow lsp` at the protocol level: one module per feature, all through [`client`].
 
+mod actions;
 mod client;
 mod diagnostics;
+mod symbols;
