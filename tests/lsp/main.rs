@@ -1,4 +1,5 @@
 //! `ralph-flow lsp` at the protocol level: one module per feature, all through [`client`].
 
 mod client;
+mod completion;
 mod diagnostics;
