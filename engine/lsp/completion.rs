@@ -685,6 +685,11 @@ fn code_items(ctx: &Ctx<'_>, code: &Code) -> Vec<Out> {
             .into_iter()
             .map(|l| Out::new(&l, CompletionItemKind::MODULE, r.clone()).detail("loop"))
             .collect(),
+        [first, rest @ ..]
+            if !matches!(*first, "stages" | "params" | "run" | "loops" | "output") =>
+        {
+            item_fields(ctx, first, rest, r)
+        }
         ["loops", _] => vocabulary::LOOP_VARS
             .iter()
             .map(|a| Out::new(a, CompletionItemKind::FIELD, r.clone()).detail("loop variable"))
@@ -718,7 +723,9 @@ fn loops(ctx: &Ctx<'_>) -> Vec<String> {
 }
 
 /// The item variables of the for_each stages around the cursor.
-fn items_in_scope(ctx: &Ctx<'_>) -> Vec<String> {
+/// The item variables of the for_each stages around the cursor, with the list each goes
+/// over (`over`, as written).
+fn items_in_scope(ctx: &Ctx<'_>) -> Vec<(String, Option<String>)> {
     let Some(w) = ctx.facts.and_then(|a| a.workflow.as_ref()) else {
         return Vec::new();
     };
@@ -731,11 +738,12 @@ fn items_in_scope(ctx: &Ctx<'_>) -> Vec<String> {
             continue;
         }
         if let Some(f) = find_stage(&w.stages, id).and_then(|s| s.body.as_for_each()) {
-            out.push(
+            out.push((
                 f.as_name
                     .as_ref()
                     .map_or("item".to_string(), |n| n.value.clone()),
-            );
+                f.over.as_ref().map(|o| o.value.clone()),
+            ));
         }
     }
     out
@@ -802,7 +810,7 @@ fn roots(ctx: &Ctx<'_>, code: &Code, r: std::ops::Range<usize>) -> Vec<Out> {
             Out::new("index", CompletionItemKind::VARIABLE, r.clone()).detail("the item's index"),
         );
     }
-    for i in items {
+    for (i, _) in items {
         out.push(Out::new(&i, CompletionItemKind::VARIABLE, r.clone()).detail("for_each item"));
     }
     for l in &code.locals {
@@ -827,14 +835,53 @@ fn schema_fields(schema: Option<&Value>, path: &[&str], r: std::ops::Range<usize
     let Some(root) = schema else {
         return Vec::new();
     };
-    let mut node = root;
+    match schema_at(root, root, path) {
+        Some(node) => fields_of(root, node, r),
+        None => Vec::new(),
+    }
+}
+
+/// The schema node at a path of fields below `node`.
+fn schema_at<'a>(root: &'a Value, node: &'a Value, path: &[&str]) -> Option<&'a Value> {
+    let mut node = node;
     for seg in path {
         let props = properties(root, node, 0);
-        match props.into_iter().find(|(k, _)| k.as_str() == *seg) {
-            Some((_, v)) => node = v,
-            None => return Vec::new(),
-        }
+        node = props.into_iter().find(|(k, _)| k.as_str() == *seg)?.1;
     }
+    Some(node)
+}
+
+/// The fields of an item variable's value (`phase.` in a for_each `as = "phase"` over
+/// `stages.plan.output.phases`): the properties of the items of the list it goes over.
+fn item_fields(ctx: &Ctx<'_>, name: &str, rest: &[&str], r: std::ops::Range<usize>) -> Vec<Out> {
+    let Some((_, Some(over))) = items_in_scope(ctx).into_iter().find(|(n, _)| n == name) else {
+        return Vec::new();
+    };
+    let over: Vec<&str> = over.trim().split('.').map(str::trim).collect();
+    let ["stages", id, "output", path @ ..] = over.as_slice() else {
+        return Vec::new();
+    };
+    let Some(root) = ctx
+        .stage(id)
+        .and_then(|s| s.fact)
+        .and_then(|f| f.schema.as_deref())
+    else {
+        return Vec::new();
+    };
+    let Some(list) = schema_at(root, root, path) else {
+        return Vec::new();
+    };
+    let Some(item) = resolve(root, list).get("items") else {
+        return Vec::new();
+    };
+    match schema_at(root, item, rest) {
+        Some(node) => fields_of(root, node, r),
+        None => Vec::new(),
+    }
+}
+
+/// The properties of a schema node, as completion items.
+fn fields_of(root: &Value, node: &Value, r: std::ops::Range<usize>) -> Vec<Out> {
     let required: Vec<&str> = resolve(root, node)
         .get("required")
         .and_then(Value::as_array)

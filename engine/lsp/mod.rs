@@ -11,7 +11,9 @@
 //! Files: `lines.rs` turns offsets into positions; `docs.rs` holds the open documents and the
 //! file system the checker reads through them; `analysis.rs` loads and checks one workflow;
 //! `publish.rs` turns its diagnostics into the protocol's. The features are one file each:
-//! `completion.rs`, `hover.rs`, `navigate.rs` (definition, references, rename),
+//! `completion.rs` (with `cursor.rs`, which reads from the text alone where a cursor stands:
+//! table or node, key or value, template or expression), `hover.rs`, `navigate.rs`
+//! (definition, references, rename),
 //! `actions.rs` (code actions) and `symbols.rs` (the outline).
 
 mod actions;

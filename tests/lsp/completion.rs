@@ -658,6 +658,32 @@ fn prompt_file_scope(open_workflow: bool) {
 }
 
 #[test]
+fn item_variables_of_a_for_each_have_the_fields_of_its_list_items() {
+    let dir = project();
+    let mut c = Client::start(dir.path());
+    c.open_file(&dir.path().join("workflows/spider.toml"));
+    let prompt = dir.path().join("prompts/spider/implement.md.j2");
+    let text = read(dir.path(), "prompts/spider/implement.md.j2");
+    let pu = c.open(&prompt, &text);
+    let (items, _, _) = complete(&mut c, &pu, &format!("{text}\n{{{{ phase.{MARK}"));
+    exactly(
+        &items,
+        &["id", "title", "goal", "deliverables", "acceptance", "files"],
+    );
+    assert_eq!(
+        item(&items, "goal")["detail"],
+        "What is true when the phase is done."
+    );
+    let (items, _, _) = complete(&mut c, &pu, &format!("{text}\n{{{{ {MARK}"));
+    has(
+        &items,
+        &["phase", "index", "iteration", "stages"],
+        &["item"],
+    );
+    c.shutdown();
+}
+
+#[test]
 fn prompt_file_with_its_workflow_open() {
     prompt_file_scope(true);
 }
