@@ -697,7 +697,7 @@ fn string_end(text: &str, s: usize) -> usize {
                 i += 2;
                 continue;
             }
-            if text[i..].starts_with(close) {
+            if b[i..].starts_with(close.as_bytes()) {
                 let mut e = i + 3;
                 // Up to two more quotes belong to the content.
                 while e < b.len() && b[e] == q && e < i + 5 {
@@ -991,7 +991,7 @@ impl KdlParser<'_> {
                 if !triple && b[i] == b'\n' {
                     break;
                 }
-                if self.text[i..].starts_with(&close) {
+                if b[i..].starts_with(close.as_bytes()) {
                     self.i = i + close.len();
                     return Tok {
                         range: s..self.i,
@@ -1002,7 +1002,11 @@ impl KdlParser<'_> {
                 }
                 i += 1;
             }
-            let i = i.min(b.len());
+            // An escape may have stepped into a character: end on its boundary.
+            let mut i = i.min(b.len());
+            while !self.text.is_char_boundary(i) {
+                i += 1;
+            }
             self.i = i;
             return Tok {
                 range: s..i,
@@ -1432,13 +1436,13 @@ fn in_comment(text: &str, at: usize) -> bool {
     let b = text.as_bytes();
     let mut i = 0;
     while i < at && i < b.len() {
-        if text[i..].starts_with("//") {
+        if b[i..].starts_with(b"//") {
             let e = line_end(text, i);
             if at <= e {
                 return true;
             }
             i = e;
-        } else if text[i..].starts_with("/*") {
+        } else if b[i..].starts_with(b"/*") {
             let e = text[i + 2..].find("*/").map_or(b.len(), |e| i + 2 + e + 2);
             if at < e {
                 return true;
@@ -1652,6 +1656,33 @@ mod tests {
         );
         assert!(n.params.contains(&"paths".to_string()));
         assert!(n.exits.contains(&"stuck".to_string()));
+    }
+
+    /// Texts with characters of several bytes, in strings, comments and bare words.
+    #[test]
+    fn wide_characters_anywhere_are_read() {
+        let kdl_text = "// é 日本\nstage \"é\" kind=\"agent\" {\n    prompt \"\"\"\n    {{ stages.é }} \\é 日本\n    \"\"\"\n    description #\"日本 \\é\"# 日本=é\n    /* é */ needs é \"\\日\n}\n";
+        let toml_text = "# é 日本\n[stages.\"é\"]\nkind = \"agent\"\nprompt = \"\"\"\n{{ stages.é }} \\é 日本 \"\"\"\ndescription = '日本' # é\nneeds = [\"\\日\", é]\n";
+        for cut in 0..=kdl_text.len() {
+            if kdl_text.is_char_boundary(cut) {
+                let _ = kdl(kdl_text, cut);
+                let _ = kdl(&kdl_text[..cut], cut);
+                let _ = kdl_names(&kdl_text[..cut]);
+            }
+        }
+        for cut in 0..=toml_text.len() {
+            if toml_text.is_char_boundary(cut) {
+                let _ = toml(toml_text, cut);
+                let _ = toml(&toml_text[..cut], cut);
+                let _ = toml_names(&toml_text[..cut]);
+                let _ = template(toml_text, cut);
+            }
+        }
+        let (c, _) = k("stage \"é\" kind=\"agent\" {\n    needs \"日本\" |\n}\n");
+        assert!(
+            matches!(c.place, Place::Value { ref key, .. } if key == "needs"),
+            "{c:?}"
+        );
     }
 
     /// Every cut of every shipped workflow (and prompt file) gives a context without a
