@@ -744,3 +744,39 @@ fn completion_answers_in_a_comment_and_in_garbage_without_failing() {
     }
     c.shutdown();
 }
+
+/// Completion anywhere in the shipped presets and a prompt file, in the whole text and in
+/// the text cut there (as it is while typed), answers without an error.
+#[test]
+fn completion_anywhere_in_the_presets_answers() {
+    let dir = project();
+    let mut c = Client::start(dir.path());
+    for rel in [
+        "workflows/spider.toml",
+        "workflows/council.kdl",
+        "workflows/wiggum-review.kdl",
+        "prompts/spider/implement.md.j2",
+    ] {
+        let path = dir.path().join(rel);
+        let text = read(dir.path(), rel);
+        let u = c.open(&path, &text);
+        let step = (text.len() / 60).max(1);
+        for cut in (0..=text.len()).step_by(step) {
+            if !text.is_char_boundary(cut) {
+                continue;
+            }
+            for t in [text.clone(), text[..cut].to_string()] {
+                c.replace(&u, &t);
+                let answer = c.try_request(
+                    "textDocument/completion",
+                    json!({"textDocument": {"uri": u}, "position": pos(&t, cut)}),
+                );
+                assert!(
+                    matches!(&answer, Ok(v) if v["items"].is_array()),
+                    "{rel} at {cut}: {answer:?}"
+                );
+            }
+        }
+    }
+    c.shutdown();
+}
