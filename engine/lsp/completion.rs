@@ -47,6 +47,7 @@ struct StageName<'a> {
 /// What an answer reads.
 struct Ctx<'a> {
     world: &'a World,
+    text: &'a str,
     facts: Option<&'a Analysis>,
     stages: Vec<StageName<'a>>,
     names: Names,
@@ -141,6 +142,7 @@ fn items(world: &World, path: &Path, text: &str, at: usize) -> Vec<CompletionIte
     };
     let ctx = Ctx {
         world,
+        text,
         facts,
         stages,
         names,
@@ -509,6 +511,20 @@ fn values(
     };
     let stage_table = table.is_some_and(|t| is(t, &spec::STAGE));
     let me = ctx.current.as_deref();
+    // A route's field, and a fan-in's: a dotted path into the stage's output.
+    if (table.is_some_and(|t| is(t, &spec::ROUTE)) && key == "on")
+        || (table.is_some_and(|t| is(t, &spec::AGGREGATE)) && key == "field")
+    {
+        let typed = ctx.text.get(range.clone()).unwrap_or("");
+        let (path, last) = typed.rsplit_once('.').unwrap_or(("", typed));
+        let path: Vec<&str> = path.split('.').filter(|p| !p.is_empty()).collect();
+        let r = range.end - last.len()..range.end;
+        let schema = me
+            .and_then(|id| ctx.stage(id))
+            .and_then(|s| s.fact)
+            .and_then(|f| f.schema.as_deref());
+        return schema_fields(schema, &path, r);
+    }
     if stage_table && key == "needs" {
         for s in ctx.siblings(me) {
             out.push(ctx.stage_out(s, range.clone(), !quoted));

@@ -281,6 +281,15 @@ fn enum_values_and_actions_in_both_syntaxes() {
         &["specify_loop", "phases", "review", "exit:plan_rejected"],
         &["plan_loop", "plan", "approve", "reject"],
     );
+    // A route's field: the stage's output fields.
+    let typed = edit(
+        &text,
+        "route = { on = \"verdict\", cases = { PASS",
+        &format!("route = {{ on = \"ver{MARK}\", cases = {{ PASS"),
+    );
+    let (items, t, at) = complete(&mut c, &u, &typed);
+    exactly(&items, &["verdict", "gaps", "text"]);
+    assert_edit(item(&items, "verdict"), &t, at - 3, at, "verdict");
     // Unquoted: the value is inserted with its quotes.
     let typed = edit(
         &text,
