@@ -511,10 +511,8 @@ fn values(
     };
     let stage_table = table.is_some_and(|t| is(t, &spec::STAGE));
     let me = ctx.current.as_deref();
-    // A route's field, and a fan-in's: a dotted path into the stage's output.
-    if (table.is_some_and(|t| is(t, &spec::ROUTE)) && key == "on")
-        || (table.is_some_and(|t| is(t, &spec::AGGREGATE)) && key == "field")
-    {
+    // A route's field: a dotted path into the stage's output.
+    if table.is_some_and(|t| is(t, &spec::ROUTE)) && key == "on" {
         let typed = ctx.text.get(range.clone()).unwrap_or("");
         let (path, last) = typed.rsplit_once('.').unwrap_or(("", typed));
         let path: Vec<&str> = path.split('.').filter(|p| !p.is_empty()).collect();
