@@ -2,5 +2,6 @@
 
 mod actions;
 mod client;
+mod completion;
 mod diagnostics;
 mod symbols;
