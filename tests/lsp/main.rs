@@ -2,3 +2,5 @@
 
 mod client;
 mod diagnostics;
+mod hover;
+mod navigate;
