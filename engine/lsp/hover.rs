@@ -643,6 +643,12 @@ pub(crate) const SIGNATURES: &[(Kind, &str, &str, &str)] = {
             "git_status()",
             "ralph-flow: `git status --porcelain` of the working directory.",
         ),
+        (
+            U,
+            "earlier_runs",
+            "earlier_runs(stage, n=5)",
+            "ralph-flow: the stage's outputs in earlier runs of this workflow, newest first, each `{run, started_at, status, output}`.",
+        ),
     ]
 };
 
@@ -681,7 +687,11 @@ mod tests {
     /// The names `crate::template` registers, read from its source: a new helper or filter
     /// there fails this test until the table has it.
     fn registered(call: &str) -> Vec<String> {
-        let src = include_str!("../template.rs");
+        // The helpers of every run: `crate::template`'s, and cross-run memory's.
+        let src = concat!(
+            include_str!("../template.rs"),
+            include_str!("../run/memory.rs")
+        );
         let needle = format!("{call}(");
         let mut out = Vec::new();
         let mut rest = src;
@@ -723,7 +733,7 @@ mod tests {
             assert!(tests.contains(&t.as_str()), "test `{t}` has no signature");
         }
         let fns = registered("add_function");
-        assert!(fns.len() >= 6, "{fns:?}");
+        assert!(fns.len() >= 7, "{fns:?}");
         for f in fns {
             assert!(
                 functions.contains(&f.as_str()),
@@ -746,7 +756,8 @@ mod tests {
         // The built-in lists are the environment's: a filter minijinja gains is added to
         // them (their own test), and so here.
         let env = crate::template::environment(crate::template::Roots::default(), || {});
-        for f in &functions {
+        // (`earlier_runs` is added by a run, which has a store.)
+        for f in functions.iter().filter(|f| **f != "earlier_runs") {
             let src = format!("{{{{ {f} is defined }}}}");
             let out = env
                 .render_str(&src, minijinja::context! {})

@@ -505,7 +505,40 @@ fn names_in_code(text: &str, code: Range<usize>, out: &mut Vec<(Range<usize>, Sy
         let after_dot = prev == b'.';
         prev = b'a';
         if after_dot {
+            // A loop's `history` entries hold `outputs.ID`, by the body's stage ids.
+            if word == "outputs" {
+                if let Some((r, Form::Dotted)) = member(text, i, code.end) {
+                    let name = text[r.clone()].to_string();
+                    i = r.end;
+                    out.push((r, Sym::Stage(name), Form::Dotted));
+                }
+            }
             continue;
+        }
+        // `earlier_runs("ID")` names a stage in a string.
+        if word == "earlier_runs" {
+            let rest = &text[i..code.end];
+            let open = rest.len() - rest.trim_start().len();
+            if rest[open..].starts_with('(') {
+                let arg = &rest[open + 1..];
+                let ws = arg.len() - arg.trim_start().len();
+                let at = i + open + 1 + ws;
+                if let Some(&q) = b.get(at).filter(|q| **q == b'"' || **q == b'\'') {
+                    if let Some(len) = text.get(at + 1..code.end).and_then(|t| t.find(q as char)) {
+                        let r = at + 1..at + 1 + len;
+                        if is_ident(&text[r.clone()]) {
+                            out.push((s..i, Sym::Function(word.to_string()), Form::Plain));
+                            out.push((
+                                r.clone(),
+                                Sym::Stage(text[r.clone()].to_string()),
+                                Form::Plain,
+                            ));
+                            i = r.end + 1;
+                            continue;
+                        }
+                    }
+                }
+            }
         }
         let root = match word {
             "stages" => Some(true),
@@ -661,6 +694,22 @@ mod tests {
         );
         let got = names("stages.a.output.x == 'stages.b' and x.stages.c", false);
         assert_eq!(got, vec![("a".to_string(), Sym::Stage("a".into()))]);
+        let got = names(
+            "{% for h in stages.l.output.history %}{{ h.outputs.r.x }}{% endfor %}{{ earlier_runs('e', 2) }}",
+            true,
+        );
+        assert_eq!(
+            got,
+            vec![
+                ("l".to_string(), Sym::Stage("l".into())),
+                ("r".to_string(), Sym::Stage("r".into())),
+                (
+                    "earlier_runs".to_string(),
+                    Sym::Function("earlier_runs".into())
+                ),
+                ("e".to_string(), Sym::Stage("e".into())),
+            ]
+        );
     }
 
     #[test]

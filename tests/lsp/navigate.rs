@@ -314,3 +314,31 @@ fn rename_refuses_to_change_a_built_in_preset() {
     assert!(err.contains("built-in preset"), "{err}");
     c.shutdown();
 }
+
+#[test]
+fn renaming_a_stage_in_kdl_renames_its_references_and_checks_clean() {
+    let dir = project();
+    let path = dir.path().join("workflows/wiggum-review.kdl");
+    let text = read(&path);
+    let mut c = Client::start(dir.path());
+    let u = c.open(&path, &text);
+    assert_eq!(c.diagnostics(&u), Vec::<Value>::new());
+    let mut p = at(&u, &text, "stage \"review\"", 8);
+    p["newName"] = json!("fresh_review");
+    let edit = c.request("textDocument/rename", p);
+    let edits = edit["changes"][&u].as_array().cloned().unwrap_or_default();
+    assert!(edits.len() >= 8, "{edit:#}");
+    for e in &edits {
+        assert_eq!(slice(&text, &e["range"]), "review", "{e:#}");
+    }
+    let renamed = apply(&text, &edits);
+    assert!(renamed.contains("stage \"fresh_review\" kind=\"agent\""));
+    assert!(renamed.contains("needs \"fresh_review\""));
+    assert!(renamed.contains("stages.fresh_review.output.issues"));
+    assert!(renamed.contains("h.outputs.fresh_review.issues"));
+    assert!(!renamed.contains("stages.review."), "{renamed}");
+    assert!(renamed.contains("stage \"review_loop\""));
+    c.replace(&u, &renamed);
+    assert_eq!(c.diagnostics(&u), Vec::<Value>::new());
+    c.shutdown();
+}
