@@ -342,3 +342,44 @@ fn renaming_a_stage_in_kdl_renames_its_references_and_checks_clean() {
     assert_eq!(c.diagnostics(&u), Vec::<Value>::new());
     c.shutdown();
 }
+
+#[test]
+fn an_included_file_is_navigated_and_renamed_with_its_workflow() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let main = dir.path().join("w.toml");
+    let part = dir.path().join("part.toml");
+    let main_text = "name = \"w\"\ninclude = [\"part.toml\"]\n\n[stages.a]\nkind = \"command\"\nargv = [\"echo\", \"{{ stages.b.output.stdout }}\"]\nneeds = [\"b\"]\n";
+    let part_text = "[stages.b]\nkind = \"command\"\nargv = [\"true\"]\n";
+    std::fs::write(&main, main_text).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&part, part_text).unwrap_or_else(|e| panic!("{e}"));
+    let mut c = Client::start(dir.path());
+    let mu = c.open(&main, main_text);
+    assert_eq!(c.diagnostics(&mu), Vec::<Value>::new());
+    // `include` to the file, a reference to the stage it defines.
+    let d = definition(&mut c, &mu, main_text, "\"part.toml\"", 3);
+    assert_eq!(d["uri"], uri(&part));
+    let d = definition(&mut c, &mu, main_text, "needs = [\"b\"]", 10);
+    assert_eq!(d["uri"], uri(&part));
+    assert_eq!(d["range"], range_of(part_text, "stages.b]", 7, 1));
+    // Renamed from its definition, in the part (not open) and in the workflow.
+    let pu = uri(&part);
+    let mut p = at(&mu, main_text, "needs = [\"b\"]", 10);
+    p["newName"] = json!("build");
+    let edit = c.request("textDocument/rename", p);
+    assert_eq!(
+        edit["changes"][&mu].as_array().map(Vec::len),
+        Some(2),
+        "{edit:#}"
+    );
+    assert_eq!(
+        edit["changes"][&pu].as_array().map(Vec::len),
+        Some(1),
+        "{edit:#}"
+    );
+    let part_new = apply(
+        part_text,
+        edit["changes"][&pu].as_array().map_or(&[], |v| v),
+    );
+    assert_eq!(part_new, part_text.replace("stages.b]", "stages.build]"));
+    c.shutdown();
+}
