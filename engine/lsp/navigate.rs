@@ -214,15 +214,27 @@ pub(super) fn prepare_rename(
                 .into(),
         );
     };
-    if a.stage(name).is_none() {
-        return Err(format!(
-            "there is no stage `{name}` to rename; fix the reference first"
-        ));
-    }
+    missing(a, name)?;
     not_preset(&index, name)?;
     Ok(Some(PrepareRenameResponse::Range(
         world.range(&path, item.range.clone()),
     )))
+}
+
+/// Refuses to rename a stage the checker does not know: a typo, or a workflow that does not
+/// parse (its stages are unknown until it does).
+fn missing(a: &Analysis, name: &str) -> Result<(), Refusal> {
+    if a.stage(name).is_some() {
+        return Ok(());
+    }
+    if a.workflow.is_none() {
+        return Err(
+            "the workflow does not load (see its errors): fix them first, then rename".into(),
+        );
+    }
+    Err(format!(
+        "there is no stage `{name}` to rename; fix the reference first"
+    ))
 }
 
 /// Refuses a rename that would have to change a built-in or fetched preset's file.
@@ -280,11 +292,7 @@ pub(super) fn rename(
             "`{new}` is a reserved word (actions and template names use it); choose another id"
         ));
     }
-    if a.stage(name).is_none() {
-        return Err(format!(
-            "there is no stage `{name}` to rename; fix the reference first"
-        ));
-    }
+    missing(a, name)?;
     if new == name {
         return Ok(Some(WorkspaceEdit::default()));
     }
