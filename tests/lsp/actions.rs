@@ -324,9 +324,23 @@ fn multi_word_kdl_text_is_quoted() {
         &bad,
         "RF001",
         "must be quoted",
-        "Quote as description=\"build the project\"",
+        "Quote as \"build the project\"",
     );
     assert_eq!(fixed, good);
+    assert_eq!(after, Vec::<Value>::new());
+    // The same with the key quoted.
+    let quoted_key = good.replacen("description=", "\"description\"=", 1);
+    let bad = quoted_key.replacen("=\"build the project\"", "=build the project", 1);
+    assert!(bad != quoted_key);
+    let (fixed, after) = fix(
+        &mut c,
+        &path,
+        &bad,
+        "RF001",
+        "must be quoted",
+        "Quote as \"build the project\"",
+    );
+    assert_eq!(fixed, quoted_key);
     assert_eq!(after, Vec::<Value>::new());
     // A word KDL cannot read bare (a syntax error of the parser's).
     let bad = good.replacen("\"src/app\"", "src/app", 1);
