@@ -488,3 +488,44 @@ fn a_misspelt_name_in_a_prompt_file_is_replaced_in_the_prompt_file() {
     assert_eq!(after, Vec::<Value>::new());
     c.shutdown();
 }
+
+#[test]
+fn a_misspelt_action_exit_or_choice_is_replaced() {
+    let dir = project();
+    let mut c = Client::start(dir.path());
+    let path = dir.path().join("workflows/spider.toml");
+    let text = read(&path);
+    let cases: [(&str, &str, &str, &str, &str); 3] = [
+        // An exit's name after `exit:`.
+        (
+            "on_exhausted = \"exit:spec_rejected\"",
+            "on_exhausted = \"exit:spec_rejectd\"",
+            "RF014",
+            "spec_rejectd",
+            "Replace `spec_rejectd` with `spec_rejected`",
+        ),
+        // An action of a route's case.
+        (
+            "FAIL = \"continue\"",
+            "FAIL = \"contineu\"",
+            "RF010",
+            "contineu",
+            "Replace `contineu` with `continue`",
+        ),
+        // A param's default that is none of its choices.
+        (
+            "default = \"claude\"",
+            "default = \"claud\"",
+            "RF051",
+            "not one of its choices",
+            "Replace `claud` with `claude`",
+        ),
+    ];
+    for (from, to, code, about, title) in cases {
+        let bad = broken(&text, from, to);
+        let (fixed, after) = fix(&mut c, &path, &bad, code, about, title);
+        assert_eq!(fixed, text, "{title}");
+        assert_eq!(after, Vec::<Value>::new(), "{title}");
+    }
+    c.shutdown();
+}
