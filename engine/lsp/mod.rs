@@ -198,7 +198,6 @@ impl World {
     }
 
     /// The byte offset of a position in a file.
-    #[allow(dead_code)] // read by completion, hover and navigation (not on this branch yet)
     pub(crate) fn offset(&self, path: &Path, pos: Position) -> Option<usize> {
         match self.docs.get(path) {
             Some(d) => Some(d.lines.offset(&d.text, pos, self.encoding)),
