@@ -340,6 +340,38 @@ fn main() {
     );
     s.stop();
 
+    // Every preset and prompt file open at once, one preset edited: the other files'
+    // diagnostics do not change, and should cost nothing.
+    let mut s = Server::start(dir.path());
+    let mut all: Vec<PathBuf> = presets.clone();
+    prompt_files(&dir.path().join("prompts"), &mut all);
+    let mut opened = 0;
+    for p in &all {
+        let text = std::fs::read_to_string(p).expect("a file");
+        let u = s.open(p, &text);
+        if presets.contains(p) {
+            s.published(&u, 1);
+        }
+        opened += 1;
+    }
+    let _ = s.request("ralph-flow/sync", Value::Null);
+    let spider = dir.path().join("workflows/spider.toml");
+    let mut e = Editing::new(uri(&spider), false);
+    let mut times = Vec::new();
+    let cpu = s.cpu();
+    for _ in 0..reps {
+        times.push(e.edit(&mut s).0);
+    }
+    let cpu = (s.cpu() - cpu) / reps as u32;
+    let max = *times.iter().max().expect("a time");
+    println!(
+        "| spider.toml with {opened} files open | | {} | {} | {} |",
+        ms(median(times)),
+        ms(max),
+        ms(cpu)
+    );
+    s.stop();
+
     // Requests with no edit waiting: the round trip of the answer alone.
     let spider = dir.path().join("workflows/spider.toml");
     let text = std::fs::read_to_string(&spider).expect("spider.toml");
@@ -451,6 +483,22 @@ fn main() {
         (edits_n / 4).max(1)
     );
     s.stop();
+}
+
+fn prompt_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect("a directory")
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    entries.sort();
+    for p in entries {
+        if p.is_dir() {
+            prompt_files(&p, out);
+        } else if p.to_string_lossy().ends_with(".j2") {
+            out.push(p);
+        }
+    }
 }
 
 /// The line and UTF-16 column of `needle` in `text`, plus `delta` bytes.
