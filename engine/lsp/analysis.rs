@@ -3,7 +3,7 @@
 //! of its stages (kinds, output schemas, prompt files), kept for completion, hover and
 //! navigation until the next edit.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -50,6 +50,9 @@ pub(crate) struct Analysis {
     pub(crate) by_id: HashMap<String, usize>,
     /// The files pulled in by `include` (parts, not workflows of their own).
     pub(crate) included: Vec<PathBuf>,
+    /// Every file read, normalized (the source map holds them as the loader names them:
+    /// relative to the working directory when they lie below it).
+    pub(crate) files: HashSet<PathBuf>,
 }
 
 impl Analysis {
@@ -97,8 +100,13 @@ impl Analysis {
             }
             (wf, std::mem::take(&mut loader.included))
         };
+        let files = sources
+            .iter()
+            .map(|(_, f)| crate::fs::normalize(&f.path))
+            .collect();
         Analysis {
             root,
+            files,
             sources,
             diagnostics: diags.into_sorted(),
             workflow,
@@ -108,9 +116,9 @@ impl Analysis {
         }
     }
 
-    /// Tells whether the analysis read a file.
+    /// Tells whether the analysis read a file (by its normalized path).
     pub(crate) fn involves(&self, path: &std::path::Path) -> bool {
-        self.sources.find(path).is_some()
+        self.files.contains(path)
     }
 
     /// The stage with an id.

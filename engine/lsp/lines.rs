@@ -14,7 +14,8 @@ pub(crate) enum Encoding {
     Utf8,
 }
 
-/// Where each line of a text starts.
+/// Where each line of a text starts. Lines end as the protocol says: at `\n`, `\r\n` or a
+/// lone `\r`; a position never points into a line's end.
 #[derive(Clone, Debug)]
 pub(crate) struct LineIndex {
     starts: Vec<u32>,
@@ -24,8 +25,9 @@ pub(crate) struct LineIndex {
 impl LineIndex {
     pub(crate) fn new(text: &str) -> LineIndex {
         let mut starts = vec![0];
-        for (i, b) in text.bytes().enumerate() {
-            if b == b'\n' {
+        let bytes = text.as_bytes();
+        for (i, &b) in bytes.iter().enumerate() {
+            if b == b'\n' || (b == b'\r' && bytes.get(i + 1) != Some(&b'\n')) {
                 starts.push(u32::try_from(i + 1).unwrap_or(u32::MAX));
             }
         }
@@ -35,7 +37,26 @@ impl LineIndex {
         }
     }
 
-    /// The position of a byte offset (clamped to the text, and back to a character boundary).
+    /// Where a line's text starts and ends (before its line end).
+    fn line_bounds(&self, text: &str, line: usize) -> (usize, usize) {
+        let start = (self.starts[line] as usize).min(text.len());
+        let end = match self.starts.get(line + 1) {
+            None => text.len(),
+            Some(&next) => {
+                let next = (next as usize).min(text.len());
+                let bytes = text.as_bytes();
+                let mut end = next.saturating_sub(1);
+                if bytes.get(end) == Some(&b'\n') && end > 0 && bytes.get(end - 1) == Some(&b'\r') {
+                    end -= 1;
+                }
+                end
+            }
+        };
+        (start, end.max(start))
+    }
+
+    /// The position of a byte offset (clamped to the text, back to a character boundary, and
+    /// out of a line end).
     pub(crate) fn position(&self, text: &str, offset: usize, enc: Encoding) -> Position {
         let mut offset = offset.min(text.len());
         while !text.is_char_boundary(offset) {
@@ -43,10 +64,11 @@ impl LineIndex {
         }
         let line = match self.starts.binary_search(&(offset as u32)) {
             Ok(l) => l,
-            Err(l) => l - 1,
+            Err(l) => l.saturating_sub(1),
         };
-        let start = self.starts[line] as usize;
-        let piece = &text[start..offset];
+        let line = line.min(self.starts.len() - 1);
+        let (start, end) = self.line_bounds(text, line);
+        let piece = &text[start..offset.clamp(start, end)];
         let col = match enc {
             Encoding::Utf8 => piece.len(),
             Encoding::Utf16 => piece.chars().map(char::len_utf16).sum(),
@@ -68,14 +90,9 @@ impl LineIndex {
     pub(crate) fn offset(&self, text: &str, pos: Position, enc: Encoding) -> usize {
         let line = pos.line as usize;
         if line >= self.starts.len() {
-            return self.len as usize;
+            return (self.len as usize).min(text.len());
         }
-        let start = self.starts[line] as usize;
-        let end = self
-            .starts
-            .get(line + 1)
-            .map_or(text.len(), |&e| (e as usize).saturating_sub(1));
-        let end = end.min(text.len()).max(start);
+        let (start, end) = self.line_bounds(text, line);
         let line_text = &text[start..end];
         let want = pos.character as usize;
         let mut units = 0;
@@ -107,11 +124,16 @@ mod tests {
             for (off, _) in text.char_indices().chain([(text.len(), ' ')]) {
                 let pos = idx.position(text, off, enc);
                 let back = idx.offset(text, pos, enc);
-                // `\r` before `\n` is part of the line; every char boundary round-trips.
-                assert_eq!(back, off, "{enc:?} {off} {pos:?}");
+                if text[..off].ends_with('\r') && text[off..].starts_with('\n') {
+                    // Inside a line end: its line's end.
+                    assert_eq!(back, off - 1, "{enc:?} {off} {pos:?}");
+                } else {
+                    // Every other char boundary round-trips.
+                    assert_eq!(back, off, "{enc:?} {off} {pos:?}");
+                }
             }
         }
-        // 𝄞 is two UTF-16 units and four bytes.
+        // 𝄞 is two UTF-16 units and four bytes: `x` is after 8 units (`a = "` 5, `é` 1).
         let after = text.find('x').unwrap_or(0);
         assert_eq!(
             idx.position(text, after, Encoding::Utf16),
@@ -121,6 +143,21 @@ mod tests {
             idx.position(text, after, Encoding::Utf8),
             Position::new(0, 11)
         );
+    }
+
+    #[test]
+    fn lines_end_at_lf_crlf_and_a_lone_cr() {
+        let text = "a\rbc\r\nd\ne";
+        let idx = LineIndex::new(text);
+        let at = |off| idx.position(text, off, Encoding::Utf16);
+        assert_eq!(at(2), Position::new(1, 0));
+        assert_eq!(at(4), Position::new(1, 2));
+        // Between `\r` and `\n`: the line's end, not a column past it.
+        assert_eq!(at(5), Position::new(1, 2));
+        assert_eq!(at(6), Position::new(2, 0));
+        assert_eq!(at(8), Position::new(3, 0));
+        assert_eq!(idx.offset(text, Position::new(1, 9), Encoding::Utf16), 4);
+        assert_eq!(idx.offset(text, Position::new(0, 9), Encoding::Utf16), 1);
     }
 
     #[test]

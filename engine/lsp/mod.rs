@@ -82,6 +82,7 @@ pub fn serve(connection: &Connection) -> Result<(), String> {
             workspace: workspace_roots(&init),
         },
         dirty: HashSet::new(),
+        searched: HashSet::new(),
         published: HashMap::new(),
         shutting_down: false,
     };
@@ -98,7 +99,13 @@ pub fn serve(connection: &Connection) -> Result<(), String> {
                 return Ok(());
             }
         }
-        server.refresh();
+        // A panic while checking (a bug in the checker) is reported, not the end of the
+        // server: the next edit checks again.
+        if let Err(panic) =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| server.refresh()))
+        {
+            server.log_panic("checking the workflows", &panic);
+        }
     }
 }
 
@@ -233,6 +240,9 @@ struct Server {
     world: World,
     /// Files changed since the last check: the analyses that read them are redone.
     dirty: HashSet<PathBuf>,
+    /// Open files no analysis reads for which the workspace's workflows were searched: not
+    /// searched again on each edit (only once they are opened again, or a file is saved).
+    searched: HashSet<PathBuf>,
     /// What was last published for each open document.
     published: HashMap<PathBuf, Vec<lsp_types::Diagnostic>>,
     shutting_down: bool,
@@ -250,12 +260,12 @@ impl Server {
                 let response = match outcome {
                     Ok(r) => r,
                     Err(panic) => {
-                        let what = panic_message(&panic);
-                        self.log(
-                            lsp_types::MessageType::ERROR,
-                            format!("ralph-flow lsp: `{method}` failed (a bug: please report it): {what}"),
-                        );
-                        Response::new_err(id, ErrorCode::InternalError as i32, what)
+                        self.log_panic(&format!("`{method}`"), &panic);
+                        Response::new_err(
+                            id,
+                            ErrorCode::InternalError as i32,
+                            panic_message(&panic),
+                        )
                     }
                 };
                 let _ = self.sender.send(response.into());
@@ -267,18 +277,24 @@ impl Server {
                 let outcome =
                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.notification(n)));
                 if let Err(panic) = outcome {
-                    let what = panic_message(&panic);
-                    self.log(
-                        lsp_types::MessageType::ERROR,
-                        format!(
-                            "ralph-flow lsp: `{method}` failed (a bug: please report it): {what}"
-                        ),
-                    );
+                    self.log_panic(&format!("`{method}`"), &panic);
                 }
                 false
             }
             Message::Response(_) => false,
         }
+    }
+
+    /// Reports a caught panic to the client's log; the server goes on serving.
+    fn log_panic(&self, what: &str, panic: &Box<dyn std::any::Any + Send>) {
+        self.log(
+            lsp_types::MessageType::ERROR,
+            format!(
+                "ralph-flow lsp: {what} failed (a bug: please report it with the file you \
+                 were editing; the server goes on): {}",
+                panic_message(panic)
+            ),
+        );
     }
 
     fn log(&self, typ: lsp_types::MessageType, message: String) {
@@ -320,6 +336,21 @@ impl Server {
             r::Rename::METHOD => answer_or_refuse(&req, |p| navigate::rename(w, p)),
             r::CodeActionRequest::METHOD => answer(&req, |p| actions::code_actions(w, p)),
             r::DocumentSymbolRequest::METHOD => answer(&req, |p| symbols::document_symbols(w, p)),
+            // Debug builds only (the tests'): a handler that panics, to show that a panic is
+            // reported and the server keeps serving; and the text the server holds for a
+            // document, to show that it applied the edits as the client did. A release build
+            // (what users run) has neither.
+            #[cfg(debug_assertions)]
+            "ralph-flow/panic" => panic!("`ralph-flow/panic` panics, as asked"),
+            #[cfg(debug_assertions)]
+            "ralph-flow/text" => Ok(req
+                .params
+                .get("uri")
+                .and_then(Value::as_str)
+                .and_then(|u| u.parse::<Uri>().ok())
+                .and_then(|u| uri_path(&u))
+                .and_then(|p| w.docs.get(&p))
+                .map_or(Value::Null, |d| Value::String(d.text.to_string()))),
             _ => Err((
                 ErrorCode::MethodNotFound,
                 format!("ralph-flow lsp does not serve `{}`", req.method),
@@ -349,6 +380,7 @@ impl Server {
                     p.text_document.version,
                 );
                 self.world.docs.open.insert(path.clone(), doc);
+                self.searched.remove(&path);
                 self.dirty.insert(path);
             }
             notif::DidChangeTextDocument::METHOD => {
@@ -366,7 +398,8 @@ impl Server {
                 };
                 let mut text = doc.text.to_string();
                 let mut lines = doc.lines.clone();
-                for change in p.content_changes {
+                let n = p.content_changes.len();
+                for (i, change) in p.content_changes.into_iter().enumerate() {
                     match change.range {
                         None => {
                             text = change.text;
@@ -378,7 +411,11 @@ impl Server {
                             text.replace_range(a..b, &change.text);
                         }
                     }
-                    lines = LineIndex::new(&text);
+                    // The next change's positions are in the text this one made (the last
+                    // one's index is made by `set`).
+                    if i + 1 < n {
+                        lines = LineIndex::new(&text);
+                    }
                 }
                 doc.set(text, p.text_document.version);
                 self.dirty.insert(path);
@@ -399,12 +436,14 @@ impl Server {
                     }
                 }
                 self.world.analyses.remove(&path);
+                self.searched.remove(&path);
                 self.dirty.insert(path);
             }
             notif::DidSaveTextDocument::METHOD | notif::DidChangeWatchedFiles::METHOD => {
                 // A file changed on the disk (or was saved): everything may read it.
                 let paths: Vec<PathBuf> = self.world.analyses.keys().cloned().collect();
                 self.dirty.extend(paths);
+                self.searched.clear();
             }
             _ => {}
         }
@@ -433,6 +472,12 @@ impl Server {
         }
         roots.sort();
         roots.dedup();
+        // The files whose diagnostics may change: the changed ones, and every file an
+        // analysis redone or dropped read (before and after). Only those are published.
+        let mut touched = dirty;
+        // The analyses replaced: freed only once the diagnostics are out (freeing the model
+        // of a 10,000-stage workflow is 5% of its check).
+        let mut retired = Vec::new();
         for root in roots {
             let still_there =
                 self.world.docs.open.contains_key(&root) || self.world.analyses.contains_key(&root);
@@ -441,56 +486,83 @@ impl Server {
             }
             let analysis = Analysis::run(root.clone(), &self.world.docs);
             let parses = analysis.workflow.is_some();
-            let old = self.world.analyses.insert(root.clone(), analysis);
+            touched.extend(analysis.files.iter().cloned());
+            if let Some(old) = self.world.analyses.insert(root.clone(), analysis) {
+                touched.extend(old.files.iter().cloned());
+                // The last text that parsed answers completion while the file does not.
+                if !parses && old.workflow.is_some() {
+                    self.world.last_good.insert(root.clone(), old);
+                } else {
+                    retired.push(old);
+                }
+            }
             if parses {
-                self.world.last_good.remove(&root);
-            } else if let Some(old) = old.filter(|o| o.workflow.is_some()) {
-                self.world.last_good.insert(root, old);
+                retired.extend(self.world.last_good.remove(&root));
             }
         }
-        self.settle_roots();
+        self.settle_roots(&mut touched);
         let analyses = &self.world.analyses;
         self.world
             .last_good
             .retain(|root, _| analyses.contains_key(root));
-        self.publish_all();
+        self.publish_all(&touched);
+        drop(retired);
     }
 
     /// Drops analyses that nobody needs: a file pulled in by `include` is a part of the
     /// workflows that include it, not a workflow of its own; a workflow found in the
     /// workspace stays only while an open file needs it. An open file that no analysis read
-    /// (a prompt file opened alone) makes the server check the workspace's workflows.
-    fn settle_roots(&mut self) {
+    /// (a prompt file opened alone) makes the server check the workspace's workflows, once.
+    /// The files whose diagnostics may change go into `touched`. Linear in the open files
+    /// and the files the analyses read.
+    fn settle_roots(&mut self, touched: &mut HashSet<PathBuf>) {
         let included: HashSet<PathBuf> = self
             .world
             .analyses
             .values()
             .flat_map(|a| a.included.iter().cloned())
             .collect();
-        self.world
-            .analyses
-            .retain(|root, a| !included.contains(root) || a.included.contains(root));
-        let open: Vec<PathBuf> = self.world.docs.open.keys().cloned().collect();
+        let open: HashSet<&PathBuf> = self.world.docs.open.keys().collect();
         // Analyses of workflows that are not open stay only while they read an open file.
-        self.world
+        self.world.analyses.retain(|root, a| {
+            let keep = (!included.contains(root) || a.included.contains(root))
+                && (open.contains(root) || a.files.iter().any(|f| open.contains(f)));
+            if !keep {
+                touched.extend(a.files.iter().cloned());
+            }
+            keep
+        });
+        let read: HashSet<&PathBuf> = self
+            .world
             .analyses
-            .retain(|root, a| open.contains(root) || open.iter().any(|o| a.involves(o)));
-        let orphans: Vec<&PathBuf> = open
+            .values()
+            .flat_map(|a| a.files.iter())
+            .collect();
+        let mut orphans: Vec<&PathBuf> = open
             .iter()
+            .copied()
             .filter(|p| !is_workflow_file(p) || included.contains(*p))
-            .filter(|p| !self.world.analyses.values().any(|a| a.involves(p)))
+            .filter(|p| !read.contains(p) && !self.searched.contains(*p))
             .collect();
         if orphans.is_empty() {
             return;
         }
+        orphans.sort();
+        let mut found = Vec::new();
         for candidate in self.workspace_workflows(&orphans) {
             if self.world.analyses.contains_key(&candidate) {
                 continue;
             }
             let a = Analysis::run(candidate.clone(), &self.world.docs);
             if orphans.iter().any(|o| a.involves(o)) {
-                self.world.analyses.insert(candidate, a);
+                found.push((candidate, a));
             }
+        }
+        let orphans: Vec<PathBuf> = orphans.into_iter().cloned().collect();
+        self.searched.extend(orphans);
+        for (candidate, a) in found {
+            touched.extend(a.files.iter().cloned());
+            self.world.analyses.insert(candidate, a);
         }
     }
 
@@ -543,10 +615,18 @@ impl Server {
         out
     }
 
-    /// Publishes, for every open document, the diagnostics of the analyses that read it,
-    /// where they differ from what was published last.
-    fn publish_all(&mut self) {
-        let open: Vec<PathBuf> = self.world.docs.open.keys().cloned().collect();
+    /// Publishes, for every open document among `touched`, the diagnostics of the analyses
+    /// that read it, where they differ from what was published last.
+    fn publish_all(&mut self, touched: &HashSet<PathBuf>) {
+        let mut open: Vec<PathBuf> = self
+            .world
+            .docs
+            .open
+            .keys()
+            .filter(|p| touched.contains(*p))
+            .cloned()
+            .collect();
+        open.sort();
         for path in open {
             let diags = publish::for_file(&self.world, &path);
             if self.published.get(&path) == Some(&diags) {

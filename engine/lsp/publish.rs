@@ -2,6 +2,7 @@
 //! code, advice and related places; a diagnostic in a built-in file (a preset the workflow
 //! extends) or without a place shows at the top of the workflow.
 
+use std::collections::HashSet;
 use std::path::Path;
 
 use lsp_types::{
@@ -17,16 +18,19 @@ use crate::fs::normalize;
 /// once, in the order of their place.
 pub(super) fn for_file(world: &World, path: &Path) -> Vec<lsp_types::Diagnostic> {
     let mut out: Vec<lsp_types::Diagnostic> = Vec::new();
+    // What is already in `out`: two workflows that read one file both report its faults.
+    let mut seen: HashSet<(Range, Option<NumberOrString>, String)> = HashSet::new();
     let mut roots: Vec<&Analysis> = world.analyses_of(path).collect();
     roots.sort_by(|a, b| a.root.cmp(&b.root));
     for a in roots {
         for d in &a.diagnostics {
             if let Some(converted) = convert(world, a, d, path) {
-                if !out.iter().any(|o| {
-                    o.range == converted.range
-                        && o.code == converted.code
-                        && o.message == converted.message
-                }) {
+                let key = (
+                    converted.range,
+                    converted.code.clone(),
+                    converted.message.clone(),
+                );
+                if seen.insert(key) {
                     out.push(converted);
                 }
             }

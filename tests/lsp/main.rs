@@ -6,4 +6,5 @@ mod completion;
 mod diagnostics;
 mod hover;
 mod navigate;
+mod robustness;
 mod symbols;
