@@ -417,10 +417,10 @@ fn document_symbols_outline_the_stages_nested() {
     let (line, _) = line_col(&spider, "[stages.phases.stages.phase_loop.stages.defend]");
     assert_eq!(node("defend")["line"].as_u64(), Some(line), "{tree:#}");
     // What `:lua vim.lsp.buf.document_symbol()` lists.
-    let loclist = strings(&o["loclist"]);
+    let listed = strings(&o["list"]);
     assert!(
-        loclist.iter().any(|t| t.contains("write_tests")),
-        "{loclist:?}"
+        listed.iter().any(|t| t.contains("write_tests")),
+        "{listed:?}"
     );
 }
 

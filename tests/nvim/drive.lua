@@ -243,8 +243,8 @@ step("definition", function(r)
   vim.cmd("buffer " .. spider)
 end)
 
--- (6) The outline: the raw nested answer, and the location list `:lua
--- vim.lsp.buf.document_symbol()` fills.
+-- (6) The outline: the raw nested answer, and the list `:lua vim.lsp.buf.document_symbol()`
+-- fills.
 step("symbols", function(r)
   vim.cmd("buffer " .. spider)
   local function tree(symbols)
@@ -268,15 +268,27 @@ step("symbols", function(r)
     end
     r.tree = tree(answer.result)
   end
+  -- Neovim lists them in the quickfix list (the location list with `{ loclist = true }`)
+  -- and opens its window.
+  local win = api.nvim_get_current_win()
   vim.lsp.buf.document_symbol()
-  wait_or_told(10000, function()
-    return #vim.fn.getloclist(0) > 0
-  end)
-  r.loclist = {}
-  for _, item in ipairs(vim.fn.getloclist(0)) do
-    table.insert(r.loclist, item.text)
+  local function listed()
+    local items = vim.fn.getqflist()
+    if #items == 0 then
+      items = vim.fn.getloclist(win)
+    end
+    return items
   end
+  wait_or_told(10000, function()
+    return #listed() > 0
+  end)
+  r.list = {}
+  for _, item in ipairs(listed()) do
+    table.insert(r.list, item.text)
+  end
+  vim.cmd("cclose")
   vim.cmd("lclose")
+  api.nvim_set_current_win(win)
   vim.cmd("buffer " .. spider)
 end)
 
