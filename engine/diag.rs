@@ -102,6 +102,12 @@ pub fn did_you_mean<'a>(
     crate::suggest::closest(name, candidates).map(|best| format!("did you mean `{best}`?"))
 }
 
+/// The candidate closest to `name`, when it is close enough to be a likely typo (see
+/// [`crate::suggest::closest`]).
+pub fn closest<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    crate::suggest::closest(name, candidates)
+}
+
 /// One problem found in a workflow, pointing at where it was written.
 #[derive(Clone, Debug)]
 pub struct Diagnostic {
@@ -118,6 +124,29 @@ pub struct Diagnostic {
     /// The advice written in KDL, for when the file the diagnostic points into is KDL
     /// (`help` is then written in TOML); see [`Diagnostic::help_syntax`].
     pub help_kdl: Option<String>,
+    /// The change that the advice describes, when it is one an editor can make (see
+    /// [`Fix`]); `ralph-flow lsp` offers it as a code action.
+    pub fix: Option<Box<Fix>>,
+}
+
+/// A change to the text that does what a diagnostic's advice says, for editors to offer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fix {
+    /// Write `new` in place of the name `old`: at `at` when the span of the name is known,
+    /// else where `old` is written (as a whole name) within the diagnostic's span.
+    Replace {
+        at: Option<Span>,
+        old: String,
+        new: String,
+    },
+    /// Add the required key `key` with a placeholder `value` (written alike in TOML and
+    /// KDL: a quoted string or a number) to the table written at `table`, or to the one the
+    /// diagnostic points at when `None` (an empty span at the start of a file: its top level).
+    AddKey {
+        table: Option<Span>,
+        key: String,
+        value: String,
+    },
 }
 
 impl Diagnostic {
@@ -133,6 +162,7 @@ impl Diagnostic {
             related: Vec::new(),
             subject: None,
             help_kdl: None,
+            fix: None,
         }
     }
 
@@ -164,12 +194,36 @@ impl Diagnostic {
         self
     }
 
-    /// Adds a "did you mean" hint when a close candidate exists.
+    /// Adds a "did you mean" hint when a close candidate exists, and the replacement as the
+    /// diagnostic's [`Fix`].
     pub fn suggest<'a>(self, name: &str, candidates: impl IntoIterator<Item = &'a str>) -> Self {
-        match did_you_mean(name, candidates) {
-            Some(hint) => self.help(hint),
+        match crate::suggest::closest(name, candidates) {
+            Some(best) => self
+                .help(format!("did you mean `{best}`?"))
+                .replacing(name, best),
             None => self,
         }
+    }
+
+    /// Sets the fix that writes `new` in place of the name `old` (found within the
+    /// diagnostic's span).
+    pub fn replacing(mut self, old: &str, new: &str) -> Self {
+        self.fix = Some(Box::new(Fix::Replace {
+            at: None,
+            old: old.to_string(),
+            new: new.to_string(),
+        }));
+        self
+    }
+
+    /// Sets the fix that adds a missing key to a table (see [`Fix::AddKey`]).
+    pub fn adding_key(mut self, table: Option<Span>, key: &str, value: impl Into<String>) -> Self {
+        self.fix = Some(Box::new(Fix::AddKey {
+            table,
+            key: key.to_string(),
+            value: value.into(),
+        }));
+        self
     }
 
     /// Sets advice that shows a snippet of a workflow file, written once in each syntax; the

@@ -35,7 +35,7 @@ pub(super) struct Use {
 
 /// minijinja's built-in filters (with the features this crate enables), for suggestions; the
 /// probe decides what exists, and a test keeps this list in step with it.
-pub(super) const FILTERS: &[&str] = &[
+pub(crate) const FILTERS: &[&str] = &[
     "abs",
     "attr",
     "batch",
@@ -87,7 +87,7 @@ pub(super) const FILTERS: &[&str] = &[
 ];
 
 /// minijinja's built-in tests (those written as a name), for suggestions.
-pub(super) const TESTS: &[&str] = &[
+pub(crate) const TESTS: &[&str] = &[
     "boolean",
     "defined",
     "divisibleby",

@@ -15,6 +15,13 @@ pub mod skips;
 mod subflows;
 mod templates;
 
+/// What templates may name: filters, tests, helpers, the attributes of `stages.ID` and
+/// `run`, the loop variables (for the language server's completion).
+pub(crate) mod vocabulary {
+    pub(crate) use super::filters::{FILTERS, TESTS};
+    pub(crate) use super::templates::variables::{HELPERS, LOOP_VARS, RUN_ATTRS, STAGE_ATTRS};
+}
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 

@@ -115,7 +115,7 @@ mod tests {
         let after = text.find('x').unwrap_or(0);
         assert_eq!(
             idx.position(text, after, Encoding::Utf16),
-            Position::new(0, 7)
+            Position::new(0, 8)
         );
         assert_eq!(
             idx.position(text, after, Encoding::Utf8),

@@ -11,12 +11,15 @@
 //! Files: `lines.rs` turns offsets into positions; `docs.rs` holds the open documents and the
 //! file system the checker reads through them; `analysis.rs` loads and checks one workflow;
 //! `publish.rs` turns its diagnostics into the protocol's. The features are one file each:
-//! `completion.rs`, `hover.rs`, `navigate.rs` (definition, references, rename),
+//! `completion.rs` (with `cursor.rs`, which reads from the text alone where a cursor stands:
+//! table or node, key or value, template or expression), `hover.rs`, `navigate.rs`
+//! (definition, references, rename),
 //! `actions.rs` (code actions) and `symbols.rs` (the outline).
 
 mod actions;
 mod analysis;
 mod completion;
+mod cursor;
 mod docs;
 mod hover;
 mod lines;
@@ -73,6 +76,7 @@ pub fn serve(connection: &Connection) -> Result<(), String> {
         world: World {
             docs: Docs::default(),
             analyses: HashMap::new(),
+            last_good: HashMap::new(),
             encoding,
             workspace: workspace_roots(&init),
         },
@@ -152,6 +156,9 @@ pub(crate) struct World {
     pub(crate) docs: Docs,
     /// One analysis per workflow file checked, by its path.
     pub(crate) analyses: HashMap<PathBuf, Analysis>,
+    /// For a workflow whose text does not parse now: its last analysis that did, so that
+    /// completion still knows its stages, params and schemas while the user types.
+    pub(crate) last_good: HashMap<PathBuf, Analysis>,
     pub(crate) encoding: Encoding,
     /// The workspace folders, where workflows are looked for when a prompt file is opened
     /// alone.
@@ -190,6 +197,7 @@ impl World {
     }
 
     /// The byte offset of a position in a file.
+    #[allow(dead_code)] // read by completion, hover and navigation (not on this branch yet)
     pub(crate) fn offset(&self, path: &Path, pos: Position) -> Option<usize> {
         match self.docs.get(path) {
             Some(d) => Some(d.lines.offset(&d.text, pos, self.encoding)),
@@ -430,9 +438,19 @@ impl Server {
                 continue;
             }
             let analysis = Analysis::run(root.clone(), &self.world.docs);
-            self.world.analyses.insert(root, analysis);
+            let parses = analysis.workflow.is_some();
+            let old = self.world.analyses.insert(root.clone(), analysis);
+            if parses {
+                self.world.last_good.remove(&root);
+            } else if let Some(old) = old.filter(|o| o.workflow.is_some()) {
+                self.world.last_good.insert(root, old);
+            }
         }
         self.settle_roots();
+        let analyses = &self.world.analyses;
+        self.world
+            .last_good
+            .retain(|root, _| analyses.contains_key(root));
         self.publish_all();
     }
 

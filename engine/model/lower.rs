@@ -29,7 +29,8 @@ fn lower_file(file: FileId, root: &Table, included: bool, diags: &mut Diagnostic
                 .help_syntax(
                     "name the workflow at the top of the file, such as name = \"my-flow\" (only a file pulled in by `include` needs none)",
                     "name the workflow at the top of the file, such as name \"my-flow\" (only a file pulled in by `include` needs none)",
-                ),
+                )
+                .adding_key(None, "name", "\"my-flow\""),
         );
     }
     for mut d in shape.into_sorted() {

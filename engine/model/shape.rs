@@ -20,6 +20,24 @@ pub fn hint<'a>(
     crate::diag::did_you_mean(value, candidates).map(|h| (h.clone(), h))
 }
 
+/// Sets the fix of a diagnostic whose advice is a [`hint`]: the "did you mean" replacement,
+/// when the hint is one (not a well-known value's sentence).
+pub fn hint_fix<'a>(
+    d: Diagnostic,
+    table: &str,
+    key: &str,
+    value: &str,
+    candidates: impl IntoIterator<Item = &'a str>,
+) -> Diagnostic {
+    if crate::spec::well_known(table, key, value).is_some() {
+        return d;
+    }
+    match crate::diag::closest(value, candidates) {
+        Some(best) => d.replacing(value, best),
+        None => d,
+    }
+}
+
 /// A hint followed by the list of what is allowed (the list alone without a hint).
 pub fn with_list(hint: Option<(String, String)>, list: &str) -> (String, String) {
     let join = |hint: String| {
@@ -101,11 +119,15 @@ pub fn check_table(table: &Table, spec: &'static TableSpec, diags: &mut Diagnost
     }
     for field in spec.fields.iter().filter(|f| f.required) {
         if table.get(field.key).is_none() {
-            diags.push(Diagnostic::new(
+            let mut d = Diagnostic::new(
                 Code::MissingKey,
                 None,
                 format!("missing key `{}` in {}", field.key, spec.name),
-            ));
+            );
+            if let Some(value) = placeholder(&field.ty) {
+                d = d.adding_key(None, field.key, value);
+            }
+            diags.push(d);
         }
     }
 }
@@ -129,6 +151,23 @@ pub fn check_value_table(
             d.label = Some(format!("in this {}", spec.name));
         }
         diags.push(d);
+    }
+}
+
+/// A value to write for a missing key until the author writes the right one, written alike
+/// in TOML and KDL: the first of an enum's values, else an empty text or zero; `None` for a
+/// table or a boolean.
+fn placeholder(ty: &Ty) -> Option<String> {
+    match ty {
+        Ty::Enum(options) => Some(
+            options
+                .first()
+                .map_or_else(|| "\"\"".to_string(), |o| format!("\"{o}\"")),
+        ),
+        Ty::Count | Ty::Int | Ty::Number => Some("0".to_string()),
+        Ty::Bool | Ty::Any | Ty::Table(_) | Ty::Map(_) | Ty::Named(..) | Ty::Tables(..) => None,
+        Ty::List(item) => placeholder(item),
+        _ => Some("\"\"".to_string()),
     }
 }
 
@@ -172,10 +211,16 @@ fn check_value(value: &Value, ty: &Ty, table: &str, key: &str, diags: &mut Diagn
         },
         Ty::Enum(options) => match value.as_str() {
             Some(s) if options.contains(&s) => {}
-            Some(s) => diags.push(help_hint(
-                Diagnostic::new(Code::InvalidValue, value.span, format!("`{s}` is not a valid value for `{key}`"))
-                    .label(format!("expected one of: {}", options.join(", "))),
-                hint(table, key, s, options.iter().copied()),
+            Some(s) => diags.push(hint_fix(
+                help_hint(
+                    Diagnostic::new(Code::InvalidValue, value.span, format!("`{s}` is not a valid value for `{key}`"))
+                        .label(format!("expected one of: {}", options.join(", "))),
+                    hint(table, key, s, options.iter().copied()),
+                ),
+                table,
+                key,
+                s,
+                options.iter().copied(),
             )),
             None => diags.push(wrong_type(value, "a string", key)),
         },
@@ -225,13 +270,19 @@ fn check_value(value: &Value, ty: &Ty, table: &str, key: &str, diags: &mut Diagn
         },
         Ty::Action => match value.as_str() {
             Some(s) if Action::parse(s).is_some() => {}
-            Some(s) => diags.push(help_hint(
-                Diagnostic::new(Code::InvalidValue, value.span, format!("`{s}` is not an action"))
-                    .label("expected an action"),
-                Some(with_list(
-                    hint(ACTION, key, s, ACTION_WORDS.iter().copied()),
-                    "an action is `continue`, `break`, `fail`, `approve`, `reject`, `exit:NAME` or a stage id",
-                )),
+            Some(s) => diags.push(hint_fix(
+                help_hint(
+                    Diagnostic::new(Code::InvalidValue, value.span, format!("`{s}` is not an action"))
+                        .label("expected an action"),
+                    Some(with_list(
+                        hint(ACTION, key, s, ACTION_WORDS.iter().copied()),
+                        "an action is `continue`, `break`, `fail`, `approve`, `reject`, `exit:NAME` or a stage id",
+                    )),
+                ),
+                ACTION,
+                key,
+                s,
+                ACTION_WORDS.iter().copied(),
             )),
             None => diags.push(wrong_type(value, "a string", key)),
         },

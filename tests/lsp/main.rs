@@ -1,4 +1,7 @@
 //! `ralph-flow lsp` at the protocol level: one module per feature, all through [`client`].
 
+mod actions;
 mod client;
+mod completion;
 mod diagnostics;
+mod symbols;

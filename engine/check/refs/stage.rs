@@ -52,7 +52,17 @@ pub(super) fn require(
             ),
             _ => d.help(format!("add `{key}`")),
         };
-        diags.push(d);
+        // What to write until the author writes the right value.
+        let value = match key {
+            "max_iterations" => "3".to_string(),
+            "agent" => c
+                .workflow
+                .agents
+                .first()
+                .map_or_else(|| "\"\"".to_string(), |a| format!("\"{}\"", a.name.value)),
+            _ => "\"\"".to_string(),
+        };
+        diags.push(d.adding_key(Some(stage.span), key, value));
     }
 }
 

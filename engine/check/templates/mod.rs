@@ -13,7 +13,7 @@ mod scan;
 mod stage;
 mod stage_refs;
 mod syntax;
-mod variables;
+pub(super) mod variables;
 
 use super::scope::Site;
 use super::{Checked, StageId};

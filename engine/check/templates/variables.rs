@@ -10,7 +10,7 @@ use crate::model::StageKind;
 use crate::source::{Sources, Span};
 
 /// Helper functions templates may call; the run side provides them.
-pub(super) const HELPERS: &[&str] = &[
+pub(crate) const HELPERS: &[&str] = &[
     "read_file",
     "glob",
     "git_diff",
@@ -33,11 +33,11 @@ const BUILTINS: &[&str] = &[
     "None",
 ];
 /// The attributes of `stages.ID`.
-pub(super) const STAGE_ATTRS: &[&str] = &[
+pub(crate) const STAGE_ATTRS: &[&str] = &[
     "output", "history", "last", "status", "ran", "feedback", "attempts", "usage", "settled",
 ];
 /// The attributes of `run`.
-pub(super) const RUN_ATTRS: &[&str] = &[
+pub(crate) const RUN_ATTRS: &[&str] = &[
     "id",
     "dir",
     "workflow",
@@ -47,7 +47,7 @@ pub(super) const RUN_ATTRS: &[&str] = &[
     "root",
 ];
 /// The loop variables.
-pub(super) const LOOP_VARS: &[&str] = &["iteration", "max_iterations", "feedback", "history"];
+pub(crate) const LOOP_VARS: &[&str] = &["iteration", "max_iterations", "feedback", "history"];
 
 pub(super) fn variable(
     c: &Checked<'_>,

@@ -27,6 +27,8 @@ pub(super) struct Mistake {
     /// Where the parser noticed it, which orders mistakes: a mistake located before that point
     /// (a missing `{` found from a stray `}`) still comes after what the parser saw first.
     order: usize,
+    /// What to write in place of `range` when the advice is to quote what is there.
+    pub(super) quoted: Option<String>,
 }
 
 impl Mistake {
@@ -40,7 +42,14 @@ impl Mistake {
             brace: false,
             order: range.start,
             range,
+            quoted: None,
         }
+    }
+
+    /// Sets the quoted text to write in place of the mistake's range.
+    fn quoting(mut self, quoted: String) -> Self {
+        self.quoted = Some(quoted);
+        self
     }
 
     fn label(mut self, label: impl Into<String>) -> Self {
@@ -426,6 +435,7 @@ impl<'t> Cx<'t> {
                 "write {}: a bare word may not start with a digit, nor hold spaces or any of ( ) [ ] {{ }} / \\ \" # ; =",
                 quote(word)
             ))
+            .quoting(quote(word))
     }
 
     /// What follows a closed quoted string at `end` (the offset after its closing quote).
@@ -596,6 +606,7 @@ impl<'t> Cx<'t> {
                 "the KDL v2 keywords are #true, #false, #null, #inf, #-inf and #nan; to write text, quote it: {}",
                 quote(word)
             ))
+            .quoting(quote(word))
     }
 
     /// An `=` after a node's name (`name = "x"`), or one on its own.

@@ -27,7 +27,15 @@ pub fn parse(file: FileId, text: &str, diags: &mut Diagnostics) -> Table {
         }
         Err(err) => {
             for m in errors::explain(text, &err.diagnostics) {
-                let mut d = Diagnostic::new(Code::Syntax, Span::new(file, m.range), m.message);
+                let span = Span::new(file, m.range.clone());
+                let mut d = Diagnostic::new(Code::Syntax, span, m.message);
+                if let Some(quoted) = m.quoted {
+                    d.fix = Some(Box::new(crate::diag::Fix::Replace {
+                        at: Some(span),
+                        old: text.get(m.range).unwrap_or_default().to_string(),
+                        new: quoted,
+                    }));
+                }
                 if !m.label.is_empty() {
                     d = d.label(m.label);
                 }
@@ -363,12 +371,28 @@ impl Cx<'_> {
         } else {
             format!("{key} {quoted}")
         };
+        // The fix: the words as written, replaced by the quoted text (with the property's
+        // key, when the words start with it).
+        let raw = self.text.get(start..end).unwrap_or_default();
+        let lead = raw.len() - raw.trim_start().len();
+        let raw = raw.trim();
+        let fix = crate::diag::Fix::Replace {
+            at: Some(Span::new(self.file, start + lead..start + lead + raw.len())),
+            old: raw.to_string(),
+            new: if key.ends_with('=') && raw.starts_with(key) {
+                written.clone()
+            } else {
+                quoted.clone()
+            },
+        };
+        let mut d = Diagnostic::new(
+            Code::Syntax,
+            span,
+            format!("text with spaces must be quoted: write `{written}`"),
+        );
+        d.fix = Some(Box::new(fix));
         self.diags.push(
-            Diagnostic::new(
-                Code::Syntax,
-                span,
-                format!("text with spaces must be quoted: write `{written}`"),
-            )
+            d
             .label(format!("{} separate values", entries.len()))
             .help(format!(
                 "KDL reads unquoted words as separate values, and `{}` takes one text: put the whole text in quotes",
