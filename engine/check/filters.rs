@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 
 /// Whether a name follows `|` (or `{% filter %}`) or `is` / `is not`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum UseKind {
+pub(crate) enum UseKind {
     Filter,
     Test,
 }
@@ -28,7 +28,7 @@ impl UseKind {
 
 /// One filter or test name in a text, with its byte range there.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct Use {
+pub(crate) struct Use {
     pub kind: UseKind,
     pub range: Range<usize>,
 }
@@ -136,7 +136,7 @@ fn probe_env() -> &'static minijinja::Environment<'static> {
 
 /// Tells whether the run's environment has a filter or test of that name. When the probe
 /// itself fails the name is taken as known, so that a problem here never blocks a workflow.
-pub(super) fn exists(kind: UseKind, name: &str) -> bool {
+pub(crate) fn exists(kind: UseKind, name: &str) -> bool {
     let env = probe_env();
     let Ok(tmpl) = env.template_from_str("") else {
         return true;
@@ -158,7 +158,7 @@ pub(super) fn known(kind: UseKind) -> Vec<&'static str> {
 
 /// Finds the filters and tests of a template: inside `{{ }}` and `{% %}`, not in text,
 /// comments, raw blocks or string literals.
-pub(super) fn in_template(src: &str) -> Vec<Use> {
+pub(crate) fn in_template(src: &str) -> Vec<Use> {
     let b = src.as_bytes();
     let mut out = Vec::new();
     let mut i = 0;
@@ -186,7 +186,7 @@ pub(super) fn in_template(src: &str) -> Vec<Use> {
 }
 
 /// Finds the filters and tests of an expression (written without `{{ }}`).
-pub(super) fn in_expression(src: &str) -> Vec<Use> {
+pub(crate) fn in_expression(src: &str) -> Vec<Use> {
     let mut out = Vec::new();
     code(src, 0, None, false, &mut out);
     out

@@ -4,7 +4,7 @@
 //! output schemas, through the [`Loader`]).
 
 mod budgets;
-mod filters;
+pub(crate) mod filters;
 mod graph;
 mod never;
 pub mod outputs;

@@ -46,27 +46,28 @@ pub(super) fn check(
         if let (Some(d), false) = (&default, p.choices.is_empty()) {
             let dj = d.to_json();
             if !p.choices.iter().any(|c| c.to_json() == dj) {
-                diags.push(
-                    Diagnostic::new(
-                        Code::ParamType,
-                        d.span,
-                        format!(
-                            "the default of `{}` is not one of its choices",
-                            p.name.value
-                        ),
-                    )
-                    .help(
-                        d.as_str()
-                            .and_then(|s| {
-                                crate::diag::did_you_mean(
-                                    s,
-                                    p.choices.iter().filter_map(Value::as_str),
-                                )
-                            })
-                            .map_or(String::new(), |h| format!("{h} "))
-                            + "add it to `choices` or change the default",
+                let best = d.as_str().and_then(|s| {
+                    Some((
+                        s,
+                        crate::diag::closest(s, p.choices.iter().filter_map(Value::as_str))?,
+                    ))
+                });
+                let mut diag = Diagnostic::new(
+                    Code::ParamType,
+                    d.span,
+                    format!(
+                        "the default of `{}` is not one of its choices",
+                        p.name.value
                     ),
+                )
+                .help(
+                    best.map_or(String::new(), |(_, b)| format!("did you mean `{b}`? "))
+                        + "add it to `choices` or change the default",
                 );
+                if let Some((written, b)) = best {
+                    diag = diag.replacing(written, b);
+                }
+                diags.push(diag);
             }
         }
     }

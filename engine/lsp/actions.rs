@@ -93,8 +93,10 @@ pub(super) fn code_actions(
     Some(out)
 }
 
+/// Tells whether the client's diagnostic has our code (another server's, at the same place,
+/// is not ours).
 fn same_code(a: &Option<NumberOrString>, b: &Option<NumberOrString>) -> bool {
-    a.is_none() || b.is_none() || a == b
+    a.is_some() && a == b
 }
 
 /// Tells whether two ranges overlap or touch (a cursor at either end of a diagnostic is on

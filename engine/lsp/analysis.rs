@@ -17,8 +17,6 @@ use crate::source::{Sources, Span};
 use super::docs::{Docs, Overlay};
 
 /// What the checker knows of one stage.
-// Read by completion, hover and navigation (not on this branch yet).
-#[allow(dead_code)]
 #[derive(Clone, Debug)]
 pub(crate) struct StageFact {
     pub(crate) id: String,

@@ -13,7 +13,7 @@
 //! `publish.rs` turns its diagnostics into the protocol's. The features are one file each:
 //! `completion.rs` (with `cursor.rs`, which reads from the text alone where a cursor stands:
 //! table or node, key or value, template or expression), `hover.rs`, `navigate.rs`
-//! (definition, references, rename),
+//! (definition, references, rename, over the index of names in `refs.rs`),
 //! `actions.rs` (code actions) and `symbols.rs` (the outline).
 
 mod actions;
@@ -25,6 +25,7 @@ mod hover;
 mod lines;
 mod navigate;
 mod publish;
+mod refs;
 mod symbols;
 
 use std::collections::{HashMap, HashSet};
@@ -197,7 +198,6 @@ impl World {
     }
 
     /// The byte offset of a position in a file.
-    #[allow(dead_code)] // read by completion, hover and navigation (not on this branch yet)
     pub(crate) fn offset(&self, path: &Path, pos: Position) -> Option<usize> {
         match self.docs.get(path) {
             Some(d) => Some(d.lines.offset(&d.text, pos, self.encoding)),
@@ -314,8 +314,10 @@ impl Server {
             r::HoverRequest::METHOD => answer(&req, |p| hover::hover(w, p)),
             r::GotoDefinition::METHOD => answer(&req, |p| navigate::definition(w, p)),
             r::References::METHOD => answer(&req, |p| navigate::references(w, p)),
-            r::PrepareRenameRequest::METHOD => answer(&req, |p| navigate::prepare_rename(w, p)),
-            r::Rename::METHOD => answer(&req, |p| navigate::rename(w, p)),
+            r::PrepareRenameRequest::METHOD => {
+                answer_or_refuse(&req, |p| navigate::prepare_rename(w, p))
+            }
+            r::Rename::METHOD => answer_or_refuse(&req, |p| navigate::rename(w, p)),
             r::CodeActionRequest::METHOD => answer(&req, |p| actions::code_actions(w, p)),
             r::DocumentSymbolRequest::METHOD => answer(&req, |p| symbols::document_symbols(w, p)),
             _ => Err((
@@ -599,6 +601,30 @@ where
     match f(params) {
         Some(r) => serde_json::to_value(r).map_err(|e| (ErrorCode::InternalError, e.to_string())),
         None => Ok(Value::Null),
+    }
+}
+
+/// [`answer`], for a feature that may refuse with a message for the user (a rename to a
+/// taken name): the refusal is answered as `RequestFailed`, which editors show.
+fn answer_or_refuse<P, R>(
+    req: &Request,
+    f: impl FnOnce(P) -> Result<Option<R>, String>,
+) -> Result<Value, Failure>
+where
+    P: serde::de::DeserializeOwned,
+    R: serde::Serialize,
+{
+    let mut refused = None;
+    let out = answer(req, |p| match f(p) {
+        Ok(r) => r,
+        Err(why) => {
+            refused = Some(why);
+            None
+        }
+    })?;
+    match refused {
+        Some(why) => Err((ErrorCode::RequestFailed, why)),
+        None => Ok(out),
     }
 }
 

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use lsp_types::{
-    DiagnosticRelatedInformation, DiagnosticSeverity, Location, NumberOrString, Position, Range,
+    DiagnosticRelatedInformation, DiagnosticSeverity, Location, NumberOrString, Range,
 };
 
 use super::World;
@@ -103,10 +103,4 @@ pub(super) fn convert(
         })),
         ..Default::default()
     })
-}
-
-/// The top of a file.
-#[allow(dead_code)]
-pub(super) fn top() -> Range {
-    Range::new(Position::new(0, 0), Position::new(0, 0))
 }

@@ -165,6 +165,12 @@ impl<'a> Outline<'a> {
     ) -> Option<DocumentSymbol> {
         let whole = self.extent(e)?;
         let id = trim(self.text, e.key_span.range());
+        // A TOML key before its inline table (`x = { ... }`) is a part of its text.
+        let whole = if id.start < whole.start && id.start < id.end {
+            id.start..whole.end
+        } else {
+            whole
+        };
         let id = if id.start >= whole.start && id.end <= whole.end && id.start < id.end {
             id
         } else {

@@ -274,7 +274,7 @@ pub fn markdown_reference() -> String {
 }
 
 /// A short human name of a type, linking to the sections of tables.
-fn type_name(ty: &Ty) -> String {
+pub fn type_name(ty: &Ty) -> String {
     match ty {
         Ty::Str => "string".into(),
         Ty::Template => "template".into(),

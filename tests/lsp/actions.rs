@@ -324,9 +324,23 @@ fn multi_word_kdl_text_is_quoted() {
         &bad,
         "RF001",
         "must be quoted",
-        "Quote as description=\"build the project\"",
+        "Quote as \"build the project\"",
     );
     assert_eq!(fixed, good);
+    assert_eq!(after, Vec::<Value>::new());
+    // The same with the key quoted.
+    let quoted_key = good.replacen("description=", "\"description\"=", 1);
+    let bad = quoted_key.replacen("=\"build the project\"", "=build the project", 1);
+    assert!(bad != quoted_key);
+    let (fixed, after) = fix(
+        &mut c,
+        &path,
+        &bad,
+        "RF001",
+        "must be quoted",
+        "Quote as \"build the project\"",
+    );
+    assert_eq!(fixed, quoted_key);
     assert_eq!(after, Vec::<Value>::new());
     // A word KDL cannot read bare (a syntax error of the parser's).
     let bad = good.replacen("\"src/app\"", "src/app", 1);
@@ -472,5 +486,46 @@ fn a_misspelt_name_in_a_prompt_file_is_replaced_in_the_prompt_file() {
     );
     assert_eq!(fixed, text);
     assert_eq!(after, Vec::<Value>::new());
+    c.shutdown();
+}
+
+#[test]
+fn a_misspelt_action_exit_or_choice_is_replaced() {
+    let dir = project();
+    let mut c = Client::start(dir.path());
+    let path = dir.path().join("workflows/spider.toml");
+    let text = read(&path);
+    let cases: [(&str, &str, &str, &str, &str); 3] = [
+        // An exit's name after `exit:`.
+        (
+            "on_exhausted = \"exit:spec_rejected\"",
+            "on_exhausted = \"exit:spec_rejectd\"",
+            "RF014",
+            "spec_rejectd",
+            "Replace `spec_rejectd` with `spec_rejected`",
+        ),
+        // An action of a route's case.
+        (
+            "FAIL = \"continue\"",
+            "FAIL = \"contineu\"",
+            "RF010",
+            "contineu",
+            "Replace `contineu` with `continue`",
+        ),
+        // A param's default that is none of its choices.
+        (
+            "default = \"claude\"",
+            "default = \"claud\"",
+            "RF051",
+            "not one of its choices",
+            "Replace `claud` with `claude`",
+        ),
+    ];
+    for (from, to, code, about, title) in cases {
+        let bad = broken(&text, from, to);
+        let (fixed, after) = fix(&mut c, &path, &bad, code, about, title);
+        assert_eq!(fixed, text, "{title}");
+        assert_eq!(after, Vec::<Value>::new(), "{title}");
+    }
     c.shutdown();
 }

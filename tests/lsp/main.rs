@@ -4,4 +4,6 @@ mod actions;
 mod client;
 mod completion;
 mod diagnostics;
+mod hover;
+mod navigate;
 mod symbols;

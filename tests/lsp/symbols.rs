@@ -319,3 +319,27 @@ fn a_toml_file_that_does_not_parse_is_outlined_from_its_headers() {
     );
     c.shutdown();
 }
+
+#[test]
+fn a_stage_written_as_an_inline_table_covers_its_key() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let path = dir.path().join("w.toml");
+    let text = "name = \"w\"\n\n[stages]\na = { kind = \"command\", argv = [\"true\"] }\n";
+    let mut c = Client::start(dir.path());
+    let uri = c.open(&path, text);
+    assert_eq!(c.diagnostics(&uri), Vec::<Value>::new());
+    let list = symbols(&mut c, &uri);
+    check_ranges(text, &list, None);
+    assert_eq!(shape(&list), "a");
+    assert_eq!(list[0]["range"]["start"], position_of(text, "a = {", 0));
+    assert_eq!(list[0]["range"]["end"], position_of(text, "] }", 3));
+    assert_eq!(
+        list[0]["selectionRange"]["start"],
+        position_of(text, "a = {", 0)
+    );
+    assert_eq!(
+        list[0]["selectionRange"]["end"],
+        position_of(text, "a = {", 1)
+    );
+    c.shutdown();
+}

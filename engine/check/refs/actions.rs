@@ -105,12 +105,13 @@ pub(super) fn action_ok(
             };
             let mut d = Diagnostic::new(code, action.span, message).label(label);
             d.subject = Some(target.clone());
+            let (hint, best) = allowed.hint(key, target);
+            if let Some(best) = best {
+                d = d.replacing(target, &best);
+            }
             diags.push(crate::model::shape::help_hint(
                 d,
-                Some(crate::model::shape::with_list(
-                    allowed.hint(key, target),
-                    &allowed.list(key),
-                )),
+                Some(crate::model::shape::with_list(hint, &allowed.list(key))),
             ));
         }
         Action::Goto(target) => {
@@ -222,8 +223,9 @@ impl<'c> Allowed<'c> {
     }
 
     /// A well-known wrong action's sentence (when what it recommends is allowed here), else
-    /// "did you mean" over the actions and stages allowed here.
-    fn hint(&self, key: &str, wrong: &str) -> Option<(String, String)> {
+    /// "did you mean" over the actions and stages allowed here, with the name it suggests
+    /// (when that is a whole action or stage, not a pattern such as `exit:NAME`).
+    fn hint(&self, key: &str, wrong: &str) -> (Option<(String, String)>, Option<String>) {
         if let Some(w) = crate::model::well_known(crate::model::ACTION, key, wrong) {
             let right = w.right.split(':').next().unwrap_or(w.right);
             if right.is_empty()
@@ -232,7 +234,7 @@ impl<'c> Allowed<'c> {
                     .iter()
                     .any(|a| a.split(':').next() == Some(right))
             {
-                return Some(w.advice(key));
+                return (Some(w.advice(key)), None);
             }
         }
         let candidates = self
@@ -240,7 +242,14 @@ impl<'c> Allowed<'c> {
             .iter()
             .map(String::as_str)
             .chain(self.stages.iter().copied());
-        crate::diag::did_you_mean(wrong, candidates).map(|h| (h.clone(), h))
+        match crate::diag::closest(wrong, candidates) {
+            Some(best) => {
+                let hint = format!("did you mean `{best}`?");
+                let whole = (!best.contains("NAME")).then(|| best.to_string());
+                (Some((hint.clone(), hint)), whole)
+            }
+            None => (None, None),
+        }
     }
 
     /// "`KEY` here takes one of: ..., or a stage beside this gate: ...".

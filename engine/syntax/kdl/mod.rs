@@ -371,19 +371,20 @@ impl Cx<'_> {
         } else {
             format!("{key} {quoted}")
         };
-        // The fix: the words as written, replaced by the quoted text (with the property's
-        // key, when the words start with it).
+        // The fix: the words as written (after the property's `=`), replaced by the quoted
+        // text.
         let raw = self.text.get(start..end).unwrap_or_default();
-        let lead = raw.len() - raw.trim_start().len();
-        let raw = raw.trim();
+        let mut from = start + (raw.len() - raw.trim_start().len());
+        if key.ends_with('=') {
+            if let Some(eq) = self.text.get(from..end).and_then(|r| r.find('=')) {
+                from += eq + 1;
+            }
+        }
+        let words = self.text.get(from..end).unwrap_or_default().trim();
         let fix = crate::diag::Fix::Replace {
-            at: Some(Span::new(self.file, start + lead..start + lead + raw.len())),
-            old: raw.to_string(),
-            new: if key.ends_with('=') && raw.starts_with(key) {
-                written.clone()
-            } else {
-                quoted.clone()
-            },
+            at: Some(Span::new(self.file, from..from + words.len())),
+            old: words.to_string(),
+            new: quoted.clone(),
         };
         let mut d = Diagnostic::new(
             Code::Syntax,
