@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use crate::check::check_all;
 use crate::diag::{Diagnostic, Diagnostics};
+use crate::fs::normalize;
 use crate::load::Loader;
 use crate::model::{StageKind, Workflow};
 use crate::source::{Sources, Span};
@@ -77,7 +78,7 @@ impl Analysis {
                             checked
                                 .prompt_files
                                 .get(&crate::model::StageId(i))
-                                .map(|(p, _)| p.clone()),
+                                .map(|(p, _)| normalize(p)),
                         ),
                         _ => (None, None),
                     };
@@ -107,12 +108,12 @@ impl Analysis {
         Analysis {
             root,
             files,
-            sources,
+            sources: absolute(sources),
             diagnostics: diags.into_sorted(),
             workflow,
             stages,
             by_id,
-            included,
+            included: included.iter().map(|p| normalize(p)).collect(),
         }
     }
 
@@ -124,5 +125,22 @@ impl Analysis {
     /// The stage with an id.
     pub(crate) fn stage(&self, id: &str) -> Option<&StageFact> {
         self.by_id.get(id).map(|&i| &self.stages[i])
+    }
+}
+
+/// The same files under absolute paths. The loader names the files below the current
+/// directory relatively (as `check` shows them), and an editor often starts the server in
+/// the project's directory; the server looks files up by the editor's absolute paths.
+/// The ids stay those of the loader (the files are added in the same order), else the map
+/// is kept as it is.
+fn absolute(sources: Sources) -> Sources {
+    let mut out = Sources::new();
+    for (_, file) in sources.iter() {
+        out.add(normalize(&file.path), file.text.clone());
+    }
+    if out.iter().count() == sources.iter().count() {
+        out
+    } else {
+        sources
     }
 }
