@@ -466,7 +466,14 @@ impl Server {
             .map(|a| a.root.clone())
             .collect();
         for p in self.world.docs.open.keys() {
-            if is_workflow_file(p) && (dirty.contains(p) || !self.world.analyses.contains_key(p)) {
+            let pending = dirty.contains(p) || !self.world.analyses.contains_key(p);
+            if pending
+                && self
+                    .world
+                    .docs
+                    .get(p)
+                    .is_some_and(|d| looks_like_workflow(p, &d.text))
+            {
                 roots.push(p.clone());
             }
         }
@@ -601,7 +608,11 @@ impl Server {
             let mut found: Vec<PathBuf> = entries
                 .flatten()
                 .map(|e| e.path())
-                .filter(|p| p.is_file() && is_workflow_file(p))
+                .filter(|p| {
+                    p.is_file()
+                        && is_workflow_file(p)
+                        && std::fs::read_to_string(p).is_ok_and(|t| looks_like_workflow(p, &t))
+                })
                 .map(|p| crate::fs::normalize(&p))
                 .collect();
             found.sort();
@@ -664,6 +675,53 @@ pub(crate) fn is_workflow_file(path: &Path) -> bool {
         .is_some_and(|e| e.eq_ignore_ascii_case("toml") || e.eq_ignore_ascii_case("kdl"))
 }
 
+/// Whether a file is a workflow that the server checks on its own: a KDL file, or a TOML
+/// file in a `workflows` directory or that says it is one (the presets' `#:schema` line, or
+/// a top-level `stages`, `agents`, `extends`, `include` or `overrides`). Editors attach a
+/// server by language, so other TOML files reach it too (`Cargo.toml`, `pyproject.toml`):
+/// they get no diagnostics. A file that a workflow includes or extends is checked within it
+/// whatever it holds.
+pub(crate) fn looks_like_workflow(path: &Path, text: &str) -> bool {
+    let Some(ext) = path.extension().and_then(|e| e.to_str()) else {
+        return false;
+    };
+    if ext.eq_ignore_ascii_case("kdl") {
+        return true;
+    }
+    if !ext.eq_ignore_ascii_case("toml") {
+        return false;
+    }
+    if path
+        .parent()
+        .and_then(Path::file_name)
+        .is_some_and(|d| d == "workflows")
+    {
+        return true;
+    }
+    const KEYS: &[&str] = &["stages", "agents", "extends", "include", "overrides"];
+    let names_key = |key: &str| {
+        KEYS.iter().any(|k| {
+            key.strip_prefix(k).is_some_and(|r| {
+                let r = r.trim_start();
+                r.starts_with('=') || r.starts_with('.') || r.starts_with(']')
+            })
+        })
+    };
+    // Bare keys count before the first table header only (they are top-level there).
+    let mut top = true;
+    text.lines().any(|line| {
+        let line = line.trim_start();
+        if let Some(rest) = line.strip_prefix("#:schema") {
+            return rest.contains("workflow");
+        }
+        if line.starts_with('[') {
+            top = false;
+            return names_key(line.trim_start_matches('[').trim_start());
+        }
+        top && names_key(line)
+    })
+}
+
 type Failure = (ErrorCode, String);
 
 /// Decodes a request's params, calls the feature, and encodes its answer.
@@ -714,4 +772,47 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
         .map(|s| s.to_string())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a panic".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::looks_like_workflow;
+    use std::path::Path;
+
+    #[test]
+    fn workflows_are_told_from_other_toml_files() {
+        let yes = [
+            (
+                "/p/flow.toml",
+                "name = \"x\"\n[stages.a]\nkind = \"command\"\n",
+            ),
+            ("/p/flow.toml", "extends = \"spider\"\n"),
+            ("/p/flow.toml", "#:schema ../schemas/workflow.schema.json\n"),
+            ("/p/flow.toml", "name = \"x\"\nstages.a.kind = \"agent\"\n"),
+            ("/p/flow.toml", "[[stages]]\n"),
+            ("/p/workflows/empty.toml", ""),
+            ("/p/anything.kdl", "package {}"),
+        ];
+        for (path, text) in yes {
+            assert!(
+                looks_like_workflow(Path::new(path), text),
+                "{path}: {text:?}"
+            );
+        }
+        let no = [
+            (
+                "/p/Cargo.toml",
+                "[package]\nname = \"x\"\n[dependencies]\nstages = \"1\"\n",
+            ),
+            ("/p/pyproject.toml", "[tool.stages_x]\n"),
+            ("/p/README.md", "[stages.a]"),
+            ("/p/flow.toml", "stagesx = 1\n"),
+        ];
+        for (path, text) in no {
+            assert!(
+                !looks_like_workflow(Path::new(path), text),
+                "{path}: {text:?}"
+            );
+        }
+    }
 }

@@ -118,3 +118,29 @@ fn diagnostics_follow_incremental_edits_and_a_closed_file_is_cleared() {
     assert_eq!(c.diagnostics(&uri(&path)), Vec::<Value>::new());
     c.shutdown();
 }
+
+#[test]
+fn toml_files_that_are_not_workflows_get_no_diagnostics() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let cargo = dir.path().join("Cargo.toml");
+    let cargo_text = "[package]\nname = \"x\"\nversion = \"0.1.0\"\n";
+    let flow = dir.path().join("flow.toml");
+    let flow_text =
+        "name = \"f\"\n\n[stages.a]\nkind = \"command\"\nneeds = \"zz\"\nargv = [\"true\"]\n";
+    let mut c = Client::start(dir.path());
+    let cu = c.open(&cargo, cargo_text);
+    let fu = c.open(&flow, flow_text);
+    assert_eq!(c.diagnostics(&cu), Vec::<Value>::new());
+    // A workflow outside a `workflows` directory is known by its keys.
+    assert_eq!(c.codes(&fu), vec!["RF010".to_string()]);
+    // A file in a `workflows` directory is a workflow whatever it holds yet.
+    std::fs::create_dir_all(dir.path().join("workflows")).unwrap_or_else(|e| panic!("{e}"));
+    let fresh = dir.path().join("workflows/new.toml");
+    let nu = c.open(&fresh, "nme = \"x\"\n");
+    assert!(
+        c.codes(&nu).contains(&"RF002".to_string()),
+        "{:?}",
+        c.diagnostics(&nu)
+    );
+    c.shutdown();
+}
