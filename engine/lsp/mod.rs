@@ -226,6 +226,27 @@ impl World {
         }
     }
 
+    /// Whether a request is about a TOML file that is no workflow and that no workflow
+    /// reads (see [`looks_like_workflow`]).
+    fn not_ours(&self, params: &Value) -> bool {
+        let Some(path) = params
+            .pointer("/textDocument/uri")
+            .and_then(Value::as_str)
+            .and_then(|u| u.parse::<Uri>().ok())
+            .and_then(|u| uri_path(&u))
+        else {
+            return false;
+        };
+        let toml = path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("toml"));
+        toml && self
+            .docs
+            .get(&path)
+            .is_some_and(|d| !looks_like_workflow(&path, &d.text))
+            && self.analyses_of(&path).next().is_none()
+    }
+
     /// The URI to give the client for a file: the one it opened it by, or a `file:` URI.
     pub(crate) fn uri(&self, path: &Path) -> Option<Uri> {
         match self.docs.get(path) {
@@ -325,6 +346,10 @@ impl Server {
         self.refresh();
         let w = &self.world;
         let id = req.id.clone();
+        if w.not_ours(&req.params) {
+            // A TOML file that is no workflow (`Cargo.toml`): nothing to offer there.
+            return Response::new_ok(id, Value::Null);
+        }
         let result = match req.method.as_str() {
             r::Completion::METHOD => answer(&req, |p| completion::complete(w, p)),
             r::HoverRequest::METHOD => answer(&req, |p| hover::hover(w, p)),

@@ -131,6 +131,9 @@ fn toml_files_that_are_not_workflows_get_no_diagnostics() {
     let cu = c.open(&cargo, cargo_text);
     let fu = c.open(&flow, flow_text);
     assert_eq!(c.diagnostics(&cu), Vec::<Value>::new());
+    // Nor completion: `stages` is no key of a Cargo.toml.
+    let at = json!({"textDocument": {"uri": cu}, "position": {"line": 3, "character": 0}});
+    assert_eq!(c.request("textDocument/completion", at), Value::Null);
     // A workflow outside a `workflows` directory is known by its keys.
     assert_eq!(c.codes(&fu), vec!["RF010".to_string()]);
     // A file in a `workflows` directory is a workflow whatever it holds yet.
