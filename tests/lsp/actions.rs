@@ -6,26 +6,7 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use crate::client::{Client, position_of, project};
-
-/// The byte offset of a protocol position (UTF-16 columns) in `text`.
-fn offset(text: &str, pos: &Value) -> usize {
-    let line = pos["line"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no line: {pos}")) as usize;
-    let col = pos["character"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no character: {pos}")) as usize;
-    let start: usize = text.split_inclusive('\n').take(line).map(str::len).sum();
-    let mut units = 0;
-    for (i, ch) in text[start..].char_indices() {
-        if units >= col || ch == '\n' {
-            return start + i;
-        }
-        units += ch.len_utf16();
-    }
-    text.len()
-}
+use crate::client::{Client, apply_edits, position_of, project};
 
 /// Applies an action's edits to the document's text (edits of one document, applied from
 /// the last one up).
@@ -33,22 +14,7 @@ fn apply(text: &str, action: &Value, uri: &str) -> String {
     let edits = action["edit"]["changes"][uri]
         .as_array()
         .unwrap_or_else(|| panic!("no edit of {uri}: {action:#}"));
-    let mut spans: Vec<(usize, usize, &str)> = edits
-        .iter()
-        .map(|e| {
-            (
-                offset(text, &e["range"]["start"]),
-                offset(text, &e["range"]["end"]),
-                e["newText"].as_str().unwrap_or_else(|| panic!("{e}")),
-            )
-        })
-        .collect();
-    spans.sort_by_key(|s| std::cmp::Reverse(s.0));
-    let mut out = text.to_string();
-    for (a, b, new) in spans {
-        out.replace_range(a..b, new);
-    }
-    out
+    apply_edits(text, edits)
 }
 
 /// The code actions for a range, with the given diagnostics in the context.

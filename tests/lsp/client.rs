@@ -232,6 +232,11 @@ pub(crate) fn position_of(text: &str, needle: &str, delta: usize) -> Value {
         .find(needle)
         .unwrap_or_else(|| panic!("`{needle}` is not in the text"))
         + delta;
+    position(text, at)
+}
+
+/// The protocol position (UTF-16 columns) of a byte offset.
+pub(crate) fn position(text: &str, at: usize) -> Value {
     let before = &text[..at];
     let line = before.matches('\n').count();
     let col: usize = before[before.rfind('\n').map_or(0, |i| i + 1)..]
@@ -239,4 +244,45 @@ pub(crate) fn position_of(text: &str, needle: &str, delta: usize) -> Value {
         .map(char::len_utf16)
         .sum();
     json!({"line": line, "character": col})
+}
+
+/// The byte offset of a protocol position (UTF-16 columns) in `text`.
+pub(crate) fn offset(text: &str, pos: &Value) -> usize {
+    let line = pos["line"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no line: {pos}")) as usize;
+    let col = pos["character"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no character: {pos}")) as usize;
+    let start: usize = text.split_inclusive('\n').take(line).map(str::len).sum();
+    let mut units = 0;
+    for (i, ch) in text[start..].char_indices() {
+        if units >= col || ch == '\n' {
+            return start + i;
+        }
+        units += ch.len_utf16();
+    }
+    text.len()
+}
+
+/// Applies `TextEdit`s (of one document) to its text, from the last one up.
+pub(crate) fn apply_edits(text: &str, edits: &[Value]) -> String {
+    let mut spans: Vec<(usize, usize, &str)> = edits
+        .iter()
+        .map(|e| {
+            (
+                offset(text, &e["range"]["start"]),
+                offset(text, &e["range"]["end"]),
+                e["newText"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("no newText: {e}")),
+            )
+        })
+        .collect();
+    spans.sort_by_key(|s| std::cmp::Reverse(s.0));
+    let mut out = text.to_string();
+    for (a, b, new) in spans {
+        out.replace_range(a..b, new);
+    }
+    out
 }

@@ -5,21 +5,10 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use crate::client::{Client, project};
+use crate::client::{Client, position, project};
 
 /// The cursor mark in the tests' texts.
 const MARK: &str = "§";
-
-/// The protocol position of a byte offset (UTF-16 columns).
-fn pos(text: &str, at: usize) -> Value {
-    let before = &text[..at];
-    let line = before.matches('\n').count();
-    let col: usize = before[before.rfind('\n').map_or(0, |i| i + 1)..]
-        .chars()
-        .map(char::len_utf16)
-        .sum();
-    json!({"line": line, "character": col})
-}
 
 /// `text` with `MARK` taken out, and the offset where it was.
 fn marked(text: &str) -> (String, usize) {
@@ -49,7 +38,7 @@ fn complete(c: &mut Client, uri: &str, text: &str) -> (Vec<Value>, String, usize
 fn ask(c: &mut Client, uri: &str, text: &str, at: usize) -> Vec<Value> {
     let answer = c.request(
         "textDocument/completion",
-        json!({"textDocument": {"uri": uri}, "position": pos(text, at)}),
+        json!({"textDocument": {"uri": uri}, "position": position(text, at)}),
     );
     match &answer["items"] {
         Value::Array(items) => items.clone(),
@@ -96,8 +85,8 @@ fn read(dir: &Path, rel: &str) -> String {
 /// The text edit of an item replaces `from..to` of the text with `new_text`.
 fn assert_edit(it: &Value, text: &str, from: usize, to: usize, new_text: &str) {
     let e = &it["textEdit"];
-    assert_eq!(e["range"]["start"], pos(text, from), "{it}");
-    assert_eq!(e["range"]["end"], pos(text, to), "{it}");
+    assert_eq!(e["range"]["start"], position(text, from), "{it}");
+    assert_eq!(e["range"]["end"], position(text, to), "{it}");
     assert_eq!(e["newText"], new_text, "{it}");
 }
 
@@ -778,7 +767,7 @@ fn completion_anywhere_in_the_presets_answers() {
                 c.replace(&u, &t);
                 let answer = c.try_request(
                     "textDocument/completion",
-                    json!({"textDocument": {"uri": u}, "position": pos(&t, cut)}),
+                    json!({"textDocument": {"uri": u}, "position": position(&t, cut)}),
                 );
                 assert!(
                     matches!(&answer, Ok(v) if v["items"].is_array()),

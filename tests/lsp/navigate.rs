@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use crate::client::{Client, position_of, project, uri};
+use crate::client::{Client, apply_edits, offset, position_of, project, uri};
 
 fn at(uri: &str, text: &str, needle: &str, delta: usize) -> Value {
     json!({"textDocument": {"uri": uri}, "position": position_of(text, needle, delta)})
@@ -27,21 +27,6 @@ fn range_of(text: &str, needle: &str, delta: usize, len: usize) -> Value {
 
 fn read(p: &Path) -> String {
     std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-}
-
-/// The byte offset of a protocol position (UTF-16 columns).
-fn offset(text: &str, pos: &Value) -> usize {
-    let line = pos["line"].as_u64().unwrap_or(0) as usize;
-    let col = pos["character"].as_u64().unwrap_or(0) as usize;
-    let start: usize = text.split_inclusive('\n').take(line).map(str::len).sum();
-    let mut units = 0;
-    for (i, ch) in text[start..].char_indices() {
-        if units >= col || ch == '\n' {
-            return start + i;
-        }
-        units += ch.len_utf16();
-    }
-    text.len()
 }
 
 /// The text a protocol range covers.
@@ -165,24 +150,8 @@ fn references_of_a_stage_span_the_workflow_and_its_prompt_files() {
     c.shutdown();
 }
 
-/// Applies a `WorkspaceEdit`'s changes to a text.
 fn apply(text: &str, edits: &[Value]) -> String {
-    let mut edits: Vec<(usize, usize, String)> = edits
-        .iter()
-        .map(|e| {
-            (
-                offset(text, &e["range"]["start"]),
-                offset(text, &e["range"]["end"]),
-                e["newText"].as_str().unwrap_or("").to_string(),
-            )
-        })
-        .collect();
-    edits.sort_by_key(|e| std::cmp::Reverse(e.0));
-    let mut out = text.to_string();
-    for (a, b, new) in edits {
-        out.replace_range(a..b, &new);
-    }
-    out
+    apply_edits(text, edits)
 }
 
 #[test]
