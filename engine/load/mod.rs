@@ -20,9 +20,10 @@ use crate::fs::{FileSystem, normalize};
 use crate::model::lower::{lower, lower_included};
 use crate::model::{Stage, StageBody, Workflow};
 use crate::preset::{self, DeclaredSource, MissingSource, Reference};
-use crate::source::{Sources, Span};
+use crate::source::{FileId, Sources, Span};
 use crate::syntax::{self, Format};
 use merge::{merge_extends, merge_include};
+use std::sync::Arc;
 
 /// Everything the loader needs while it works.
 pub struct Loader<'a> {
@@ -50,6 +51,47 @@ pub struct Loader<'a> {
     including: bool,
     /// The files pulled in by `include`: parts of a workflow, not workflows of their own.
     pub included: Vec<PathBuf>,
+    /// Trees of files parsed before (see [`ParseCache`]); none for a single check.
+    cache: Option<&'a mut ParseCache>,
+}
+
+/// The syntax trees of the files a workflow extends and includes, kept between loads: a
+/// language server loads the same workflow on every edit, and parses again only the files
+/// whose text changed. The file loaded first (the one being edited) is never kept. A tree is
+/// reused only for the same path, text and file id (its spans name the file by id).
+#[derive(Default)]
+pub struct ParseCache {
+    trees: HashMap<PathBuf, (FileId, Arc<str>, Arc<syntax::tree::Table>)>,
+    /// Trees reused and trees parsed (and kept), for tests and benchmarks.
+    pub hits: u64,
+    pub misses: u64,
+}
+
+impl ParseCache {
+    fn get(
+        &mut self,
+        path: &Path,
+        file: FileId,
+        text: &Arc<str>,
+    ) -> Option<Arc<syntax::tree::Table>> {
+        match self.trees.get(path) {
+            Some((id, t, tree)) if *id == file && (Arc::ptr_eq(t, text) || **t == **text) => {
+                self.hits += 1;
+                Some(tree.clone())
+            }
+            _ => None,
+        }
+    }
+
+    fn put(&mut self, path: PathBuf, file: FileId, text: Arc<str>, tree: Arc<syntax::tree::Table>) {
+        self.misses += 1;
+        self.trees.insert(path, (file, text, tree));
+    }
+
+    /// Forgets the files that are not in `keep` (those no workflow reads any more).
+    pub fn retain(&mut self, keep: impl Fn(&Path) -> bool) {
+        self.trees.retain(|p, _| keep(p));
+    }
 }
 
 impl<'a> Loader<'a> {
@@ -81,7 +123,15 @@ impl<'a> Loader<'a> {
             visible: HashMap::new(),
             including: false,
             included: Vec::new(),
+            cache: None,
         }
+    }
+
+    /// Keeps the trees of the files this loader parses in `cache`, and reuses those whose
+    /// text is unchanged.
+    pub fn with_cache(mut self, cache: &'a mut ParseCache) -> Self {
+        self.cache = Some(cache);
+        self
     }
 
     /// Loads a workflow file and merges in the files it extends and includes.
@@ -113,7 +163,28 @@ impl<'a> Loader<'a> {
         let file = self.read(&canonical, from, Code::MissingWorkflowFile, "workflow file")?;
         let text = self.sources.get(file).text.clone();
         let before = self.diags.error_count();
-        let table = syntax::parse(file, &text, Format::from_path(&canonical), self.diags);
+        let first = self.stack.is_empty();
+        let cached = match self.cache.as_deref_mut() {
+            Some(cache) if !first => cache.get(&canonical, file, &text),
+            _ => None,
+        };
+        let table = match cached {
+            Some(table) => table,
+            None => {
+                let before_all = self.diags.iter().count();
+                let table = Arc::new(syntax::parse(
+                    file,
+                    &text,
+                    Format::from_path(&canonical),
+                    self.diags,
+                ));
+                let clean = self.diags.iter().count() == before_all;
+                if let Some(cache) = self.cache.as_deref_mut().filter(|_| clean && !first) {
+                    cache.put(canonical.clone(), file, text.clone(), table.clone());
+                }
+                table
+            }
+        };
         if self.diags.error_count() > before {
             // A file that does not parse has nothing more worth reporting.
             return None;

@@ -58,14 +58,14 @@ pub(crate) struct Analysis {
 
 impl Analysis {
     /// Loads and checks `root`, reading open documents before the disk.
-    pub(crate) fn run(root: PathBuf, docs: &Docs) -> Analysis {
+    pub(crate) fn run(root: PathBuf, docs: &Docs, cache: &mut crate::load::ParseCache) -> Analysis {
         let fs = Overlay { docs };
         let mut sources = Sources::new();
         let mut diags = Diagnostics::default();
         let mut stages = Vec::new();
         let mut by_id = HashMap::new();
         let (workflow, included) = {
-            let mut loader = Loader::new(&fs, &mut sources, &mut diags);
+            let mut loader = Loader::new(&fs, &mut sources, &mut diags).with_cache(cache);
             let wf = loader.load(&root, None);
             if let Some(wf) = &wf {
                 let mut found = Diagnostics::default();
@@ -142,5 +142,53 @@ fn absolute(sources: Sources) -> Sources {
         out
     } else {
         sources
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lsp::docs::Doc;
+
+    #[test]
+    fn the_files_a_workflow_extends_are_parsed_again_only_when_they_change() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let base = dir.path().join("base.toml");
+        let base_text = "name = \"base\"\n\n[stages.a]\nkind = \"command\"\nargv = [\"true\"]\n";
+        std::fs::write(&base, base_text).unwrap_or_else(|e| panic!("{e}"));
+        let child = dir.path().join("child.toml");
+        let child_text = "name = \"child\"\nextends = \"base.toml\"\n";
+        let mut docs = Docs::default();
+        let uri =
+            |p: &std::path::Path| crate::lsp::docs::path_uri(p).unwrap_or_else(|| panic!("no uri"));
+        docs.open
+            .insert(child.clone(), Doc::new(uri(&child), child_text.into(), 1));
+        let mut cache = crate::load::ParseCache::default();
+        let first = Analysis::run(child.clone(), &docs, &mut cache);
+        assert_eq!(first.stages.len(), 1);
+        assert_eq!(
+            (cache.hits, cache.misses),
+            (0, 1),
+            "the base is parsed once"
+        );
+        // An edit of the child: the base is not parsed again.
+        if let Some(d) = docs.open.get_mut(&child) {
+            d.set(format!("{child_text}# edited\n"), 2);
+        }
+        let again = Analysis::run(child.clone(), &docs, &mut cache);
+        assert_eq!(again.stages.len(), 1);
+        assert_eq!((cache.hits, cache.misses), (1, 1), "the base is reused");
+        // The base opened and changed in the editor: parsed again, and its new stage seen.
+        docs.open.insert(
+            base.clone(),
+            Doc::new(
+                uri(&base),
+                format!("{base_text}\n[stages.b]\nkind = \"command\"\nargv = [\"true\"]\n"),
+                1,
+            ),
+        );
+        let changed = Analysis::run(child, &docs, &mut cache);
+        assert_eq!(changed.stages.len(), 2);
+        assert_eq!((cache.hits, cache.misses), (1, 2));
     }
 }

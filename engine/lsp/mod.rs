@@ -83,6 +83,7 @@ pub fn serve(connection: &Connection) -> Result<(), String> {
         },
         dirty: HashSet::new(),
         searched: HashSet::new(),
+        parse_cache: crate::load::ParseCache::default(),
         published: HashMap::new(),
         shutting_down: false,
     };
@@ -264,6 +265,9 @@ struct Server {
     /// Open files no analysis reads for which the workspace's workflows were searched: not
     /// searched again on each edit (only once they are opened again, or a file is saved).
     searched: HashSet<PathBuf>,
+    /// The trees of the files workflows extend and include, parsed again only when their
+    /// text changes.
+    parse_cache: crate::load::ParseCache,
     /// What was last published for each open document.
     published: HashMap<PathBuf, Vec<lsp_types::Diagnostic>>,
     shutting_down: bool,
@@ -516,7 +520,7 @@ impl Server {
             if !still_there {
                 continue;
             }
-            let analysis = Analysis::run(root.clone(), &self.world.docs);
+            let analysis = Analysis::run(root.clone(), &self.world.docs, &mut self.parse_cache);
             let parses = analysis.workflow.is_some();
             touched.extend(analysis.files.iter().cloned());
             if let Some(old) = self.world.analyses.insert(root.clone(), analysis) {
@@ -534,6 +538,8 @@ impl Server {
         }
         self.settle_roots(&mut touched);
         let analyses = &self.world.analyses;
+        self.parse_cache
+            .retain(|p| analyses.values().any(|a| a.involves(p)));
         self.world
             .last_good
             .retain(|root, _| analyses.contains_key(root));
@@ -585,7 +591,7 @@ impl Server {
             if self.world.analyses.contains_key(&candidate) {
                 continue;
             }
-            let a = Analysis::run(candidate.clone(), &self.world.docs);
+            let a = Analysis::run(candidate.clone(), &self.world.docs, &mut self.parse_cache);
             if orphans.iter().any(|o| a.involves(o)) {
                 found.push((candidate, a));
             }
