@@ -327,6 +327,22 @@ fn main() {
         );
         s.stop();
     }
+    // A workflow that extends the largest preset (council.kdl, the slowest to parse), the
+    // child edited: the base's text does not change, so it needs no parsing again.
+    let child = dir.path().join("workflows/extends-council.toml");
+    std::fs::write(&child, "name = \"my-council\"\nextends = \"council.kdl\"\n")
+        .expect("the child workflow");
+    let mut s = Server::start(dir.path());
+    let (open, med, max, cpu) = edits(&mut s, &child, reps);
+    println!(
+        "| a workflow extending council.kdl, edited | {} | {} | {} | {} |",
+        ms(open),
+        ms(med),
+        ms(max),
+        ms(cpu)
+    );
+    s.stop();
+
     let chain_path = dir.path().join("workflows/chain.toml");
     std::fs::write(&chain_path, chain(chain_len)).expect("the chain");
     let mut s = Server::start(dir.path());
