@@ -309,6 +309,63 @@ fn hover_on_a_stage_reference_shows_the_stage() {
 }
 
 #[test]
+fn references_of_a_stage_list_the_workflow_and_its_prompt_files() {
+    let Some(s) = session() else { return };
+    let r = step(s, "references");
+    let list = list(&r["list"]);
+    let files: Vec<&str> = list.iter().filter_map(|i| i["file"].as_str()).collect();
+    // `implement`: its definition and the need of the defend loop...
+    assert!(
+        files
+            .iter()
+            .filter(|f| f.ends_with("/workflows/spider.toml"))
+            .count()
+            >= 2,
+        "{r:#}\n{}",
+        told(s)
+    );
+    // ...and the prompt files that read its output.
+    for prompt in [
+        "/prompts/spider/defend.md.j2",
+        "/prompts/spider/evaluate.md.j2",
+    ] {
+        assert!(
+            files.iter().any(|f| f.ends_with(prompt)),
+            "{prompt} is not among the references: {r:#}"
+        );
+    }
+    assert!(
+        files.len() >= 6,
+        "fewer references than spider and its prompts write (6): {r:#}"
+    );
+    for item in list {
+        let text = item["text"].as_str().unwrap_or("");
+        assert!(
+            text.contains("implement"),
+            "a reference on a line without the name: {item}"
+        );
+    }
+}
+
+#[test]
+fn a_code_action_fixes_a_typo_as_neovim_applies_it() {
+    let Some(s) = session() else { return };
+    let a = step(s, "code_action");
+    assert_eq!(a["diagnosed"], true, "the typo was not reported: {a:#}");
+    let titles = strings(&a["titles"]);
+    assert!(
+        titles.iter().any(|t| t.contains("plan")),
+        "no fix offered for `plna`: {a:#}\n{}",
+        told(s)
+    );
+    assert_eq!(a["cleared"], true, "the diagnostic stayed: {a:#}");
+    assert_eq!(
+        a["restored"], true,
+        "the text is not the preset's again: {a:#}"
+    );
+}
+
+#[test]
 fn go_to_definition_from_prompt_file_opens_the_prompt() {
     let Some(s) = session() else { return };
     let d = step(s, "definition");

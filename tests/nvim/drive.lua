@@ -292,6 +292,67 @@ step("symbols", function(r)
   vim.cmd("buffer " .. spider)
 end)
 
+-- (7) References of a stage: the list `:lua vim.lsp.buf.references()` fills, over the
+-- workflow and the prompt files that read it.
+step("references", function(r)
+  vim.cmd("buffer " .. spider)
+  r.cursor = cursor_at(spider, "[stages.phases.stages.phase_loop.stages.implement]", #"[stages.phases.stages.phase_loop.stages.")
+  vim.fn.setqflist({})
+  local win = api.nvim_get_current_win()
+  vim.lsp.buf.references()
+  wait_or_told(10000, function()
+    return #vim.fn.getqflist() > 0
+  end)
+  r.list = {}
+  for _, item in ipairs(vim.fn.getqflist()) do
+    table.insert(r.list, {
+      file = api.nvim_buf_get_name(item.bufnr),
+      line = item.lnum - 1,
+      col = item.col - 1,
+      text = item.text,
+    })
+  end
+  vim.cmd("cclose")
+  api.nvim_set_current_win(win)
+  vim.cmd("buffer " .. spider)
+end)
+
+-- (8) A code action: a need typed wrong, the quick fix the server offers for it, applied by
+-- Neovim; the diagnostic goes and the text is the preset's again.
+step("code_action", function(r)
+  vim.cmd("buffer " .. spider)
+  local before = buf_text(spider)
+  local at = cursor_at(spider, 'needs = ["plan"]', #'needs = ["')
+  api.nvim_buf_set_text(spider, at.line, at.col, at.line, at.col + 4, { "plna" })
+  r.diagnosed = wait(5000, function()
+    return #vim.diagnostic.get(spider) > 0
+  end)
+  r.diagnostics = diagnostics(spider)
+  local params = vim.lsp.util.make_range_params()
+  params.context = { diagnostics = vim.lsp.diagnostic.get_line_diagnostics(spider) }
+  local answers = vim.lsp.buf_request_sync(spider, "textDocument/codeAction", params, 10000) or {}
+  r.titles = {}
+  local chosen
+  for _, answer in pairs(answers) do
+    if answer.err then
+      r.request_error = vim.inspect(answer.err)
+    end
+    for _, action in ipairs(answer.result or {}) do
+      table.insert(r.titles, action.title)
+      if action.isPreferred and not chosen then
+        chosen = action
+      end
+    end
+  end
+  if chosen and chosen.edit then
+    vim.lsp.util.apply_workspace_edit(chosen.edit, client().offset_encoding)
+  end
+  r.cleared = wait(5000, function()
+    return #vim.diagnostic.get(spider) == 0
+  end)
+  r.restored = buf_text(spider) == before
+end)
+
 -- (5) Rename a stage where it is defined; Neovim applies the workspace edit itself (the
 -- rename handler), to the workflow and to the prompt files that read the stage.
 step("rename", function(r)
