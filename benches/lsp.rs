@@ -262,6 +262,38 @@ fn chain(n: usize) -> String {
     s
 }
 
+/// Sends each request `reps` times and prints a row of its answer's shape and times.
+fn timed_requests(s: &mut Server, requests: &[(&str, &str, Value)], reps: usize) {
+    println!("| request | answer | median | max | server CPU per request |");
+    println!("| --- | --- | ---: | ---: | ---: |");
+    for (what, method, params) in requests {
+        let mut times = Vec::new();
+        let mut answer = Value::Null;
+        let cpu = s.cpu();
+        for _ in 0..reps {
+            let t = Instant::now();
+            answer = s.request(method, params.clone());
+            times.push(t.elapsed());
+        }
+        let cpu = (s.cpu() - cpu) / reps as u32;
+        let max = *times.iter().max().expect("a time");
+        let shape = match &answer {
+            Value::Null => "null".to_string(),
+            Value::Array(a) => format!("{} items", a.len()),
+            Value::Object(o) if o.contains_key("items") => {
+                format!("{} items", o["items"].as_array().map_or(0, Vec::len))
+            }
+            _ => "an answer".to_string(),
+        };
+        println!(
+            "| {what} | {shape} | {} | {} | {} |",
+            ms(median(times)),
+            ms(max),
+            ms(cpu)
+        );
+    }
+}
+
 fn median(mut times: Vec<Duration>) -> Duration {
     times.sort();
     times[times.len() / 2]
@@ -354,6 +386,40 @@ fn main() {
         ms(max),
         ms(cpu)
     );
+    // Requests on the chain, once its edits are settled (its text is the file's again).
+    let chain_text = std::fs::read_to_string(&chain_path).expect("the chain");
+    let cu = s.open(&chain_path, &chain_text);
+    let last = format!("needs = [\"s{}\"]", chain_len - 2);
+    let (nl, nc) = position(&chain_text, &last, "needs = [\"s".len());
+    let on_need = json!({"line": nl, "character": nc});
+    let chain_requests: [(&str, &str, Value); 4] = [
+        (
+            "completion of a need (every stage)",
+            "textDocument/completion",
+            json!({"textDocument": {"uri": cu}, "position": on_need}),
+        ),
+        (
+            "hover on a need",
+            "textDocument/hover",
+            json!({"textDocument": {"uri": cu}, "position": on_need}),
+        ),
+        (
+            "definition of a need",
+            "textDocument/definition",
+            json!({"textDocument": {"uri": cu}, "position": on_need}),
+        ),
+        (
+            "document symbols",
+            "textDocument/documentSymbol",
+            json!({"textDocument": {"uri": cu}}),
+        ),
+    ];
+    println!(
+        "\nRequests on the chain of {chain_len}, {} each:\n",
+        reps.min(11)
+    );
+    timed_requests(&mut s, &chain_requests, reps.min(11));
+    println!();
     s.stop();
 
     // Every preset and prompt file open at once, one preset edited: the other files'
@@ -421,27 +487,7 @@ fn main() {
         ),
     ];
     println!("\nRequests on spider.toml, {reps} each (request to answer):\n");
-    println!("| request | answer | median | max |");
-    println!("| --- | --- | ---: | ---: |");
-    for (what, method, params) in &requests {
-        let mut times = Vec::new();
-        let mut answer = Value::Null;
-        for _ in 0..reps {
-            let t = Instant::now();
-            answer = s.request(method, params.clone());
-            times.push(t.elapsed());
-        }
-        let max = *times.iter().max().expect("a time");
-        let shape = match &answer {
-            Value::Null => "null".to_string(),
-            Value::Array(a) => format!("{} items", a.len()),
-            Value::Object(o) if o.contains_key("items") => {
-                format!("{} items", o["items"].as_array().map_or(0, Vec::len))
-            }
-            _ => "an answer".to_string(),
-        };
-        println!("| {what} | {shape} | {} | {} |", ms(median(times)), ms(max));
-    }
+    timed_requests(&mut s, &requests, reps);
     // A completion typed right after an edit: the re-check comes first.
     let mut times = Vec::new();
     let at_end = pos.clone();

@@ -54,6 +54,8 @@ pub(crate) struct Analysis {
     /// Every file read, normalized (the source map holds them as the loader names them:
     /// relative to the working directory when they lie below it).
     pub(crate) files: HashSet<PathBuf>,
+    /// See [`Analysis::index`].
+    index: std::cell::OnceCell<super::refs::Index>,
 }
 
 impl Analysis {
@@ -114,12 +116,20 @@ impl Analysis {
             stages,
             by_id,
             included: included.iter().map(|p| normalize(p)).collect(),
+            index: std::cell::OnceCell::new(),
         }
     }
 
     /// Tells whether the analysis read a file (by its normalized path).
     pub(crate) fn involves(&self, path: &std::path::Path) -> bool {
         self.files.contains(path)
+    }
+
+    /// The index of every name written in the workflow's files, built on first use and kept
+    /// until the next edit replaces the analysis (hover, definition, references and rename
+    /// all read it).
+    pub(crate) fn index(&self) -> &super::refs::Index {
+        self.index.get_or_init(|| super::refs::Index::of(self))
     }
 
     /// The stage with an id.

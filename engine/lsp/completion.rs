@@ -50,6 +50,8 @@ struct Ctx<'a> {
     text: &'a str,
     facts: Option<&'a Analysis>,
     stages: Vec<StageName<'a>>,
+    /// Where each stage is in `stages` (the first of an id written twice).
+    by_id: std::collections::HashMap<String, usize>,
     names: Names,
     kdl: bool,
     /// The stage the cursor is in (or whose prompt file this is).
@@ -104,8 +106,10 @@ fn items(world: &World, path: &Path, text: &str, at: usize) -> Vec<CompletionIte
             });
         }
     }
+    let mut known: std::collections::HashSet<String> =
+        stages.iter().map(|s| s.id.clone()).collect();
     for (id, parent) in &names.stages {
-        if !stages.iter().any(|s| s.id == *id) {
+        if known.insert(id.clone()) {
             stages.push(StageName {
                 id: id.clone(),
                 parent: parent.clone(),
@@ -140,11 +144,16 @@ fn items(world: &World, path: &Path, text: &str, at: usize) -> Vec<CompletionIte
             (me.map(|s| s.id.clone()), around)
         }
     };
+    let mut by_id = std::collections::HashMap::new();
+    for (i, st) in stages.iter().enumerate() {
+        by_id.entry(st.id.clone()).or_insert(i);
+    }
     let ctx = Ctx {
         world,
         text,
         facts,
         stages,
+        by_id,
         names,
         kdl: ext == "kdl",
         current,
@@ -262,7 +271,7 @@ fn is(t: &TableSpec, other: &'static TableSpec) -> bool {
 
 impl Ctx<'_> {
     fn stage(&self, id: &str) -> Option<&StageName<'_>> {
-        self.stages.iter().find(|s| s.id == id)
+        self.by_id.get(id).and_then(|&i| self.stages.get(i))
     }
 
     fn kind_of(&self, id: &str) -> Option<StageKind> {

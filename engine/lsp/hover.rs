@@ -8,7 +8,7 @@ use lsp_types::{Hover, HoverContents, HoverParams, MarkupContent, MarkupKind};
 use super::World;
 use super::analysis::Analysis;
 use super::docs::uri_path;
-use super::refs::{FileRef, Index, Sym};
+use super::refs::{FileRef, Sym};
 use crate::model::jsonschema::type_name;
 
 pub(super) fn hover(world: &World, params: HoverParams) -> Option<Hover> {
@@ -16,7 +16,7 @@ pub(super) fn hover(world: &World, params: HoverParams) -> Option<Hover> {
     let path = uri_path(&pos.text_document.uri)?;
     let offset = world.offset(&path, pos.position)?;
     let a = world.analysis_for(&path)?;
-    let index = Index::of(a);
+    let index = a.index();
     let item = index.at(&path, offset)?;
     let text = describe(world, a, &path, &item.sym)?;
     Some(Hover {

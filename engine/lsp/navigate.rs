@@ -30,7 +30,7 @@ pub(super) fn definition(
     params: GotoDefinitionParams,
 ) -> Option<GotoDefinitionResponse> {
     let (path, offset, a) = lookup(world, &params.text_document_position_params)?;
-    let index = Index::of(a);
+    let index = a.index();
     let item = index.at(&path, offset)?;
     let (target, range) = match &item.sym {
         Sym::Stage(name) => {
@@ -171,7 +171,7 @@ pub(crate) fn builtin_copy(path: &Path, text: &str) -> Option<PathBuf> {
 
 pub(super) fn references(world: &World, params: ReferenceParams) -> Option<Vec<Location>> {
     let (path, offset, a) = lookup(world, &params.text_document_position)?;
-    let index = Index::of(a);
+    let index = a.index();
     let Sym::Stage(name) = &index.at(&path, offset)?.sym else {
         return None;
     };
@@ -201,7 +201,7 @@ pub(super) fn prepare_rename(
     let Some((path, offset, a)) = lookup(world, &params) else {
         return Ok(None);
     };
-    let index = Index::of(a);
+    let index = a.index();
     let Some(item) = index.at(&path, offset) else {
         return Err(
             "only stages can be renamed: put the cursor on a stage's id or on a reference to it"
@@ -270,7 +270,7 @@ pub(super) fn rename(
     let Some((path, offset, a)) = lookup(world, &params.text_document_position) else {
         return Ok(None);
     };
-    let index = Index::of(a);
+    let index = a.index();
     let Some(Item {
         sym: Sym::Stage(name),
         ..
