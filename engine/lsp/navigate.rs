@@ -215,7 +215,7 @@ pub(super) fn prepare_rename(
         );
     };
     missing(a, name)?;
-    not_preset(&index, name)?;
+    not_preset(index, name)?;
     Ok(Some(PrepareRenameResponse::Range(
         world.range(&path, item.range.clone()),
     )))
@@ -301,7 +301,7 @@ pub(super) fn rename(
             "a stage `{new}` already exists; choose another id, or rename that stage first"
         ));
     }
-    not_preset(&index, name)?;
+    not_preset(index, name)?;
     if new.contains('-') && index.stage_items(name).any(|i| i.form == Form::Dotted) {
         return Err(format!(
             "templates read this stage as `stages.{name}`, where `stages.{new}` would read as a subtraction; use `_` instead of `-`"
