@@ -233,3 +233,34 @@ fn missing_file_is_reported() {
         "{err}"
     );
 }
+
+#[test]
+fn lsp_says_what_is_wrong_when_no_editor_speaks_to_it() {
+    // Started by hand, its input closed: no panic, a sentence and exit 1.
+    let out = Command::cargo_bin("ralph-flow")
+        .unwrap_or_else(|e| panic!("{e}"))
+        .arg("lsp")
+        .write_stdin("")
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("closed the connection before it sent `initialize`"),
+        "{err}"
+    );
+    // Something that is no LSP message.
+    let out = Command::cargo_bin("ralph-flow")
+        .unwrap_or_else(|e| panic!("{e}"))
+        .arg("lsp")
+        .write_stdin("Content-Length: 5\r\n\r\n{bad}")
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("is not a Language Server Protocol message"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}

@@ -45,24 +45,37 @@ use lines::{Encoding, LineIndex};
 /// exit code.
 pub fn run_stdio() -> i32 {
     let (connection, threads) = Connection::stdio();
-    let code = match serve(&connection) {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("ralph-flow lsp: {e}");
+    let served = serve(&connection);
+    drop(connection);
+    // The reader's error, if any, is what went wrong first (a message that is no LSP).
+    let read = threads.join();
+    match (served, read) {
+        (Ok(()), _) => 0,
+        (Err(_), Err(e)) => {
+            eprintln!(
+                "ralph-flow lsp: what the client sent is not a Language Server Protocol message ({e}); an editor starts `ralph-flow lsp` and speaks LSP to it (see README, Language server)"
+            );
             1
         }
-    };
-    drop(connection);
-    let _ = threads.join();
-    code
+        (Err(e), Ok(())) => {
+            eprintln!(
+                "ralph-flow lsp: {e}; an editor starts `ralph-flow lsp` and speaks LSP over its stdin and stdout (see README, Language server)"
+            );
+            1
+        }
+    }
 }
 
 /// Serves one client over a connection: the handshake, then every message until `exit` (or
 /// until the client goes away).
 pub fn serve(connection: &Connection) -> Result<(), String> {
-    let (id, params) = connection
-        .initialize_start()
-        .map_err(|e| format!("the client did not start the protocol: {e}"))?;
+    let (id, params) = connection.initialize_start().map_err(|e| {
+        if e.channel_is_disconnected() {
+            "the client closed the connection before it sent `initialize`".to_string()
+        } else {
+            format!("the client did not start the protocol: {e}")
+        }
+    })?;
     let init: lsp_types::InitializeParams = serde_json::from_value(params).unwrap_or_default();
     let encoding = choose_encoding(&init);
     let result = serde_json::json!({
