@@ -285,11 +285,31 @@ fn answering_a_gate_needs_csrf_and_the_same_origin_and_writes_what_approve_write
         &[("Origin", &s.base.clone())],
     );
     assert_eq!(ok.status, 303, "{}", ok.body);
+    // The redirect names the message the monitor issued, not its text; the page shows it.
+    let location = ok.header("location").unwrap().to_string();
     assert!(
-        ok.header("location")
-            .unwrap()
-            .contains("Approved%20gate%20specify_loop%231%2Fapprove_spec")
+        location.starts_with(&format!("/runs/{id}?msg=")),
+        "{location}"
     );
+    assert!(!location.contains("Approved"), "{location}");
+    let shown = s.get_with_cookie(&location);
+    assert!(
+        shown
+            .body
+            .contains(r#"id="flash">Approved gate specify_loop#1"#),
+        "{}",
+        shown.body
+    );
+    // Text written into the address never reaches the banner.
+    for forged in ["Approved%20by%20the%20CEO", "1%3Cscript%3E", "99", "-1"] {
+        let page = s.get_with_cookie(&format!("/runs/{id}?msg={forged}"));
+        assert_eq!(page.status, 200);
+        assert!(
+            !page.body.contains(r#"id="flash""#),
+            "msg={forged}: a banner shown"
+        );
+        assert!(!page.body.contains("CEO"), "msg={forged}");
+    }
     // The same records as `ralph-flow approve`: resume goes on to the plan gate.
     let (_, logs, _) = c.run(&["logs", &id]);
     assert!(logs.contains("approved by"), "{logs}");

@@ -128,9 +128,51 @@ pub(crate) struct Monitor {
     /// Bumped when the store changes; the event streams wait on it.
     changed: tokio::sync::watch::Sender<u64>,
     pages: pages::Pages,
+    /// The messages the monitor issued after an action (see [`Monitor::flash`]), newest last.
+    flashes: Mutex<Flashes>,
 }
 
+/// The last messages issued, by number; a page shows one only by its number, so no text
+/// from the address ever reaches the page's banner.
+#[derive(Default)]
+struct Flashes {
+    next: u64,
+    kept: std::collections::VecDeque<(u64, String)>,
+}
+
+/// How many issued messages are kept (each is shown by the redirect right after its action).
+const FLASHES_KEPT: usize = 64;
+
 impl Monitor {
+    /// Keeps a message the monitor issued (the outcome of an approval, a rejection, a
+    /// cancel) and returns the key the redirect carries (`?msg=KEY`).
+    pub(crate) fn flash(&self, text: String) -> String {
+        let mut f = self
+            .flashes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        f.next += 1;
+        let key = f.next;
+        f.kept.push_back((key, text));
+        while f.kept.len() > FLASHES_KEPT {
+            f.kept.pop_front();
+        }
+        key.to_string()
+    }
+
+    /// The message issued under a key; `None` for any other text.
+    pub(crate) fn flashed(&self, key: &str) -> Option<String> {
+        let key: u64 = key.parse().ok()?;
+        let f = self
+            .flashes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        f.kept
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, t)| t.clone())
+    }
+
     /// Runs `f` with the store, opening it first if needed. `None` when there is no store
     /// yet (no run has started in this state directory).
     pub(crate) fn with_store<T>(
@@ -240,6 +282,7 @@ pub fn serve(opts: Options, ready: impl FnOnce(&str)) -> Result<(), ServeError> 
             drawings: Mutex::new(HashMap::new()),
             changed,
             pages: pages::Pages::new(),
+            flashes: Mutex::new(Flashes::default()),
         });
         // The URL names the monitor as `--addr` did (a name, or the address listened on).
         let host = match &name {

@@ -305,7 +305,9 @@ pub(crate) async fn run(
         Err(f) => return f.into_response(),
     };
     let ctx = parts(&m, &run, &drawing);
-    m.pages.render("run.html", context! { msg => q.msg, ..ctx })
+    // Only a message the monitor issued itself: the address's text never reaches the page.
+    let msg = q.msg.as_deref().and_then(|k| m.flashed(k));
+    m.pages.render("run.html", context! { msg => msg, ..ctx })
 }
 
 /// The parts of the run page that refresh.
@@ -450,11 +452,7 @@ async fn act_and_redirect<T: Send + 'static, E: std::error::Error + Send + 'stat
         Ok(Err(e)) => format!("{refused}: {}", error_chain(&e)),
         Err(f) => return f.into_response(),
     };
-    let location = format!(
-        "/runs/{}?msg={}",
-        super::layout::url_part(id),
-        super::layout::url_part(&msg)
-    );
+    let location = format!("/runs/{}?msg={}", super::layout::url_part(id), m.flash(msg));
     Redirect::to(&location).into_response()
 }
 
