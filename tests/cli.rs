@@ -264,3 +264,153 @@ fn lsp_says_what_is_wrong_when_no_editor_speaks_to_it() {
     );
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// A completion script of `ralph-flow completions SHELL`.
+fn completion_script(shell: &str) -> String {
+    let out = Command::cargo_bin("ralph-flow")
+        .unwrap_or_else(|e| panic!("{e}"))
+        .args(["completions", shell])
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Whether a program is on PATH (a shell a completion test drives).
+fn have(program: &str) -> bool {
+    std::process::Command::new(program)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+#[test]
+fn bash_completes_subcommands_their_options_and_files() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir_all(dir.path().join("workflows")).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(dir.path().join("rf.bash"), completion_script("bash"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    // As bash calls the function on Tab: $1 the command, $2 the word, $3 the one before.
+    let complete = |words: &[&str]| -> String {
+        let script = format!(
+            "source ./rf.bash; COMP_WORDS=({}); COMP_CWORD={}; _ralph__flow ralph-flow {} {}; echo \"${{COMPREPLY[@]}}\"",
+            words
+                .iter()
+                .map(|w| format!("'{w}'"))
+                .collect::<Vec<_>>()
+                .join(" "),
+            words.len() - 1,
+            format_args!("'{}'", words[words.len() - 1]),
+            format_args!("'{}'", words[words.len() - 2]),
+        );
+        let out = std::process::Command::new("bash")
+            .args(["-c", &script])
+            .current_dir(dir.path())
+            .output()
+            .unwrap_or_else(|e| panic!("bash: {e}"));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    assert_eq!(complete(&["ralph-flow", "ap"]), "approve");
+    assert!(
+        complete(&["ralph-flow", "l"])
+            .split(' ')
+            .any(|w| w == "lsp")
+    );
+    // A subcommand's own options (clap_complete names the cases of a `-` binary wrongly;
+    // the script is mended, and this holds it).
+    assert_eq!(complete(&["ralph-flow", "run", "--sta"]), "--state-dir");
+    assert!(complete(&["ralph-flow", "completions", ""]).contains("zsh"));
+    // A path value completes to files.
+    assert_eq!(
+        complete(&["ralph-flow", "run", "--replay", "wor"]),
+        "workflows"
+    );
+}
+
+#[test]
+fn fish_and_zsh_take_their_scripts_and_the_others_are_written() {
+    if have("fish") {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.path().join("rf.fish");
+        std::fs::write(&path, completion_script("fish")).unwrap_or_else(|e| panic!("{e}"));
+        let out = std::process::Command::new("fish")
+            .args([
+                "--no-config",
+                "-c",
+                &format!(
+                    "source {}; complete -C 'ralph-flow ap'; complete -C 'ralph-flow run --sta'",
+                    path.display()
+                ),
+            ])
+            .output()
+            .unwrap_or_else(|e| panic!("fish: {e}"));
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(said.contains("approve\tApprove a gate of a run"), "{said}");
+        assert!(said.contains("--state-dir"), "{said}");
+    } else {
+        eprintln!("SKIPPED: fish is not installed; its completion script is not tried");
+    }
+    if have("zsh") {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.path().join("_ralph-flow");
+        std::fs::write(&path, completion_script("zsh")).unwrap_or_else(|e| panic!("{e}"));
+        let out = std::process::Command::new("zsh")
+            .arg("-n")
+            .arg(&path)
+            .output()
+            .unwrap_or_else(|e| panic!("zsh: {e}"));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    } else {
+        eprintln!("SKIPPED: zsh is not installed; its completion script is not parsed");
+    }
+    for shell in ["zsh", "powershell", "elvish"] {
+        let script = completion_script(shell);
+        assert!(
+            script.contains("approve") && script.contains("lsp"),
+            "{shell}"
+        );
+    }
+}
+
+#[test]
+fn the_man_pages_come_from_the_same_definitions() {
+    let out = Command::cargo_bin("ralph-flow")
+        .unwrap_or_else(|e| panic!("{e}"))
+        .arg("man")
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(out.status.success());
+    let page = String::from_utf8_lossy(&out.stdout);
+    assert!(page.contains(".TH ralph-flow 1"), "{page}");
+    for sub in ["approve", "lsp", "completions", "serve"] {
+        assert!(page.contains(sub), "the page lacks `{sub}`");
+    }
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let out = Command::cargo_bin("ralph-flow")
+        .unwrap_or_else(|e| panic!("{e}"))
+        .args(["man", "--out-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run = std::fs::read_to_string(dir.path().join("ralph-flow-run.1"))
+        .unwrap_or_else(|e| panic!("no page for `run`: {e}"));
+    assert!(run.contains("state\\-dir"), "{run}");
+}

@@ -10,6 +10,7 @@ mod run;
 mod runs;
 mod schema;
 mod serve;
+mod shell;
 mod store;
 mod sync;
 mod worker;
@@ -76,6 +77,10 @@ enum Command {
     Init(presets::InitArgs),
     /// Serve the language server (LSP over stdio) for workflow files and their prompts.
     Lsp(lsp::Args),
+    /// Print a shell completion script (bash, zsh, fish, powershell, elvish).
+    Completions(shell::CompletionsArgs),
+    /// Print the man page (roff), or write one per subcommand with --out-dir.
+    Man(shell::ManArgs),
     /// Serve a live web monitor of the runs (on 127.0.0.1, behind a printed access token).
     Serve(serve::Args),
     /// Claim queued runs (`run --detach`) from a shared PostgreSQL store and carry them out,
@@ -125,6 +130,8 @@ pub(crate) fn main() -> i32 {
         Command::Init(args) => presets::init(&args),
         Command::Serve(args) => serve::run(&args),
         Command::Lsp(args) => lsp::run(&args),
+        Command::Completions(args) => shell::completions(&args),
+        Command::Man(args) => shell::man(&args),
         Command::Worker(args) => worker::run(&args),
     }
 }
