@@ -140,6 +140,30 @@ pub(super) struct Guards {
     pub weak: HashSet<String>,
 }
 
+/// The last argument of a call, given the text after its `(`: up to the matching `)`,
+/// past nested brackets and quoted strings; `None` when the call is not closed.
+fn last_argument(args: &str) -> Option<&str> {
+    let b = args.as_bytes();
+    let (mut depth, mut i, mut last) = (0usize, 0, 0);
+    while i < b.len() {
+        match b[i] {
+            q @ (b'"' | b'\'') => {
+                i += 1;
+                while i < b.len() && b[i] != q {
+                    i += if b[i] == b'\\' { 2 } else { 1 };
+                }
+            }
+            b'(' | b'[' | b'{' => depth += 1,
+            b')' if depth == 0 => return args.get(last..i).map(str::trim),
+            b')' | b']' | b'}' => depth = depth.saturating_sub(1),
+            b',' if depth == 0 => last = i + 1,
+            _ => {}
+        }
+        i += 1;
+    }
+    None
+}
+
 impl Guards {
     /// Records what the filter or test `u` guards: the variable path written just before it.
     fn add(&mut self, text: &str, u: &Use) {
@@ -171,12 +195,8 @@ impl Guards {
             && text
                 .get(u.range.end..)
                 .and_then(|r| r.trim_start().strip_prefix('('))
-                .is_some_and(|args| {
-                    args.match_indices("true").any(|(at, t)| {
-                        args[..at].trim_end().ends_with(',')
-                            && args[at + t.len()..].trim_start().starts_with(')')
-                    })
-                });
+                .and_then(last_argument)
+                .is_some_and(|last| last == "true");
         if !rest.is_empty() || name == "none" || lax {
             self.ran.insert((*stage).to_string());
         } else {
