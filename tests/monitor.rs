@@ -300,6 +300,15 @@ fn answering_a_gate_needs_csrf_and_the_same_origin_and_writes_what_approve_write
         "{}",
         shown.body
     );
+    // The message is this run's: another run's page does not show it under its number.
+    let key = location.rsplit('=').next().unwrap_or_default();
+    let (code, _, err) = c.run(&Checkout::spider_args(&["--no-wait"]));
+    assert_eq!(code, 75, "{err}");
+    let other_id = c.newest_run();
+    assert_ne!(other_id, id);
+    let other = s.get_with_cookie(&format!("/runs/{other_id}?msg={key}"));
+    assert_eq!(other.status, 200);
+    assert!(!other.body.contains(r#"id="flash""#), "{}", other.body);
     // Text written into the address never reaches the banner.
     for forged in ["Approved%20by%20the%20CEO", "1%3Cscript%3E", "99", "-1"] {
         let page = s.get_with_cookie(&format!("/runs/{id}?msg={forged}"));
@@ -350,7 +359,11 @@ fn answering_a_gate_needs_csrf_and_the_same_origin_and_writes_what_approve_write
     assert_eq!(answered["answered"], "plan_loop#1/approve_plan");
     let (code, _, err) = c.run(&["resume", &id]);
     assert_eq!(code, 0, "{err}");
-    let run = &s.json("/api/runs")[0];
+    let runs = s.json("/api/runs");
+    let run = runs
+        .as_array()
+        .and_then(|a| a.iter().find(|r| r["id"] == id.as_str()))
+        .unwrap_or_else(|| panic!("run {id} is not listed: {runs}"));
     assert_eq!(run["exit"], "success");
 }
 

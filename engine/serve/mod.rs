@@ -132,36 +132,37 @@ pub(crate) struct Monitor {
     flashes: Mutex<Flashes>,
 }
 
-/// The last messages issued, by number; a page shows one only by its number, so no text
-/// from the address ever reaches the page's banner.
+/// The last messages issued, by number and run; a run's page shows one only by its number
+/// and only for that run, so no text from the address ever reaches the page's banner.
 #[derive(Default)]
 struct Flashes {
     next: u64,
-    kept: std::collections::VecDeque<(u64, String)>,
+    /// (number, run id, text).
+    kept: std::collections::VecDeque<(u64, String, String)>,
 }
 
 /// How many issued messages are kept (each is shown by the redirect right after its action).
 const FLASHES_KEPT: usize = 64;
 
 impl Monitor {
-    /// Keeps a message the monitor issued (the outcome of an approval, a rejection, a
-    /// cancel) and returns the key the redirect carries (`?msg=KEY`).
-    pub(crate) fn flash(&self, text: String) -> String {
+    /// Keeps a message the monitor issued about a run (the outcome of an approval, a
+    /// rejection, a cancel) and returns the key the redirect carries (`?msg=KEY`).
+    pub(crate) fn flash(&self, run: &str, text: String) -> String {
         let mut f = self
             .flashes
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         f.next += 1;
         let key = f.next;
-        f.kept.push_back((key, text));
+        f.kept.push_back((key, run.to_string(), text));
         while f.kept.len() > FLASHES_KEPT {
             f.kept.pop_front();
         }
         key.to_string()
     }
 
-    /// The message issued under a key; `None` for any other text.
-    pub(crate) fn flashed(&self, key: &str) -> Option<String> {
+    /// The message issued under a key for this run; `None` for any other text or run.
+    pub(crate) fn flashed(&self, run: &str, key: &str) -> Option<String> {
         let key: u64 = key.parse().ok()?;
         let f = self
             .flashes
@@ -169,8 +170,8 @@ impl Monitor {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         f.kept
             .iter()
-            .find(|(k, _)| *k == key)
-            .map(|(_, t)| t.clone())
+            .find(|(k, r, _)| *k == key && r == run)
+            .map(|(_, _, t)| t.clone())
     }
 
     /// Runs `f` with the store, opening it first if needed. `None` when there is no store

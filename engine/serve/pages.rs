@@ -300,13 +300,14 @@ pub(crate) async fn run(
     Path(id): Path<String>,
     Query(q): Query<RunQuery>,
 ) -> Response {
+    // Only a message the monitor issued itself, about this run: the address's text never
+    // reaches the page.
+    let msg = q.msg.as_deref().and_then(|k| m.flashed(&id, k));
     let (run, drawing) = match detail(&m, id).await {
         Ok(d) => d,
         Err(f) => return f.into_response(),
     };
     let ctx = parts(&m, &run, &drawing);
-    // Only a message the monitor issued itself: the address's text never reaches the page.
-    let msg = q.msg.as_deref().and_then(|k| m.flashed(k));
     m.pages.render("run.html", context! { msg => msg, ..ctx })
 }
 
@@ -452,7 +453,11 @@ async fn act_and_redirect<T: Send + 'static, E: std::error::Error + Send + 'stat
         Ok(Err(e)) => format!("{refused}: {}", error_chain(&e)),
         Err(f) => return f.into_response(),
     };
-    let location = format!("/runs/{}?msg={}", super::layout::url_part(id), m.flash(msg));
+    let location = format!(
+        "/runs/{}?msg={}",
+        super::layout::url_part(id),
+        m.flash(id, msg)
+    );
     Redirect::to(&location).into_response()
 }
 
