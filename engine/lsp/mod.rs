@@ -477,7 +477,14 @@ impl Server {
                         self.publish(doc.uri, Vec::new(), None);
                     }
                 }
-                self.world.analyses.remove(&path);
+                // Its analysis goes; the files it read are checked again, and a prompt file it
+                // alone read (open on its own) looks for its workflow in the workspace again.
+                if let Some(a) = self.world.analyses.remove(&path) {
+                    for f in &a.files {
+                        self.searched.remove(f);
+                    }
+                    self.dirty.extend(a.files.iter().cloned());
+                }
                 self.searched.remove(&path);
                 self.dirty.insert(path);
             }

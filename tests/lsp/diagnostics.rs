@@ -147,3 +147,28 @@ fn toml_files_that_are_not_workflows_get_no_diagnostics() {
     );
     c.shutdown();
 }
+
+#[test]
+fn a_prompt_file_stays_checked_when_its_workflow_is_closed() {
+    let dir = project();
+    let wf = dir.path().join("workflows/spider.toml");
+    let prompt = dir.path().join("prompts/spider/specify.md.j2");
+    let text = std::fs::read_to_string(&prompt).unwrap_or_else(|e| panic!("{e}"));
+    let mut c = Client::start(dir.path());
+    let pu = c.open(&prompt, &text);
+    assert_eq!(c.diagnostics(&pu), Vec::<Value>::new());
+    let wu = c.open_file(&wf);
+    assert_eq!(c.diagnostics(&wu), Vec::<Value>::new());
+    c.notify(
+        "textDocument/didClose",
+        json!({"textDocument": {"uri": wu}}),
+    );
+    c.sync();
+    // The workflow closed, the prompt file is still checked with it (as saved on disk).
+    c.replace(&pu, &format!("{text}\n{{{{ stages.nope }}}}\n"));
+    assert!(
+        !c.diagnostics(&pu).is_empty(),
+        "the prompt file is no longer checked"
+    );
+    c.shutdown();
+}
