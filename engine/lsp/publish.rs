@@ -47,25 +47,28 @@ pub(super) fn convert(
     d: &Diagnostic,
     path: &Path,
 ) -> Option<lsp_types::Diagnostic> {
-    let mut d = d.clone();
-    d.fit_syntax(&a.sources);
-    let mut message = d.message.clone();
-    let range = match d.span {
+    // Where it shows: in its own file; at the top of the workflow when its file is not open
+    // (a built-in preset, a base, a part or a prompt file nobody opened), named with its
+    // file, line and column, as `check` names it.
+    let (range, elsewhere) = match d.span {
         Some(span) => {
-            let file = a.sources.get(span.file);
-            let file_path = normalize(&file.path);
+            let file_path = normalize(&a.sources.get(span.file).path);
             if file_path == path {
-                world.range(path, span.range())
-            } else if crate::fs::is_builtin(&file.path) && a.root == path {
-                // Nobody has the built-in file open: said at the top of the workflow.
-                message = format!("{}: {message}", a.sources.locate(span));
-                Range::default()
+                (world.range(path, span.range()), None)
+            } else if a.root == path && world.docs.get(&file_path).is_none() {
+                (Range::default(), Some(a.sources.locate(span)))
             } else {
                 return None;
             }
         }
-        None if a.root == path => Range::default(),
+        None if a.root == path => (Range::default(), None),
         None => return None,
+    };
+    let mut d = d.clone();
+    d.fit_syntax(&a.sources);
+    let mut message = match elsewhere {
+        Some(place) => format!("{place}: {}", d.message),
+        None => d.message.clone(),
     };
     if let Some(label) = d.label.as_deref().filter(|l| !l.is_empty()) {
         message = format!("{message} ({label})");

@@ -172,3 +172,33 @@ fn a_prompt_file_stays_checked_when_its_workflow_is_closed() {
     );
     c.shutdown();
 }
+
+#[test]
+fn a_problem_in_a_file_nobody_opened_shows_at_the_top_of_the_workflow() {
+    let dir = project();
+    let wf = dir.path().join("workflows/spider.toml");
+    let prompt = dir.path().join("prompts/spider/specify.md.j2");
+    let text = std::fs::read_to_string(&prompt).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&prompt, format!("{text}\n{{{{ stages.nope }}}}\n"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut c = Client::start(dir.path());
+    let wu = c.open_file(&wf);
+    let diags = c.diagnostics(&wu);
+    assert_eq!(diags.len(), 1, "{diags:#?}");
+    assert_eq!(
+        diags[0]["range"]["start"],
+        json!({"line": 0, "character": 0})
+    );
+    let message = diags[0]["message"].as_str().unwrap_or("");
+    // Named as `check` names it: the prompt file, its line and column.
+    let line = text.matches('\n').count() + 2;
+    assert!(
+        message.contains(&format!("specify.md.j2:{line}:")),
+        "{message}"
+    );
+    // Once the prompt file is open, the problem shows there instead.
+    let pu = c.open_file(&prompt);
+    assert!(!c.diagnostics(&pu).is_empty());
+    assert_eq!(c.diagnostics(&wu), Vec::<Value>::new());
+    c.shutdown();
+}
