@@ -267,12 +267,12 @@ pub(crate) fn code(text: &str, start: usize, at: usize, expression: bool) -> Opt
     } else {
         After::Plain
     };
-    let lstart = if expression { start } else { 0 };
     Some(Code {
         chain,
         prefix: p..at,
         after,
-        locals: locals(text.get(lstart.min(at)..at).unwrap_or("")),
+        // Names set by `{% for %}` and `{% set %}` earlier in this template only.
+        locals: locals(text.get(start.min(at)..at).unwrap_or("")),
         key: None,
     })
 }

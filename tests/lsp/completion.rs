@@ -778,3 +778,27 @@ fn completion_anywhere_in_the_presets_answers() {
     }
     c.shutdown();
 }
+
+#[test]
+fn names_set_in_a_template_are_offered_in_that_template_only() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let path = dir.path().join("w.toml");
+    let mut c = Client::start(dir.path());
+    let u = c.open(&path, "");
+    let head = "name = \"w\"\n\n[agents.a]\nkind = \"claude\"\n\n[stages.one]\nkind = \"agent\"\nagent = \"a\"\nprompt = \"{% set early = 1 %}{{ early }}\"\n\n[stages.two]\nkind = \"agent\"\nagent = \"a\"\nneeds = [\"one\"]\n";
+    // Another stage's template: its `early` is not this one's.
+    let (items, _, _) = complete(
+        &mut c,
+        &u,
+        &format!("{head}prompt = \"{{{{ ea{MARK} }}}}\"\n"),
+    );
+    has(&items, &["params"], &["early"]);
+    // The same template, after its `set`: offered.
+    let (items, _, _) = complete(
+        &mut c,
+        &u,
+        &format!("{head}prompt = \"{{% set late = 2 %}}{{{{ la{MARK} }}}}\"\n"),
+    );
+    has(&items, &["late"], &["early"]);
+    c.shutdown();
+}
