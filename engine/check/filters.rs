@@ -159,30 +159,55 @@ pub(super) fn known(kind: UseKind) -> Vec<&'static str> {
 /// Finds the filters and tests of a template: inside `{{ }}` and `{% %}`, not in text,
 /// comments, raw blocks or string literals.
 pub(crate) fn in_template(src: &str) -> Vec<Use> {
-    let b = src.as_bytes();
     let mut out = Vec::new();
+    walk_template(src, &mut out, &mut Vec::new());
+    out
+}
+
+/// The code of a template: the insides of its `{{ }}` and `{% %}` tags, without their
+/// delimiters; not text, comments or raw blocks, and a `}}` in a string literal does not
+/// end a tag (the language server finds names in these).
+pub(crate) fn code_regions(src: &str) -> Vec<Range<usize>> {
+    let mut regions = Vec::new();
+    walk_template(src, &mut Vec::new(), &mut regions);
+    regions
+}
+
+/// Walks a template's tags, recording their filters and tests in `uses` and the range of
+/// each tag's code in `regions`.
+fn walk_template(src: &str, uses: &mut Vec<Use>, regions: &mut Vec<Range<usize>>) {
+    let b = src.as_bytes();
     let mut i = 0;
     while i < b.len() {
         if b[i] != b'{' || i + 1 >= b.len() {
             i += 1;
             continue;
         }
-        match b[i + 1] {
+        let (close, statement) = match b[i + 1] {
             b'#' => {
                 i = src[i + 2..].find("#}").map_or(b.len(), |e| i + 2 + e + 2);
+                continue;
             }
-            b'{' => i = code(src, i + 2, Some("}}"), false, &mut out),
-            b'%' => {
-                if starts_word(src, i + 2, "raw") {
-                    i = end_of_raw(src, i + 2);
-                } else {
-                    i = code(src, i + 2, Some("%}"), true, &mut out);
-                }
+            b'%' if starts_word(src, i + 2, "raw") => {
+                i = end_of_raw(src, i + 2);
+                continue;
             }
-            _ => i += 1,
-        }
+            b'{' => ("}}", false),
+            b'%' => ("%}", true),
+            _ => {
+                i += 1;
+                continue;
+            }
+        };
+        let start = i + 2;
+        i = code(src, start, Some(close), statement, uses);
+        let end = if src[..i].ends_with(close) && i >= start + close.len() {
+            i - close.len()
+        } else {
+            i
+        };
+        regions.push(start..end);
     }
-    out
 }
 
 /// Finds the filters and tests of an expression (written without `{{ }}`).

@@ -13,7 +13,7 @@ use std::collections::HashSet;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use crate::check::filters::{UseKind, in_expression, in_template};
+use crate::check::filters::{UseKind, code_regions, in_expression, in_template};
 use crate::fs::normalize;
 use crate::model::{Action, is_ident};
 use crate::preset::{self, Reference};
@@ -444,32 +444,6 @@ pub(crate) fn scan(text: &str, template: bool) -> Vec<(Range<usize>, Sym, Form)>
     out
 }
 
-/// The code of a template: inside `{{ }}` and `{% %}` (not comments).
-fn code_regions(text: &str) -> Vec<Range<usize>> {
-    let mut out = Vec::new();
-    let mut i = 0;
-    while let Some(at) = text.get(i..).and_then(|r| r.find('{')) {
-        let open = i + at;
-        let close = match text.as_bytes().get(open + 1) {
-            Some(b'{') => "}}",
-            Some(b'%') => "%}",
-            Some(b'#') => {
-                i = text[open..].find("#}").map_or(text.len(), |e| open + e + 2);
-                continue;
-            }
-            _ => {
-                i = open + 1;
-                continue;
-            }
-        };
-        let start = open + 2;
-        let end = text[start..].find(close).map_or(text.len(), |e| start + e);
-        out.push(start..end);
-        i = (end + 2).min(text.len());
-    }
-    out
-}
-
 fn is_word(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b == b'_'
 }
@@ -600,14 +574,11 @@ fn member(text: &str, at: usize, end: usize) -> Option<(Range<usize>, Form)> {
 /// with their ranges.
 fn toml_header_stages(text: &str) -> Vec<(Range<usize>, String)> {
     let mut out = Vec::new();
-    let mut line_start = 0;
-    for line in text.split_inclusive('\n') {
-        let at = line_start;
-        line_start += line.len();
+    // The header lines as the TOML lexer finds them (a `[stages.x]` line inside a multi-line
+    // string is text, not a header).
+    for (at, _) in super::symbols::toml_headers(text) {
+        let line = text[at..].split_inclusive('\n').next().unwrap_or_default();
         let lead = line.len() - line.trim_start().len();
-        if !line.trim_start().starts_with('[') {
-            continue;
-        }
         let mut segs: Vec<(Range<usize>, String)> = Vec::new();
         let b = line.as_bytes();
         let mut i = lead;

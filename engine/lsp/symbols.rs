@@ -399,7 +399,7 @@ fn header_path(header: &str) -> Vec<String> {
 /// lexer, so that a `[` inside a string or a multi-line array is not taken for one; a line
 /// that starts with `[` and a bare key is a header even inside a bracket left open (a
 /// half-typed array does not hide the rest of the file).
-fn toml_headers(text: &str) -> Vec<(usize, Vec<String>)> {
+pub(super) fn toml_headers(text: &str) -> Vec<(usize, Vec<String>)> {
     use toml_parser::lexer::TokenKind as T;
     let tokens: Vec<_> = toml_parser::Source::new(text)
         .lex()

@@ -352,3 +352,49 @@ fn an_included_file_is_navigated_and_renamed_with_its_workflow() {
     assert_eq!(part_new, part_text.replace("stages.b]", "stages.build]"));
     c.shutdown();
 }
+
+#[test]
+fn rename_leaves_raw_blocks_and_text_in_strings_alone() {
+    let dir = project();
+    let path = dir.path().join("workflows/spider.toml");
+    let plan = dir.path().join("prompts/spider/plan.md.j2");
+    // Literal text in a raw block; a real reference after a string that holds `}}`.
+    let ptext = format!(
+        "{}\n{{% raw %}}{{{{ stages.specify }}}}{{% endraw %}}\n{{{{ \"}}}}\" ~ stages.specify.output.summary }}}}\n",
+        read(&plan)
+    );
+    std::fs::write(&plan, &ptext).unwrap_or_else(|e| panic!("{e}"));
+    // A header-like line inside a multi-line string is text.
+    let text = read(&path).replacen(
+        "description = \"Reviews the whole change against the spec and writes the review document.\"",
+        "description = \"\"\"\nReviews the change; see\n[stages.specify_loop.stages.specify]\n\"\"\"",
+        1,
+    );
+    assert!(text.contains("\n[stages.specify_loop.stages.specify]\n\"\"\""));
+    let mut c = Client::start(dir.path());
+    let u = c.open(&path, &text);
+    assert_eq!(c.diagnostics(&u), Vec::<Value>::new());
+    let mut p = at(&u, &text, "needs = [\"specify\"]", 12);
+    p["newName"] = json!("draft_spec");
+    let edit = c.request("textDocument/rename", p);
+    let renamed = apply(&text, edit["changes"][&u].as_array().map_or(&[], |v| v));
+    assert!(
+        renamed.contains("see\n[stages.specify_loop.stages.specify]\n\"\"\""),
+        "the string's text was renamed:\n{renamed}"
+    );
+    assert!(renamed.contains("[stages.specify_loop.stages.draft_spec]\n"));
+    let plan_uri = uri(&plan);
+    let pnew = apply(
+        &ptext,
+        edit["changes"][&plan_uri].as_array().map_or(&[], |v| v),
+    );
+    assert!(
+        pnew.contains("{% raw %}{{ stages.specify }}{% endraw %}"),
+        "a raw block was renamed:\n{pnew}"
+    );
+    assert!(
+        pnew.contains("{{ \"}}\" ~ stages.draft_spec.output.summary }}"),
+        "the reference after a string holding `}}` was missed:\n{pnew}"
+    );
+    c.shutdown();
+}
