@@ -446,15 +446,18 @@ impl Session<'_> {
             ("textDocument/documentSymbol", json!({"textDocument": doc})),
         ];
         for (method, params) in requests {
-            self.requests += 1;
-            if let Err(e) = self.c.try_request(method, params.clone()) {
-                // A feature may refuse (a rename where there is nothing to rename), but a
-                // panic is a bug.
-                assert!(
-                    !e.ends_with("(-32603)"),
-                    "`{method}` panicked: {e}\nparams: {params}\ntext: {:?}",
+            match self.c.try_request(method, params.clone()) {
+                Ok(_) => self.requests += 1,
+                // A rename may be refused (nothing to rename there, a name taken), with a
+                // sentence: RequestFailed. Any other error (a caught panic, bad params, a
+                // method not served) is a bug.
+                Err(e) if method.contains("ename") && e.ends_with("(-32803)") => {
+                    self.requests += 1;
+                }
+                Err(e) => panic!(
+                    "`{method}` failed: {e}\nparams: {params}\ntext: {:?}",
                     self.model.text
-                );
+                ),
             }
         }
     }
@@ -633,10 +636,10 @@ fn a_client_that_offers_utf8_gets_utf8_positions() {
         .unwrap_or_else(|| panic!("no diagnostic on the argv line: {diags:#?}"));
     let col = d["range"]["start"]["character"].as_u64().unwrap_or(0) as usize;
     let line = "argv = [\"é𝄞{{ nöpe }}\"]";
-    assert!(
-        line.is_char_boundary(col) && col >= line.find('é').unwrap_or(0),
-        "{d}"
-    );
+    // minijinja stops at `ö` (no identifier character for it): its column in bytes, 19
+    // (in UTF-16 units it would be 16).
+    assert_eq!(Some(col), line.find('ö'), "{d}");
+    assert_eq!(col, 19);
     // An edit in bytes: `𝄞` (4 bytes) deleted by its byte range.
     let at = line.find('𝄞').unwrap_or(0);
     c.change(
