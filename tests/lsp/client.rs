@@ -160,7 +160,8 @@ impl Client {
                     .and_then(Value::as_array)
                     .cloned()
             })
-            .unwrap_or_default()
+            // "No diagnostics" is what the server said, not that it said nothing.
+            .unwrap_or_else(|| panic!("the server published no diagnostics for {uri}"))
     }
 
     /// The codes of the diagnostics last published for a document.
