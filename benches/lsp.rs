@@ -99,7 +99,10 @@ impl Server {
         loop {
             match self.incoming.recv_timeout(PATIENCE) {
                 Ok(Message::Response(r)) if r.id == id => {
-                    return r.response_result.unwrap_or(Value::Null);
+                    // An error answer is no answer to time.
+                    return r.response_result.unwrap_or_else(|e| {
+                        panic!("`{method}` failed: {} ({})", e.message, e.code)
+                    });
                 }
                 Ok(_) => {}
                 Err(e) => panic!("no answer to `{method}`: {e}"),
@@ -394,7 +397,7 @@ fn main() {
     let on_need = json!({"line": nl, "character": nc});
     let chain_requests: [(&str, &str, Value); 4] = [
         (
-            "completion of a need (every stage)",
+            "completion of a need (every other stage)",
             "textDocument/completion",
             json!({"textDocument": {"uri": cu}, "position": on_need}),
         ),

@@ -74,8 +74,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "lsp",
         &[
-            "check", "diag", "fs", "load", "model", "params", "preset", "source", "spec",
-            "suggest", "syntax", "template",
+            "check", "diag", "fs", "load", "model", "preset", "source", "spec", "syntax",
+            "template",
         ],
     ),
 ];
