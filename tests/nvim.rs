@@ -10,6 +10,8 @@
 //! RALPH_FLOW_REQUIRE_NVIM=1, which makes a missing Neovim fail). Neovim is killed after
 //! [`PATIENCE`], and the test fails with its output and how far it came.
 
+mod common;
+
 use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -88,19 +90,6 @@ fn version(nvim: &Path) -> Option<(u32, u32)> {
     Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
 }
 
-fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
-    std::fs::create_dir_all(to)?;
-    for e in std::fs::read_dir(from)?.flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            copy_dir(&p, &to.join(e.file_name()))?;
-        } else {
-            std::fs::copy(&p, to.join(e.file_name()))?;
-        }
-    }
-    Ok(())
-}
-
 /// The broken copy of spider.toml the session opens: a need that names no stage.
 fn broken_spider() -> String {
     let text = read(&repo().join("workflows/spider.toml"));
@@ -125,7 +114,7 @@ fn run_session() -> Result<Option<Value>, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let root = dir.path().canonicalize().map_err(|e| e.to_string())?;
     for sub in ["workflows", "prompts", "schemas"] {
-        copy_dir(&repo().join(sub), &root.join(sub)).map_err(|e| format!("copying {sub}: {e}"))?;
+        common::copy_dir(&repo().join(sub), &root.join(sub));
     }
     std::fs::write(root.join("workflows/spider-broken.toml"), broken_spider())
         .map_err(|e| e.to_string())?;

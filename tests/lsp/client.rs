@@ -206,24 +206,9 @@ pub(crate) fn repo() -> PathBuf {
 pub(crate) fn project() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     for sub in ["workflows", "prompts", "schemas"] {
-        copy_dir(&repo().join(sub), &dir.path().join(sub));
+        crate::common::copy_dir(&repo().join(sub), &dir.path().join(sub));
     }
     dir
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap_or_else(|e| panic!("{e}"));
-    for e in std::fs::read_dir(from)
-        .unwrap_or_else(|e| panic!("{e}"))
-        .flatten()
-    {
-        let p = e.path();
-        if p.is_dir() {
-            copy_dir(&p, &to.join(e.file_name()));
-        } else {
-            std::fs::copy(&p, to.join(e.file_name())).unwrap_or_else(|e| panic!("{e}"));
-        }
-    }
 }
 
 /// The zero-based line and UTF-16 column of the first occurrence of `needle` in `text`

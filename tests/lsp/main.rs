@@ -2,6 +2,8 @@
 
 mod actions;
 mod client;
+#[path = "../common/mod.rs"]
+mod common;
 mod completion;
 mod diagnostics;
 mod hover;
