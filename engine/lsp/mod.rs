@@ -192,7 +192,7 @@ impl World {
     /// read it (a base, an include, a prompt file, a schema).
     pub(crate) fn analysis_for(&self, path: &Path) -> Option<&Analysis> {
         if let Some(a) = self.analyses.get(path) {
-            if a.workflow.is_some() || !a.stages.is_empty() {
+            if a.workflow.is_some() {
                 return Some(a);
             }
         }
@@ -514,9 +514,12 @@ impl Server {
             .filter(|a| dirty.iter().any(|d| a.root == *d || a.involves(d)))
             .map(|a| a.root.clone())
             .collect();
+        // An open part that a workflow includes is checked within it, not on its own.
+        let parts = self.included();
         for p in self.world.docs.open.keys() {
             let pending = dirty.contains(p) || !self.world.analyses.contains_key(p);
             if pending
+                && !parts.contains(p)
                 && self
                     .world
                     .docs
@@ -537,24 +540,26 @@ impl Server {
         for root in roots {
             let still_there =
                 self.world.docs.open.contains_key(&root) || self.world.analyses.contains_key(&root);
-            if !still_there {
-                continue;
+            if still_there {
+                self.check_root(root, &mut touched, &mut retired);
             }
-            let analysis = Analysis::run(root.clone(), &self.world.docs, &mut self.parse_cache);
-            let parses = analysis.workflow.is_some();
-            touched.extend(analysis.files.iter().cloned());
-            if let Some(old) = self.world.analyses.insert(root.clone(), analysis) {
-                touched.extend(old.files.iter().cloned());
-                // The last text that parsed answers completion while the file does not.
-                if !parses && old.workflow.is_some() {
-                    self.world.last_good.insert(root.clone(), old);
-                } else {
-                    retired.push(old);
-                }
-            }
-            if parses {
-                retired.extend(self.world.last_good.remove(&root));
-            }
+        }
+        // A part that its workflow no longer includes is a workflow of its own again.
+        let parts = self.included();
+        let freed: Vec<PathBuf> = self
+            .world
+            .docs
+            .open
+            .iter()
+            .filter(|(p, d)| {
+                !self.world.analyses.contains_key(*p)
+                    && !parts.contains(*p)
+                    && looks_like_workflow(p, &d.text)
+            })
+            .map(|(p, _)| p.clone())
+            .collect();
+        for root in freed {
+            self.check_root(root, &mut touched, &mut retired);
         }
         self.settle_roots(&mut touched);
         let analyses = &self.world.analyses;
@@ -565,6 +570,40 @@ impl Server {
             .retain(|root, _| analyses.contains_key(root));
         self.publish_all(&touched);
         drop(retired);
+    }
+
+    /// Every file some analysis pulls in by `include`.
+    fn included(&self) -> HashSet<PathBuf> {
+        self.world
+            .analyses
+            .values()
+            .flat_map(|a| a.included.iter().cloned())
+            .collect()
+    }
+
+    /// Checks one workflow again and keeps its analysis (the one it replaces goes to
+    /// `retired`, or stays as the last that parsed while this text does not).
+    fn check_root(
+        &mut self,
+        root: PathBuf,
+        touched: &mut HashSet<PathBuf>,
+        retired: &mut Vec<Analysis>,
+    ) {
+        let analysis = Analysis::run(root.clone(), &self.world.docs, &mut self.parse_cache);
+        let parses = analysis.workflow.is_some();
+        touched.extend(analysis.files.iter().cloned());
+        if let Some(old) = self.world.analyses.insert(root.clone(), analysis) {
+            touched.extend(old.files.iter().cloned());
+            // The last text that parsed answers completion while the file does not.
+            if !parses && old.workflow.is_some() {
+                self.world.last_good.insert(root.clone(), old);
+            } else {
+                retired.push(old);
+            }
+        }
+        if parses {
+            retired.extend(self.world.last_good.remove(&root));
+        }
     }
 
     /// Drops analyses that nobody needs: a file pulled in by `include` is a part of the

@@ -94,6 +94,34 @@ fn a_diagnostic_in_an_included_file_shows_in_that_file() {
 }
 
 #[test]
+fn a_part_its_workflow_stops_including_is_checked_on_its_own() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let main = dir.path().join("w.toml");
+    let part = dir.path().join("part.toml");
+    let main_text = "name = \"w\"\ninclude = [\"part.toml\"]\n\n[stages.a]\nkind = \"command\"\nargv = [\"true\"]\n";
+    let part_text = "[stages.b]\nkind = \"command\"\nneeds = \"zz\"\nargv = [\"true\"]\n";
+    std::fs::write(&main, main_text).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&part, part_text).unwrap_or_else(|e| panic!("{e}"));
+    let mut c = Client::start(dir.path());
+    // The part is opened first: it is checked within the workflow that includes it
+    // even before that workflow is open.
+    let pu = c.open(&part, part_text);
+    let mu = c.open(&main, main_text);
+    assert_eq!(c.codes(&pu), vec!["RF010".to_string()]);
+    // Once the workflow drops the include, the part is a workflow of its own again,
+    // and a workflow needs a name.
+    c.replace(&mu, &main_text.replace("include = [\"part.toml\"]\n", ""));
+    let mut codes = c.codes(&pu);
+    codes.sort();
+    assert_eq!(codes, vec!["RF004".to_string(), "RF010".to_string()]);
+    assert_eq!(c.codes(&mu), Vec::<String>::new());
+    // And back.
+    c.replace(&mu, main_text);
+    assert_eq!(c.codes(&pu), vec!["RF010".to_string()]);
+    c.shutdown();
+}
+
+#[test]
 fn diagnostics_follow_incremental_edits_and_a_closed_file_is_cleared() {
     let dir = project();
     let path = dir.path().join("workflows/wiggum-review.kdl");
