@@ -28,7 +28,7 @@ mod publish;
 mod resource;
 mod schedule;
 mod subflow;
-mod units;
+pub mod units;
 pub mod worker;
 mod worktree;
 mod worktrees;
@@ -85,9 +85,9 @@ pub struct RunOptions {
     /// Spread the run's agent calls and programs over the workers as units of work, each
     /// needing these labels (the run's) besides its stage's (a run on workers; PostgreSQL).
     pub spread: Option<Vec<String>>,
-    /// Woken when the store says something happened (a worker's listener): a coordinator
-    /// waiting for its units looks at once instead of at its next poll.
-    pub unit_wake: Option<std::sync::Arc<tokio::sync::Notify>>,
+    /// The store's notifications, routed to the coordinator waiting for the unit each
+    /// names (a worker's listener): it looks at once instead of at its next poll.
+    pub unit_wake: Option<std::sync::Arc<units::UnitWakes>>,
     /// The tenure that already holds the run (a worker's claim took its lock): the run goes
     /// on under it, so the claim and the executor are one holder. `None`: the executor
     /// draws a tenure of its own as it takes the run.

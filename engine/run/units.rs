@@ -19,11 +19,21 @@
 //! A unit is keyed by the stage, attempt and call and a hash of what it asks for: a
 //! coordinator that takes a run over and asks for the same thing adopts the unit (waits
 //! for it while it runs, uses its result when done) instead of starting the work again.
+//!
+//! How a coordinator learns that a unit finished: the store's notifications name the unit
+//! (`unit:ID:done`), and the worker's listener hands each to [`UnitWakes`], which wakes only
+//! the waiter of that unit; that waiter reads only that unit. A notification can be lost
+//! (sent while the listening connection was down): after a reconnection every waiter looks,
+//! and each coordinator also reads all the units it waits for in one query every
+//! [`SWEEP`], the safety net. Without a listener, a waiter polls its unit (every 250 ms at
+//! most).
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value as Json, json};
@@ -31,7 +41,155 @@ use sha2::{Digest, Sha256};
 
 use crate::backend::process::{Ended, ProcOutput, ProcSpec};
 use crate::backend::{AgentCall, AgentReply, CallError};
-use crate::store::{SharedStore, UnitRequest, UnitState};
+use crate::store::{SharedStore, Unit, UnitRequest, UnitState};
+
+/// How often a coordinator that listens reads all the units it waits for (one query), in
+/// case a notification was lost.
+pub const SWEEP: Duration = Duration::from_secs(5);
+
+/// The waiters of each unit: (a waiter's token, its wake-up).
+type Waiters = HashMap<i64, Vec<(u64, Arc<tokio::sync::Notify>)>>;
+
+/// A sweep: when it was made, and what it read of each unit waited for then (`None`: gone).
+type Sweep = (Instant, HashMap<i64, Option<Unit>>);
+
+/// Routes the store's notifications to the coordinators waiting for the units they name
+/// (one per worker process, fed by its listener; shared by the runs it coordinates).
+#[derive(Debug, Default)]
+pub struct UnitWakes {
+    /// Who waits for which unit: (the waiter's token, its wake-up).
+    waiting: Mutex<Waiters>,
+    /// The next waiter's token.
+    next: AtomicU64,
+    /// Bumped by each reconnection of the listener (`notified(None)`).
+    lost: AtomicU64,
+}
+
+/// Why a [`UnitWatch::wait`] returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Woken {
+    /// A notification named the unit.
+    Named,
+    /// The listener reconnected: notifications sent while it was away are lost, so the
+    /// unit may have changed unannounced.
+    Lost,
+    /// The time was up (the safety net's period).
+    TimeUp,
+}
+
+/// A waiter's registration for one unit's notifications; dropping it unregisters.
+#[derive(Debug)]
+pub struct UnitWatch {
+    wakes: Arc<UnitWakes>,
+    id: i64,
+    token: u64,
+    notify: Arc<tokio::sync::Notify>,
+    /// [`UnitWakes::lost`] as this waiter last saw it.
+    lost_seen: AtomicU64,
+}
+
+impl UnitWakes {
+    pub fn new() -> Arc<UnitWakes> {
+        Arc::new(UnitWakes::default())
+    }
+
+    /// The unit a notification's payload names for its coordinator: `unit:ID` or
+    /// `unit:ID:STATE`, except `unit:ID:queued` (a unit to claim, which its coordinator
+    /// does not wait on). `None` for anything else (a run's id).
+    pub fn named(payload: &str) -> Option<i64> {
+        let rest = payload.strip_prefix("unit:")?;
+        let (id, state) = match rest.split_once(':') {
+            Some((id, state)) => (id, Some(state)),
+            None => (rest, None),
+        };
+        if state == Some("queued") {
+            return None;
+        }
+        id.parse().ok()
+    }
+
+    /// Hands a notification on: `Some(payload)` wakes the waiters of the unit it names (if
+    /// any, in this process); `None` (the listener reconnected: what was sent meanwhile is
+    /// lost) wakes every waiter.
+    pub fn notified(&self, payload: Option<&str>) {
+        let waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        match payload {
+            Some(p) => {
+                if let Some(list) = Self::named(p).and_then(|id| waiting.get(&id)) {
+                    for (_, n) in list {
+                        n.notify_one();
+                    }
+                }
+            }
+            None => {
+                self.lost.fetch_add(1, Ordering::SeqCst);
+                for (_, n) in waiting.values().flatten() {
+                    n.notify_one();
+                }
+            }
+        }
+    }
+
+    /// Registers a waiter for unit `id`: a notification that names it from now on wakes
+    /// [`UnitWatch::wait`] (one that comes before the wait is kept for it).
+    pub fn watch(self: &Arc<Self>, id: i64) -> UnitWatch {
+        let token = self.next.fetch_add(1, Ordering::Relaxed);
+        let notify = Arc::new(tokio::sync::Notify::new());
+        self.waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(id)
+            .or_default()
+            .push((token, notify.clone()));
+        UnitWatch {
+            wakes: self.clone(),
+            id,
+            token,
+            notify,
+            lost_seen: AtomicU64::new(self.lost.load(Ordering::SeqCst)),
+        }
+    }
+
+    /// How many units have waiters now.
+    pub fn watched(&self) -> usize {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+impl UnitWatch {
+    /// Waits until a notification names the unit, notifications may have been lost, or
+    /// `at_most` has passed.
+    pub async fn wait(&self, at_most: Duration) -> Woken {
+        let timed_out = tokio::time::timeout(at_most, self.notify.notified())
+            .await
+            .is_err();
+        let lost = self.wakes.lost.load(Ordering::SeqCst);
+        if self.lost_seen.swap(lost, Ordering::SeqCst) != lost {
+            Woken::Lost
+        } else if timed_out {
+            Woken::TimeUp
+        } else {
+            Woken::Named
+        }
+    }
+
+    /// The unit watched.
+    pub fn id(&self) -> i64 {
+        self.id
+    }
+}
+
+impl Drop for UnitWatch {
+    fn drop(&mut self) {
+        let mut waiting = self.wakes.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(list) = waiting.get_mut(&self.id) {
+            list.retain(|(t, _)| *t != self.token);
+            if list.is_empty() {
+                waiting.remove(&self.id);
+            }
+        }
+    }
+}
 
 /// The program of a command or check stage, as a unit asks for it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -220,6 +378,129 @@ impl Place {
     }
 }
 
+/// How one coordinator waits for its units: with [`UnitWakes`] (a worker's listener), each
+/// waiter reads its unit once at once, then again only when a notification names it; when
+/// notifications may have been lost (the listener reconnected) or every `sweep` in any case,
+/// it takes its unit from a sweep, one read of all the units the coordinator waits for
+/// (made at most once per half `sweep`). Without a listener, each waiter polls its unit,
+/// every 5 ms at first, then less often, every 250 ms at most.
+pub struct UnitWaits {
+    wakes: Option<Arc<UnitWakes>>,
+    sweep: Duration,
+    /// The units waited for now, which a sweep reads.
+    waiting: RefCell<BTreeSet<i64>>,
+    /// The last sweep: when, and what it read of each unit waited for then (`None`: gone).
+    swept: RefCell<Option<Sweep>>,
+    reads: std::cell::Cell<WaitReads>,
+}
+
+/// What a coordinator's waits read so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WaitReads {
+    /// Reads of one unit (after a notification that named it, or a poll).
+    pub units: u64,
+    /// Sweeps: reads of all the units waited for, in one query.
+    pub sweeps: u64,
+}
+
+/// Takes a unit out of the waits' set when its waiter is done.
+struct Waiting<'a>(&'a UnitWaits, i64);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.borrow_mut().remove(&self.1);
+    }
+}
+
+impl UnitWaits {
+    /// Waits woken by `wakes` (with a sweep every `sweep`), or polling without.
+    pub fn new(wakes: Option<Arc<UnitWakes>>, sweep: Duration) -> UnitWaits {
+        UnitWaits {
+            wakes,
+            sweep,
+            waiting: RefCell::default(),
+            swept: RefCell::default(),
+            reads: std::cell::Cell::default(),
+        }
+    }
+
+    /// What the waits have read so far.
+    pub fn reads(&self) -> WaitReads {
+        self.reads.get()
+    }
+
+    /// Waits until unit `id` is done or cancelled (returned as then read), or gone from the
+    /// store (`None`). `store` is borrowed only while it reads.
+    pub async fn settled(
+        &self,
+        store: &RefCell<Box<dyn SharedStore>>,
+        id: i64,
+    ) -> Result<Option<Unit>, crate::store::StoreError> {
+        // Registered before the first read: a notification that comes after it is kept for
+        // this waiter, and what came before it is read.
+        let watch = self.wakes.as_ref().map(|w| w.watch(id));
+        self.waiting.borrow_mut().insert(id);
+        let _waiting = Waiting(self, id);
+        let mut delay = Duration::from_millis(5);
+        let mut woken = Woken::Named;
+        let mut first = true;
+        loop {
+            match &watch {
+                Some(w) if !first => woken = w.wait(self.sweep).await,
+                Some(_) => {}
+                None => {
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_millis(250));
+                }
+            }
+            first = false;
+            let unit = match woken {
+                Woken::Named => {
+                    let mut r = self.reads.get();
+                    r.units += 1;
+                    self.reads.set(r);
+                    store.borrow().unit(id)?
+                }
+                Woken::Lost | Woken::TimeUp => self.swept(store, id)?,
+            };
+            match unit {
+                None => return Ok(None),
+                Some(u) if matches!(u.state, UnitState::Done | UnitState::Cancelled) => {
+                    return Ok(Some(u));
+                }
+                Some(_) => {}
+            }
+        }
+    }
+
+    /// Unit `id` as a sweep read it: the last one, if it read this unit less than half a
+    /// sweep ago; else a new one (one read of every unit waited for).
+    fn swept(
+        &self,
+        store: &RefCell<Box<dyn SharedStore>>,
+        id: i64,
+    ) -> Result<Option<Unit>, crate::store::StoreError> {
+        let mut swept = self.swept.borrow_mut();
+        let fresh = swept
+            .as_ref()
+            .is_some_and(|(at, got)| at.elapsed() < self.sweep / 2 && got.contains_key(&id));
+        if !fresh {
+            let ids: Vec<i64> = self.waiting.borrow().iter().copied().collect();
+            let mut got: HashMap<i64, Option<Unit>> = ids.iter().map(|i| (*i, None)).collect();
+            for u in store.borrow().units(&ids)? {
+                got.insert(u.id, Some(u));
+            }
+            let mut r = self.reads.get();
+            r.sweeps += 1;
+            self.reads.set(r);
+            *swept = Some((Instant::now(), got));
+        }
+        Ok(swept
+            .as_ref()
+            .and_then(|(_, got)| got.get(&id).cloned().flatten()))
+    }
+}
+
 /// A unit of work a stage asks for ([`Units::work`]).
 pub(crate) struct UnitAsk<'a> {
     /// Where the run's git workspaces are published, in a git run.
@@ -269,8 +550,9 @@ pub(crate) struct Units {
     turns: RefCell<HashMap<PathBuf, std::sync::Arc<tokio::sync::Mutex<()>>>>,
     /// Calls made so far per stage attempt (their keys).
     calls: RefCell<HashMap<String, u32>>,
-    /// Woken by the store's notifications (a unit done), besides the polling.
-    wake: Option<std::sync::Arc<tokio::sync::Notify>>,
+    /// How it waits for its units: woken by the notifications that name them (a worker's
+    /// listener), or polling.
+    waits: UnitWaits,
     /// Whether the run is interrupted (Ctrl-C, a worker told to stop that hands its runs
     /// back): then the units under way are left to run, for the next coordinator to adopt.
     interrupted: tokio::sync::watch::Receiver<bool>,
@@ -310,7 +592,7 @@ impl Units {
         run: &str,
         holder: &str,
         labels: Vec<String>,
-        wake: Option<std::sync::Arc<tokio::sync::Notify>>,
+        wake: Option<Arc<UnitWakes>>,
         interrupted: tokio::sync::watch::Receiver<bool>,
     ) -> Units {
         Units {
@@ -320,7 +602,7 @@ impl Units {
             labels,
             turns: RefCell::default(),
             calls: RefCell::default(),
-            wake,
+            waits: UnitWaits::new(wake, SWEEP),
             interrupted,
         }
     }
@@ -441,19 +723,9 @@ impl Units {
             units: self,
             id: Some(id),
         };
-        let mut delay = Duration::from_millis(5);
+        let mut again = Duration::from_millis(5);
         let result = loop {
-            match &self.wake {
-                Some(w) => {
-                    tokio::select! {
-                        () = w.notified() => {}
-                        () = tokio::time::sleep(delay) => {}
-                    }
-                }
-                None => tokio::time::sleep(delay).await,
-            }
-            delay = (delay * 2).min(Duration::from_millis(250));
-            let unit = self.store.borrow().unit(id)?;
+            let unit = self.waits.settled(&self.store, id).await?;
             let Some(unit) = unit else {
                 guard.id = None;
                 return Err(UnitError::Vanished(id));
@@ -463,6 +735,8 @@ impl Units {
                 // Cancelled by an earlier coordinator of the run that stopped (its holder
                 // may still be stopping it): asked for again, it is queued once stopped.
                 UnitState::Cancelled => {
+                    tokio::time::sleep(again).await;
+                    again = (again * 2).min(Duration::from_millis(250));
                     dispatch()?;
                 }
                 UnitState::Queued | UnitState::Running => {}
@@ -492,6 +766,45 @@ impl Units {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What each payload the store sends names for a coordinator: a result (`unit:ID:done`,
+    /// and `unit:ID` as stores before named units sent it), not a unit to claim, not a run.
+    #[test]
+    fn a_payload_names_a_unit_for_its_coordinator_only_when_its_result_may_be_there() {
+        assert_eq!(UnitWakes::named("unit:42:done"), Some(42));
+        assert_eq!(UnitWakes::named("unit:42"), Some(42));
+        assert_eq!(UnitWakes::named("unit:42:queued"), None);
+        assert_eq!(UnitWakes::named("20261127-abc"), None);
+        assert_eq!(UnitWakes::named("unit:x:done"), None);
+        assert_eq!(UnitWakes::named(""), None);
+    }
+
+    /// A notification wakes the waiters of the unit it names and no other; one that comes
+    /// before the wait is kept for it; a reconnection wakes every waiter as `Lost`; a
+    /// dropped watch is no longer in the map.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_notification_wakes_only_the_waiters_of_its_unit() {
+        let wakes = UnitWakes::new();
+        let (one, two, also_one) = (wakes.watch(1), wakes.watch(2), wakes.watch(1));
+        assert_eq!(wakes.watched(), 2);
+        wakes.notified(Some("unit:1:done"));
+        wakes.notified(Some("unit:2:queued"));
+        wakes.notified(Some("some-run"));
+        let at_most = Duration::from_secs(5);
+        assert_eq!(one.wait(at_most).await, Woken::Named);
+        assert_eq!(also_one.wait(at_most).await, Woken::Named);
+        let t = tokio::time::Instant::now();
+        assert_eq!(two.wait(at_most).await, Woken::TimeUp);
+        assert_eq!(t.elapsed(), at_most);
+        wakes.notified(None);
+        for w in [&one, &two, &also_one] {
+            assert_eq!(w.wait(at_most).await, Woken::Lost);
+        }
+        drop(two);
+        assert_eq!(wakes.watched(), 1);
+        drop((one, also_one));
+        assert_eq!(wakes.watched(), 0);
+    }
 
     /// An agent unit's payload as stored since units exist (each field of the call beside
     /// the agent's name, in this order): rows written before `AgentWork` held the call itself

@@ -302,15 +302,15 @@ pub async fn work(
     let store: WorkerStore = Rc::new(RefCell::new(store));
     let wake = Arc::new(tokio::sync::Notify::new());
     let stop_listening = Arc::new(AtomicBool::new(false));
-    // Coordinators waiting for their units wake on the same notifications.
-    let unit_wake = Arc::new(tokio::sync::Notify::new());
+    // A coordinator waiting for a unit wakes on the notifications that name it.
+    let unit_wake = super::units::UnitWakes::new();
     let listener = {
         let (wake, unit_wake) = (wake.clone(), unit_wake.clone());
         store.borrow().listen(
             stop_listening.clone(),
-            Box::new(move || {
+            Box::new(move |payload| {
                 wake.notify_one();
-                unit_wake.notify_waiters();
+                unit_wake.notified(payload);
             }),
         )?
     };

@@ -15,7 +15,7 @@ pub mod sqlite;
 
 pub use location::{Location, OpenOptions, Opened};
 pub use shared::{
-    Accept, AcceptUnit, RunQueue, SharedStore, Unit, UnitQueue, UnitRequest, UnitState,
+    Accept, AcceptUnit, RunQueue, SharedStore, Unit, UnitQueue, UnitRequest, UnitState, Wake,
     WorkerRegistry,
 };
 pub use sqlite::{default_path, open_default};

@@ -1358,7 +1358,7 @@ impl SharedStore for PgStore {
     fn listen(
         &self,
         stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-        wake: Box<dyn Fn() + Send>,
+        wake: crate::store::Wake,
     ) -> Result<std::thread::JoinHandle<()>> {
         queue::listen(&self.url, stop, wake)
     }

@@ -15,6 +15,10 @@ use super::{LockOwner, Result, RunRecord, Store};
 /// Whether a worker can carry a run out here (its working directory, its repository).
 pub type Accept = Arc<dyn Fn(&RunRecord) -> bool + Send + Sync>;
 
+/// What a listener calls with each notification's payload, and with `None` after it
+/// reconnected ([`SharedStore::listen`]).
+pub type Wake = Box<dyn Fn(Option<&str>) + Send>;
+
 /// Whether a worker can carry a unit out here (its place).
 pub type AcceptUnit = Arc<dyn Fn(&serde_json::Value) -> bool + Send + Sync>;
 
@@ -156,6 +160,17 @@ pub trait UnitQueue {
         owner: &LockOwner,
         result: &serde_json::Value,
     ) -> Result<bool>;
+
+    /// The units among `ids` that the store holds now, in one read where the store can
+    /// (a coordinator's periodic look at all it waits for); those it does not hold are
+    /// left out.
+    fn units(&self, ids: &[i64]) -> Result<Vec<Unit>> {
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            out.extend(self.unit(*id)?);
+        }
+        Ok(out)
+    }
 }
 
 /// The workers a store has seen, so that work none of them can take says why it waits.
@@ -188,13 +203,10 @@ pub trait SharedStore: Store + RunQueue + UnitQueue + WorkerRegistry {
     fn fenced(&self, run: &str, owner: &LockOwner) -> Box<dyn Store + Send>;
 
     /// Listens for changes (a run queued, a gate answered, a unit done) on a connection of
-    /// its own, calling `wake` on each, and once after each reconnection; ends once `stop`
-    /// is set.
-    fn listen(
-        &self,
-        stop: Arc<AtomicBool>,
-        wake: Box<dyn Fn() + Send>,
-    ) -> Result<std::thread::JoinHandle<()>>;
+    /// its own, calling `wake` with what each names (a run's id; `unit:ID:queued` for a
+    /// unit to claim, `unit:ID` for a unit that finished), and with `None` once after each
+    /// reconnection (what was sent meanwhile is lost); ends once `stop` is set.
+    fn listen(&self, stop: Arc<AtomicBool>, wake: Wake) -> Result<std::thread::JoinHandle<()>>;
 
     /// This handle as a store of records only.
     fn into_store(self: Box<Self>) -> Box<dyn Store + Send>;

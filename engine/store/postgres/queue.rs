@@ -252,13 +252,14 @@ pub(super) fn cancel_run(
     Ok(status)
 }
 
-/// Listens on [`CHANNEL`] on a connection of its own (a thread) and calls `wake` on each
-/// notification, and once after each reconnection (notifications sent while it was away
-/// are lost: the caller polls too). Ends once `stop` is set.
+/// Listens on [`CHANNEL`] on a connection of its own (a thread) and calls `wake` with each
+/// notification's payload (what changed: a run's id, `unit:ID`, `unit:ID:queued`), and
+/// with `None` once after each reconnection: notifications sent while it was away are
+/// lost, so anything may have changed (the caller polls too). Ends once `stop` is set.
 pub fn listen(
     url: &str,
     stop: Arc<AtomicBool>,
-    wake: Box<dyn Fn() + Send>,
+    wake: crate::store::Wake,
 ) -> Result<std::thread::JoinHandle<()>> {
     let url = url.to_string();
     let shown = super::shown(&url);
@@ -290,20 +291,19 @@ pub fn listen(
                     client = connect().ok();
                     if client.is_some() {
                         delay = Duration::from_millis(100);
-                        wake();
+                        wake(None);
                     }
                     continue;
                 };
                 let got = c
                     .notifications()
                     .timeout_iter(Duration::from_millis(500))
-                    .next()
-                    .map(|n| n.is_some());
+                    .next();
                 match got {
-                    Ok(true) => wake(),
+                    Ok(Some(n)) => wake(Some(n.payload())),
                     // A timeout: also the moment to notice a closed connection.
-                    Ok(false) if !c.is_closed() => {}
-                    Ok(false) | Err(_) => client = None,
+                    Ok(None) if !c.is_closed() => {}
+                    Ok(None) | Err(_) => client = None,
                 }
             }
         })

@@ -5,6 +5,11 @@
 //! with `SELECT ... FOR UPDATE SKIP LOCKED`, renew their lease while they work, and
 //! [`PgStore::finish_unit`] with the result, fenced by that lease; the coordinator reads
 //! the result ([`PgStore::unit`]) and [`PgStore::forget_unit`]s it once used.
+//!
+//! Each change that matters to someone notifies [`CHANNEL`] with the unit it names:
+//! `unit:ID:queued` (a unit to claim: dispatched, handed back) and `unit:ID:done` (a result
+//! for its coordinator), so that a notification wakes only the coordinator waiting for
+//! that unit (see `run::units::UnitWakes`).
 
 use ::postgres::Row;
 
@@ -179,9 +184,11 @@ impl UnitQueue for PgStore {
                 &[&run, &prefix, &key],
             )
             .map_err(fail)?;
+            // Names the unit, as queued: the workers look for work; its coordinator, which
+            // waits for it to finish, is not woken.
             tx.execute(
                 "SELECT pg_notify($1, $2)",
-                &[&CHANNEL, &format!("unit:{id}")],
+                &[&CHANNEL, &format!("unit:{id}:queued")],
             )
             .map_err(fail)?;
             changed(&mut tx).map_err(fail)?;
@@ -200,6 +207,21 @@ impl UnitQueue for PgStore {
             .map_err(|e| pg("cannot read a unit of work", e))?
             .map(|r| unit_from_row(&r))
             .transpose()
+        })
+    }
+
+    /// The units among `ids` that the store holds, in one query.
+    fn units(&self, ids: &[i64]) -> Result<Vec<Unit>> {
+        let ids = ids.to_vec();
+        self.call(move |c| {
+            c.query(
+                &format!("SELECT {UNIT_COLUMNS} FROM units WHERE id = ANY($1)"),
+                &[&ids],
+            )
+            .map_err(|e| pg("cannot read units of work", e))?
+            .iter()
+            .map(unit_from_row)
+            .collect()
         })
     }
 
@@ -381,7 +403,7 @@ impl UnitQueue for PgStore {
             if n == 1 {
                 tx.execute(
                     "SELECT pg_notify($1, $2)",
-                    &[&CHANNEL, &format!("unit:{id}")],
+                    &[&CHANNEL, &format!("unit:{id}:queued")],
                 )
                 .map_err(fail)?;
             }
@@ -446,9 +468,11 @@ impl UnitQueue for PgStore {
                     .map_err(fail)?
                     .is_some();
             if n == 1 {
+                // Names the unit, done: only its coordinator reads it (and the workers look
+                // for work, which the unit's end may have made room for).
                 tx.execute(
                     "SELECT pg_notify($1, $2)",
-                    &[&CHANNEL, &format!("unit:{id}")],
+                    &[&CHANNEL, &format!("unit:{id}:done")],
                 )
                 .map_err(fail)?;
                 changed(&mut tx).map_err(fail)?;
