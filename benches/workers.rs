@@ -8,7 +8,13 @@
 //!   unit of work at a time each), the workers started (and listening) before the runs are
 //!   queued;
 //! - one run's fan-out: a for_each of 32 `sleep 1` items (all at once) in one run, its
-//!   programs spread as units over 1, 2, 4 and 8 workers.
+//!   programs spread as units over 1, 2, 4 and 8 workers;
+//! - notifications: 4 coordinators wait for 50 units each, woken through one listener as a
+//!   worker process's are, while a worker finishes 20 of them one at a time: the reads of
+//!   units per result and per second of quiet, with the wait loop as it was before
+//!   notifications named their unit (every waiter woken by every notification, and
+//!   polling every 250 ms; reproduced here) and with `run::units::UnitWaits`.
+//!   `cargo bench --bench workers -- notifications` runs this part alone.
 //!
 //! `cargo test --all-targets` runs this without `--bench`: it does nothing then.
 
@@ -27,6 +33,10 @@ fn main() {
         return;
     };
     if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    notifications(&url);
+    if std::env::args().any(|a| a == "notifications") {
         return;
     }
     let dir = tempfile::tempdir().expect("temporary directory");
@@ -190,4 +200,194 @@ fn stop(pool: &mut Vec<Child>) {
     for mut w in pool.drain(..) {
         let _ = w.wait();
     }
+}
+
+/// How coordinators wait for their units in [`notifications`].
+#[derive(Clone, Copy, PartialEq)]
+enum Waiting {
+    /// The loop before notifications named their unit: every notification wakes every
+    /// waiter, which reads its unit; each also polls, every 5 ms doubling to 250 ms.
+    Before,
+    /// `run::units::UnitWaits`: a notification wakes the waiter of the unit it names.
+    Targeted,
+}
+
+/// Reads of units per result and per second of quiet: 4 coordinators x 50 waiting units,
+/// 20 results (5 per coordinator) one at a time.
+fn notifications(url: &str) {
+    use ralph_flow::run::units::{UnitWaits, UnitWakes};
+    use ralph_flow::store::{
+        AcceptUnit, LockOwner, SharedStore, UnitQueue, UnitRequest, UnitState, now_ms,
+    };
+    use std::cell::{Cell, RefCell};
+    use std::rc::Rc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    const COORDINATORS: usize = 4;
+    const UNITS: usize = 50;
+    const RESULTS: usize = 20;
+    let leased = |holder: &str| {
+        let now = now_ms();
+        LockOwner {
+            pid: std::process::id(),
+            host: format!("{holder}-host"),
+            since: now,
+            holder: holder.to_string(),
+            expires: Some(now + 600_000),
+            ..LockOwner::default()
+        }
+    };
+    println!(
+        "| waiting | coordinators x waiting units | reads of units per result | result seen after (p50) | reads per second, quiet |\n|---|---:|---:|---:|---:|"
+    );
+    for how in [Waiting::Before, Waiting::Targeted] {
+        let tag = format!("{}-{}", std::process::id(), now_ms());
+        let mut boss = PgStore::connect(url).expect("connect");
+        let label = |c: usize, i: usize| format!("{tag}-c{c}-u{i}");
+        let mut ids = vec![Vec::new(); COORDINATORS];
+        for (c, list) in ids.iter_mut().enumerate() {
+            let run = format!("bench-{tag}-{c}");
+            boss.lock(&run, &leased("boss")).expect("lock");
+            for i in 0..UNITS {
+                let id = boss
+                    .dispatch(&UnitRequest {
+                        coordinator: "boss",
+                        run: &run,
+                        key: &format!("items#{i}/work#1.1@h"),
+                        stage_prefix: &format!("items#{i}/work#"),
+                        kind: "command",
+                        payload: &serde_json::json!({"i": i}),
+                        labels: &[label(c, i)],
+                        place: &serde_json::json!({"dir": "/here"}),
+                        hold: None,
+                    })
+                    .expect("dispatch");
+                list.push(id);
+            }
+        }
+        let wakes = UnitWakes::new();
+        let all = Arc::new(tokio::sync::Notify::new());
+        let stop = Arc::new(AtomicBool::new(false));
+        let listener = {
+            let (wakes, all) = (wakes.clone(), all.clone());
+            boss.listen(
+                stop.clone(),
+                Box::new(move |payload| {
+                    wakes.notified(payload);
+                    all.notify_waiters();
+                }),
+            )
+            .expect("listen")
+        };
+        let worker = Arc::new(Mutex::new(PgStore::connect(url).expect("connect")));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let local = tokio::task::LocalSet::new();
+        let (per_result, p50, quiet) = local.block_on(&rt, async {
+            let reads = Rc::new(Cell::new(0u64));
+            let seen: Rc<RefCell<Vec<i64>>> = Rc::default();
+            let waits: Vec<Rc<UnitWaits>> = (0..COORDINATORS)
+                .map(|_| {
+                    Rc::new(UnitWaits::new(
+                        Some(wakes.clone()),
+                        ralph_flow::run::units::SWEEP,
+                    ))
+                })
+                .collect();
+            for (c, list) in ids.iter().enumerate() {
+                let store: Rc<RefCell<Box<dyn SharedStore>>> = Rc::new(RefCell::new(Box::new(
+                    PgStore::connect(url).expect("connect"),
+                )));
+                for id in list.iter().copied() {
+                    let (store, seen, reads, all) =
+                        (store.clone(), seen.clone(), reads.clone(), all.clone());
+                    let waits = waits[c].clone();
+                    tokio::task::spawn_local(async move {
+                        match how {
+                            Waiting::Targeted => {
+                                waits.settled(&store, id).await.expect("wait");
+                            }
+                            Waiting::Before => {
+                                let mut delay = Duration::from_millis(5);
+                                loop {
+                                    tokio::select! {
+                                        () = all.notified() => {}
+                                        () = tokio::time::sleep(delay) => {}
+                                    }
+                                    delay = (delay * 2).min(Duration::from_millis(250));
+                                    reads.set(reads.get() + 1);
+                                    let unit = store.borrow().unit(id).expect("read");
+                                    if unit.is_some_and(|u| u.state == UnitState::Done) {
+                                        break;
+                                    }
+                                }
+                            }
+                        }
+                        seen.borrow_mut().push(id);
+                    });
+                }
+            }
+            let count = || match how {
+                Waiting::Before => reads.get(),
+                Waiting::Targeted => waits
+                    .iter()
+                    .map(|w| {
+                        let r = w.reads();
+                        r.units + r.sweeps
+                    })
+                    .sum(),
+            };
+            // Settled: every waiter has started (and read once).
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let at = count();
+            let mut took = Vec::new();
+            for n in 0..RESULTS {
+                let (c, i) = (n % COORDINATORS, n / COORDINATORS);
+                let id = ids[c][i];
+                let worker = worker.clone();
+                let label = label(c, i);
+                let t = Instant::now();
+                tokio::task::spawn_blocking(move || {
+                    let mut w = worker.lock().expect("worker");
+                    let owner = leased("worker");
+                    let accept: AcceptUnit = Arc::new(|_: &serde_json::Value| true);
+                    let unit = w
+                        .claim_unit(&owner, &[label], accept)
+                        .expect("claim")
+                        .expect("claimable");
+                    w.finish_unit(unit.id, &owner, &serde_json::json!({}))
+                        .expect("finish");
+                })
+                .await
+                .expect("worker");
+                while !seen.borrow().contains(&id) {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                took.push(t.elapsed());
+            }
+            let per_result = (count() - at) as f64 / RESULTS as f64;
+            took.sort();
+            let p50 = took[RESULTS / 2];
+            let quiet_from = count();
+            let quiet_for = Duration::from_secs(10);
+            tokio::time::sleep(quiet_for).await;
+            let quiet = (count() - quiet_from) as f64 / quiet_for.as_secs_f64();
+            (per_result, p50, quiet)
+        });
+        stop.store(true, Ordering::SeqCst);
+        let _ = listener.join();
+        drop(rt);
+        println!(
+            "| {} | {COORDINATORS} x {UNITS} | {per_result:.1} | {:.1} ms | {quiet:.1} |",
+            match how {
+                Waiting::Before => "before: every waiter woken, polling",
+                Waiting::Targeted => "targeted, sweep every 5 s",
+            },
+            ms(p50)
+        );
+    }
+    println!();
 }
