@@ -811,3 +811,68 @@ fn check_reports_notifier_problems_in_both_syntaxes() {
         out.stderr
     );
 }
+
+#[test]
+fn resume_announces_a_waiting_gate_once_and_only_if_no_delivery_was_recorded() {
+    let r = Receiver::new(|_, _| ok());
+    let p = Project::new();
+    p.workflow("w.toml", &gated(""));
+    // No notifier yet: the gate waits unannounced.
+    let out = p.run(&["run", "w.toml", "--no-wait", "--json"]);
+    assert_eq!(out.code, 75, "{}", out.stderr);
+    let run = out.json["run"].as_str().unwrap().to_string();
+    assert!(notify_events(&p, &run).is_empty());
+    // With one in the user's config, a resume announces the gate no delivery was recorded of.
+    let env = user_config(
+        &p,
+        &format!("[notify.me]\nkind = \"webhook\"\nurl = \"{}/me\"\n", r.url),
+    );
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let out = p.run_env(&["resume", &run, "--no-wait", "--json"], &env);
+    assert_eq!(out.code, 75, "{}", out.stderr);
+    assert_eq!(r.to("/me").len(), 1);
+    // Then never again.
+    let out = p.run_env(&["resume", &run, "--no-wait", "--json"], &env);
+    assert_eq!(out.code, 75, "{}", out.stderr);
+    assert_eq!(r.to("/me").len(), 1, "{:?}", r.got());
+    assert_eq!(
+        notify_events(&p, &run),
+        vec![(
+            "notified".to_string(),
+            "webhook `me` (user config) announced gate `sign_off` (1 attempt)".to_string()
+        )]
+    );
+}
+
+#[test]
+fn a_run_cancelled_while_it_waits_is_announced_and_its_deliveries_recorded_as_it_goes() {
+    let r = Receiver::new(|_, _| ok());
+    let p = Project::new();
+    p.workflow(
+        "w.toml",
+        &gated(&format!(
+            "[notify.ops]\nkind = \"webhook\"\nurl = \"{}/hook\"\non = [\"gate\", \"cancelled\"]\n",
+            r.url
+        )),
+    );
+    let child = p.spawn(&["run", "w.toml", "--json"]);
+    let run = p.wait_for_run();
+    r.wait_for("/hook", 1);
+    // Recorded while the run still waits.
+    p.wait_for(|| notify_events(&p, &run).len() == 1);
+    let c = p.run(&["cancel", &run, "--reason", "not today", "--by", "ana"]);
+    assert_eq!(c.code, 0, "{}", c.stderr);
+    let out = child.finish();
+    assert_eq!(out.code, 125, "{}", out.stderr);
+    let got = r.wait_for("/hook", 2);
+    let end = got[1].json();
+    assert_eq!(end["event"], "cancelled");
+    assert_eq!(end["status"], "cancelled");
+    assert_eq!(end["exit"], Value::Null);
+    assert_eq!(
+        notify_events(&p, &run).len(),
+        2,
+        "{:?}",
+        notify_events(&p, &run)
+    );
+}
