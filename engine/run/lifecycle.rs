@@ -139,14 +139,14 @@ fn ignore_in_git(state_dir: &Path) -> Result<(), RunError> {
 /// store, start or resume the run, drive its body, finish it.
 pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunResult, RunError> {
     let secret_notes = register_secrets_noting(prepared);
-    prepare_state_dir(&opts.state_dir)?;
-    let mut opened = open_store(&opts)?;
-    let begun = start_or_resume(prepared, &mut opts, opened.store.as_mut())?;
-    let taken = take_run(&opts, opened.store.as_mut(), &begun.run)?;
     // The notifiers' variables are read (and their secrets registered) before the run
     // writes anything.
     let (notifier, notify_notes) =
         super::notify::Notifier::new(&prepared.plan.workflow.notify, &opts.notify, &opts.cwd);
+    prepare_state_dir(&opts.state_dir)?;
+    let mut opened = open_store(&opts)?;
+    let begun = start_or_resume(prepared, &mut opts, opened.store.as_mut())?;
+    let taken = take_run(&opts, opened.store.as_mut(), &begun.run)?;
     let (mut shared, side) = share(
         opts,
         opened,
