@@ -793,6 +793,23 @@ fn a_bad_user_config_stops_the_run_before_it_starts_naming_the_place() {
     );
     assert!(out.stderr.contains("move the file away"), "{}", out.stderr);
     assert!(p.store().is_none(), "no run was started");
+    // `check --config` reports the same, on request.
+    let check = p.run_env(&["check", "--config", "--format", "short"], &env);
+    assert_eq!(check.code, 3, "{}", check.stderr);
+    assert!(
+        check
+            .stderr
+            .contains(&format!("{config}:2:8: error[RF005]")),
+        "{}",
+        check.stderr
+    );
+    assert!(
+        check
+            .stderr
+            .contains(&format!("{config}:6:7: error[RF068]")),
+        "{}",
+        check.stderr
+    );
 }
 
 #[test]

@@ -318,3 +318,43 @@ fn check_env_name(key: &str, env: &Text, diags: &mut Diagnostics) {
     ));
     diags.push(d);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_http_with_a_host() {
+        assert_eq!(http_url("https://hooks.example.com/x"), Ok(()));
+        assert_eq!(http_url("HTTP://127.0.0.1:9"), Ok(()));
+        assert_eq!(http_url("ftp://x/y"), Err("is not an http(s) URL"));
+        assert_eq!(http_url("hooks.example.com"), Err("is not a URL"));
+        assert_eq!(http_url("https:///topic"), Err("has no host"));
+        assert_eq!(http_url("https://user@:80/"), Err("has no host"));
+        assert_eq!(
+            http_url("https://x/a b"),
+            Err("holds a space or a control character")
+        );
+    }
+
+    #[test]
+    fn passwords_and_tokens_in_urls_are_found() {
+        assert!(has_password("https://ops:hunter22@example.com/x"));
+        assert!(!has_password("https://ops@example.com/x"));
+        assert!(!has_password("https://example.com/a:b@c"));
+        assert!(query_has("https://x/y?a=1&token=t", "token="));
+        assert!(!query_has("https://x/token=t", "token="));
+    }
+
+    #[test]
+    fn env_and_header_names() {
+        assert!(is_env_name("HOOK_TOKEN"));
+        assert!(is_env_name("_x1"));
+        assert!(!is_env_name("1X"));
+        assert!(!is_env_name("SLACK-URL"));
+        assert!(!is_env_name(""));
+        assert!(is_header_name("X-Token"));
+        assert!(!is_header_name("X Token"));
+        assert!(!is_header_name(""));
+    }
+}
