@@ -92,6 +92,9 @@ codes! {
     SharedBranch = "RF064", Warning, "a worktree branch that for_each items running at once all get (git checks a branch out in one worktree at a time)";
     CommandLineInOneItem = "RF065", Warning, "a whole command line written as one argv item (a program name with spaces)";
     ConstantLoopCondition = "RF066", Warning, "a loop's `until` or `stuck.on` that reads nothing the loop changes, so it is the same after every iteration";
+    NotifierIncomplete = "RF067", Error, "a notifier missing what its kind needs (`url` or `url_env`; `argv`), with both `url` and `url_env`, or with an empty `argv` or `on`";
+    NotifierValue = "RF068", Error, "a notifier value that cannot work: a URL that is not http(s), an `_env` key that names no environment variable, a header name that is not one, a template where a literal belongs";
+    InlineSecret = "RF069", Warning, "a secret written inline in a notifier (a Slack webhook URL, a password or token in a URL) where its `_env` key belongs";
 }
 
 /// "did you mean `X`?", when a candidate is close to `name` (see [`crate::suggest::closest`]).

@@ -359,6 +359,11 @@ pub static WORKFLOW: TableSpec = TableSpec {
             Ty::Named(&OVERRIDE, "override"),
             "Changes to stages of the extended workflow, keyed by stage id.",
         ),
+        f(
+            "notify",
+            Ty::Named(&NOTIFY, "notifier"),
+            "Where a waiting gate (and, when asked, the run's end) is announced: a webhook, Slack, ntfy or a command; see Notifications.",
+        ),
     ],
 };
 
@@ -576,6 +581,85 @@ pub static RESOURCE: TableSpec = TableSpec {
             "Priority values from first served to last; without it, higher numbers go first.",
         ),
     ],
+};
+
+/// The kinds of a notifier (`notify.NAME.kind`).
+pub const NOTIFY_KINDS: &[&str] = &["webhook", "slack", "ntfy", "command"];
+
+/// The events a notifier may announce (`notify.NAME.on`).
+pub const NOTIFY_EVENTS: &[&str] = &["gate", "finished", "failed", "cancelled"];
+
+/// The kinds of notifier that post to a URL.
+const URL_NOTIFIERS: &[&str] = &["webhook", "slack", "ntfy"];
+
+/// `notify.NAME`: a notifier, in a workflow or in the user's config file.
+pub static NOTIFY: TableSpec = TableSpec {
+    name: "notifier",
+    doc: "Where a waiting gate, and the run's end when asked, is announced. Delivery never blocks or fails the run; each outcome is an event of the run.",
+    kind_key: Some("kind"),
+    fields: &[
+        req(
+            "kind",
+            Ty::Enum(NOTIFY_KINDS),
+            "How: `webhook` (a JSON POST), `slack` (a Slack incoming webhook), `ntfy` (a POST to an ntfy topic) or `command` (a program that reads the JSON on stdin).",
+        ),
+        k(
+            "url",
+            URL_NOTIFIERS,
+            Ty::Str,
+            "The http(s) URL posted to (for ntfy, the topic's URL). A URL that holds a secret (a Slack webhook, a private topic) belongs in an environment variable named by `url_env`.",
+        ),
+        k(
+            "url_env",
+            URL_NOTIFIERS,
+            Ty::Str,
+            "The environment variable that holds the URL; its value is masked as a secret.",
+        ),
+        k(
+            "headers_env",
+            &["webhook", "ntfy"],
+            Ty::Map(&Ty::Str),
+            "HTTP headers sent with each POST, each mapped to the environment variable that holds its value (`{ Authorization = \"HOOK_TOKEN\" }`); the values are masked as secrets.",
+        ),
+        k(
+            "argv",
+            &["command"],
+            Ty::List(&Ty::Str),
+            "The program and its arguments, as a list (never through a shell); it reads the event as JSON on stdin, with RALPH_FLOW_RUN_ID, RALPH_FLOW_EVENT, RALPH_FLOW_GATE and RALPH_FLOW_WORKFLOW set.",
+        ),
+        f(
+            "on",
+            Ty::List(&Ty::Enum(NOTIFY_EVENTS)),
+            "What is announced: `gate` (a gate starts waiting), `finished`, `failed`, `cancelled` (default `[\"gate\"]`).",
+        ),
+        f(
+            "retries",
+            Ty::Count,
+            "How many times a failed delivery is tried again, with exponential backoff, on a connection error, a timeout, a 5xx, 408 or 429 (default 5).",
+        ),
+        f(
+            "timeout",
+            Ty::Duration,
+            "The longest one delivery may take (default `10s`).",
+        ),
+        f(
+            "monitor_url",
+            Ty::Str,
+            "The monitor's base URL (`http://host:8080`), for the run's link; default `$RALPH_FLOW_MONITOR_URL`.",
+        ),
+    ],
+};
+
+/// The user's config file (`$XDG_CONFIG_HOME/ralph-flow/config.toml`).
+pub static USER_CONFIG: TableSpec = TableSpec {
+    name: "config",
+    doc: "The user's config file: what applies to every run the user starts.",
+    kind_key: None,
+    fields: &[f(
+        "notify",
+        Ty::Named(&NOTIFY, "notifier"),
+        "Notifiers added to every run's own.",
+    )],
 };
 
 /// `exits.NAME`.

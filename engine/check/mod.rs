@@ -7,6 +7,7 @@ mod budgets;
 pub(crate) mod filters;
 mod graph;
 mod never;
+pub mod notify;
 pub mod outputs;
 mod params;
 mod refs;
@@ -177,6 +178,7 @@ pub fn check_all<'w>(
     subflows::check(&checked, loader, &mut found);
     prompt_dirs(workflow, loader, &mut found);
     secret_names(workflow, &mut found);
+    notify::check(&workflow.notify, &mut found);
     for mut d in found.into_sorted() {
         if !is_cascade(workflow, &d) {
             d.fit_syntax(loader.sources);

@@ -10,8 +10,12 @@ use ralph_flow::source::Sources;
 #[derive(clap::Args)]
 pub(super) struct Args {
     /// The workflow files to check.
-    #[arg(required = true)]
+    #[arg(required_unless_present = "config")]
     files: Vec<PathBuf>,
+    /// Check the user's config file too ($XDG_CONFIG_HOME/ralph-flow/config.toml, else
+    /// ~/.config/ralph-flow/config.toml), which runs read when they start.
+    #[arg(long)]
+    config: bool,
     /// Set a param, as the run would (`--set name=value`); then required params must be set.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
@@ -49,6 +53,11 @@ pub(super) fn run(args: &Args) -> i32 {
             diags.extend(cd);
         }
         all.extend(diags);
+    }
+    if args.config {
+        if let Err(code) = check_user_config(&mut sources, &mut all) {
+            return code;
+        }
     }
     let diags = all.into_sorted();
     let errors = diags
@@ -97,5 +106,31 @@ pub(super) fn run(args: &Args) -> i32 {
         super::EXIT_CONFIG
     } else {
         0
+    }
+}
+
+/// Checks the user's config file, as a run reads it when it starts; says so when there is
+/// none. `Err`: it cannot be read (the exit code).
+fn check_user_config(sources: &mut Sources, diags: &mut Diagnostics) -> Result<(), i32> {
+    let Some(path) = ralph_flow::preset::user_config_file() else {
+        eprintln!("no user config file: neither XDG_CONFIG_HOME nor HOME is set");
+        return Ok(());
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let _ = ralph_flow::check::notify::user_config(sources, &path, &text, diags);
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            eprintln!("no user config file at {}", path.display());
+            Ok(())
+        }
+        Err(e) => {
+            eprintln!(
+                "error: cannot read the user config file {}: {e}; fix its permissions or move it away",
+                path.display()
+            );
+            Err(super::EXIT_CONFIG)
+        }
     }
 }

@@ -85,6 +85,9 @@ pub(super) enum Failed {
     Store(#[from] ralph_flow::store::StoreError),
     #[error(transparent)]
     Run(#[from] ralph_flow::run::error::RunError),
+    /// The user's config file has errors (rendered with their places).
+    #[error("{0}")]
+    UserConfig(String),
 }
 
 #[derive(clap::Args)]
@@ -146,6 +149,7 @@ pub(super) fn options(a: &ExecArgs) -> Result<RunOptions, Failed> {
     o.backoff = a.backoff;
     o.transient_retries = a.transient_retries;
     o.full_sync = a.full_sync;
+    o.notify = user_notifiers()?;
     o.progress = match a.progress {
         ProgressArg::Auto if std::io::stderr().is_terminal() => Mode::Tty,
         ProgressArg::Auto | ProgressArg::Plain => Mode::Plain,
@@ -153,6 +157,40 @@ pub(super) fn options(a: &ExecArgs) -> Result<RunOptions, Failed> {
         ProgressArg::Quiet => Mode::Quiet,
     };
     Ok(o)
+}
+
+/// The notifiers of the user's config file (`$XDG_CONFIG_HOME/ralph-flow/config.toml`),
+/// checked as a workflow's are; none when there is no such file. Its warnings are printed;
+/// an error stops the run before it starts.
+pub(super) fn user_notifiers() -> Result<Vec<ralph_flow::model::Notify>, Failed> {
+    let Some(path) = ralph_flow::preset::user_config_file() else {
+        return Ok(Vec::new());
+    };
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => {
+            return Err(Failed::UserConfig(format!(
+                "cannot read the user config file {}: {e}; fix its permissions or move it away",
+                path.display()
+            )));
+        }
+    };
+    let mut sources = ralph_flow::source::Sources::new();
+    let mut diags = ralph_flow::diag::Diagnostics::default();
+    let found = ralph_flow::check::notify::user_config(&mut sources, &path, &text, &mut diags);
+    let diags = diags.into_sorted();
+    match found {
+        Some(notify) => {
+            super::print_diagnostics(&sources, &diags);
+            Ok(notify)
+        }
+        None => Err(Failed::UserConfig(format!(
+            "the user config file {} has errors; fix them (its [notify.NAME] tables are checked as a workflow's), or move the file away to run without it:\n{}",
+            path.display(),
+            ralph_flow::diag::render_short(&sources, &diags).trim_end()
+        ))),
+    }
 }
 
 pub(super) fn runtime() -> Result<tokio::runtime::Runtime, Failed> {

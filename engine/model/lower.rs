@@ -82,6 +82,7 @@ fn lower_file(file: FileId, root: &Table, included: bool, diags: &mut Diagnostic
         exits: named(t, "exits", exit),
         stages: named(t, "stages", stage),
         overrides: named(t, "overrides", override_),
+        notify: named(t, "notify", notifier),
     }
 }
 
@@ -422,6 +423,41 @@ fn resource(name: Text, t: &Table, span: Span) -> Option<Resource> {
         name,
         capacity: count(t, "capacity")?,
         order: texts(t, "order"),
+        span,
+    })
+}
+
+/// Checks the shape of the user's config file and lowers its notifiers.
+pub fn lower_user_config(root: &Table, diags: &mut Diagnostics) -> Vec<Notify> {
+    super::shape::check_table(root, &spec::USER_CONFIG, diags);
+    named(root, "notify", notifier)
+}
+
+/// A notifier (`[notify.NAME]`), also of the user's config file.
+pub fn notifier(name: Text, t: &Table, span: Span) -> Option<Notify> {
+    let kind = text(t, "kind")?;
+    let on = t.get("on").map(|v| {
+        let items: Vec<&Value> = match &v.kind {
+            ValueKind::Array(items) => items.iter().collect(),
+            _ => vec![v],
+        };
+        items
+            .into_iter()
+            .filter_map(|i| Some(Spanned::new(NotifyEvent::parse(i.as_str()?)?, i.span)))
+            .collect()
+    });
+    Some(Notify {
+        kind: Spanned::new(NotifyKind::parse(&kind.value)?, kind.span),
+        name,
+        url: text(t, "url"),
+        url_env: text(t, "url_env"),
+        headers_env: map_texts(t, "headers_env"),
+        argv: t.get("argv").map(|_| texts(t, "argv")),
+        argv_span: t.get("argv").map(|v| v.span),
+        on,
+        retries: count(t, "retries"),
+        timeout: duration(t, "timeout"),
+        monitor_url: text(t, "monitor_url"),
         span,
     })
 }

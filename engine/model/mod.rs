@@ -8,6 +8,7 @@
 mod agent;
 pub mod jsonschema;
 pub mod lower;
+mod notify;
 mod output;
 mod regions;
 pub mod shape;
@@ -18,6 +19,7 @@ pub use agent::{
     Agent, AgentKind, OpenAiApi, Permissions, PromptVia, SchemaDelivery, StructuredOutput,
     is_openai_itself, schema_delivery,
 };
+pub use notify::{Notify, NotifyEvent, NotifyKind};
 pub use output::{ExtractMode, Marker, OutputSpec, SchemaRef, walk_schema};
 pub use regions::{Aggregate, AggregateMode, Cleanup, Escalation, Stuck, Worktree};
 pub use stage::{
@@ -68,6 +70,8 @@ pub struct Workflow {
     pub exits: Vec<Exit>,
     pub stages: Vec<Stage>,
     pub overrides: Vec<Override>,
+    /// Notifiers (`[notify.NAME]`).
+    pub notify: Vec<Notify>,
     /// Names of params, agents, resources, exits and stages that are defined but could not be
     /// lowered (an error was reported there); references to them are not reported again.
     pub broken: Vec<String>,
@@ -119,6 +123,7 @@ impl Workflow {
             exits: Vec::new(),
             stages: Vec::new(),
             overrides: Vec::new(),
+            notify: Vec::new(),
             broken: Vec::new(),
         }
     }
@@ -145,7 +150,7 @@ macro_rules! named {
     };
 }
 
-named!(Param => name, Agent => name, Resource => name, Exit => name, Stage => id, Source => name);
+named!(Param => name, Agent => name, Resource => name, Exit => name, Stage => id, Source => name, Notify => name);
 
 /// The base workflow a file extends.
 #[derive(Clone, Debug)]
@@ -258,5 +263,7 @@ mod tests {
         assert_eq!(Cleanup::NAMES, spec::CLEANUPS);
         assert_eq!(PromptVia::NAMES, spec::PROMPT_VIA);
         assert_eq!(OpenAiApi::NAMES, spec::OPENAI_APIS);
+        assert_eq!(NotifyKind::NAMES, spec::NOTIFY_KINDS);
+        assert_eq!(NotifyEvent::NAMES, spec::NOTIFY_EVENTS);
     }
 }

@@ -170,6 +170,16 @@ pub fn user_presets_dir() -> Option<PathBuf> {
     )
 }
 
+/// The user's config file: `$XDG_CONFIG_HOME/ralph-flow/config.toml`, else
+/// `~/.config/ralph-flow/config.toml`.
+pub fn user_config_file() -> Option<PathBuf> {
+    Some(
+        xdg_dir("XDG_CONFIG_HOME", ".config")?
+            .join("ralph-flow")
+            .join("config.toml"),
+    )
+}
+
 /// The cache of fetched git presets: `$RALPH_FLOW_CACHE_DIR`, else
 /// `$XDG_CACHE_HOME/ralph-flow`, else `~/.cache/ralph-flow`, else `.ralph-flow/cache`.
 pub fn cache_dir() -> PathBuf {

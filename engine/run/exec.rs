@@ -92,6 +92,8 @@ pub(crate) struct Shared {
     /// A run on workers: its agent calls and programs are units of work that any worker
     /// may take (see [`super::units`]).
     pub units: Option<super::units::Units>,
+    /// The run's notifiers and their deliveries under way (see [`super::notify`]).
+    pub notifier: Option<super::notify::Notifier>,
 }
 
 /// A subflow that does not check, as the run reports it.

@@ -65,7 +65,11 @@ impl Exec<'_> {
             .find(|g| g.scope == gate.scope && g.gate == node.name);
         let answered = self.answer_to(&gate.scope, gate.name);
         let request = match (request, &answered) {
-            (Some(r), _) => Some(r),
+            (Some(r), None) => {
+                self.announce_if_never_tried(&r);
+                Some(r)
+            }
+            (Some(r), Some(_)) => Some(r),
             (None, Some(_)) => None,
             (None, None) => match self.ask(frame, &gate, show.len()) {
                 Ok(req) => Some(req),
@@ -120,11 +124,70 @@ impl Exec<'_> {
         self.shared
             .event(&gate.scope, gate.name, "waiting", req.message.clone());
         self.shared.flush();
+        self.announce_gate(&req);
         Ok(req)
     }
 
-    /// Shows how to answer a waiting gate.
-    fn show_waiting(&self, req: &GateRequest) {
+    /// Announces a gate that starts waiting to the run's notifiers (once: when its request
+    /// is made, so a resume that finds the request does not announce it again).
+    fn announce_gate(&self, req: &GateRequest) {
+        use super::notify::{Announcement, GateInfo};
+        use crate::model::NotifyEvent;
+        let Some(notifier) = &self.shared.notifier else {
+            return;
+        };
+        if !notifier.wants(NotifyEvent::Gate) {
+            return;
+        }
+        let target = self.answer_target(req);
+        notifier.announce(&Announcement {
+            event: NotifyEvent::Gate,
+            run: self.shared.run.id.clone(),
+            workflow: self.shared.run.workflow.clone(),
+            gate: Some(GateInfo {
+                name: req.gate.clone(),
+                qualified: req.qualified(),
+                scope: req.scope.clone(),
+                message: req.message.clone(),
+                files: req.show.clone(),
+                approve: format!("ralph-flow approve {target}"),
+                reject: format!("ralph-flow reject {target} --comment '...'"),
+            }),
+            status: "waiting",
+            exit: None,
+        });
+    }
+
+    /// Announces a gate whose request an earlier executor of the run made, unless a
+    /// delivery of it was recorded (tried, whether it reached its receiver or not): a
+    /// resume does not announce a gate again, but one whose executor was killed before any
+    /// delivery ended is announced now.
+    fn announce_if_never_tried(&self, req: &GateRequest) {
+        let Some(notifier) = &self.shared.notifier else {
+            return;
+        };
+        if !notifier.wants(crate::model::NotifyEvent::Gate) {
+            return;
+        }
+        let events = self
+            .shared
+            .store
+            .borrow()
+            .events(&self.shared.run.id, Some(&req.gate));
+        let Ok(events) = events else {
+            return;
+        };
+        let tried = events
+            .iter()
+            .any(|e| e.scope == req.scope && super::notify::is_delivery(&e.kind));
+        if !tried {
+            self.announce_gate(req);
+        }
+    }
+
+    /// What follows `ralph-flow approve` or `reject` to answer a gate: the run, the gate and
+    /// the state directory when it is not the default, each quoted for a shell.
+    fn answer_target(&self, req: &GateRequest) -> String {
         let opts = &self.shared.opts;
         let state_dir = if opts.state_dir != opts.cwd.join(".ralph-flow") {
             format!(
@@ -134,11 +197,16 @@ impl Exec<'_> {
         } else {
             String::new()
         };
-        let target = format!(
+        format!(
             "{} {}{state_dir}",
             crate::shell::quote(&self.shared.run.id),
             crate::shell::quote(&req.qualified())
-        );
+        )
+    }
+
+    /// Shows how to answer a waiting gate.
+    fn show_waiting(&self, req: &GateRequest) {
+        let target = self.answer_target(req);
         let mut text = format!(
             "⏸ gate `{}` waits: {}\n    approve: ralph-flow approve {target}\n    reject:  ralph-flow reject {target} --comment \"...\"",
             req.qualified(),

@@ -139,11 +139,15 @@ fn ignore_in_git(state_dir: &Path) -> Result<(), RunError> {
 /// store, start or resume the run, drive its body, finish it.
 pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunResult, RunError> {
     let secret_notes = register_secrets_noting(prepared);
+    // The notifiers' variables are read (and their secrets registered) before the run
+    // writes anything.
+    let (notifier, notify_notes) =
+        super::notify::Notifier::new(&prepared.plan.workflow.notify, &opts.notify, &opts.cwd);
     prepare_state_dir(&opts.state_dir)?;
     let mut opened = open_store(&opts)?;
     let begun = start_or_resume(prepared, &mut opts, opened.store.as_mut())?;
     let taken = take_run(&opts, opened.store.as_mut(), &begun.run)?;
-    let (shared, side) = share(
+    let (mut shared, side) = share(
         opts,
         opened,
         begun.run,
@@ -151,11 +155,16 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
         &taken,
         prepared.subflows.later.clone(),
     )?;
+    shared.notifier = notifier;
     announce(
         &shared,
         prepared,
         &taken,
-        begun.preflight_notes.into_iter().chain(secret_notes),
+        begun
+            .preflight_notes
+            .into_iter()
+            .chain(secret_notes)
+            .chain(notify_notes),
     );
     let exec = Exec::new(&shared, &prepared.plan, &prepared.sources, String::new())?;
     exec.warn_unenforceable_budgets()?;
@@ -181,10 +190,17 @@ pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunRes
     };
     let cancelled: RefCell<Option<crate::store::Cancellation>> = RefCell::new(None);
     let end = drive(&exec, &top, side, &taken.owner, &cancelled).await;
-    let end = settle(&exec, end, cancelled.into_inner())?;
+    let end = match settle(&exec, end, cancelled.into_inner()) {
+        Ok(end) => end,
+        Err(e) => {
+            notify_end(&shared, None).await;
+            return Err(e);
+        }
+    };
     if let Some(path) = &run_worktree {
         exec.leave_run_worktree(path, &end).await;
     }
+    notify_end(&shared, Some(&end)).await;
     let outputs = super::RanOutputs(top.outputs.clone());
     finish(shared, end, outputs, &taken.owner)
 }
@@ -566,6 +582,7 @@ fn share(
         to_store: RefCell::default(),
         publisher,
         units,
+        notifier: None,
     };
     let side = Side {
         lease_store,
@@ -695,6 +712,7 @@ async fn drive(
         () = ctrl_c(shared) => BodyEnd::Stopped,
         () = heartbeat => BodyEnd::Stopped,
         () = cancel_watch => BodyEnd::Stopped,
+        () = record_notifications(shared) => BodyEnd::Stopped,
     };
     // Nothing a run started outlives it: what its stages left running (descendants that left
     // their process group, such as `setsid` daemons, and groups still dying from their stop)
@@ -715,6 +733,63 @@ async fn drive(
         }
     }
     end
+}
+
+/// Records each notification's outcome as an event of the run as it comes back (a failed
+/// one is noted in the progress too). Never completes.
+async fn record_notifications(shared: &Shared) {
+    if let Some(notifier) = &shared.notifier {
+        while let Some(outcome) = notifier.next_outcome().await {
+            record_notification(shared, outcome);
+            shared.flush();
+        }
+    }
+    std::future::pending::<()>().await;
+}
+
+fn record_notification(shared: &Shared, (scope, node, kind, message): super::notify::Outcome) {
+    if kind != super::notify::DELIVERED {
+        shared.progress.note(&format!("! {message}"));
+    }
+    shared.event(&scope, &node, kind, message);
+}
+
+/// At the run's end: announces it to the notifiers that ask (a run that finished, failed
+/// or was cancelled; `None`: it halted, announced to none), gives the deliveries under way
+/// [`super::notify::GRACE`] and records how each ended.
+async fn notify_end(shared: &Shared, end: Option<&RunEnd>) {
+    let Some(notifier) = &shared.notifier else {
+        return;
+    };
+    if let Some(end) = end
+        && let Some(event) = super::notify::end_event(end)
+        && notifier.wants(event)
+    {
+        let exit = match end {
+            RunEnd::Exit {
+                name,
+                code,
+                message,
+            } => Some((name.clone(), *code, message.clone())),
+            _ => None,
+        };
+        notifier.announce(&super::notify::Announcement {
+            event,
+            run: shared.run.id.clone(),
+            workflow: shared.run.workflow.clone(),
+            gate: None,
+            status: event.as_str(),
+            exit,
+        });
+    }
+    let outcomes = notifier.drain(super::notify::GRACE).await;
+    if outcomes.is_empty() {
+        return;
+    }
+    for outcome in outcomes {
+        record_notification(shared, outcome);
+    }
+    shared.flush();
 }
 
 /// How the run ended, once every record and artifact of its body is written: halted by the

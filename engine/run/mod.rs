@@ -22,6 +22,7 @@ mod gate;
 mod lifecycle;
 mod loops;
 pub mod memory;
+mod notify;
 mod policy;
 pub mod progress;
 mod publish;
@@ -92,6 +93,9 @@ pub struct RunOptions {
     /// on under it, so the claim and the executor are one holder. `None`: the executor
     /// draws a tenure of its own as it takes the run.
     pub owner: Option<crate::store::LockOwner>,
+    /// Notifiers besides the workflow's own: the user's config file's (`[notify.NAME]`),
+    /// checked by the caller.
+    pub notify: Vec<crate::model::Notify>,
 }
 
 /// The default lease of a run (see [`RunOptions::lease`]); the store's own default, which it
@@ -143,6 +147,7 @@ impl RunOptions {
             spread: None,
             unit_wake: None,
             owner: None,
+            notify: Vec::new(),
         }
     }
 }
