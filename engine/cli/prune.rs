@@ -74,7 +74,8 @@ impl Places {
             .map(Path::to_path_buf);
         let home = own.clone().unwrap_or_else(|| state_dir.to_path_buf());
         let mut units = vec![home.join("units").join("attempts").join(&run.id)];
-        if own.is_some() && canonical(&home) != canonical(state_dir) {
+        // Canonical only when the paths differ (`runs` places every listed run).
+        if own.is_some() && home != state_dir && canonical(&home) != canonical(state_dir) {
             units.push(state_dir.join("units").join("attempts").join(&run.id));
         }
         Places {

@@ -27,14 +27,14 @@ pub(super) const RUN_TABLES: &[(&str, &str)] = &[
     ("runs", "id"),
 ];
 
-/// The query that counts a table's rows of one run (`?1`) and the bytes of their columns
-/// (`octet_length`, which SQLite answers without reading a long value's overflow pages).
-fn size_sql(conn: &Connection, table: &str, key: &str) -> rusqlite::Result<String> {
+/// The sum of the bytes of a table's columns in a row (`octet_length`, which SQLite answers
+/// without reading a long value's overflow pages).
+fn row_bytes_sql(conn: &Connection, table: &str) -> rusqlite::Result<String> {
     let columns: Vec<String> = conn
         .prepare_cached("SELECT name FROM pragma_table_info(?1)")?
         .query_map([table], |r| r.get(0))?
         .collect::<rusqlite::Result<_>>()?;
-    let sum = if columns.is_empty() {
+    Ok(if columns.is_empty() {
         String::from("0")
     } else {
         columns
@@ -42,7 +42,12 @@ fn size_sql(conn: &Connection, table: &str, key: &str) -> rusqlite::Result<Strin
             .map(|c| format!("coalesce(octet_length(\"{}\"), 0)", c.replace('"', "\"\"")))
             .collect::<Vec<_>>()
             .join(" + ")
-    };
+    })
+}
+
+/// The query that counts a table's rows of one run (`?1`) and the bytes of their columns.
+fn size_sql(conn: &Connection, table: &str, key: &str) -> rusqlite::Result<String> {
+    let sum = row_bytes_sql(conn, table)?;
     Ok(format!(
         "SELECT count(*), coalesce(sum({sum}), 0) FROM {table} WHERE {key} = ?1"
     ))
@@ -55,6 +60,10 @@ fn size_sqls(conn: &Connection) -> rusqlite::Result<Vec<String>> {
         .map(|(table, key)| size_sql(conn, table, key))
         .collect()
 }
+
+/// How many runs one query of [`SqliteStore::read_stored_sizes`] measures (SQLite takes at
+/// most 32,766 parameters).
+const SIZES_AT_ONCE: usize = 500;
 
 /// A run's rows over every table, and an estimate of their bytes.
 fn rows_of(conn: &Connection, sqls: &[String], run: &str) -> rusqlite::Result<(u64, u64)> {
@@ -84,24 +93,62 @@ fn file_len(path: &Path) -> u64 {
 }
 
 impl SqliteStore {
-    /// [`Store::stored_sizes`](crate::store::Store::stored_sizes).
+    /// [`Store::stored_sizes`](crate::store::Store::stored_sizes): one query per table for
+    /// up to [`SIZES_AT_ONCE`] runs (`runs --limit 1000` stays fast).
     pub(super) fn read_stored_sizes(&self, runs: &[&str]) -> Result<Vec<StoredSize>> {
         let fail = |e| self.error("cannot measure runs in", e);
-        let sqls = size_sqls(&self.conn).map_err(fail)?;
-        runs.iter()
-            .map(|run| {
-                let (_, row_bytes) = rows_of(&self.conn, &sqls, run).map_err(fail)?;
-                let file_bytes = blobs_of(&self.conn, run)
-                    .map_err(fail)?
-                    .iter()
-                    .map(|hash| file_len(&self.blob_path(hash)))
-                    .sum();
-                Ok(StoredSize {
-                    row_bytes,
-                    file_bytes,
+        let mut sizes: std::collections::HashMap<&str, StoredSize> =
+            runs.iter().map(|r| (*r, StoredSize::default())).collect();
+        let sums: Vec<(&str, &str, String)> = RUN_TABLES
+            .iter()
+            .map(|(table, key)| Ok((*table, *key, row_bytes_sql(&self.conn, table)?)))
+            .collect::<rusqlite::Result<_>>()
+            .map_err(fail)?;
+        for chunk in runs.chunks(SIZES_AT_ONCE) {
+            let ids = (1..=chunk.len())
+                .map(|i| format!("?{i}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let params = rusqlite::params_from_iter(chunk.iter());
+            for (table, key, sum) in &sums {
+                let sql = format!(
+                    "SELECT {key}, coalesce(sum({sum}), 0) FROM {table} WHERE {key} IN ({ids}) \
+                     GROUP BY {key}"
+                );
+                let mut stmt = self.conn.prepare(&sql).map_err(fail)?;
+                let rows = stmt
+                    .query_map(params.clone(), |r| {
+                        Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))
+                    })
+                    .map_err(fail)?;
+                for row in rows {
+                    let (run, bytes) = row.map_err(fail)?;
+                    if let Some(s) = sizes.get_mut(run.as_str()) {
+                        s.row_bytes += u64::try_from(bytes).unwrap_or(0);
+                    }
+                }
+            }
+            let sql = format!(
+                "SELECT DISTINCT run, output_blob FROM nodes WHERE run IN ({ids}) \
+                 AND output_blob IS NOT NULL"
+            );
+            let mut stmt = self.conn.prepare(&sql).map_err(fail)?;
+            let rows = stmt
+                .query_map(params, |r| {
+                    Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
                 })
-            })
-            .collect()
+                .map_err(fail)?;
+            for row in rows {
+                let (run, hash) = row.map_err(fail)?;
+                if let Some(s) = sizes.get_mut(run.as_str()) {
+                    s.file_bytes += file_len(&self.blob_path(&hash));
+                }
+            }
+        }
+        Ok(runs
+            .iter()
+            .map(|r| sizes.get(r).copied().unwrap_or_default())
+            .collect())
     }
 
     /// [`Store::delete_run`](crate::store::Store::delete_run): the status and the lock
