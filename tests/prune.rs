@@ -306,6 +306,10 @@ fn prune_the_scene(
     listed.sort();
     assert_eq!(listed, ["a1", "a2", "a3", "a6", "b1", "b2"], "{out}");
     assert_eq!(files(tmp), before, "a dry run removes nothing");
+    for r in dry["runs"].as_array().unwrap() {
+        assert!(r["store"]["row_bytes"].as_u64().unwrap() > 100, "{r}");
+        assert!(r["dir_bytes"].as_u64().unwrap() > 1000, "{r}");
+    }
     for id in listed.iter() {
         assert!(reopen().run(id).unwrap().is_some(), "{id} is still there");
     }

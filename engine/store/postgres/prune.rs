@@ -98,20 +98,35 @@ fn delete(c: &mut Client, run: &str) -> Result<Removed> {
 }
 
 impl PgStore {
-    /// [`Store::stored_sizes`](crate::store::Store::stored_sizes): no files beside the rows.
+    /// [`Store::stored_sizes`](crate::store::Store::stored_sizes): one query per table for
+    /// all of them; no files beside the rows.
     pub(super) fn read_stored_sizes(&self, runs: &[&str]) -> Result<Vec<StoredSize>> {
         let runs: Vec<String> = runs.iter().map(|r| (*r).to_string()).collect();
         self.call(move |c| {
-            runs.iter()
-                .map(|run| {
-                    let (_, row_bytes) =
-                        rows_of(c, run).map_err(|e| pg("cannot measure runs", e))?;
-                    Ok(StoredSize {
-                        row_bytes,
-                        file_bytes: 0,
-                    })
+            let mut bytes: std::collections::HashMap<String, u64> =
+                std::collections::HashMap::new();
+            for (table, key) in RUN_TABLES {
+                let rows = c
+                    .query(
+                        &format!(
+                            "SELECT {key}, coalesce(sum(pg_column_size(t.*)), 0)::BIGINT \
+                             FROM {table} t WHERE {key} = ANY($1) GROUP BY {key}"
+                        ),
+                        &[&runs],
+                    )
+                    .map_err(|e| pg("cannot measure runs", e))?;
+                for row in rows {
+                    *bytes.entry(row.get(0)).or_default() +=
+                        u64::try_from(row.get::<_, i64>(1)).unwrap_or(0);
+                }
+            }
+            Ok(runs
+                .iter()
+                .map(|r| StoredSize {
+                    row_bytes: bytes.get(r).copied().unwrap_or(0),
+                    file_bytes: 0,
                 })
-                .collect()
+                .collect())
         })
     }
 

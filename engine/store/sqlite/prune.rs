@@ -257,3 +257,35 @@ fn put_back(aside: &[(PathBuf, PathBuf, u64)]) {
         let _ = fs::rename(set, file);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Store;
+
+    /// A commit that found its output already spilled (and so did not write it) writes it
+    /// again once it committed, should `runs prune` have removed the file meanwhile.
+    #[test]
+    fn a_reused_spilled_output_that_went_meanwhile_is_written_again() {
+        let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let store =
+            SqliteStore::open(&tmp.path().join("state.db")).unwrap_or_else(|e| panic!("{e}"));
+        let big = serde_json::json!({ "text": "z".repeat(100 * 1024) });
+        let (first, new) = store.prepare_output(&big).unwrap_or_else(|e| panic!("{e}"));
+        assert!(new && first.reused.is_none());
+        let hash = first.blob.clone().unwrap_or_default();
+        let (again, new) = store.prepare_output(&big).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!new && again.reused.is_some(), "found, not written");
+        // A prune removes the file before the commit's rows refer to it.
+        fs::remove_file(store.blob_path(&hash)).unwrap_or_else(|e| panic!("{e}"));
+        store
+            .restore_blobs(&[first, again])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let text = fs::read_to_string(store.blob_path(&hash)).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&text).ok(),
+            Some(big)
+        );
+        assert!(store.runs(1).map(|r| r.is_empty()).unwrap_or(false));
+    }
+}
