@@ -550,7 +550,7 @@ fn text(report: &Report, total: usize) -> String {
             if total == 1 { "" } else { "s" }
         );
     }
-    let size_header = if report.dry_run { "SIZE" } else { "FREED" };
+    let size_header = if report.dry_run { "FILES" } else { "FREED" };
     let rows: Vec<Vec<String>> = runs
         .iter()
         .map(|p| {
@@ -559,16 +559,26 @@ fn text(report: &Report, total: usize) -> String {
                 (Some(f), None) => bytes(f.freed_bytes),
                 (None, None) => bytes(p.dir_bytes + p.store.file_bytes),
             };
+            // The store's rows, an estimate.
+            let store_rows = match (&p.removed, &p.skipped) {
+                (_, Some(_)) => String::from("-"),
+                (Some(f), None) => format!("~{}", bytes(f.store.row_bytes)),
+                (None, None) => format!("~{}", bytes(p.store.row_bytes)),
+            };
             vec![
                 p.id.clone(),
                 p.workflow.clone(),
                 p.status.to_string(),
                 p.ended.clone(),
                 size,
+                store_rows,
             ]
         })
         .collect();
-    let mut out = table(&["ID", "WORKFLOW", "STATUS", "ENDED", size_header], &rows);
+    let mut out = table(
+        &["ID", "WORKFLOW", "STATUS", "ENDED", size_header, "ROWS"],
+        &rows,
+    );
     for p in runs {
         for k in &p.kept {
             out += &format!("kept {} of run {}: {}\n", k.path, p.id, k.why);
