@@ -77,6 +77,24 @@ pub fn tail(s: &str, max: usize) -> String {
     text_of(s.as_bytes(), 0, max)
 }
 
+/// Shows a number of bytes shortly, in binary units as `du -h` counts them: `512 B`,
+/// `1.5 KiB`, `3.2 MiB`, `1.0 GiB`. Truncated to a tenth, never rounded up.
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut unit = 0;
+    let mut whole = n / 1024;
+    let mut rest = n % 1024;
+    while whole >= 1024 && unit + 1 < UNITS.len() {
+        rest = whole % 1024;
+        whole /= 1024;
+        unit += 1;
+    }
+    format!("{whole}.{} {}", rest * 10 / 1024, UNITS[unit])
+}
+
 #[cfg(test)]
 mod tests {
     use super::{duration, duration_ms};
@@ -123,5 +141,17 @@ mod tests {
         assert_eq!(duration_ms(i64::MAX), "106751991167d 07h");
         assert_eq!(duration_ms(-5), "0ms");
         assert_eq!(duration_ms(72_000), "1m 12s");
+    }
+
+    #[test]
+    fn bytes_in_binary_units_truncated() {
+        use super::bytes;
+        assert_eq!(bytes(0), "0 B");
+        assert_eq!(bytes(1023), "1023 B");
+        assert_eq!(bytes(1024), "1.0 KiB");
+        assert_eq!(bytes(1536), "1.5 KiB");
+        assert_eq!(bytes(1024 * 1024 - 1), "1023.9 KiB");
+        assert_eq!(bytes(3 * 1024 * 1024 + 300 * 1024), "3.2 MiB");
+        assert_eq!(bytes(u64::MAX), "16383.9 PiB");
     }
 }

@@ -165,7 +165,7 @@ fn runs_lists_newest_first() {
         "{out}"
     );
     assert!(
-        lines[1].contains("2026-01-01T00:00:00Z") && lines[1].ends_with("1m 12s"),
+        lines[1].contains("2026-01-01T00:00:00Z") && lines[1].contains("1m 12s  "),
         "{out}"
     );
     assert!(

@@ -6,6 +6,7 @@ mod fmt;
 mod graph;
 mod lsp;
 mod presets;
+mod prune;
 mod run;
 mod runs;
 mod schema;
@@ -86,6 +87,8 @@ enum Command {
     /// Claim queued runs (`run --detach`) from a shared PostgreSQL store and carry them out,
     /// until Ctrl-C or SIGTERM; runs whose worker died are taken over once their lease ends.
     Worker(worker::Args),
+    /// Remove runs that ended, by age or count per workflow (the same as `runs prune`).
+    Gc(prune::Args),
 }
 
 /// Runs the command line and returns the process exit code.
@@ -133,6 +136,7 @@ pub(crate) fn main() -> i32 {
         Command::Completions(args) => shell::completions(&args),
         Command::Man(args) => shell::man(&args),
         Command::Worker(args) => worker::run(&args),
+        Command::Gc(args) => prune::run(&args),
     }
 }
 

@@ -23,7 +23,10 @@ const RECENT: usize = 5;
 const EXIT_STORE: i32 = 1;
 
 #[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub(super) struct RunsArgs {
+    #[command(subcommand)]
+    command: Option<RunsCommand>,
     #[command(flatten)]
     store: super::store::StoreArgs,
     /// Print one JSON document.
@@ -32,6 +35,15 @@ pub(super) struct RunsArgs {
     /// Show at most this many runs, newest first.
     #[arg(long, value_name = "N", default_value_t = 20)]
     limit: usize,
+}
+
+/// What `runs` does besides listing.
+#[derive(clap::Subcommand)]
+enum RunsCommand {
+    /// Remove runs that ended (finished or cancelled), older than an age or beyond a count
+    /// per workflow, with their directories, workspaces and rows; say how much was freed.
+    /// Never a queued, running or waiting run. Also `ralph-flow gc`.
+    Prune(super::prune::Args),
 }
 
 #[derive(clap::Args)]
@@ -92,9 +104,12 @@ fn write_export(args: &ExportArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-/// `ralph-flow runs`: a table of runs, newest first.
+/// `ralph-flow runs`: a table of runs, newest first; `runs prune`.
 pub(super) fn runs(args: &RunsArgs) -> i32 {
-    exit_code(list(args))
+    match &args.command {
+        Some(RunsCommand::Prune(prune)) => super::prune::run(prune),
+        None => exit_code(list(args)),
+    }
 }
 
 /// `ralph-flow status`: a run's settled nodes, waiting gates and usage.
@@ -108,7 +123,7 @@ pub(super) fn logs(args: &LogsArgs) -> i32 {
 }
 
 /// Why a command failed: the message and the exit code.
-struct Failure(String, i32);
+pub(super) struct Failure(pub(super) String, pub(super) i32);
 
 impl From<ralph_flow::store::StoreError> for Failure {
     fn from(e: ralph_flow::store::StoreError) -> Self {
@@ -116,7 +131,7 @@ impl From<ralph_flow::store::StoreError> for Failure {
     }
 }
 
-fn exit_code(result: Result<(), Failure>) -> i32 {
+pub(super) fn exit_code(result: Result<(), Failure>) -> i32 {
     match result {
         Ok(()) => 0,
         Err(Failure(message, code)) => {
@@ -172,7 +187,7 @@ fn unknown_run(location: &Location, id: Option<&str>, recent: &[String]) -> Fail
     Failure(format!("{what}{hint}"), super::EXIT_CONFIG)
 }
 
-fn print_json<T: Serialize>(value: &T) -> Result<(), Failure> {
+pub(super) fn print_json<T: Serialize>(value: &T) -> Result<(), Failure> {
     let text = serde_json::to_string_pretty(value)
         .map_err(|e| Failure(format!("cannot write JSON: {e}"), EXIT_STORE))?;
     println!("{}", redact(&text));
@@ -185,6 +200,11 @@ struct RunView<'a> {
     #[serde(flatten)]
     run: &'a RunRecord,
     duration_ms: i64,
+    /// Its size on disk (`runs` only): the files of its directories on this machine (its
+    /// run directory, workspaces and units' directories) plus an estimate of its rows in
+    /// the store and its spilled outputs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    size_bytes: Option<u64>,
     /// Its work that waits for a worker none of the live ones can take, and why (only on a
     /// store with workers).
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -202,6 +222,7 @@ impl<'a> RunView<'a> {
         RunView {
             run,
             duration_ms: (end - run.started_at).max(0),
+            size_bytes: None,
             unplaced: Vec::new(),
         }
     }
@@ -223,13 +244,22 @@ fn list(args: &RunsArgs) -> Result<(), Failure> {
         Some(store) => store.runs(args.limit)?,
         None => Vec::new(),
     };
-    let views: Vec<RunView<'_>> = match &store {
+    let mut views: Vec<RunView<'_>> = match &store {
         Some(store) => runs
             .iter()
             .map(|r| RunView::new(r).placed_by(store.as_ref()))
             .collect::<Result<_, _>>()?,
         None => runs.iter().map(RunView::new).collect(),
     };
+    if let Some(store) = &store {
+        let ids: Vec<&str> = runs.iter().map(|r| r.id.as_str()).collect();
+        let stored = store.stored_sizes(&ids)?;
+        let state_dir = std::path::absolute(&args.store.state_dir)
+            .unwrap_or_else(|_| args.store.state_dir.clone());
+        for (i, v) in views.iter_mut().enumerate() {
+            v.size_bytes = Some(super::prune::run_size(v.run, &state_dir, stored.get(i)));
+        }
+    }
     if args.json {
         return print_json(&views);
     }
@@ -251,13 +281,17 @@ fn list(args: &RunsArgs) -> Result<(), Failure> {
                 exit_text(v.run),
                 rfc3339(v.run.started_at),
                 duration_ms(v.duration_ms),
+                v.size_bytes
+                    .map_or_else(|| String::from("-"), ralph_flow::text::bytes),
             ]
         })
         .collect();
     print!(
         "{}",
         table(
-            &["ID", "WORKFLOW", "STATUS", "EXIT", "STARTED", "DURATION"],
+            &[
+                "ID", "WORKFLOW", "STATUS", "EXIT", "STARTED", "DURATION", "SIZE"
+            ],
             &rows
         )
     );
@@ -629,7 +663,7 @@ fn cost(u: &Usage) -> String {
 }
 
 /// Lays out rows under headers in columns, the last column unpadded.
-fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+pub(super) fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     // What agents and programs wrote is shown, never interpreted by the terminal.
     let rows: Vec<Vec<String>> = rows
         .iter()

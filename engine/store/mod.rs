@@ -993,6 +993,81 @@ pub trait Store: Send {
         except_run: &str,
         limit: usize,
     ) -> Result<Vec<(String, NodeRecord)>>;
+
+    /// What each of `runs` takes in the store, in their order ([`StoredSize`]: an estimate of
+    /// its rows, and the files the store keeps beside them for it). Empty when the store
+    /// cannot say.
+    fn stored_sizes(&self, runs: &[&str]) -> Result<Vec<StoredSize>> {
+        let _ = runs;
+        Ok(Vec::new())
+    }
+
+    /// Deletes a run that ended (finished or cancelled: [`delete_refusal`]) from the store,
+    /// in one transaction that checks its status and its lock: every row of it in every
+    /// table of the store that names runs, and the files the store keeps for it that no
+    /// remaining run refers to (SQLite's spilled outputs). Refused ([`StoreError::Refused`],
+    /// saying why) for no such run, a run that has not ended (queued, running, waiting,
+    /// interrupted: a run that resumed since it was listed is one), and a run whose lock a
+    /// live holder has ([`LockOwner::lapsed`]). Returns what it removed.
+    fn delete_run(&mut self, run: &str) -> Result<Removed> {
+        Err(StoreError::Refused(format!(
+            "this store cannot delete runs, so run {run} stays"
+        )))
+    }
+}
+
+/// What a run takes in a store ([`Store::stored_sizes`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct StoredSize {
+    /// An estimate of the bytes of its rows: the lengths of their columns (the store's own
+    /// page and index overhead is not counted).
+    pub row_bytes: u64,
+    /// The bytes of the files the store keeps beside its rows for it (SQLite's spilled
+    /// outputs; one that other runs share counts for each of them).
+    pub file_bytes: u64,
+}
+
+/// What [`Store::delete_run`] removed of a run.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Removed {
+    /// The rows deleted, over every table.
+    pub rows: u64,
+    /// An estimate of the bytes those rows held, as [`StoredSize::row_bytes`]. The store
+    /// reuses the space; a SQLite file does not shrink by it (see `runs prune`'s output).
+    pub row_bytes: u64,
+    /// The files removed beside the store (spilled outputs no remaining run refers to).
+    pub files: u64,
+    /// Their bytes, measured as they were removed.
+    pub file_bytes: u64,
+}
+
+/// Why a run in `status` cannot be deleted ([`Store::delete_run`]), or `None` when it can:
+/// only a run that ended (finished, whatever its exit, or cancelled) goes; a run that will
+/// go on (queued, running, waiting on a gate, interrupted) stays.
+pub fn delete_refusal(run: &str, status: RunStatus) -> Option<String> {
+    match status {
+        RunStatus::Finished | RunStatus::Cancelled => None,
+        RunStatus::Running | RunStatus::Waiting | RunStatus::Interrupted | RunStatus::Queued => {
+            Some(format!(
+                "run {run} is {} and may go on, so it is not removed; only finished or \
+                 cancelled runs are (cancel it first with `ralph-flow cancel {run}` if it is \
+                 not needed)",
+                status.as_str()
+            ))
+        }
+    }
+}
+
+/// Why a run whose lock `held` has cannot be deleted now, or `None` when its lock lapsed
+/// ([`LockOwner::lapsed`]) by the clock `now`.
+pub fn held_refusal(run: &str, held: &LockOwner, now: i64) -> Option<String> {
+    (!held.lapsed(&host_name(), now)).then(|| {
+        format!(
+            "run {run} ended, but pid {} on {} still holds it (it is finishing, or a \
+             resume took it); it is not removed: try again once that process is gone",
+            held.pid, held.host
+        )
+    })
 }
 
 /// Returns a lock owner for a new tenure of this process, now, without a lease (see

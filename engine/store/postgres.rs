@@ -11,6 +11,7 @@
 //! The schema is versioned (`ralph_flow_schema`); migrations run in a transaction under an
 //! advisory lock, so that processes starting together do not race.
 
+mod prune;
 mod queue;
 mod units;
 mod workers;
@@ -25,7 +26,7 @@ use ::postgres::{Client, GenericClient, NoTls, Row};
 
 use super::{
     Approval, AttemptRecord, AttemptState, Cancellation, Event, GateRequest, LockOwner, NodeRecord,
-    NodeState, Result, RunRecord, RunStatus, Store, StoreError, Usage, Write,
+    NodeState, Removed, Result, RunRecord, RunStatus, Store, StoreError, StoredSize, Usage, Write,
 };
 use crate::store::location::{OpenOptions, Opened, Registration};
 use crate::store::shared::SharedStore;
@@ -1343,6 +1344,14 @@ impl Store for PgStore {
             .map(|r| node_from_row(r).map(|n| (n.run.clone(), n)))
             .collect()
         })
+    }
+
+    fn stored_sizes(&self, runs: &[&str]) -> Result<Vec<StoredSize>> {
+        self.read_stored_sizes(runs)
+    }
+
+    fn delete_run(&mut self, run: &str) -> Result<Removed> {
+        self.delete_run_rows(run)
     }
 }
 

@@ -18,6 +18,10 @@ pub const SPILL_BYTES: usize = 64 * 1024;
 pub(super) struct Output {
     pub(super) inline: Option<String>,
     pub(super) blob: Option<String>,
+    /// The text of a spilled output whose file was there already (not written again): kept
+    /// until the commit, which writes the file again if `runs prune` removed it meanwhile
+    /// (see [`SqliteStore::restore_blobs`]).
+    pub(super) reused: Option<String>,
 }
 
 impl SqliteStore {
@@ -30,20 +34,57 @@ impl SqliteStore {
             return Ok((
                 Output {
                     inline: Some(text),
-                    blob: None,
+                    ..Output::default()
                 },
                 false,
             ));
         }
         let hash = format!("{:x}", Sha256::digest(text.as_bytes()));
         let path = self.blob_path(&hash);
-        let spilled = Output {
-            inline: None,
-            blob: Some(hash.clone()),
-        };
         if path.exists() {
-            return Ok((spilled, false));
+            return Ok((
+                Output {
+                    blob: Some(hash),
+                    reused: Some(text),
+                    ..Output::default()
+                },
+                false,
+            ));
         }
+        self.write_blob(&hash, &text)?;
+        Ok((
+            Output {
+                blob: Some(hash),
+                ..Output::default()
+            },
+            true,
+        ))
+    }
+
+    /// After a commit: writes again the spilled outputs it found already there, should
+    /// `runs prune` have removed one since (it removes only files no row refers to, and this
+    /// commit's rows were not there yet). Synced, as a new spill is.
+    pub(super) fn restore_blobs(&self, outputs: &[Output]) -> Result<()> {
+        let mut wrote = false;
+        for o in outputs {
+            if let (Some(hash), Some(text)) = (&o.blob, &o.reused)
+                && !self.blob_path(hash).exists()
+            {
+                self.write_blob(hash, text)?;
+                wrote = true;
+            }
+        }
+        if wrote {
+            fs::File::open(&self.blobs)
+                .and_then(|dir| dir.sync_all())
+                .map_err(|e| StoreError::io("sync", &self.blobs, e))?;
+        }
+        Ok(())
+    }
+
+    /// Writes a spilled output's file: synced, then renamed into place.
+    fn write_blob(&self, hash: &str, text: &str) -> Result<()> {
+        let path = self.blob_path(hash);
         let io = |e: std::io::Error| StoreError::io("write", &path, e);
         fs::create_dir_all(&self.blobs).map_err(io)?;
         let tmp = self
@@ -59,10 +100,10 @@ impl SqliteStore {
             let _ = fs::remove_file(&tmp);
             return Err(io(e));
         }
-        Ok((spilled, true))
+        Ok(())
     }
 
-    fn blob_path(&self, hash: &str) -> PathBuf {
+    pub(super) fn blob_path(&self, hash: &str) -> PathBuf {
         self.blobs.join(format!("{hash}.json"))
     }
 

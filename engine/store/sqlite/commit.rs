@@ -85,7 +85,8 @@ impl SqliteStore {
         let _ = self.conn.busy_timeout(COMMIT_BUSY_TIMEOUT);
         let result = self.commit_retrying(writes, &outputs, &shows);
         let _ = self.conn.busy_timeout(BUSY_TIMEOUT);
-        result
+        result?;
+        self.restore_blobs(&outputs)
     }
 
     /// Commits, trying again while another process holds the file, up to the busy wait.

@@ -90,6 +90,33 @@ pub(super) fn unclean_markers(path: &Path) -> Vec<(PathBuf, Option<(String, i64)
         .collect()
 }
 
+/// The process whose open-marker (other than `own`) names `run` as the last run it committed
+/// to, if one does: a run that retention must not delete while that process has the store
+/// open, since were it killed, the crash check of its marker would look for that run's rows.
+pub(super) fn marker_naming(path: &Path, run: &str, own: Option<&Path>) -> Option<u32> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let prefix = format!("{}.open-", path.file_name()?.to_string_lossy());
+    fs::read_dir(dir)
+        .ok()?
+        .filter_map(std::io::Result::ok)
+        .filter(|e| own != Some(e.path().as_path()))
+        .find_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let pid: u32 = name
+                .strip_prefix(&prefix)?
+                .split('-')
+                .next()?
+                .parse()
+                .ok()?;
+            let text = fs::read_to_string(e.path()).ok()?;
+            let (named, _) = text.trim().rsplit_once(' ')?;
+            (named == run).then_some(pid)
+        })
+}
+
 impl SqliteStore {
     /// The checks on a store that a killed process had open: its commits must all be
     /// there (a write-ahead log deleted after the crash loses them), and

@@ -11,7 +11,7 @@ use super::schema::IDENTITY_SINCE;
 use super::{SqliteStore, sql_error};
 use crate::store::{LockOwner, Result, StoreError, lost_to, now_ms};
 
-const HOLDER: &str =
+pub(super) const HOLDER: &str =
     "SELECT pid, host, since, holder, expires, started, boot, pidns FROM locks WHERE run = ?1";
 
 /// [`HOLDER`] on a store older than [`IDENTITY_SINCE`] (opened read-only): the holder's
@@ -165,7 +165,7 @@ impl SqliteStore {
     }
 }
 
-fn lock_from_row(row: &Row<'_>) -> rusqlite::Result<LockOwner> {
+pub(super) fn lock_from_row(row: &Row<'_>) -> rusqlite::Result<LockOwner> {
     Ok(LockOwner {
         pid: row.get(0)?,
         host: row.get(1)?,

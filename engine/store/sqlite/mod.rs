@@ -13,7 +13,8 @@
 //! This file holds [`SqliteStore`] and its [`Store`] implementation, which hands each method
 //! to the module of its concern: `open.rs` and `integrity.rs` (opening, crash checks),
 //! `schema.rs`, `commit.rs` and `write.rs` (a commit: busy waits, its statements),
-//! `blobs.rs` (spilled outputs), `runs.rs`, `read.rs`, `gates.rs`, `locks.rs`, and `rows.rs`
+//! `blobs.rs` (spilled outputs), `prune.rs` (sizes, deleting runs), `runs.rs`, `read.rs`,
+//! `gates.rs`, `locks.rs`, and `rows.rs`
 //! (column conversions).
 
 mod blobs;
@@ -22,6 +23,7 @@ mod gates;
 mod integrity;
 mod locks;
 mod open;
+mod prune;
 mod read;
 mod rows;
 mod runs;
@@ -40,8 +42,8 @@ pub use open::{Durability, PAGE_SIZE};
 pub use schema::SCHEMA_VERSION;
 
 use crate::store::{
-    Approval, AttemptRecord, Cancellation, Event, GateRequest, LockOwner, NodeRecord, Result,
-    RunRecord, RunStatus, Store, StoreError, Write,
+    Approval, AttemptRecord, Cancellation, Event, GateRequest, LockOwner, NodeRecord, Removed,
+    Result, RunRecord, RunStatus, Store, StoreError, StoredSize, Write,
 };
 
 /// How long a write waits for another process that holds the file.
@@ -189,6 +191,14 @@ impl Store for SqliteStore {
         limit: usize,
     ) -> Result<Vec<(String, NodeRecord)>> {
         self.read_history(workflow, node, except_run, limit)
+    }
+
+    fn stored_sizes(&self, runs: &[&str]) -> Result<Vec<StoredSize>> {
+        self.read_stored_sizes(runs)
+    }
+
+    fn delete_run(&mut self, run: &str) -> Result<Removed> {
+        self.delete_run_rows(run)
     }
 }
 

@@ -205,7 +205,7 @@ fn write_node(
     number: i64,
     event: Option<&str>,
 ) -> rusqlite::Result<()> {
-    let Output { inline, blob } = output;
+    let Output { inline, blob, .. } = output;
     let u = UsageCols::from(&n.usage);
     tx.prepare_cached(UPSERT_NODE).and_then(|mut stmt| {
         stmt.execute(params![
