@@ -297,7 +297,7 @@ fn bash_completes_subcommands_their_options_and_files() {
     // As bash calls the function on Tab: $1 the command, $2 the word, $3 the one before.
     let complete = |words: &[&str]| -> String {
         let script = format!(
-            "source ./rf.bash; COMP_WORDS=({}); COMP_CWORD={}; _ralph__flow ralph-flow {} {}; echo \"${{COMPREPLY[@]}}\"",
+            "source ./rf.bash; COMP_WORDS=({}); COMP_CWORD={}; _ralph__flow_presets ralph-flow {} {}; echo \"${{COMPREPLY[@]}}\"",
             words
                 .iter()
                 .map(|w| format!("'{w}'"))
@@ -309,6 +309,7 @@ fn bash_completes_subcommands_their_options_and_files() {
         );
         let out = std::process::Command::new("bash")
             .args(["-c", &script])
+            .env("PATH", with_binary_on_path())
             .current_dir(dir.path())
             .output()
             .unwrap_or_else(|e| panic!("bash: {e}"));
@@ -334,6 +335,27 @@ fn bash_completes_subcommands_their_options_and_files() {
         complete(&["ralph-flow", "run", "--replay", "wor"]),
         "workflows"
     );
+    // The workflow of `run`, `check`, `graph` and `explain` completes to presets and files.
+    assert_eq!(complete(&["ralph-flow", "run", "wig"]), "wiggum-review");
+    assert_eq!(complete(&["ralph-flow", "explain", "wor"]), "workflows");
+    let both = complete(&["ralph-flow", "check", ""]);
+    assert!(
+        both.contains("spider") && both.contains("workflows"),
+        "{both}"
+    );
+    // Not where a preset is no workflow.
+    assert_eq!(complete(&["ralph-flow", "export", "wig"]), "");
+}
+
+/// PATH with the built `ralph-flow` first, for the completion scripts that call it.
+fn with_binary_on_path() -> std::ffi::OsString {
+    let bin = assert_cmd::cargo::cargo_bin("ralph-flow");
+    let dir = bin.parent().unwrap_or_else(|| panic!("{}", bin.display()));
+    let mut paths = vec![dir.to_path_buf()];
+    paths.extend(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    ));
+    std::env::join_paths(paths).unwrap_or_else(|e| panic!("{e}"))
 }
 
 #[test]
@@ -347,15 +369,17 @@ fn fish_and_zsh_take_their_scripts_and_the_others_are_written() {
                 "--no-config",
                 "-c",
                 &format!(
-                    "source {}; complete -C 'ralph-flow ap'; complete -C 'ralph-flow run --sta'",
+                    "source {}; complete -C 'ralph-flow ap'; complete -C 'ralph-flow run --sta'; complete -C 'ralph-flow graph wig'",
                     path.display()
                 ),
             ])
+            .env("PATH", with_binary_on_path())
             .output()
             .unwrap_or_else(|e| panic!("fish: {e}"));
         let said = String::from_utf8_lossy(&out.stdout);
         assert!(said.contains("approve\tApprove a gate of a run"), "{said}");
         assert!(said.contains("--state-dir"), "{said}");
+        assert!(said.contains("wiggum-review\tpreset"), "{said}");
     } else {
         eprintln!("SKIPPED: fish is not installed; its completion script is not tried");
     }
@@ -372,6 +396,28 @@ fn fish_and_zsh_take_their_scripts_and_the_others_are_written() {
             out.status.success(),
             "{}",
             String::from_utf8_lossy(&out.stderr)
+        );
+        // Driven as a Tab in an interactive zsh would be (tests/shell/capture.zsh).
+        let offered = |line: &str| -> String {
+            let out = std::process::Command::new("timeout")
+                .arg("20")
+                .arg("zsh")
+                .arg("-f")
+                .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/shell/capture.zsh"))
+                .arg(line)
+                .arg(dir.path())
+                .env("PATH", with_binary_on_path())
+                .current_dir(dir.path())
+                .output()
+                .unwrap_or_else(|e| panic!("zsh: {e}"));
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        assert_eq!(offered("ralph-flow ap"), "<<approve>>\n");
+        assert_eq!(offered("ralph-flow run --sta"), "<<--state-dir>>\n");
+        let run = offered("ralph-flow run ");
+        assert!(
+            run.contains("<<wiggum-review>>") && run.contains("<<_ralph-flow>>"),
+            "{run}"
         );
     } else {
         eprintln!("SKIPPED: zsh is not installed; its completion script is not parsed");

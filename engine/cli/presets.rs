@@ -23,6 +23,10 @@ pub(super) struct Args {
     /// Print the list as JSON.
     #[arg(long)]
     json: bool,
+    /// Print only the names, one per line, without loading the presets (what the shell
+    /// completion scripts of `ralph-flow completions` call).
+    #[arg(long, conflicts_with = "json")]
+    names: bool,
 }
 
 #[derive(clap::Subcommand)]
@@ -81,6 +85,20 @@ fn sync(workflow: &Path, sets: &[(String, String)], update: Option<&[String]>) -
             EXIT_CONFIG
         }
     }
+}
+
+/// The names of the presets in these roots, once each, in the order they resolve; nothing is
+/// loaded, so a completion script may call it on every Tab.
+fn names(fs: &RealFs, roots: &[Root]) -> i32 {
+    let mut seen = std::collections::HashSet::new();
+    for root in roots {
+        for (name, _) in preset::list_in(fs, &root.dir) {
+            if seen.insert(name.clone()) {
+                println!("{name}");
+            }
+        }
+    }
+    0
 }
 
 /// One listed preset.
@@ -162,6 +180,9 @@ fn params(wf: &Workflow) -> Vec<ParamInfo> {
 fn list(args: &Args) -> i32 {
     let fs = RealFs;
     let mut roots: Vec<Root> = preset::search_roots();
+    if args.names && args.from.is_empty() {
+        return names(&fs, &roots);
+    }
     let mut code = 0;
     for w in &args.from {
         let mut sources = Sources::new();
@@ -218,6 +239,13 @@ fn list(args: &Args) -> i32 {
                 params,
             });
         }
+    }
+    if args.names {
+        let mut seen = std::collections::HashSet::new();
+        for e in entries.iter().filter(|e| seen.insert(e.name.clone())) {
+            println!("{}", e.name);
+        }
+        return code;
     }
     if args.json {
         match serde_json::to_string_pretty(&entries) {
