@@ -28,6 +28,9 @@ const MAX_PENDING: usize = 256;
 /// The records of a run.
 pub(crate) struct Artifacts {
     run_dir: PathBuf,
+    /// Whether the store keeps records (known without the lock, which a commit to a store
+    /// that keeps none then does not take more than before).
+    keeps: bool,
     inner: Arc<Mutex<Inner>>,
 }
 
@@ -113,6 +116,7 @@ impl Artifacts {
     pub(crate) fn start(run_dir: &Path, store_run: Option<&str>) -> Artifacts {
         Artifacts {
             run_dir: run_dir.to_path_buf(),
+            keeps: store_run.is_some(),
             inner: Arc::new(Mutex::new(Inner {
                 path: run_dir.join(RECORDS),
                 file: None,
@@ -142,10 +146,11 @@ impl Artifacts {
 
     /// Whether records written to the file wait for the store (see [`Artifacts::for_store`]).
     pub(crate) fn held_for_store(&self) -> bool {
-        lock(&self.inner)
-            .for_store
-            .as_ref()
-            .is_some_and(|(_, records)| !records.is_empty())
+        self.keeps
+            && lock(&self.inner)
+                .for_store
+                .as_ref()
+                .is_some_and(|(_, records)| !records.is_empty())
     }
 
     /// Writes the held records, and takes those the store does not have yet: the commit
