@@ -61,9 +61,13 @@ pub(super) struct StatusArgs {
 pub(super) struct LogsArgs {
     /// The run.
     run: String,
-    /// Show only this stage's events, and its attempts' artifact directories.
+    /// Show only this stage's events, and its attempts with their records (prompt, raw
+    /// answer, output, ...).
     #[arg(long, value_name = "STAGE")]
     stage: Option<String>,
+    /// With `--stage`: print each attempt's records in full, not only their names.
+    #[arg(long, requires = "stage")]
+    text: bool,
     #[command(flatten)]
     store: super::store::StoreArgs,
     /// Print one JSON document.
@@ -90,10 +94,22 @@ pub(super) fn export(args: &ExportArgs) -> i32 {
 }
 
 fn write_export(args: &ExportArgs) -> Result<(), Failure> {
-    let (_, run) = open_run(&location(&args.store)?, Some(&args.run))?;
+    let (store, run) = open_run(&location(&args.store)?, Some(&args.run))?;
     let dir = PathBuf::from(&run.dir);
+    // A run coordinated on another machine (a shared store) has its directory there.
+    if args.out.is_none() && store.keeps_records() && !dir.is_dir() {
+        return Err(Failure(
+            format!(
+                "run {}'s directory {} is not on this machine (another machine coordinated \
+                 the run); give `--out DIR` to write its records there",
+                run.id,
+                dir.display()
+            ),
+            super::EXIT_CONFIG,
+        ));
+    }
     let out = args.out.clone().unwrap_or_else(|| dir.clone());
-    let n = ralph_flow::run::artifacts::export(&dir, &out)
+    let n = ralph_flow::run::artifacts::export(store.as_ref(), &run, &out)
         .map_err(|e| Failure(e.message(), EXIT_STORE))?;
     println!(
         "wrote {n} file{} of run {} under {}",
@@ -479,6 +495,10 @@ struct LogsView<'a> {
     /// The stage's attempts (with `--stage` only).
     #[serde(skip_serializing_if = "Option::is_none")]
     attempts: Option<&'a [AttemptRecord]>,
+    /// The stage's attempts' records by path under the run's directory (with `--stage`
+    /// only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    records: Option<&'a std::collections::BTreeMap<String, String>>,
 }
 
 /// Gives each loop, for_each and group row what its body did: the usage of every stage
@@ -522,11 +542,17 @@ fn show_logs(args: &LogsArgs) -> Result<(), Failure> {
         Some(stage) => Some(store.attempts(&run.id, Some(stage))?),
         None => None,
     };
+    // The stage's attempts' records, from the store or the run's `artifacts.jsonl`.
+    let records = match &attempts {
+        Some(attempts) => Some(attempt_records(store.as_ref(), &run, attempts)?),
+        None => None,
+    };
     let view = LogsView {
         run: &run.id,
         stage,
         events: &events,
         attempts: attempts.as_deref(),
+        records: records.as_ref(),
     };
     if args.json {
         return print_json(&view);
@@ -611,6 +637,7 @@ fn show_logs(args: &LogsArgs) -> Result<(), Failure> {
                     &rows
                 ))
             );
+            print_records(records.as_ref(), args.text);
             println!(
                 "\n(each attempt's prompt, answer and output: `ralph-flow export {}` writes them into these directories)",
                 run.id
@@ -618,6 +645,48 @@ fn show_logs(args: &LogsArgs) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+/// The records of each attempt (by path under the run's directory, masked), read per
+/// attempt: through the store's key where it keeps them.
+fn attempt_records(
+    store: &dyn Store,
+    run: &RunRecord,
+    attempts: &[AttemptRecord],
+) -> Result<std::collections::BTreeMap<String, String>, Failure> {
+    let mut all = std::collections::BTreeMap::new();
+    for a in attempts {
+        let Some(prefix) = ralph_flow::run::artifacts::attempt_prefix(run, a) else {
+            continue;
+        };
+        let found = ralph_flow::run::artifacts::records(store, run, &prefix)
+            .map_err(|e| Failure(e.message(), EXIT_STORE))?;
+        all.extend(found);
+    }
+    Ok(all)
+}
+
+/// Under the attempts' table: each attempt's records, by name with their size, or in full
+/// (`--text`).
+fn print_records(records: Option<&std::collections::BTreeMap<String, String>>, text: bool) {
+    let Some(records) = records.filter(|r| !r.is_empty()) else {
+        return;
+    };
+    println!("\nrecords:");
+    for (path, body) in records {
+        let lines = body.lines().count();
+        let size = format!(
+            "{lines} line{}, {} B",
+            if lines == 1 { "" } else { "s" },
+            body.len()
+        );
+        if text {
+            println!("\n== {} ({size})", printable(path));
+            println!("{}", printable(body).trim_end());
+        } else {
+            println!("  {}  ({size})", printable(path));
+        }
+    }
 }
 
 fn exit_text(run: &RunRecord) -> String {

@@ -149,7 +149,7 @@ impl Shared {
             let _ = self.interrupt.send(true);
             return;
         }
-        if writes.is_empty() {
+        if writes.is_empty() && !self.artifacts.held_for_store() {
             return;
         }
         // A coordinator that lost its lease writes nothing more (its store would refuse it
@@ -162,9 +162,19 @@ impl Shared {
             return;
         }
         self.count(|w| w.commits += 1);
-        // The records of what was committed go to the writer too (one wake-up per commit).
-        self.artifacts.hand_over();
-        if let Err(e) = self.store.borrow_mut().commit(&writes) {
+        // The records of what is committed are written too (one wake-up per commit): to
+        // `artifacts.jsonl`, and, when the store keeps them, to the store in the same
+        // transaction (those written to the file since the last commit, before a program
+        // started, come with this one).
+        let records = self.artifacts.for_store();
+        let committed = if records.is_empty() {
+            self.store.borrow_mut().commit(&writes)
+        } else {
+            self.store
+                .borrow_mut()
+                .commit_with_records(&writes, &records)
+        };
+        if let Err(e) = committed {
             // A full disk or the file size limit: the run's error names the limit.
             if let Some(limit) = crate::backend::process::Limit::met_by(&e) {
                 self.limit_reached(None, limit, crate::diag::error_chain(&e));

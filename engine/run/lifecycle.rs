@@ -513,7 +513,10 @@ fn share(
         None => None,
     };
     let (interrupt, _) = watch::channel(false);
-    let artifacts = super::artifacts::Artifacts::start(Path::new(&run.dir));
+    let artifacts = super::artifacts::Artifacts::start(
+        Path::new(&run.dir),
+        store.keeps_records().then_some(run.id.as_str()),
+    );
     let units = match (&opts.spread, units_store) {
         (Some(labels), Some(handle)) => Some(super::units::Units::new(
             handle,

@@ -185,12 +185,15 @@ pub(crate) async fn artifacts(State(m): State<Arc<Monitor>>, Path(id): Path<Stri
 }
 
 fn records(m: &Monitor, id: &str) -> Result<std::collections::BTreeMap<String, String>, Failure> {
-    let run = m
-        .with_store(|s| s.run(id))
-        .map_err(|e| store_failure(&e))?
-        .flatten()
-        .ok_or_else(|| not_found(id))?;
-    crate::run::artifacts::read_records(std::path::Path::new(&run.dir)).map_err(|e| {
+    // From the store where it keeps them (any machine), else the run's `artifacts.jsonl`.
+    m.with_store(|s| {
+        Ok(s.run(id)?
+            .map(|run| crate::run::artifacts::records(&*s, &run, "")))
+    })
+    .map_err(|e| store_failure(&e))?
+    .flatten()
+    .ok_or_else(|| not_found(id))?
+    .map_err(|e| {
         failure(
             StatusCode::SERVICE_UNAVAILABLE,
             &format!("cannot read the run's records: {}", error_chain(&e)),

@@ -3,7 +3,8 @@
 //! One axum server, on a current-thread tokio runtime, serves server-rendered pages
 //! (minijinja, autoescaped), a JSON API under `/api`, server-sent events and Prometheus
 //! metrics. Everything it shows is read through the [`Store`] trait, so it works on any
-//! store; the attempts' prompts and answers come from each run's `artifacts.jsonl`.
+//! store; the attempts' prompts and answers too where the store keeps them (PostgreSQL),
+//! else from each run's `artifacts.jsonl` (`run::artifacts::records`).
 //!
 //! - [`auth`]: the access token (in the printed URL, then a cookie) and CSRF protection.
 //! - [`host`]: the `Host` check in front of it (DNS-rebinding protection).

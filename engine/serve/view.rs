@@ -473,7 +473,8 @@ fn file_rank(name: &str) -> (usize, String) {
     )
 }
 
-/// A text an attempt wrote (a record of `artifacts.jsonl` or a file of its directory).
+/// A text an attempt wrote (a record, from the store or `artifacts.jsonl`, or a file of its
+/// directory).
 #[derive(Clone, Debug, Serialize)]
 pub(super) struct FileView {
     pub name: String,
@@ -526,7 +527,7 @@ pub(super) fn stage(
         .filter(|n| n.node == node)
         .collect();
     let run_dir = Path::new(&run.dir);
-    let records = crate::run::artifacts::read_records(run_dir).unwrap_or_default();
+    let records = crate::run::artifacts::records(&*store, run, "").unwrap_or_default();
     let mut by_scope: BTreeMap<String, Instance> = BTreeMap::new();
     for n in settled {
         let output = (!n.output.is_null())

@@ -668,6 +668,17 @@ pub struct Approval {
     pub at: i64,
 }
 
+/// A record of what people read of an attempt (its prompt, raw answer, output, feedback, a
+/// unit's stdout and stderr tails): `path` under the run's directory
+/// (`SCOPE/STAGE/attempt-N/prompt.md`), and its text, secrets masked. A store that keeps
+/// them ([`Store::keeps_records`]) has a later record of a path replace the earlier one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArtifactRecord {
+    pub run: String,
+    pub path: String,
+    pub text: String,
+}
+
 /// One write of a group commit.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Write {
@@ -1013,6 +1024,32 @@ pub trait Store: Send {
         Err(StoreError::Refused(format!(
             "this store cannot delete runs, so run {run} stays"
         )))
+    }
+
+    /// Whether this store keeps the attempts' records ([`ArtifactRecord`]), so that an
+    /// executor hands them over with its commits ([`Store::commit_with_records`]) and
+    /// readers on any machine find them ([`Store::records`]). A shared store does
+    /// (PostgreSQL); the SQLite store does not: its file and the run's `artifacts.jsonl`
+    /// lie in the same state directory, which holds the records.
+    fn keeps_records(&self) -> bool {
+        false
+    }
+
+    /// [`Store::commit`] of `writes`, with the attempts' `records` in the same transaction
+    /// (their secrets masked, a later record of a path replacing an earlier one). A store
+    /// that does not keep records ([`Store::keeps_records`]) commits the writes alone.
+    fn commit_with_records(&mut self, writes: &[Write], records: &[ArtifactRecord]) -> Result<()> {
+        let _ = records;
+        self.commit(writes)
+    }
+
+    /// The records of run `run` whose path starts with `under` (`""`: all of them; an
+    /// attempt's: `SCOPE/STAGE/attempt-N/`), by path, read through the store's key (no scan
+    /// of the run). `None` when the store keeps no record of that run (a store that keeps
+    /// none, a run written before it did): its `artifacts.jsonl` has them.
+    fn records(&self, run: &str, under: &str) -> Result<Option<Vec<(String, String)>>> {
+        let _ = (run, under);
+        Ok(None)
     }
 }
 

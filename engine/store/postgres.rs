@@ -13,6 +13,7 @@
 
 mod prune;
 mod queue;
+mod records;
 mod units;
 mod workers;
 
@@ -25,8 +26,9 @@ use std::time::{Duration, Instant};
 use ::postgres::{Client, GenericClient, NoTls, Row};
 
 use super::{
-    Approval, AttemptRecord, AttemptState, Cancellation, Event, GateRequest, LockOwner, NodeRecord,
-    NodeState, Removed, Result, RunRecord, RunStatus, Store, StoreError, StoredSize, Usage, Write,
+    Approval, ArtifactRecord, AttemptRecord, AttemptState, Cancellation, Event, GateRequest,
+    LockOwner, NodeRecord, NodeState, Removed, Result, RunRecord, RunStatus, Store, StoreError,
+    StoredSize, Usage, Write,
 };
 use crate::store::location::{OpenOptions, Opened, Registration};
 use crate::store::shared::SharedStore;
@@ -54,7 +56,7 @@ fn open_url(url: &str, options: &OpenOptions) -> Result<Opened> {
 }
 
 /// The schema this version reads and writes.
-pub const SCHEMA_VERSION: i32 = 7;
+pub const SCHEMA_VERSION: i32 = 8;
 
 /// How long a lost connection is retried before the call fails (a restart of the server, a
 /// failover, a network cut).
@@ -236,6 +238,18 @@ CREATE TABLE workers (
     labels TEXT[] NOT NULL DEFAULT '{}',
     seen   BIGINT NOT NULL,
     until  BIGINT NOT NULL
+);
+"#,
+    r#"
+-- What people read of each attempt (prompts, raw answers, outputs, feedback, a unit's stdout
+-- and stderr tails), written with the commit that settles it, so that any machine shows them
+-- (see postgres/records.rs). The path in the C collation: an attempt's records are one range
+-- of the key. BYTEA: a program's output may hold a NUL.
+CREATE TABLE artifacts (
+    run  TEXT NOT NULL,
+    path TEXT COLLATE "C" NOT NULL,
+    text BYTEA NOT NULL,
+    PRIMARY KEY (run, path)
 );
 "#,
 ];
@@ -780,8 +794,15 @@ fn prepared(
 
 /// Writes the records of a commit in one transaction: one round trip for the key and the
 /// change count, then one a record.
-fn write_all(c: &mut Client, writes: &[Write], key: i64, fence: Option<&Fence>) -> Result<()> {
+fn write_all(
+    c: &mut Client,
+    writes: &[Write],
+    records: &[ArtifactRecord],
+    key: i64,
+    fence: Option<&Fence>,
+) -> Result<()> {
     let fail = |e| pg("cannot commit to the store", e);
+    let record = prepared(c, records::INSERT).map_err(fail)?;
     let apply = prepared(c, APPLY_KEY).map_err(fail)?;
     let node = prepared(c, UPSERT_NODE).map_err(fail)?;
     let attempt = prepared(c, UPSERT_ATTEMPT).map_err(fail)?;
@@ -868,6 +889,7 @@ fn write_all(c: &mut Client, writes: &[Write], key: i64, fence: Option<&Fence>) 
             Write::Approval(a) => insert_approval(&mut tx, a).map_err(fail)?,
         }
     }
+    records::write(&mut tx, &record, records).map_err(fail)?;
     tx.commit().map_err(fail)
 }
 
@@ -1126,7 +1148,7 @@ impl Store for PgStore {
         writes.iter_mut().for_each(Write::redact);
         let key = write_key();
         let fence = self.fence.clone();
-        self.call(move |c| write_all(c, &writes, key, fence.as_ref()))
+        self.call(move |c| write_all(c, &writes, &[], key, fence.as_ref()))
     }
 
     fn nodes(&self, run: &str) -> Result<Vec<NodeRecord>> {
@@ -1352,6 +1374,27 @@ impl Store for PgStore {
 
     fn delete_run(&mut self, run: &str) -> Result<Removed> {
         self.delete_run_rows(run)
+    }
+
+    fn keeps_records(&self) -> bool {
+        true
+    }
+
+    fn commit_with_records(&mut self, writes: &[Write], records: &[ArtifactRecord]) -> Result<()> {
+        // Copied anyway (for the connection's thread): masked in place, whoever commits.
+        let mut writes = writes.to_vec();
+        writes.iter_mut().for_each(Write::redact);
+        let mut records = records.to_vec();
+        for r in &mut records {
+            crate::secrets::redact_in_place(&mut r.text);
+        }
+        let key = write_key();
+        let fence = self.fence.clone();
+        self.call(move |c| write_all(c, &writes, &records, key, fence.as_ref()))
+    }
+
+    fn records(&self, run: &str, under: &str) -> Result<Option<Vec<(String, String)>>> {
+        self.read_records(run, under)
     }
 }
 

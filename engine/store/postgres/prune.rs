@@ -20,6 +20,7 @@ pub(super) const RUN_TABLES: &[(&str, &str)] = &[
     ("locks", "run"),
     ("run_sources", "run"),
     ("units", "run"),
+    ("artifacts", "run"),
     ("runs", "id"),
 ];
 
