@@ -473,11 +473,29 @@ fn prune_on_postgres_removes_the_same() {
     let repo = repo(tmp.path());
     let mut store = ralph_flow::store::postgres::PgStore::connect(&url).unwrap();
     scene(&mut store, &state, &repo);
+    // PostgreSQL keeps the attempts' records in the store: they go with their run.
+    let record = |run: &str| ralph_flow::store::ArtifactRecord {
+        run: run.into(),
+        path: "@run/a/attempt-1/prompt.md".into(),
+        text: format!("the prompt of {run}"),
+    };
+    store
+        .commit_with_records(&[], &[record("a1"), record("a4")])
+        .unwrap();
     let reopen = || -> Box<dyn Store> {
         Box::new(ralph_flow::store::postgres::PgStore::connect(&url).unwrap())
     };
     prune_the_scene(tmp.path(), &state, &repo, &["--store", &url], None, &reopen);
     assert!(!state.join("state.db").exists(), "no SQLite store was made");
+    let after = reopen();
+    assert_eq!(after.records("a1", "").unwrap().unwrap_or_default(), vec![]);
+    assert_eq!(
+        after.records("a4", "").unwrap(),
+        Some(vec![(
+            "@run/a/attempt-1/prompt.md".to_string(),
+            "the prompt of a4".to_string()
+        )])
+    );
     drop(store);
 }
 
