@@ -35,6 +35,11 @@
   function formKey(form) {
     return form ? (form.dataset.gate ? "gate:" + form.dataset.gate : form.className) : "";
   }
+  // A <details> by its own key (data-key: a stage page's output, file or diff), else by
+  // its form.
+  function detailsKey(d) {
+    return d.dataset.key ? "key:" + d.dataset.key : formKey(d.closest("form"));
+  }
   function keepState(el) {
     var state = { fields: {}, open: {}, focus: null };
     el.querySelectorAll("textarea, input[type=text]").forEach(function (f) {
@@ -45,7 +50,7 @@
       }
     });
     el.querySelectorAll("details").forEach(function (d) {
-      state.open[formKey(d.closest("form"))] = d.open;
+      state.open[detailsKey(d)] = d.open;
     });
     return state;
   }
@@ -59,7 +64,7 @@
       }
     });
     el.querySelectorAll("details").forEach(function (d) {
-      var key = formKey(d.closest("form"));
+      var key = detailsKey(d);
       if (Object.prototype.hasOwnProperty.call(state.open, key)) d.open = state.open[key];
     });
   }

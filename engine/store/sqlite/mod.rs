@@ -41,7 +41,7 @@ pub use schema::SCHEMA_VERSION;
 
 use crate::store::{
     Approval, AttemptRecord, Cancellation, Event, GateRequest, LockOwner, NodeRecord, Result,
-    RunRecord, RunStatus, Store, StoreError, Write,
+    RunRecord, RunStatus, Since, Store, StoreError, Write,
 };
 
 /// How long a write waits for another process that holds the file.
@@ -189,6 +189,18 @@ impl Store for SqliteStore {
         limit: usize,
     ) -> Result<Vec<(String, NodeRecord)>> {
         self.read_history(workflow, node, except_run, limit)
+    }
+
+    fn events_since(&self, run: &str, after: i64) -> Result<Since<Event>> {
+        self.read_events_since(run, after)
+    }
+
+    fn nodes_since(&self, run: &str, after: i64) -> Result<Since<NodeRecord>> {
+        self.read_nodes_since(run, after)
+    }
+
+    fn attempts_since(&self, run: &str, after: i64) -> Result<Since<AttemptRecord>> {
+        self.read_attempts_since(run, after)
     }
 }
 
