@@ -104,15 +104,28 @@
     });
   }
   if (parts.length && window.EventSource) {
-    var es = new EventSource("/api/changes");
-    // A change made before the stream was open (or while it reconnected) sends no event:
-    // the parts are fetched again each time it opens.
-    es.addEventListener("open", function () {
-      if (dot) dot.classList.add("on");
-      refresh();
+    var es = null;
+    var connect = function () {
+      es = new EventSource("/api/changes");
+      // A change made before the stream was open (or while it reconnected) sends no event:
+      // the parts are fetched again each time it opens.
+      es.addEventListener("open", function () {
+        if (dot) dot.classList.add("on");
+        refresh();
+      });
+      es.addEventListener("error", function () { if (dot) dot.classList.remove("on"); });
+      es.addEventListener("change", refresh);
+    };
+    // A page left for another is closed, stream and all: a page the browser keeps to go back
+    // to would hold its connection, and a browser opens only six to one server.
+    window.addEventListener("pagehide", function () {
+      if (es) { es.close(); es = null; }
+      if (dot) dot.classList.remove("on");
     });
-    es.addEventListener("error", function () { if (dot) dot.classList.remove("on"); });
-    es.addEventListener("change", refresh);
+    window.addEventListener("pageshow", function (e) {
+      if (e.persisted && !es) connect();
+    });
+    connect();
     refresh();
   }
 })();
