@@ -191,8 +191,10 @@ impl Copies {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::sqlite::SqliteStore;
-    use crate::store::{AttemptState, NodeState, RunRecord, RunStatus, Usage, Write};
+    use crate::serve::view;
+    use crate::store::{
+        AttemptState, Location, NodeState, OpenOptions, RunRecord, RunStatus, Usage, Write,
+    };
 
     fn run_record(id: &str) -> RunRecord {
         RunRecord {
@@ -306,10 +308,16 @@ mod tests {
     #[test]
     fn a_copy_kept_up_to_date_equals_a_fresh_read_after_random_changes() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let path = dir.path().join("state.db");
-        let mut store = SqliteStore::open(&path).unwrap_or_else(|e| panic!("{e}"));
+        // The state directory's store, as the monitor opens it.
+        let location = Location::StateDir(dir.path().to_path_buf());
+        let open = || {
+            location
+                .open(&OpenOptions::default())
+                .unwrap_or_else(|e| panic!("{e}"))
+        };
+        let mut store = open();
         // Another connection writes too (an `approve` from another terminal).
-        let mut other = SqliteStore::open(&path).unwrap_or_else(|e| panic!("{e}"));
+        let mut other = open();
         for id in ["r", "s"] {
             store
                 .create_run(&run_record(id))
@@ -331,9 +339,9 @@ mod tests {
                 continue;
             }
             let copy = copies
-                .refresh(&store, "r", 1, Kinds::All)
+                .refresh(store.as_ref(), "r", 1, Kinds::All)
                 .unwrap_or_else(|e| panic!("{e}"));
-            let fresh = Records::read(&store, "r").unwrap_or_else(|e| panic!("{e}"));
+            let fresh = Records::read(store.as_ref(), "r").unwrap_or_else(|e| panic!("{e}"));
             same(&copy, &fresh);
             assert!(
                 round < 20 || !copy.nodes.is_empty(),
@@ -341,7 +349,7 @@ mod tests {
             );
             if round % 10 == 0 {
                 // The page made from the copy is the page made from a fresh read.
-                let page = |d: Option<super::super::view::RunDetail>| {
+                let page = |d: Option<view::RunDetail>| {
                     let mut v = serde_json::to_value(d.unwrap_or_else(|| panic!("no run")))
                         .unwrap_or_else(|e| panic!("{e}"));
                     // Counted to now: not the same twice.
@@ -349,8 +357,8 @@ mod tests {
                     v["summary"]["duration_ms"] = serde_json::Value::Null;
                     v
                 };
-                let fresh = super::super::view::run(&mut store, "r");
-                let kept = super::super::view::run_from(&mut store, &mut copies, "r");
+                let fresh = view::run(store.as_mut(), "r");
+                let kept = view::run_from(store.as_mut(), &mut copies, "r");
                 assert_eq!(
                     page(fresh.unwrap_or_else(|e| panic!("{e}"))),
                     page(kept.unwrap_or_else(|e| panic!("{e}")))
@@ -358,11 +366,11 @@ mod tests {
             }
         }
         let copy = copies
-            .refresh(&store, "s", 1, Kinds::All)
+            .refresh(store.as_ref(), "s", 1, Kinds::All)
             .unwrap_or_else(|e| panic!("{e}"));
         same(
             &copy,
-            &Records::read(&store, "s").unwrap_or_else(|e| panic!("{e}")),
+            &Records::read(store.as_ref(), "s").unwrap_or_else(|e| panic!("{e}")),
         );
     }
 }
