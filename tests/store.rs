@@ -1631,13 +1631,18 @@ fn postgres_migrates_a_version_4_schema_keeping_its_records() {
     .expect("commit");
     drop(s);
     // What version 4 had: the same tables without the count (nor the identity of a lock's
-    // holder, which version 6 added, nor the workers, which version 7 added).
+    // holder, which version 6 added, nor the workers, which version 7 added, nor the writing
+    // transactions of rows, which version 8 added).
     let mut c = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
     c.batch_execute(
         "ALTER TABLE nodes DROP COLUMN unreported; \
          ALTER TABLE attempts DROP COLUMN unreported; \
          ALTER TABLE locks DROP COLUMN started, DROP COLUMN boot, DROP COLUMN pidns; \
          DROP TABLE workers; \
+         DROP FUNCTION ralph_flow_written_by() CASCADE; \
+         ALTER TABLE nodes DROP COLUMN tx; \
+         ALTER TABLE attempts DROP COLUMN tx; \
+         ALTER TABLE events DROP COLUMN tx; \
          UPDATE ralph_flow_schema SET version = 4;",
     )
     .expect("back to version 4");
