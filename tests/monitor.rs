@@ -1,9 +1,12 @@
 //! `ralph-flow serve` over HTTP: the token, CSRF, the JSON API, metrics, escaping and
-//! secrets. The browser tests are in tests/monitor_browser.rs.
+//! secrets; stage pages paged and filtered, and live; the store's reads of what changed
+//! (`*_since`) against full reads, in SQLite and PostgreSQL. The browser tests are in
+//! tests/monitor_browser.rs.
 #![allow(clippy::unwrap_used)]
 
 mod common;
 mod monitor_support;
+mod pg;
 
 use monitor_support::{Checkout, Server};
 
@@ -550,4 +553,367 @@ fn a_run_whose_process_is_gone_shows_as_orphaned_until_it_is_resumed() {
     let (code, _, err) = c.run(&["resume", &id, "--no-wait"]);
     assert_eq!(code, 75, "{err}");
     assert_eq!(state(), "waiting");
+}
+
+/// A page's HTML with the escapes of `/` and `&` in attributes undone (minijinja escapes
+/// both; a browser reads them back), so that links can be compared as written.
+fn unescaped(html: &str) -> String {
+    html.replace("&#x2f;", "/").replace("&amp;", "&")
+}
+
+/// How many `<section class="instance"` a stage page shows, and their states.
+fn instances(page: &str) -> Vec<String> {
+    page.split("<section class=\"instance\"")
+        .skip(1)
+        .map(|s| {
+            s.split("data-state=\"")
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn stage_pages_of_a_fan_out_are_paged_and_filtered_by_state_with_counts() {
+    let c = Checkout::new();
+    let id = c.fanout(250);
+    let s = Server::start(c.path(), &[]);
+    let base = format!("/runs/{id}/stage?node=work");
+    let mut first = s.get(&base);
+    first.body = unescaped(&first.body);
+    assert_eq!(first.status, 200, "{}", first.body);
+    let states = instances(&first.body);
+    assert_eq!(states.len(), 100, "a page of 100");
+    // In the order they started; every state counted, whatever the page shows.
+    assert!(
+        first.body.contains("Instances 1–100 of 250"),
+        "{}",
+        first.body
+    );
+    assert!(first.body.contains("page 1 of 3"), "{}", first.body);
+    for (state, n) in [("done", 225), ("failed", 25)] {
+        let link = format!(
+            "href=\"/runs/{id}/stage?node=work&state={state}\" data-state=\"{state}\">{state} <span class=\"count\">{n}</span>"
+        );
+        assert!(first.body.contains(&link), "{link}: {}", first.body);
+    }
+    assert!(!first.body.contains("rel=\"prev\""));
+    let next = format!("href=\"/runs/{id}/stage?node=work&page=2\"");
+    assert!(first.body.contains(&next), "{}", first.body);
+    // Its next page, by the link (no script needed), and its last.
+    let mut second = s.get(&format!("{base}&page=2"));
+    second.body = unescaped(&second.body);
+    assert_eq!(instances(&second.body).len(), 100);
+    assert!(second.body.contains("Instances 101–200 of 250"));
+    assert!(second.body.contains("rel=\"prev\""));
+    let mut last = s.get(&format!("{base}&page=3"));
+    last.body = unescaped(&last.body);
+    assert_eq!(instances(&last.body).len(), 50);
+    assert!(!last.body.contains("rel=\"next\""));
+    // No item is on two pages.
+    let scopes = |p: &str| -> Vec<String> {
+        p.split("data-scope=\"")
+            .skip(1)
+            .map(|r| r.split('"').next().unwrap().to_string())
+            .collect()
+    };
+    let mut all: Vec<String> = [&first.body, &second.body, &last.body]
+        .iter()
+        .flat_map(|p| scopes(p))
+        .collect();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), 250);
+    // A page past the last shows the last.
+    assert_eq!(instances(&s.get(&format!("{base}&page=9")).body).len(), 50);
+    // Filtered: the failed items only, on one page, their filter link marked.
+    let mut failed = s.get(&format!("{base}&state=failed"));
+    failed.body = unescaped(&failed.body);
+    let states = instances(&failed.body);
+    assert_eq!(states.len(), 25);
+    assert!(states.iter().all(|s| s == "failed"), "{states:?}");
+    assert!(failed.body.contains("of 25 failed"), "{}", failed.body);
+    assert!(failed.body.contains("class=\"on\""));
+    assert!(!failed.body.contains("rel=\"next\""));
+    // A state nobody is in: none, said so.
+    let none = s.get(&format!("{base}&state=running"));
+    assert_eq!(instances(&none.body).len(), 0);
+    assert!(
+        none.body.contains("No instance is running"),
+        "{}",
+        none.body
+    );
+    // What is wrong, and what to give instead.
+    let bad = s.get(&format!("{base}&state=nope"));
+    assert_eq!(bad.status, 400);
+    assert!(bad.body.contains("unknown state `nope`") && bad.body.contains("failed"));
+    let bad = s.get(&format!("{base}&page=0"));
+    assert_eq!(bad.status, 400);
+    assert!(bad.body.contains("give 1 or more"), "{}", bad.body);
+}
+
+#[test]
+fn a_stage_page_follows_its_run_live() {
+    use ralph_flow::store::{AttemptRecord, AttemptState, Store, Usage, Write};
+    let c = Checkout::new();
+    let id = c.fanout(12);
+    let s = Server::start(c.path(), &[]);
+    let page = unescaped(&s.get(&format!("/runs/{id}/stage?node=work")).body);
+    // Its live part, as the run page's are, and the script that refreshes it.
+    let live = format!("data-live=\"/live/runs/{id}/stage?node=work\" data-part=\"stage\"");
+    assert!(page.contains(&live), "{page}");
+    assert!(page.contains("/assets/app.js"));
+    let parts = s.json(&format!("/live/runs/{id}/stage?node=work"));
+    let before = parts["stage"].as_str().unwrap().to_string();
+    assert_eq!(instances(&before).len(), 12);
+    // Another process writes an attempt: the live part shows it.
+    let mut store =
+        ralph_flow::store::sqlite::SqliteStore::open(&c.path().join(".ralph-flow/state.db"))
+            .unwrap();
+    store
+        .commit(&[Write::Attempt(AttemptRecord {
+            run: id.clone(),
+            scope: "each#late".into(),
+            node: "work".into(),
+            attempt: 1,
+            state: AttemptState::Running,
+            agent: None,
+            dir: String::new(),
+            error: None,
+            usage: Usage::default(),
+            started_at: ralph_flow::store::now_ms(),
+            finished_at: None,
+        })])
+        .unwrap();
+    let parts = s.json(&format!("/live/runs/{id}/stage?node=work"));
+    let after = parts["stage"].as_str().unwrap();
+    assert_eq!(instances(after).len(), 13, "{after}");
+    assert!(after.contains("data-scope=\"each#late\""), "{after}");
+    // The run is not running, so the item that never settled is interrupted.
+    assert!(
+        after.contains("interrupted <span class=\"count\">1</span>"),
+        "{after}"
+    );
+    // A run that is not there.
+    assert_eq!(s.get("/live/runs/nope/stage?node=work").status, 404);
+}
+
+/// Random writes to a run, of the kinds the executor and `approve` make.
+/// Scopes start with `prefix` (two writers at once write different ones, as two processes
+/// never settle the same stage of a run at once).
+fn random_writes(
+    seed: &mut u64,
+    run: &str,
+    prefix: &str,
+    clock: &mut i64,
+) -> Vec<ralph_flow::store::Write> {
+    use ralph_flow::store::{
+        AttemptRecord, AttemptState, Event, NodeRecord, NodeState, Usage, Write,
+    };
+    let mut below = |n: u64| {
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+        *seed % n
+    };
+    let mut writes = Vec::new();
+    for _ in 0..=below(4) {
+        *clock += 1 + below(3) as i64;
+        let scope = format!("{prefix}loop#{}", below(5));
+        let node = format!("s{}", below(3));
+        let attempt = below(3) as u32 + 1;
+        match below(4) {
+            0 | 1 => {
+                let ended = below(2) == 0;
+                writes.push(Write::Attempt(AttemptRecord {
+                    run: run.into(),
+                    scope,
+                    node,
+                    attempt,
+                    state: if ended {
+                        AttemptState::Failed
+                    } else {
+                        AttemptState::Running
+                    },
+                    agent: None,
+                    dir: String::new(),
+                    error: ended.then(|| format!("ended at {clock}")),
+                    usage: Usage {
+                        output_tokens: below(50),
+                        ..Usage::default()
+                    },
+                    started_at: *clock - below(2) as i64,
+                    finished_at: ended.then_some(*clock),
+                }));
+            }
+            2 => {
+                writes.push(Write::Event(Event {
+                    run: run.into(),
+                    at: *clock,
+                    scope: scope.clone(),
+                    node: node.clone(),
+                    kind: "done".into(),
+                    message: format!("settled at {clock}"),
+                }));
+                writes.push(Write::Node(NodeRecord {
+                    run: run.into(),
+                    scope,
+                    node,
+                    state: NodeState::Done,
+                    output: serde_json::json!({ "at": *clock }),
+                    action: None,
+                    feedback: None,
+                    attempts: attempt,
+                    usage: Usage::default(),
+                    started_at: *clock - 1,
+                    finished_at: *clock,
+                }));
+            }
+            _ => writes.push(Write::Event(Event {
+                run: run.into(),
+                at: *clock,
+                scope,
+                node,
+                kind: "retry".into(),
+                message: format!("event at {clock}"),
+            })),
+        }
+    }
+    writes
+}
+
+/// A reader's copy of a run, kept with the `*_since` reads as the monitor keeps its own.
+#[derive(Default)]
+struct Copy {
+    at: [i64; 3],
+    nodes: std::collections::HashMap<(String, String), (i64, ralph_flow::store::NodeRecord)>,
+    attempts: std::collections::HashMap<(String, String, u32), ralph_flow::store::AttemptRecord>,
+    events: std::collections::BTreeMap<i64, ralph_flow::store::Event>,
+}
+
+impl Copy {
+    fn refresh(&mut self, s: &dyn ralph_flow::store::Store, run: &str) {
+        let nodes = s.nodes_since(run, self.at[0]).unwrap();
+        self.at[0] = nodes.next;
+        for (n, r) in nodes.records {
+            self.nodes.insert((r.scope.clone(), r.node.clone()), (n, r));
+        }
+        let attempts = s.attempts_since(run, self.at[1]).unwrap();
+        assert!(attempts.next >= self.at[1], "a position never goes back");
+        self.at[1] = attempts.next;
+        for (_, a) in attempts.records {
+            self.attempts
+                .insert((a.scope.clone(), a.node.clone(), a.attempt), a);
+        }
+        let events = s.events_since(run, self.at[2]).unwrap();
+        self.at[2] = events.next;
+        for (n, e) in events.records {
+            assert!(self.events.insert(n, e).is_none(), "an event read twice");
+        }
+    }
+
+    /// The copy equals a full read.
+    fn check(&self, s: &dyn ralph_flow::store::Store, run: &str) {
+        let mut nodes: Vec<_> = self.nodes.values().collect();
+        nodes.sort_by_key(|(n, _)| *n);
+        let nodes: Vec<_> = nodes.into_iter().map(|(_, r)| r.clone()).collect();
+        assert_eq!(nodes, s.nodes(run).unwrap());
+        let mut attempts: Vec<_> = self.attempts.values().cloned().collect();
+        attempts.sort_by(|a, b| {
+            (a.started_at, &a.scope, &a.node, a.attempt).cmp(&(
+                b.started_at,
+                &b.scope,
+                &b.node,
+                b.attempt,
+            ))
+        });
+        assert_eq!(attempts, s.attempts(run, None).unwrap());
+        let events: Vec<_> = self.events.values().cloned().collect();
+        assert_eq!(events, s.events(run, None).unwrap());
+    }
+}
+
+fn run_record(id: &str) -> ralph_flow::store::RunRecord {
+    ralph_flow::store::RunRecord {
+        id: id.into(),
+        workflow: "w".into(),
+        file: "w.toml".into(),
+        workflow_hash: String::new(),
+        params: serde_json::json!({}),
+        status: ralph_flow::store::RunStatus::Running,
+        exit: None,
+        started_at: 1,
+        updated_at: 1,
+        dir: "/nonexistent".into(),
+        options: serde_json::json!({}),
+    }
+}
+
+/// Random commits by two writers (an executor and an `approve`), read back with the
+/// `*_since` reads after each: the copy equals a full read every time.
+fn since_reads_equal_full_reads(
+    mut writers: Vec<Box<dyn ralph_flow::store::Store + Send>>,
+    reader: &dyn ralph_flow::store::Store,
+) {
+    for id in ["r", "other"] {
+        writers[0].create_run(&run_record(id)).unwrap();
+    }
+    let mut copy = Copy::default();
+    let (mut seed, mut clock) = (0x2545_f491_4f6c_dd1d_u64, 10);
+    for round in 0..200 {
+        let run = if round % 5 == 4 { "other" } else { "r" };
+        let w = (seed % 2) as usize;
+        let writes = random_writes(&mut seed, run, "", &mut clock);
+        writers[w].commit(&writes).unwrap();
+        copy.refresh(reader, "r");
+        copy.check(reader, "r");
+    }
+    // Then both at once, from two threads: what a reader sees in the end is all of it.
+    let mut threads = Vec::new();
+    for (i, mut w) in writers.into_iter().enumerate() {
+        threads.push(std::thread::spawn(move || {
+            let (mut seed, mut clock) = (0x9e37_79b9 + i as u64, 100_000 * (i as i64 + 1));
+            for _ in 0..60 {
+                let writes = random_writes(&mut seed, "r", &format!("w{i}/"), &mut clock);
+                w.commit(&writes).unwrap();
+            }
+        }));
+    }
+    while threads.iter().any(|t| !t.is_finished()) {
+        copy.refresh(reader, "r");
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+    copy.refresh(reader, "r");
+    copy.check(reader, "r");
+}
+
+#[test]
+fn since_reads_of_sqlite_equal_full_reads_after_random_changes() {
+    use ralph_flow::store::sqlite::SqliteStore;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let writers: Vec<Box<dyn ralph_flow::store::Store + Send>> = vec![
+        Box::new(SqliteStore::open(&path).unwrap()),
+        Box::new(SqliteStore::open(&path).unwrap()),
+    ];
+    let reader = SqliteStore::open(&path).unwrap();
+    since_reads_equal_full_reads(writers, &reader);
+}
+
+#[test]
+fn since_reads_of_postgres_equal_full_reads_after_random_changes() {
+    use ralph_flow::store::postgres::PgStore;
+    let Some(url) = pg::database() else {
+        return;
+    };
+    let writers: Vec<Box<dyn ralph_flow::store::Store + Send>> = vec![
+        Box::new(PgStore::connect(&url).unwrap()),
+        Box::new(PgStore::connect(&url).unwrap()),
+    ];
+    let reader = PgStore::connect(&url).unwrap();
+    since_reads_equal_full_reads(writers, &reader);
 }

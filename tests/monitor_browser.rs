@@ -273,3 +273,83 @@ on_timeout = "reject"
     run.kill().unwrap();
     run.wait().unwrap();
 }
+
+/// The stage page of a 2,000-item fan-out: its first page of 100 items with the count of
+/// each state, the next page and a state filter by their links (no script needed), and the
+/// page follows its run live: an attempt another process writes shows up without a reload,
+/// and the live dot is on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_two_thousand_item_fan_out_stage_page_pages_filters_and_follows_its_run() {
+    let Some(b) = browser::Browser::start().await else {
+        return;
+    };
+    let c = Checkout::new();
+    let id = tokio::task::block_in_place(|| c.fanout(2000));
+    let s = Server::start(c.path(), &[]);
+    b.goto(&s.url).await;
+    b.goto(&format!("{}/runs/{id}/stage?node=work", s.base))
+        .await;
+    let count = async || {
+        b.execute(
+            "return document.querySelectorAll('section.instance').length;",
+            vec![],
+        )
+        .await
+    };
+    b.wait_for_text("#stage-range", "Instances 1–100 of 2000", T)
+        .await;
+    assert_eq!(count().await, json!(100));
+    assert!(b.text("#stage-states").await.contains("failed 200"));
+    assert!(b.text("#stage-states").await.contains("done 1800"));
+    // The next page, by its link.
+    b.click("#stage-pager a[rel=next]").await;
+    b.wait_for_text("#stage-range", "Instances 101–200 of 2000", T)
+        .await;
+    assert!(b.current_url().await.ends_with("&page=2"));
+    assert_eq!(count().await, json!(100));
+    // The failed items only.
+    b.click("#stage-states a[data-state=failed]").await;
+    b.wait_for_text("#stage-range", "Instances 1–100 of 200 failed", T)
+        .await;
+    let states = b
+        .execute(
+            "return Array.from(document.querySelectorAll('section.instance'))\
+             .map(s => s.dataset.state).filter(s => s !== 'failed').length;",
+            vec![],
+        )
+        .await;
+    assert_eq!(states, json!(0), "only failed items");
+    // Live: the dot is on, and a change in the store shows up in place.
+    b.wait_until("the live dot is on", T, async || {
+        b.exists("#live-dot.on").await
+    })
+    .await;
+    b.execute("window.kept = 'yes'; return 1;", vec![]).await;
+    tokio::task::block_in_place(|| {
+        use ralph_flow::store::{AttemptRecord, AttemptState, Store, Usage, Write};
+        let mut store =
+            ralph_flow::store::sqlite::SqliteStore::open(&c.path().join(".ralph-flow/state.db"))
+                .unwrap();
+        store
+            .commit(&[Write::Attempt(AttemptRecord {
+                run: id.clone(),
+                scope: "each#late".into(),
+                node: "work".into(),
+                attempt: 1,
+                state: AttemptState::Running,
+                agent: None,
+                dir: String::new(),
+                error: None,
+                usage: Usage::default(),
+                started_at: ralph_flow::store::now_ms(),
+                finished_at: None,
+            })])
+            .unwrap();
+    });
+    b.wait_for_text("#stage-states", "interrupted 1", T).await;
+    assert_eq!(
+        b.execute("return window.kept || null;", vec![]).await,
+        json!("yes"),
+        "updated in place, not reloaded"
+    );
+}

@@ -1632,7 +1632,8 @@ fn postgres_migrates_a_version_4_schema_keeping_its_records() {
     drop(s);
     // What version 4 had: the same tables without the count (nor the identity of a lock's
     // holder, which version 6 added, nor the workers, which version 7 added, nor the
-    // attempts' records, which version 8 added).
+    // attempts' records, which version 8 added, nor the writing transactions of rows,
+    // which version 9 added).
     let mut c = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
     c.batch_execute(
         "ALTER TABLE nodes DROP COLUMN unreported; \
@@ -1640,6 +1641,10 @@ fn postgres_migrates_a_version_4_schema_keeping_its_records() {
          ALTER TABLE locks DROP COLUMN started, DROP COLUMN boot, DROP COLUMN pidns; \
          DROP TABLE workers; \
          DROP TABLE artifacts; \
+         DROP FUNCTION ralph_flow_written_by() CASCADE; \
+         ALTER TABLE nodes DROP COLUMN tx; \
+         ALTER TABLE attempts DROP COLUMN tx; \
+         ALTER TABLE events DROP COLUMN tx; \
          UPDATE ralph_flow_schema SET version = 4;",
     )
     .expect("back to version 4");

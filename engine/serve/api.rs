@@ -52,7 +52,7 @@ pub(crate) async fn runs(State(m): State<Arc<Monitor>>) -> Response {
 /// the live state of each node.
 pub(crate) async fn run(State(m): State<Arc<Monitor>>, Path(id): Path<String>) -> Response {
     match blocking(&m, move |m| {
-        m.with_store(|s| view::run(s, &id))
+        m.with_store(|s| m.run_detail(s, &id))
             .map_err(|e| store_failure(&e))?
             .flatten()
             .ok_or_else(|| not_found(&id))
@@ -71,16 +71,12 @@ pub(crate) struct EventsQuery {
     since: usize,
 }
 
-fn read_events(m: &Monitor, id: &str) -> Result<Vec<crate::store::Event>, Failure> {
-    m.with_store(|s| {
-        if s.run(id)?.is_none() {
-            return Ok(None);
-        }
-        s.events(id, None).map(Some)
-    })
-    .map_err(|e| store_failure(&e))?
-    .flatten()
-    .ok_or_else(|| not_found(id))
+/// The run's events, through the monitor's copy of the run (what changed since is read).
+fn read_events(m: &Monitor, id: &str) -> Result<Arc<super::cache::Records>, Failure> {
+    m.with_store(|s| m.run_events(s, id))
+        .map_err(|e| store_failure(&e))?
+        .flatten()
+        .ok_or_else(|| not_found(id))
 }
 
 /// `GET /api/runs/ID/events[?since=N]`: the run's events in order.
@@ -90,7 +86,7 @@ pub(crate) async fn events(
     Query(q): Query<EventsQuery>,
 ) -> Response {
     match blocking(&m, move |m| read_events(m, &id)).await {
-        Ok(events) => json(&events.get(q.since..).unwrap_or_default()),
+        Ok(records) => json(&records.events.get(q.since..).unwrap_or_default()),
         Err(f) => f.into_response(),
     }
 }
@@ -131,6 +127,7 @@ pub(crate) async fn event_stream(
                         blocking(&m, move |m| read_events(m, &id)).await.ok()?
                     }
                 };
+                let events = &events.events;
                 let new: Vec<SseEvent> = events
                     .iter()
                     .enumerate()

@@ -27,8 +27,7 @@ struct Span {
 /// attempt to now.
 pub(super) fn timeline(run: &RunDetail) -> String {
     let mut spans: Vec<Span> = run
-        .nodes
-        .iter()
+        .nodes()
         .map(|n| Span {
             label: qualified(&n.scope, &n.node),
             state: n.state.as_str(),
@@ -37,7 +36,7 @@ pub(super) fn timeline(run: &RunDetail) -> String {
         })
         .collect();
     let live = run.summary.state == "running" || run.summary.state == "waiting";
-    for a in &run.attempts {
+    for a in run.attempts() {
         if a.state == AttemptState::Running && live {
             spans.push(Span {
                 label: format!("{} (attempt {})", qualified(&a.scope, &a.node), a.attempt),
@@ -110,7 +109,7 @@ fn shorten(s: &str, n: usize) -> String {
 /// calls which reported none are shown as lower bounds (`≥`).
 pub(super) fn usage(run: &RunDetail) -> String {
     let mut per_stage: BTreeMap<&str, Usage> = BTreeMap::new();
-    for a in &run.attempts {
+    for a in run.attempts() {
         per_stage.entry(&a.node).or_default().add(&a.usage);
     }
     per_stage.retain(|_, u| !u.is_empty());
@@ -152,7 +151,7 @@ pub(super) fn usage(run: &RunDetail) -> String {
     out.push_str("</svg>");
     // Tokens over time: the running total at the end of each attempt.
     let mut points: Vec<(i64, u64)> = run
-        .attempts
+        .attempts()
         .iter()
         .filter_map(|a| a.finished_at.map(|f| (f, a.usage.tokens())))
         .collect();

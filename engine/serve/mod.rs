@@ -19,6 +19,7 @@
 
 mod api;
 mod auth;
+mod cache;
 mod charts;
 mod host;
 pub mod layout;
@@ -126,6 +127,9 @@ pub(crate) struct Monitor {
     hosts: host::Hosts,
     /// Plans drawn, by workflow file, hash and params (plans do not change under a hash).
     drawings: Mutex<HashMap<String, Arc<layout::Drawing>>>,
+    /// The monitor's copy of the runs it shows, brought up to date with what changed on each
+    /// refresh ([`cache`]). Locked inside [`Monitor::with_store`]'s closure, never around it.
+    copies: Mutex<cache::Copies>,
     /// Bumped when the store changes; the event streams wait on it.
     changed: tokio::sync::watch::Sender<u64>,
     pages: pages::Pages,
@@ -195,6 +199,66 @@ impl Monitor {
             Some(store) => f(store.as_mut()).map(Some),
             None => Ok(None),
         }
+    }
+
+    /// One run with everything its page shows, through the monitor's copy of it (what
+    /// changed since the last refresh is read); `None` when there is no such run.
+    fn run_detail(
+        &self,
+        store: &mut dyn Store,
+        id: &str,
+    ) -> Result<Option<view::RunDetail>, StoreError> {
+        let mut copies = self
+            .copies
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        view::run_from(store, &mut copies, id)
+    }
+
+    /// A page of a stage's instances and its run, through the monitor's copy of the run;
+    /// `None` when there is no such run.
+    fn stage_page(
+        &self,
+        store: &mut dyn Store,
+        id: &str,
+        node: &str,
+        page: usize,
+        state: &str,
+    ) -> Result<Option<(crate::store::RunRecord, view::StagePage)>, StoreError> {
+        let records = {
+            let mut copies = self
+                .copies
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let Some(run) = store.run(id)? else {
+                copies.forget(id);
+                return Ok(None);
+            };
+            let records = copies.refresh(store, id, run.started_at, cache::Kinds::All)?;
+            (run, records)
+        };
+        let (run, records) = records;
+        let page = view::stage(store, &run, &records, node, page, state)?;
+        Ok(Some((run, page)))
+    }
+
+    /// A run's events, through the monitor's copy of it; `None` when there is no such run.
+    fn run_events(
+        &self,
+        store: &mut dyn Store,
+        id: &str,
+    ) -> Result<Option<std::sync::Arc<cache::Records>>, StoreError> {
+        let mut copies = self
+            .copies
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(run) = store.run(id)? else {
+            copies.forget(id);
+            return Ok(None);
+        };
+        copies
+            .refresh(store, id, run.started_at, cache::Kinds::Events)
+            .map(Some)
     }
 
     /// Tells the event streams that something changed (after an answer given here: the
@@ -282,6 +346,7 @@ pub fn serve(opts: Options, ready: impl FnOnce(&str)) -> Result<(), ServeError> 
             token,
             hosts,
             drawings: Mutex::new(HashMap::new()),
+            copies: Mutex::new(cache::Copies::default()),
             changed,
             pages: pages::Pages::new(),
             flashes: Mutex::new(Flashes::default()),
@@ -430,6 +495,7 @@ fn router(monitor: Arc<Monitor>) -> Router {
         .route("/runs/{id}/cancel", post(pages::cancel))
         .route("/live/runs", get(pages::runs_live))
         .route("/live/runs/{id}", get(pages::run_live))
+        .route("/live/runs/{id}/stage", get(pages::stage_live))
         .route("/assets/{name}", get(pages::asset))
         .route("/api/runs", get(api::runs))
         .route("/api/runs/{id}", get(api::run))

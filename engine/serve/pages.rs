@@ -31,6 +31,7 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("run.html", include_str!("assets/run.html")),
     ("run_parts.html", include_str!("assets/run_parts.html")),
     ("stage.html", include_str!("assets/stage.html")),
+    ("stage_parts.html", include_str!("assets/stage_parts.html")),
 ];
 
 /// The pages' template environment: the filters and every template, with the templates
@@ -260,7 +261,7 @@ impl Monitor {
 async fn detail(m: &Arc<Monitor>, id: String) -> Result<(view::RunDetail, Arc<Drawing>), Failure> {
     blocking(m, move |m| {
         let detail = m
-            .with_store(|s| view::run(s, &id))
+            .with_store(|s| m.run_detail(s, &id))
             .map_err(|e| store_failure(&e))?
             .flatten()
             .ok_or_else(|| no_run(&id))?;
@@ -274,7 +275,7 @@ async fn detail(m: &Arc<Monitor>, id: String) -> Result<(view::RunDetail, Arc<Dr
 /// read (`run.gates` of the run's records, not its nodes and attempts, which the charts have
 /// drawn already): each value given is converted for them on every refresh.
 fn parts(m: &Monitor, run: &view::RunDetail, drawing: &Drawing) -> minijinja::Value {
-    let events: Vec<&crate::store::Event> = run.events.iter().rev().take(200).collect();
+    let events: Vec<&crate::store::Event> = run.events().iter().rev().take(200).collect();
     context! {
         run => context! { gates => minijinja::Value::from(Serde(&run.gates)) },
         s => minijinja::Value::from(Serde(&run.summary)),
@@ -283,7 +284,7 @@ fn parts(m: &Monitor, run: &view::RunDetail, drawing: &Drawing) -> minijinja::Va
         timeline => minijinja::Value::from_safe_string(charts::timeline(run)),
         usage => minijinja::Value::from_safe_string(charts::usage(run)),
         events => minijinja::Value::from(Serde(&events)),
-        event_count => run.events.len(),
+        event_count => run.events().len(),
         csrf => m.token.csrf(),
     }
 }
@@ -346,38 +347,149 @@ pub(crate) async fn run_live(State(m): State<Arc<Monitor>>, Path(id): Path<Strin
 #[derive(Deserialize)]
 pub(crate) struct StageQuery {
     node: String,
+    /// The page, from 1.
+    #[serde(default)]
+    page: Option<String>,
+    /// Only instances in this state (one of [`view::INSTANCE_STATES`]).
+    #[serde(default)]
+    state: String,
 }
 
-/// `/runs/ID/stage?node=STAGE`: every attempt of a stage.
+/// A link of the stage page's state filter.
+#[derive(serde::Serialize)]
+struct StateLink {
+    state: &'static str,
+    label: &'static str,
+    count: usize,
+    href: String,
+    on: bool,
+}
+
+/// The stage page's address with these page and state (`/runs/ID/stage?node=N&state=S&page=P`).
+fn stage_href(id: &str, node: &str, state: &str, page: usize) -> String {
+    let mut href = format!(
+        "/runs/{}/stage?node={}",
+        super::layout::url_part(id),
+        super::layout::url_part(node)
+    );
+    if !state.is_empty() {
+        href.push_str(&format!("&state={}", super::layout::url_part(state)));
+    }
+    if page > 1 {
+        href.push_str(&format!("&page={page}"));
+    }
+    href
+}
+
+/// A stage page's query checked: its page number and state, or what is wrong.
+fn stage_query(q: &StageQuery) -> Result<usize, Failure> {
+    if !q.state.is_empty() && !view::INSTANCE_STATES.contains(&q.state.as_str()) {
+        return Err(failure(
+            StatusCode::BAD_REQUEST,
+            &format!(
+                "unknown state `{}`: filter by one of {}, or leave state out for every instance",
+                q.state,
+                view::INSTANCE_STATES.join(", ")
+            ),
+        ));
+    }
+    match q.page.as_deref().map(str::trim) {
+        None | Some("") => Ok(1),
+        Some(p) => p.parse::<usize>().ok().filter(|p| *p >= 1).ok_or_else(|| {
+            failure(
+                StatusCode::BAD_REQUEST,
+                &format!("page `{p}` is not a page number: give 1 or more"),
+            )
+        }),
+    }
+}
+
+/// The run and one page of a stage's instances, read on the blocking pool through the
+/// monitor's copy of the run.
+async fn stage_page(
+    m: &Arc<Monitor>,
+    id: String,
+    q: &StageQuery,
+) -> Result<(RunRecord, view::StagePage), Failure> {
+    let page = stage_query(q)?;
+    let (node, state) = (q.node.clone(), q.state.clone());
+    blocking(m, move |m| {
+        m.with_store(|s| m.stage_page(s, &id, &node, page, &state))
+            .map_err(|e| store_failure(&e))?
+            .flatten()
+            .ok_or_else(|| no_run(&id))
+    })
+    .await
+}
+
+/// What the stage page's template reads: the run, the stage, its page of instances, the
+/// state filter's links and the pager's.
+fn stage_context(run: &RunRecord, q: &StageQuery, page: &view::StagePage) -> minijinja::Value {
+    let mut states = vec![StateLink {
+        state: "",
+        label: "all",
+        count: page.total,
+        href: stage_href(&run.id, &q.node, "", 1),
+        on: page.state.is_empty(),
+    }];
+    for (state, count) in &page.counts {
+        states.push(StateLink {
+            state,
+            label: state,
+            count: *count,
+            href: stage_href(&run.id, &q.node, state, 1),
+            on: page.state == *state,
+        });
+    }
+    let link = |p: usize| stage_href(&run.id, &q.node, &page.state, p);
+    context! {
+        run => minijinja::Value::from(Serde(run)),
+        node => q.node.clone(),
+        page => minijinja::Value::from(Serde(page)),
+        states => minijinja::Value::from(Serde(&states)),
+        prev => (page.page > 1).then(|| link(page.page - 1)),
+        next => (page.page < page.pages).then(|| link(page.page + 1)),
+        live_url => format!("/live{}", stage_href(&run.id, &q.node, &page.state, page.page)),
+    }
+}
+
+/// `/runs/ID/stage?node=STAGE[&state=STATE][&page=N]`: a page of the stage's instances (its
+/// loop iterations, its fan-out items; [`view::PAGE_SIZE`] a page) with every attempt, live.
 pub(crate) async fn stage(
     State(m): State<Arc<Monitor>>,
     Path(id): Path<String>,
     Query(q): Query<StageQuery>,
 ) -> Response {
-    let node = q.node.clone();
-    let found = blocking(&m, move |m| {
-        m.with_store(|s| {
-            let Some(run) = s.run(&id)? else {
-                return Ok(None);
-            };
-            let instances = view::stage(s, &run, &node)?;
-            Ok(Some((run, instances)))
-        })
-        .map_err(|e| store_failure(&e))?
-        .flatten()
-        .ok_or_else(|| no_run(&id))
-    })
-    .await;
-    match found {
-        Ok((run, instances)) => m.pages.render(
-            "stage.html",
-            context! {
-                run => minijinja::Value::from(Serde(&run)),
-                node => q.node,
-                instances => minijinja::Value::from(Serde(&instances)),
-            },
-        ),
+    match stage_page(&m, id, &q).await {
+        Ok((run, page)) => m.pages.render("stage.html", stage_context(&run, &q, &page)),
         Err(f) => f.into_response(),
+    }
+}
+
+/// `/live/runs/ID/stage?node=...`: the refreshing part of the stage page, as a JSON object
+/// by part name (as `/live/runs/ID` answers for the run page).
+pub(crate) async fn stage_live(
+    State(m): State<Arc<Monitor>>,
+    Path(id): Path<String>,
+    Query(q): Query<StageQuery>,
+) -> Response {
+    let (run, page) = match stage_page(&m, id, &q).await {
+        Ok(found) => found,
+        Err(f) => return f.into_response(),
+    };
+    let ctx = stage_context(&run, &q, &page);
+    match m
+        .pages
+        .env
+        .get_template("stage_parts.html")
+        .and_then(|t| t.render(context! { part => "stage", ..ctx }))
+    {
+        Ok(html) => super::api::json(&serde_json::json!({ "stage": html })),
+        Err(e) => failure(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("cannot render the stage: {e}"),
+        )
+        .into_response(),
     }
 }
 

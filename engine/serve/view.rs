@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
+use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -12,6 +13,8 @@ use crate::store::{
     Store, StoreError, Usage, now_ms, rfc3339,
 };
 use crate::text::duration_ms;
+
+use super::cache::{Copies, Kinds, Records};
 
 /// One run, as the runs page and `/api/runs` show it.
 #[derive(Clone, Debug, Serialize)]
@@ -71,18 +74,58 @@ impl Serialize for RunUsage {
     }
 }
 
-/// Everything about one run that the run page shows.
-#[derive(Clone, Debug, Serialize)]
+/// Everything about one run that the run page shows. Serialized (`/api/runs/ID`) as
+/// `summary`, `record`, `nodes` (settled, without the executor's own decisions `@...`),
+/// `attempts`, `gates`, `events` and `live`.
+#[derive(Clone, Debug)]
 pub(super) struct RunDetail {
     pub summary: RunSummary,
     pub record: RunRecord,
-    /// Settled nodes, without the executor's own decisions (`@...`).
-    pub nodes: Vec<NodeRecord>,
-    pub attempts: Vec<AttemptRecord>,
+    /// Its nodes, attempts and events: the monitor's copy ([`super::cache`]), shared.
+    pub records: Arc<Records>,
     pub gates: Vec<GateView>,
-    pub events: Vec<Event>,
     /// The live state of each node of the plan, by stage id.
     pub live: BTreeMap<String, NodeLive>,
+}
+
+impl RunDetail {
+    /// Settled nodes, without the executor's own decisions (`@...`).
+    pub(super) fn nodes(&self) -> impl Iterator<Item = &NodeRecord> {
+        self.records
+            .nodes
+            .iter()
+            .filter(|n| !n.node.starts_with('@'))
+    }
+
+    pub(super) fn attempts(&self) -> &[AttemptRecord] {
+        &self.records.attempts
+    }
+
+    pub(super) fn events(&self) -> &[Event] {
+        &self.records.events
+    }
+}
+
+impl Serialize for RunDetail {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        /// The nodes, serialized as a list as they are iterated.
+        struct Nodes<'a>(&'a RunDetail);
+        impl Serialize for Nodes<'_> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_seq(self.0.nodes())
+            }
+        }
+        let mut m = s.serialize_struct("RunDetail", 7)?;
+        m.serialize_field("summary", &self.summary)?;
+        m.serialize_field("record", &self.record)?;
+        m.serialize_field("nodes", &Nodes(self))?;
+        m.serialize_field("attempts", self.attempts())?;
+        m.serialize_field("gates", &self.gates)?;
+        m.serialize_field("events", self.events())?;
+        m.serialize_field("live", &self.live)?;
+        m.end()
+    }
 }
 
 /// A gate that waits, as a page shows it.
@@ -285,23 +328,49 @@ fn placed(
     Ok(s)
 }
 
-/// One run with everything its page shows; `None` when there is no such run.
+/// One run with everything its page shows, read afresh; `None` when there is no such run.
+/// The monitor reads through its copy ([`run_from`]); this is what that copy must equal.
+#[cfg(test)]
 pub(super) fn run(store: &mut dyn Store, id: &str) -> Result<Option<RunDetail>, StoreError> {
     let Some(record) = store.run(id)? else {
         return Ok(None);
     };
-    let all = store.nodes(&record.id)?;
-    let attempts = store.attempts(&record.id, None)?;
+    let records = Arc::new(Records::read(store, id)?);
+    detail(store, record, records).map(Some)
+}
+
+/// One run with everything its page shows, its records brought up to date in the monitor's
+/// copy `copies` (what changed since the last refresh); `None` when there is no such run.
+pub(super) fn run_from(
+    store: &mut dyn Store,
+    copies: &mut Copies,
+    id: &str,
+) -> Result<Option<RunDetail>, StoreError> {
+    let Some(record) = store.run(id)? else {
+        copies.forget(id);
+        return Ok(None);
+    };
+    let records = copies.refresh(store, id, record.started_at, Kinds::All)?;
+    detail(store, record, records).map(Some)
+}
+
+/// A run's page from its row and records: its gates, lock and units read now.
+fn detail(
+    store: &mut dyn Store,
+    record: RunRecord,
+    records: Arc<Records>,
+) -> Result<RunDetail, StoreError> {
     let gates = store.pending_gates(&record.id)?;
-    let events = store.events(&record.id, None)?;
     let lost = orphaned(store, &record)?;
-    let summary = summary(&record, &all, &attempts, gates.len(), lost);
+    let summary = summary(
+        &record,
+        &records.nodes,
+        &records.attempts,
+        gates.len(),
+        lost,
+    );
     let summary = placed(summary, store, &record, lost)?;
-    let live = live_states(&record, lost, &all, &attempts, &gates);
-    let nodes = all
-        .into_iter()
-        .filter(|n| !n.node.starts_with('@'))
-        .collect();
+    let live = live_states(&record, lost, &records.nodes, &records.attempts, &gates);
     let gates = gates
         .into_iter()
         .map(|g| GateView {
@@ -314,15 +383,13 @@ pub(super) fn run(store: &mut dyn Store, id: &str) -> Result<Option<RunDetail>, 
             show: g.show,
         })
         .collect();
-    Ok(Some(RunDetail {
+    Ok(RunDetail {
         summary,
         record,
-        nodes,
-        attempts,
+        records,
         gates,
-        events,
         live,
-    }))
+    })
 }
 
 /// The segments of a scope naming a region (`attempts#3/tickets#T-1` → (`attempts`, `3`),
@@ -492,9 +559,47 @@ pub(super) struct FileView {
 #[derive(Clone, Debug, Serialize)]
 pub(super) struct Instance {
     pub scope: String,
+    /// Where it is: one of [`INSTANCE_STATES`].
+    pub state: &'static str,
     pub settled: Option<NodeRecord>,
     pub output: Option<String>,
     pub attempts: Vec<AttemptView>,
+}
+
+/// The states of a stage's instances, in the order the filter lists them: `running` (an
+/// attempt runs, or the next is due), `waiting` (its gate waits), how it settled (`done`,
+/// `failed`, `timed_out`, `skipped`), or `interrupted` (its run stopped before it settled).
+pub(super) const INSTANCE_STATES: &[&str] = &[
+    "running",
+    "waiting",
+    "done",
+    "failed",
+    "timed_out",
+    "skipped",
+    "interrupted",
+];
+
+/// How many instances a stage page shows.
+pub(super) const PAGE_SIZE: usize = 100;
+
+/// One page of a stage's instances (its loop iterations, its fan-out items), filtered by
+/// state, with the count of each state.
+#[derive(Clone, Debug, Serialize)]
+pub(super) struct StagePage {
+    pub instances: Vec<Instance>,
+    /// How many instances are in each state, for every state some instance is in.
+    pub counts: Vec<(&'static str, usize)>,
+    /// Instances in all.
+    pub total: usize,
+    /// Instances in the state filtered by (all of them without a filter).
+    pub matching: usize,
+    /// The state filtered by; `""` for every state.
+    pub state: String,
+    /// This page's number (from 1), within `1..=pages`.
+    pub page: usize,
+    pub pages: usize,
+    /// The number (from 1) of the first instance shown, among those matching.
+    pub first: usize,
 }
 
 /// The most of a text shown (the end is kept).
@@ -513,141 +618,217 @@ fn file_view(name: &str, text: &str) -> FileView {
     }
 }
 
-/// The instances of stage `node` in a run, with each attempt's texts, and diffs between
-/// consecutive attempts of the same instance.
-pub(super) fn stage(
-    store: &mut dyn Store,
+/// The texts an attempt wrote: its records (from the store where it keeps them, else
+/// `artifacts.jsonl`), then the files of its directory that no record names, in
+/// [`file_rank`]'s order.
+fn attempt_files(
+    a: &AttemptRecord,
     run: &RunRecord,
-    node: &str,
-) -> Result<Vec<Instance>, StoreError> {
-    let attempts = store.attempts(&run.id, Some(node))?;
-    let settled: Vec<NodeRecord> = store
-        .nodes(&run.id)?
-        .into_iter()
-        .filter(|n| n.node == node)
-        .collect();
-    let run_dir = Path::new(&run.dir);
-    let records = crate::run::artifacts::records(&*store, run, "").unwrap_or_default();
-    let mut by_scope: BTreeMap<String, Instance> = BTreeMap::new();
-    for n in settled {
-        let output = (!n.output.is_null())
-            .then(|| serde_json::to_string_pretty(&n.output).unwrap_or_default());
-        by_scope.insert(
-            n.scope.clone(),
-            Instance {
-                scope: n.scope.clone(),
-                settled: Some(n),
-                output,
-                attempts: Vec::new(),
-            },
-        );
-    }
-    for a in attempts {
-        let dir = Path::new(&a.dir);
-        let rel = dir
-            .strip_prefix(run_dir)
-            .map(|p| p.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let mut files: Vec<FileView> = Vec::new();
-        if !rel.is_empty() {
-            let prefix = format!("{rel}/");
-            for (path, text) in records.range(prefix.clone()..) {
-                let Some(name) = path.strip_prefix(&prefix) else {
-                    break;
-                };
-                files.push(file_view(name, text));
-            }
-        }
-        // What a program or a backend wrote in the attempt's directory.
-        if let Ok(entries) = std::fs::read_dir(dir) {
-            let mut names: Vec<_> = entries.flatten().map(|e| e.path()).collect();
-            names.sort();
-            for p in names {
-                let name = p
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default();
-                if files.iter().any(|f| f.name == name) || !p.is_file() {
-                    continue;
-                }
-                if let Ok(bytes) = std::fs::read(&p) {
-                    files.push(file_view(&name, &String::from_utf8_lossy(&bytes)));
-                }
-            }
-        }
-        let took = match a.finished_at {
-            Some(f) => duration_ms(f - a.started_at),
-            None => format!("{} so far", duration_ms(now_ms() - a.started_at)),
-        };
-        let view = AttemptView {
-            diff_from: None,
-            usage: attempt_usage_text(&a.usage),
-            started: rfc3339(a.started_at).replace('T', " "),
-            took,
-            files,
-            record: a,
-        };
-        by_scope
-            .entry(view.record.scope.clone())
-            .or_insert_with(|| Instance {
-                scope: view.record.scope.clone(),
-                settled: None,
-                output: None,
-                attempts: Vec::new(),
-            })
-            .attempts
-            .push(view);
-    }
-    let mut out: Vec<Instance> = by_scope.into_values().collect();
-    for inst in &mut out {
-        inst.attempts.sort_by_key(|a| a.record.attempt);
-        for a in &mut inst.attempts {
-            a.files.sort_by_key(|f| file_rank(&f.name));
+    records: &BTreeMap<String, String>,
+) -> Vec<FileView> {
+    let dir = Path::new(&a.dir);
+    let mut files: Vec<FileView> = Vec::new();
+    // Under the run's directory, or, recorded on another machine, by its last components.
+    if let Some(prefix) = crate::run::artifacts::attempt_prefix(run, a) {
+        for (path, text) in records.range(prefix.clone()..) {
+            let Some(name) = path.strip_prefix(&prefix) else {
+                break;
+            };
+            files.push(file_view(name, text));
         }
     }
-    // Each attempt's texts against the attempt of the stage before it (in time, whatever
-    // its scope: the previous loop iteration's last attempt, say).
-    let mut order: Vec<(i64, usize, usize)> = out
-        .iter()
-        .enumerate()
-        .flat_map(|(i, inst)| {
-            inst.attempts
-                .iter()
-                .enumerate()
-                .map(move |(j, a)| (a.record.started_at, i, j))
-        })
-        .collect();
-    order.sort_unstable();
-    for pair in order.windows(2) {
-        let (_, pi, pj) = pair[0];
-        let (_, ci, cj) = pair[1];
-        let prev = out[pi].attempts[pj].clone();
-        let cur = &mut out[ci].attempts[cj];
-        cur.diff_from = Some(format!(
-            "attempt {}{}",
-            prev.record.attempt,
-            if prev.record.scope.is_empty() {
-                String::new()
-            } else {
-                format!(" in {}", prev.record.scope)
+    // What a program or a backend wrote in the attempt's directory.
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        let mut names: Vec<_> = entries.flatten().map(|e| e.path()).collect();
+        names.sort();
+        for p in names {
+            let name = p
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if files.iter().any(|f| f.name == name) || !p.is_file() {
+                continue;
             }
-        ));
-        for f in &mut cur.files {
-            if let Some(p) = prev.files.iter().find(|p| p.name == f.name) {
-                if p.text != f.text {
-                    f.diff = diff_lines(&p.text, &f.text);
-                }
+            if let Ok(bytes) = std::fs::read(&p) {
+                files.push(file_view(&name, &String::from_utf8_lossy(&bytes)));
             }
         }
     }
-    out.sort_by_key(|i| {
-        i.attempts
+    files.sort_by_key(|f| file_rank(&f.name));
+    files
+}
+
+/// A stage's instance before its texts are read: its scope, settlement and attempts (by
+/// number).
+struct Found<'a> {
+    scope: &'a str,
+    settled: Option<&'a NodeRecord>,
+    attempts: Vec<&'a AttemptRecord>,
+    state: &'static str,
+}
+
+impl Found<'_> {
+    /// When it started: its first attempt's start, else its settlement's.
+    fn start(&self) -> i64 {
+        self.attempts
             .first()
-            .map(|a| a.record.started_at)
-            .or(i.settled.as_ref().map(|n| n.started_at))
+            .map(|a| a.started_at)
+            .or(self.settled.map(|n| n.started_at))
             .unwrap_or(0)
-    });
-    Ok(out)
+    }
+}
+
+/// A page (`page`, from 1; a page past the last shows the last) of the instances of stage
+/// `node` in a run, those in `state` only unless it is empty, with each attempt's texts and
+/// diffs against the attempt of the stage before it in time. Read from the monitor's copy of
+/// the run (`records`) and its waiting gates; only the texts of the attempts shown (and of
+/// the attempts their diffs are from) are read.
+pub(super) fn stage(
+    store: &dyn Store,
+    run: &RunRecord,
+    records: &Records,
+    node: &str,
+    page: usize,
+    state: &str,
+) -> Result<StagePage, StoreError> {
+    let lost = orphaned(store, run)?;
+    let live_run = run.status == RunStatus::Running && !lost;
+    let waiting: HashSet<String> = store
+        .pending_gates(&run.id)?
+        .into_iter()
+        .filter(|g| g.gate == node)
+        .map(|g| g.scope)
+        .collect();
+    // Each instance, by scope.
+    let mut by_scope: BTreeMap<&str, Found<'_>> = BTreeMap::new();
+    let blank = |scope| Found {
+        scope,
+        settled: None,
+        attempts: Vec::new(),
+        state: "",
+    };
+    for n in records.nodes.iter().filter(|n| n.node == node) {
+        by_scope
+            .entry(&n.scope)
+            .or_insert_with(|| blank(&n.scope))
+            .settled = Some(n);
+    }
+    for a in records.attempts.iter().filter(|a| a.node == node) {
+        by_scope
+            .entry(&a.scope)
+            .or_insert_with(|| blank(&a.scope))
+            .attempts
+            .push(a);
+    }
+    for scope in &waiting {
+        by_scope.entry(scope).or_insert_with(|| blank(scope));
+    }
+    let mut all: Vec<Found<'_>> = by_scope.into_values().collect();
+    for f in &mut all {
+        f.attempts.sort_by_key(|a| a.attempt);
+        let running = f.attempts.iter().any(|a| a.state == AttemptState::Running);
+        f.state = if waiting.contains(f.scope) {
+            "waiting"
+        } else if running && live_run {
+            "running"
+        } else if let Some(n) = f.settled {
+            n.state.as_str()
+        } else if live_run {
+            "running"
+        } else {
+            "interrupted"
+        };
+    }
+    // Each attempt's texts are diffed against the attempt of the stage before it (in time,
+    // whatever its scope: the previous loop iteration's last attempt, say).
+    let mut order: Vec<&AttemptRecord> = all.iter().flat_map(|f| f.attempts.clone()).collect();
+    order.sort_by_key(|a| (a.started_at, a.scope.as_str(), a.attempt));
+    let before: HashMap<(&str, u32), &AttemptRecord> = order
+        .windows(2)
+        .map(|w| ((w[1].scope.as_str(), w[1].attempt), w[0]))
+        .collect();
+    all.sort_by_key(Found::start);
+    let counts: Vec<(&'static str, usize)> = INSTANCE_STATES
+        .iter()
+        .map(|s| (*s, all.iter().filter(|f| f.state == *s).count()))
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    let total = all.len();
+    let matching: Vec<&Found<'_>> = all
+        .iter()
+        .filter(|f| state.is_empty() || f.state == state)
+        .collect();
+    let pages = matching.len().div_ceil(PAGE_SIZE).max(1);
+    let page = page.clamp(1, pages);
+    let shown = matching.iter().skip((page - 1) * PAGE_SIZE).take(PAGE_SIZE);
+    let texts = if matching.is_empty() {
+        BTreeMap::new()
+    } else {
+        // From the store where it keeps them (any machine), else `artifacts.jsonl`.
+        crate::run::artifacts::records(store, run, "").unwrap_or_default()
+    };
+    let mut instances = Vec::new();
+    for f in shown {
+        let mut attempts = Vec::new();
+        for a in &f.attempts {
+            let mut files = attempt_files(a, run, &texts);
+            let prev = before.get(&(a.scope.as_str(), a.attempt));
+            if let Some(prev) = prev {
+                let prev_files = attempt_files(prev, run, &texts);
+                for f in &mut files {
+                    if let Some(p) = prev_files.iter().find(|p| p.name == f.name)
+                        && p.text != f.text
+                    {
+                        f.diff = diff_lines(&p.text, &f.text);
+                    }
+                }
+            }
+            let took = match a.finished_at {
+                Some(f) => duration_ms(f - a.started_at),
+                None => format!("{} so far", duration_ms(now_ms() - a.started_at)),
+            };
+            attempts.push(AttemptView {
+                diff_from: prev.map(|p| {
+                    format!(
+                        "attempt {}{}",
+                        p.attempt,
+                        if p.scope.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" in {}", p.scope)
+                        }
+                    )
+                }),
+                usage: attempt_usage_text(&a.usage),
+                started: rfc3339(a.started_at).replace('T', " "),
+                took,
+                files,
+                record: (*a).clone(),
+            });
+        }
+        let settled = f.settled.cloned();
+        let output = settled
+            .as_ref()
+            .filter(|n| !n.output.is_null())
+            .map(|n| serde_json::to_string_pretty(&n.output).unwrap_or_default());
+        instances.push(Instance {
+            scope: f.scope.to_string(),
+            state: f.state,
+            settled,
+            output,
+            attempts,
+        });
+    }
+    Ok(StagePage {
+        instances,
+        counts,
+        total,
+        matching: matching.len(),
+        state: state.to_string(),
+        page,
+        pages,
+        first: (page - 1) * PAGE_SIZE + 1,
+    })
 }
 
 /// A line diff, as unified diff lines with three lines of context.

@@ -1051,6 +1051,37 @@ pub trait Store: Send {
         let _ = (run, under);
         Ok(None)
     }
+
+    /// The events of a run written since position `after` (0 for all of them), each with
+    /// its number (the order of the run's events), in that order; and the position to ask
+    /// from next time (see [`Since`]).
+    fn events_since(&self, run: &str, after: i64) -> Result<Since<Event>>;
+
+    /// The settled nodes of a run written (or settled again) since position `after` (0 for
+    /// all of them), each with its number (a run's write order of nodes, as [`Store::nodes`]
+    /// reads them), in that order; and the position to ask from next time (see [`Since`]).
+    fn nodes_since(&self, run: &str, after: i64) -> Result<Since<NodeRecord>>;
+
+    /// The attempts of a run written (started, or written again as they end) since position
+    /// `after` (0 for all of them), each with the number of its last write; and the position
+    /// to ask from next time (see [`Since`]).
+    fn attempts_since(&self, run: &str, after: i64) -> Result<Since<AttemptRecord>>;
+}
+
+/// What changed in a run's records of one kind since a position ([`Store::events_since`],
+/// [`Store::nodes_since`], [`Store::attempts_since`]): a reader that keeps a copy applies
+/// `records` (an event is new; a node or an attempt replaces the one of the same key, `scope`
+/// and `node`, and `attempt`) and asks again from `next`, so that each refresh reads what
+/// changed, not the run. Records of every write committed before the call are in it or in
+/// an earlier answer; a record may come again (a store that cannot tell: read-only SQLite
+/// stores of schema version 7 give every attempt each time), which the reader's upsert
+/// absorbs. Positions are of one run and one kind; nothing else may be read into them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Since<T> {
+    /// The records, each with its number, in the order of their numbers.
+    pub records: Vec<(i64, T)>,
+    /// The position to ask from next time.
+    pub next: i64,
 }
 
 /// What a run takes in a store ([`Store::stored_sizes`]).

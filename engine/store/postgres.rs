@@ -56,7 +56,7 @@ fn open_url(url: &str, options: &OpenOptions) -> Result<Opened> {
 }
 
 /// The schema this version reads and writes.
-pub const SCHEMA_VERSION: i32 = 8;
+pub const SCHEMA_VERSION: i32 = 9;
 
 /// How long a lost connection is retried before the call fails (a restart of the server, a
 /// failover, a network cut).
@@ -252,7 +252,70 @@ CREATE TABLE artifacts (
     PRIMARY KEY (run, path)
 );
 "#,
+    r#"
+-- What changed since a position (Store::events_since, nodes_since, attempts_since): each row
+-- of nodes, attempts and events keeps the 64-bit id of the transaction that last wrote it
+-- (`tx`, set by a trigger, whichever statement writes it), indexed by run. A reader takes the
+-- oldest transaction still going on (`pg_snapshot_xmin`) as its horizon: every transaction
+-- below it has ended, so the rows below it are all there, and it reads them from the last
+-- horizon to this one (postgres.rs, `since`). Rows of older versions have 0.
+ALTER TABLE nodes ADD COLUMN tx BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE attempts ADD COLUMN tx BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE events ADD COLUMN tx BIGINT NOT NULL DEFAULT 0;
+CREATE FUNCTION ralph_flow_written_by() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.tx := pg_current_xact_id()::text::bigint;
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER nodes_tx BEFORE INSERT OR UPDATE ON nodes
+    FOR EACH ROW EXECUTE FUNCTION ralph_flow_written_by();
+CREATE TRIGGER attempts_tx BEFORE INSERT OR UPDATE ON attempts
+    FOR EACH ROW EXECUTE FUNCTION ralph_flow_written_by();
+CREATE TRIGGER events_tx BEFORE INSERT OR UPDATE ON events
+    FOR EACH ROW EXECUTE FUNCTION ralph_flow_written_by();
+CREATE INDEX nodes_tx ON nodes (run, tx);
+CREATE INDEX attempts_tx ON attempts (run, tx);
+CREATE INDEX events_tx ON events (run, tx);
+"#,
 ];
+
+/// The horizon of a `*_since` read: the oldest transaction still going on when it is asked.
+/// Every transaction below it has committed or rolled back, so what a query made after it
+/// sees of them is final; a transaction at or above it may still commit, and its rows are
+/// read by a later call (a transaction left open elsewhere on the server holds the horizon
+/// back until it ends).
+const HORIZON: &str = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint";
+
+/// Reads the rows of one kind that transactions from `after` up to the horizon wrote: the
+/// horizon first, then the rows (in a later snapshot, which has all of them).
+fn since<T>(
+    c: &mut Client,
+    what: &'static str,
+    sql: &str,
+    run: &str,
+    after: i64,
+    row: impl Fn(&Row) -> Result<(i64, T)>,
+) -> Result<super::Since<T>> {
+    let fail = |e| pg(format!("cannot read {what}"), e);
+    let horizon: i64 = c.query_one(HORIZON, &[]).map_err(fail)?.get(0);
+    if horizon <= after {
+        return Ok(super::Since {
+            records: Vec::new(),
+            next: after,
+        });
+    }
+    let records = c
+        .query(sql, &[&run, &after, &horizon])
+        .map_err(fail)?
+        .iter()
+        .map(row)
+        .collect::<Result<Vec<_>>>()?;
+    Ok(super::Since {
+        records,
+        next: horizon,
+    })
+}
 
 /// The channel workers listen on: a run queued, a gate of a detached run answered, a lease
 /// released (the payload is the run's id).
@@ -1395,6 +1458,73 @@ impl Store for PgStore {
 
     fn records(&self, run: &str, under: &str) -> Result<Option<Vec<(String, String)>>> {
         self.read_records(run, under)
+    }
+
+    fn events_since(&self, run: &str, after: i64) -> Result<super::Since<Event>> {
+        self.read_events_since(run, after)
+    }
+
+    fn nodes_since(&self, run: &str, after: i64) -> Result<super::Since<NodeRecord>> {
+        self.read_nodes_since(run, after)
+    }
+
+    fn attempts_since(&self, run: &str, after: i64) -> Result<super::Since<AttemptRecord>> {
+        self.read_attempts_since(run, after)
+    }
+}
+
+impl PgStore {
+    /// [`Store::events_since`].
+    fn read_events_since(&self, run: &str, after: i64) -> Result<super::Since<Event>> {
+        let run = run.to_string();
+        self.call(move |c| {
+            since(
+                c,
+                "events",
+                "SELECT run, at, scope, node, kind, message, seq FROM events \
+                 WHERE run = $1 AND tx >= $2 AND tx < $3 ORDER BY seq",
+                &run,
+                after,
+                |r| Ok((r.get(6), event_from_row(r))),
+            )
+        })
+    }
+
+    /// [`Store::nodes_since`].
+    fn read_nodes_since(&self, run: &str, after: i64) -> Result<super::Since<NodeRecord>> {
+        let run = run.to_string();
+        self.call(move |c| {
+            since(
+                c,
+                "nodes",
+                &format!(
+                    "SELECT {NODE_COLUMNS}, n.seq FROM nodes n \
+                     WHERE n.run = $1 AND n.tx >= $2 AND n.tx < $3 ORDER BY n.seq"
+                ),
+                &run,
+                after,
+                |r| Ok((r.get(15), node_from_row(r)?)),
+            )
+        })
+    }
+
+    /// [`Store::attempts_since`]: numbered by the transaction that last wrote each.
+    fn read_attempts_since(&self, run: &str, after: i64) -> Result<super::Since<AttemptRecord>> {
+        let run = run.to_string();
+        self.call(move |c| {
+            since(
+                c,
+                "attempts",
+                &format!(
+                    "SELECT {ATTEMPT_COLUMNS}, tx FROM attempts \
+                     WHERE run = $1 AND tx >= $2 AND tx < $3 ORDER BY tx, started_at, scope, \
+                     node, attempt"
+                ),
+                &run,
+                after,
+                |r| Ok((r.get(15), attempt_from_row(r)?)),
+            )
+        })
     }
 }
 

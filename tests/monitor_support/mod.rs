@@ -83,6 +83,17 @@ impl Checkout {
         args
     }
 
+    /// The fan-out of `fanout.toml` over `items` items (one command stage each, one in ten
+    /// failing), run to its end; returns the run id.
+    pub(crate) fn fanout(&self, items: usize) -> String {
+        std::fs::write(self.path().join("fanout.toml"), include_str!("fanout.toml")).unwrap();
+        let count = format!("count={items}");
+        let (_, out, err) = self.run(&["run", "fanout.toml", "--json", "--set", &count]);
+        let json: serde_json::Value =
+            serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out} {err}"));
+        json["run"].as_str().unwrap().to_string()
+    }
+
     /// The newest run's id, once there is one.
     pub(crate) fn newest_run(&self) -> String {
         self.new_run(&[])

@@ -35,6 +35,11 @@
   function formKey(form) {
     return form ? (form.dataset.gate ? "gate:" + form.dataset.gate : form.className) : "";
   }
+  // A <details> by its own key (data-key: a stage page's output, file or diff), else by
+  // its form.
+  function detailsKey(d) {
+    return d.dataset.key ? "key:" + d.dataset.key : formKey(d.closest("form"));
+  }
   function keepState(el) {
     var state = { fields: {}, open: {}, focus: null };
     el.querySelectorAll("textarea, input[type=text]").forEach(function (f) {
@@ -45,7 +50,7 @@
       }
     });
     el.querySelectorAll("details").forEach(function (d) {
-      state.open[formKey(d.closest("form"))] = d.open;
+      state.open[detailsKey(d)] = d.open;
     });
     return state;
   }
@@ -59,7 +64,7 @@
       }
     });
     el.querySelectorAll("details").forEach(function (d) {
-      var key = formKey(d.closest("form"));
+      var key = detailsKey(d);
       if (Object.prototype.hasOwnProperty.call(state.open, key)) d.open = state.open[key];
     });
   }
@@ -99,15 +104,28 @@
     });
   }
   if (parts.length && window.EventSource) {
-    var es = new EventSource("/api/changes");
-    // A change made before the stream was open (or while it reconnected) sends no event:
-    // the parts are fetched again each time it opens.
-    es.addEventListener("open", function () {
-      if (dot) dot.classList.add("on");
-      refresh();
+    var es = null;
+    var connect = function () {
+      es = new EventSource("/api/changes");
+      // A change made before the stream was open (or while it reconnected) sends no event:
+      // the parts are fetched again each time it opens.
+      es.addEventListener("open", function () {
+        if (dot) dot.classList.add("on");
+        refresh();
+      });
+      es.addEventListener("error", function () { if (dot) dot.classList.remove("on"); });
+      es.addEventListener("change", refresh);
+    };
+    // A page left for another is closed, stream and all: a page the browser keeps to go back
+    // to would hold its connection, and a browser opens only six to one server.
+    window.addEventListener("pagehide", function () {
+      if (es) { es.close(); es = null; }
+      if (dot) dot.classList.remove("on");
     });
-    es.addEventListener("error", function () { if (dot) dot.classList.remove("on"); });
-    es.addEventListener("change", refresh);
+    window.addEventListener("pageshow", function (e) {
+      if (e.persisted && !es) connect();
+    });
+    connect();
     refresh();
   }
 })();

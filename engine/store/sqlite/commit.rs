@@ -125,6 +125,7 @@ impl SqliteStore {
                     if let Some(run) = writes.iter().rev().find_map(|w| match w {
                         Write::Event(e) => Some(e.run.as_str()),
                         Write::Node(n) => Some(n.run.as_str()),
+                        Write::Attempt(a) => Some(a.run.as_str()),
                         _ => None,
                     }) {
                         self.note_commit(run);

@@ -143,15 +143,19 @@ impl SqliteStore {
             // log.
             return Err(lost_log(&self.path));
         }
+        // Since schema version 8 the last number may be an attempt's.
+        let sql = if version >= super::schema::ATTEMPT_SEQ_SINCE {
+            "SELECT EXISTS (SELECT 1 FROM events WHERE run = ?1 AND seq >= ?2) \
+             OR EXISTS (SELECT 1 FROM nodes WHERE run = ?1 AND seq >= ?2) \
+             OR EXISTS (SELECT 1 FROM attempts WHERE run = ?1 AND seq >= ?2)"
+        } else {
+            "SELECT EXISTS (SELECT 1 FROM events WHERE run = ?1 AND seq >= ?2) \
+             OR EXISTS (SELECT 1 FROM nodes WHERE run = ?1 AND seq >= ?2)"
+        };
         for (run, seq) in committed {
             let present = self
                 .conn
-                .query_row(
-                    "SELECT EXISTS (SELECT 1 FROM events WHERE run = ?1 AND seq >= ?2) \
-                     OR EXISTS (SELECT 1 FROM nodes WHERE run = ?1 AND seq >= ?2)",
-                    params![run, seq],
-                    |row| row.get::<_, bool>(0),
-                )
+                .query_row(sql, params![run, seq], |row| row.get::<_, bool>(0))
                 // A store too damaged to answer is reported by the quick check.
                 .unwrap_or(true);
             if !present {

@@ -43,7 +43,7 @@ pub use schema::SCHEMA_VERSION;
 
 use crate::store::{
     Approval, AttemptRecord, Cancellation, Event, GateRequest, LockOwner, NodeRecord, Removed,
-    Result, RunRecord, RunStatus, Store, StoreError, StoredSize, Write,
+    Result, RunRecord, RunStatus, Since, Store, StoreError, StoredSize, Write,
 };
 
 /// How long a write waits for another process that holds the file.
@@ -199,6 +199,18 @@ impl Store for SqliteStore {
 
     fn delete_run(&mut self, run: &str) -> Result<Removed> {
         self.delete_run_rows(run)
+    }
+
+    fn events_since(&self, run: &str, after: i64) -> Result<Since<Event>> {
+        self.read_events_since(run, after)
+    }
+
+    fn nodes_since(&self, run: &str, after: i64) -> Result<Since<NodeRecord>> {
+        self.read_nodes_since(run, after)
+    }
+
+    fn attempts_since(&self, run: &str, after: i64) -> Result<Since<AttemptRecord>> {
+        self.read_attempts_since(run, after)
     }
 }
 

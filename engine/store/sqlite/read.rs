@@ -5,8 +5,8 @@ use rusqlite::{Row, params};
 
 use super::SqliteStore;
 use super::rows::{parse_col, usage_from_row};
-use super::schema::UNREPORTED_SINCE;
-use crate::store::{AttemptRecord, AttemptState, Event, NodeRecord, NodeState, Result};
+use super::schema::{ATTEMPT_SEQ_SINCE, UNREPORTED_SINCE};
+use crate::store::{AttemptRecord, AttemptState, Event, NodeRecord, NodeState, Result, Since};
 
 /// The columns of `nodes n` (aliased so that joins can use them) with `$unreported` for
 /// the count of calls that reported no usage: the column, or `0` in a store older than
@@ -180,6 +180,87 @@ impl SqliteStore {
             .map_err(|e| self.error("cannot read events from", e))
     }
 
+    /// [`Store::nodes_since`](crate::store::Store::nodes_since): the rows numbered after
+    /// `after` (the count orders every write of the run under the write lock, so no row of an
+    /// earlier commit can come later), through the index on (run, seq).
+    pub(super) fn read_nodes_since(&self, run: &str, after: i64) -> Result<Since<NodeRecord>> {
+        let sql = format!(
+            "SELECT {}, n.seq FROM nodes n WHERE n.run = ?1 AND n.seq > ?2 ORDER BY n.seq",
+            self.node_columns()
+        );
+        let fail = |e| self.error("cannot read nodes from", e);
+        let mut stmt = self.conn.prepare_cached(&sql).map_err(fail)?;
+        let rows = stmt
+            .query_map(params![run, after], |row| {
+                Ok((self.node_from_row(row)?, row.get::<_, i64>(16)?))
+            })
+            .map_err(fail)?;
+        let mut records = Vec::new();
+        for row in rows {
+            let ((mut record, inline, blob), seq) = row.map_err(fail)?;
+            record.output = self.load_output(inline, blob)?;
+            records.push((seq, record));
+        }
+        Ok(since(records, after))
+    }
+
+    /// [`Store::attempts_since`](crate::store::Store::attempts_since): the rows numbered
+    /// after `after`; every row, numbered 0, in a store older than [`ATTEMPT_SEQ_SINCE`]
+    /// (opened read-only), which does not number them.
+    pub(super) fn read_attempts_since(
+        &self,
+        run: &str,
+        after: i64,
+    ) -> Result<Since<AttemptRecord>> {
+        if self.version < ATTEMPT_SEQ_SINCE {
+            let all = self.read_attempts(run, None)?;
+            return Ok(Since {
+                records: all.into_iter().map(|a| (0, a)).collect(),
+                next: after,
+            });
+        }
+        let sql = format!(
+            "SELECT {}, seq FROM attempts WHERE run = ?1 AND seq > ?2 ORDER BY seq",
+            self.attempt_columns()
+        );
+        let records = self
+            .conn
+            .prepare_cached(&sql)
+            .and_then(|mut stmt| {
+                stmt.query_map(params![run, after], |row| {
+                    Ok((row.get::<_, i64>(15)?, attempt_from_row(row)?))
+                })?
+                .collect()
+            })
+            .map_err(|e| self.error("cannot read attempts from", e))?;
+        Ok(since(records, after))
+    }
+
+    /// [`Store::events_since`](crate::store::Store::events_since): as
+    /// [`SqliteStore::read_events`], numbered after `after`. An event that a node's row kept
+    /// and that a trigger moved into `events` (the stage settled again) keeps its number, so
+    /// it is not read twice.
+    pub(super) fn read_events_since(&self, run: &str, after: i64) -> Result<Since<Event>> {
+        let sql = "SELECT run, at, scope, node, kind, message, seq FROM ( \
+             SELECT run, seq, at, scope, node, kind, message FROM events \
+             WHERE run = ?1 AND seq > ?2 \
+             UNION ALL \
+             SELECT run, seq, finished_at, scope, node, state, event FROM nodes \
+             WHERE run = ?1 AND seq > ?2 AND event IS NOT NULL) \
+             ORDER BY seq";
+        let records = self
+            .conn
+            .prepare_cached(sql)
+            .and_then(|mut stmt| {
+                stmt.query_map(params![run, after], |row| {
+                    Ok((row.get::<_, i64>(6)?, event_from_row(row)?))
+                })?
+                .collect()
+            })
+            .map_err(|e| self.error("cannot read events from", e))?;
+        Ok(since(records, after))
+    }
+
     /// [`Store::output`](crate::store::Store::output).
     pub(super) fn read_output(
         &self,
@@ -251,4 +332,10 @@ fn event_from_row(row: &Row<'_>) -> rusqlite::Result<Event> {
         kind: row.get(4)?,
         message: row.get(5)?,
     })
+}
+
+/// The answer of a `*_since` read: the position moves to the highest number read.
+fn since<T>(records: Vec<(i64, T)>, after: i64) -> Since<T> {
+    let next = records.last().map_or(after, |(n, _)| (*n).max(after));
+    Since { records, next }
 }

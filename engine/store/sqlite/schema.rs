@@ -7,7 +7,7 @@ use super::{SqliteStore, sql_error};
 use crate::store::{Result, StoreError};
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// The oldest schema version a read-only store of this build reads as it is (without
 /// bringing it up to date, which needs a store that can be written): version 5 lacks the
@@ -239,6 +239,21 @@ BEGIN
 END;
 ";
 
+/// Version 8: each attempt's last write numbered (`seq`, from the count that numbers the
+/// run's events and nodes, so one write lock orders them all), and `nodes` and `attempts`
+/// indexed by their number: [`Store::nodes_since`](crate::store::Store::nodes_since) and
+/// [`Store::attempts_since`](crate::store::Store::attempts_since) read only what changed. An
+/// attempt of an older version reads as number 0, written before any position.
+const ATTEMPT_SEQ_V8: &str = "
+ALTER TABLE attempts ADD COLUMN seq INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX attempts_seq ON attempts (run, seq);
+CREATE INDEX nodes_seq ON nodes (run, seq);
+";
+
+/// The schema version that numbered attempts ([`ATTEMPT_SEQ_V8`]): a store of an older
+/// version opened read-only gives every attempt to each `attempts_since`.
+pub(super) const ATTEMPT_SEQ_SINCE: i64 = 8;
+
 /// The last schema version that rebuilds `nodes` (and so drops its triggers).
 const NODES_REBUILT: i64 = 6;
 
@@ -316,8 +331,14 @@ impl SqliteStore {
             )
             .map_err(fail)?;
         }
-        // A later version adds `if version < 8 { ... }` here (and, if it rebuilds `nodes`,
-        // moves NODES_REBUILT to 8).
+        if version < ATTEMPT_SEQ_SINCE {
+            // What changed since a position (Store::nodes_since, attempts_since): an
+            // attempt's last write numbered by the run's count of events and nodes, and both
+            // tables indexed by that number (a monitor reads what changed, not the run).
+            tx.execute_batch(ATTEMPT_SEQ_V8).map_err(fail)?;
+        }
+        // A later version adds `if version < 9 { ... }` here (and, if it rebuilds `nodes`,
+        // moves NODES_REBUILT to it).
         if version < NODES_REBUILT {
             // Made once `nodes` has its last shape: on a store at version 4 or older, after
             // both rebuilds above; on a store at version 5, again after version 6 dropped

@@ -24,9 +24,12 @@ const UPSERT_NODE: &str = "INSERT INTO nodes (run, scope, node, state, output, o
      started_at = excluded.started_at, finished_at = excluded.finished_at, seq = excluded.seq, \
      event = excluded.event, unreported = excluded.unreported";
 
-/// The highest number of the run's events and nodes (one count since schema version 5).
+/// The highest number of the run's events, nodes and attempts (one count since schema
+/// version 5, attempts in it since version 8).
+/// Attempts take their numbers from the same count since schema version 8.
 const LAST_SEQ: &str = "SELECT MAX((SELECT COALESCE(MAX(seq), 0) FROM events WHERE run = ?1), \
-     (SELECT COALESCE(MAX(seq), 0) FROM nodes WHERE run = ?1))";
+     (SELECT COALESCE(MAX(seq), 0) FROM nodes WHERE run = ?1), \
+     (SELECT COALESCE(MAX(seq), 0) FROM attempts WHERE run = ?1))";
 
 /// The numbers of a run's events and the write order of its nodes (`seq` of both, one
 /// count), counted here for each run this connection writes: the highest is read from the
@@ -85,14 +88,14 @@ impl Seqs {
 
 const UPSERT_ATTEMPT: &str = "INSERT INTO attempts (run, scope, node, attempt, state, agent, \
      dir, error, input_tokens, output_tokens, cached_tokens, cost_usd, started_at, finished_at, \
-     unreported) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15) \
+     unreported, seq) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16) \
      ON CONFLICT (run, scope, node, attempt) DO UPDATE SET state = excluded.state, \
      agent = excluded.agent, dir = excluded.dir, error = excluded.error, \
      input_tokens = excluded.input_tokens, output_tokens = excluded.output_tokens, \
      cached_tokens = excluded.cached_tokens, cost_usd = excluded.cost_usd, \
      started_at = excluded.started_at, finished_at = excluded.finished_at, \
-     unreported = excluded.unreported";
+     unreported = excluded.unreported, seq = excluded.seq";
 
 const INSERT_EVENT: &str = "INSERT INTO events (run, seq, at, scope, node, kind, message) \
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
@@ -153,6 +156,7 @@ pub(super) fn write_all(
                 write_node(&tx, n, output, number, None)?;
             }
             Write::Attempt(a) => {
+                let number = seq.next(&tx, &a.run)?;
                 let u = UsageCols::from(&a.usage);
                 tx.prepare_cached(UPSERT_ATTEMPT).and_then(|mut stmt| {
                     stmt.execute(params![
@@ -171,6 +175,7 @@ pub(super) fn write_all(
                         a.started_at,
                         a.finished_at,
                         u.unreported,
+                        number,
                     ])
                 })?;
             }
