@@ -92,6 +92,8 @@ pub(crate) struct Shared {
     /// A run on workers: its agent calls and programs are units of work that any worker
     /// may take (see [`super::units`]).
     pub units: Option<super::units::Units>,
+    /// The run's spans, when this process exports traces (see [`super::trace`]).
+    pub trace: Option<super::trace::RunTrace>,
 }
 
 /// A subflow that does not check, as the run reports it.

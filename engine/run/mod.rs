@@ -28,6 +28,7 @@ mod publish;
 mod resource;
 mod schedule;
 mod subflow;
+pub mod trace;
 mod units;
 pub mod worker;
 mod worktree;
