@@ -665,8 +665,14 @@ mod tests {
         let kept = TraceIds::new_json();
         let r = run(serde_json::json!({ OPTIONS_KEY: kept.clone() }));
         let ids = TraceIds::of(&r);
-        assert_eq!(ids.trace.to_string(), kept["trace_id"].as_str().unwrap());
-        assert_eq!(ids.run_span.to_string(), kept["span_id"].as_str().unwrap());
+        assert_eq!(
+            Some(ids.trace.to_string().as_str()),
+            kept["trace_id"].as_str()
+        );
+        assert_eq!(
+            Some(ids.run_span.to_string().as_str()),
+            kept["span_id"].as_str()
+        );
         assert_ne!(
             TraceIds::of(&run(
                 serde_json::json!({ OPTIONS_KEY: TraceIds::new_json() })
