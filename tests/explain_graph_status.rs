@@ -140,6 +140,9 @@ fn redact_json(value: &mut serde_json::Value, dir: &Path, id: &str) {
                     *v = "[ms]".into();
                 } else if key == "workflow_hash" {
                     *v = "[hash]".into();
+                } else if key == "trace_id" || key == "span_id" {
+                    // Drawn for each run (its OpenTelemetry trace).
+                    *v = "[id]".into();
                 } else {
                     redact_json(v, dir, id);
                 }

@@ -333,6 +333,8 @@ struct StatusView<'a> {
     /// The usage of every settled stage: see [`Total`].
     #[serde(flatten)]
     total: Total,
+    /// The id of the run's OpenTelemetry trace (its spans carry it when exported).
+    trace_id: String,
 }
 
 /// A run's usage, as `status --json` writes it: `total` (its counts `null` when no call
@@ -389,6 +391,7 @@ fn show_status(args: &StatusArgs) -> Result<(), Failure> {
         nodes: &nodes,
         pending_gates: gate_views,
         total: Total(total),
+        trace_id: ralph_flow::run::trace::TraceIds::trace_id(&run),
     };
     if args.json {
         return print_json(&view);
@@ -414,6 +417,10 @@ fn status_text(view: &StatusView<'_>) -> String {
     );
     if let Some(c) = run.cancellation() {
         out += &format!("cancelled {}\n", c.text());
+    }
+    // Where traces are exported from here, the id to look the run up by.
+    if ralph_flow::run::trace::endpoint().is_some() {
+        out += &format!("trace: {}\n", view.trace_id);
     }
     for u in &view.run.unplaced {
         out += &format!("{}\n", u.line());

@@ -470,11 +470,22 @@ impl Exec<'_> {
         let call = &call;
         let attempt = |i: usize| async move {
             let cfg = &self.agents[chain[i]];
+            let began = self
+                .shared
+                .trace
+                .as_ref()
+                .map(|_| std::time::SystemTime::now());
+            let traced = |result: &Result<AgentReply, CallError>| {
+                if let (Some(t), Some(began)) = (&self.shared.trace, began) {
+                    t.agent_call(call, cfg, began, result.as_ref());
+                }
+            };
             if self.spreads_agents() {
                 let result = self.call_elsewhere(n, cfg, call).await;
                 if let Ok(reply) = &result {
                     self.add_usage(frame, n, &cfg.name, &reply.usage);
                 }
+                traced(&result);
                 return result;
             }
             let backend = self.backend(chain[i]).map_err(|e| CallError::Missing {
@@ -495,6 +506,7 @@ impl Exec<'_> {
                     tracing::debug!(stage = %call.stage, agent = %cfg.name, error = %e, "agent call failed");
                 }
             }
+            traced(&result);
             result
         };
         let tell = |i: usize, next: &Next| {

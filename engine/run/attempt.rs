@@ -119,7 +119,7 @@ impl Exec<'_> {
         error: Option<String>,
         usage: &Usage,
     ) {
-        self.shared.write(Write::Attempt(AttemptRecord {
+        let record = AttemptRecord {
             run: self.shared.run.id.clone(),
             scope: at.scope.to_string(),
             node: at.stage.to_string(),
@@ -131,7 +131,11 @@ impl Exec<'_> {
             usage: usage.clone(),
             started_at: at.started,
             finished_at: (state != AttemptState::Running).then(now_ms),
-        }));
+        };
+        if let Some(t) = &self.shared.trace {
+            t.attempt(&record);
+        }
+        self.shared.write(Write::Attempt(record));
     }
 
     /// Ends a stage whose attempt failed for good: records the attempt, then settles the

@@ -94,6 +94,8 @@ pub(crate) struct Shared {
     pub units: Option<super::units::Units>,
     /// The run's notifiers and their deliveries under way (see [`super::notify`]).
     pub notifier: Option<super::notify::Notifier>,
+    /// The run's spans, when this process exports traces (see [`super::trace`]).
+    pub trace: Option<super::trace::RunTrace>,
 }
 
 /// A subflow that does not check, as the run reports it.

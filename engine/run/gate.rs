@@ -21,6 +21,8 @@ struct Gate<'x> {
     timeout: Option<Duration>,
     on_timeout: Option<&'x crate::source::Spanned<crate::model::Action>>,
     on_reject: Target,
+    /// When its request was made, when known here (for its span).
+    requested: Option<i64>,
 }
 
 impl Exec<'_> {
@@ -39,7 +41,7 @@ impl Exec<'_> {
         else {
             return self.fail_now(started, "not a gate".into());
         };
-        let gate = Gate {
+        let mut gate = Gate {
             name: &node.name,
             scope: self.scope(frame),
             started,
@@ -53,6 +55,7 @@ impl Exec<'_> {
                 .as_ref()
                 .map(|a| self.target_of(&a.value))
                 .unwrap_or_else(|| node.on_fail.clone()),
+            requested: None,
         };
         let pending = self
             .shared
@@ -78,6 +81,7 @@ impl Exec<'_> {
         };
         if let Some(req) = &request {
             self.show_waiting(req);
+            gate.requested = Some(req.requested_at);
         }
         let deadline = request.as_ref().and_then(|r| r.deadline);
         self.await_answer(&gate, deadline, answered).await
@@ -253,6 +257,7 @@ impl Exec<'_> {
 
     /// Settles a gate by its answer: a rejection takes the gate's `on_reject`.
     fn gate_answered(&self, gate: &Gate<'_>, a: Approval) -> Outcome {
+        self.trace_wait(gate, a.at, a.approved, a.by == "timeout");
         let output = json!({
             "approved": a.approved,
             "comment": a.comment.clone().unwrap_or_default(),
@@ -308,6 +313,7 @@ impl Exec<'_> {
                 Ok(approval)
             }
             other => {
+                self.trace_wait(gate, now_ms(), false, true);
                 let msg = format!("gate `{}` had no answer within {waited}", gate.name);
                 let mut s = Settled::new(
                     if other == Target::Fail {
@@ -323,6 +329,36 @@ impl Exec<'_> {
                 s.action = Some(other);
                 Err(Box::new(Outcome::Settled(s)))
             }
+        }
+    }
+
+    /// The span of a gate's wait, from its request (read from its `waiting` event when an
+    /// earlier process made it and it was answered since) to `answered`.
+    fn trace_wait(&self, gate: &Gate<'_>, answered: i64, approved: bool, by_timeout: bool) {
+        let Some(t) = &self.shared.trace else {
+            return;
+        };
+        let requested = gate.requested.or_else(|| {
+            let events = self
+                .shared
+                .store
+                .borrow()
+                .events(&self.shared.run.id, Some(gate.name))
+                .ok()?;
+            events
+                .iter()
+                .rev()
+                .find(|e| e.scope == gate.scope && e.kind == "waiting")
+                .map(|e| e.at)
+        });
+        if let Some(requested) = requested {
+            t.gate_wait(
+                &gate.scope,
+                gate.name,
+                (requested, answered),
+                approved,
+                by_timeout,
+            );
         }
     }
 

@@ -136,8 +136,15 @@ fn ignore_in_git(state_dir: &Path) -> Result<(), RunError> {
 }
 
 /// Runs a prepared workflow (or resumes a run of it) to its end, in four phases: open the
-/// store, start or resume the run, drive its body, finish it.
-pub async fn execute(prepared: &Prepared, mut opts: RunOptions) -> Result<RunResult, RunError> {
+/// store, start or resume the run, drive its body, finish it. However it ends, the spans of
+/// a process that exports traces are sent (for a bounded time) before it returns.
+pub async fn execute(prepared: &Prepared, opts: RunOptions) -> Result<RunResult, RunError> {
+    let result = execute_run(prepared, opts).await;
+    super::trace::flush().await;
+    result
+}
+
+async fn execute_run(prepared: &Prepared, mut opts: RunOptions) -> Result<RunResult, RunError> {
     let secret_notes = register_secrets_noting(prepared);
     // The notifiers' variables are read (and their secrets registered) before the run
     // writes anything.
@@ -360,6 +367,10 @@ fn start_run(
     if let Some(p) = absolute(&opts.record) {
         options.insert("record".into(), Json::String(p));
     }
+    options.insert(
+        super::trace::OPTIONS_KEY.into(),
+        super::trace::TraceIds::new_json(),
+    );
     let run_dir = |id: &str| {
         opts.state_dir
             .join("runs")
@@ -557,6 +568,7 @@ fn share(
         run.id.clone(),
     ));
     let publisher = opts.publish.clone().map(super::publish::Publisher::new);
+    let trace = super::trace::RunTrace::of(&run);
     let shared = Shared {
         global: opts.max_concurrency.map(super::resource::limit),
         progress: Progress::new(opts.progress),
@@ -586,6 +598,7 @@ fn share(
         publisher,
         units,
         notifier: None,
+        trace,
     };
     let side = Side {
         lease_store,
@@ -865,6 +878,12 @@ fn finish(
         .commit(&[Write::Event(event)])
         .and_then(|()| store.set_status(&shared.run.id, status, exit))
         .and_then(|()| store.unlock(&shared.run.id, owner))?;
+    // The run's span, once it is over for good (a waiting or interrupted run goes on later).
+    if let Some(t) = &shared.trace
+        && matches!(status, RunStatus::Finished | RunStatus::Cancelled)
+    {
+        t.run_end(&shared.run, status, exit);
+    }
     let usage = shared.usage.borrow().get("").cloned().unwrap_or_default();
     Ok(RunResult {
         run_id: shared.run.id.clone(),

@@ -29,6 +29,7 @@ mod publish;
 mod resource;
 mod schedule;
 mod subflow;
+pub mod trace;
 pub mod units;
 pub mod worker;
 mod worktree;

@@ -364,6 +364,18 @@ impl Exec<'_> {
         };
         self.shared
             .event_at(&scope, &name, s.state.as_str(), msg, finished);
+        if let Some(t) = &self.shared.trace {
+            t.stage(
+                &scope,
+                &name,
+                self.plan.node(n).kind.as_str(),
+                s.state,
+                (s.started_at, finished),
+                s.attempts,
+                &s.usage,
+                s.action.as_ref().map(|a| self.action_text(a)).as_deref(),
+            );
+        }
         self.shared.write(Write::Node(NodeRecord {
             run: self.shared.run.id.clone(),
             scope,

@@ -181,6 +181,10 @@ pub fn enqueue(
     }
     options.insert("workspace".into(), Workspace::of(&opts.cwd).to_json());
     options.insert("labels".into(), json!(labels));
+    options.insert(
+        super::trace::OPTIONS_KEY.into(),
+        super::trace::TraceIds::new_json(),
+    );
     let path = std::path::absolute(&prepared.path).unwrap_or_else(|_| prepared.path.clone());
     let run = RunRecord {
         id: id.clone(),

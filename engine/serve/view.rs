@@ -47,6 +47,8 @@ pub(super) struct RunSummary {
     /// Why its units of work wait (`stage S waits for a worker: no live worker has the
     /// label ...`), on a store with workers; why the run itself waits is its `state_text`.
     pub waiting_for: Vec<String>,
+    /// The id of the run's OpenTelemetry trace (see `run::trace`).
+    pub trace_id: String,
 }
 
 /// A run's usage, summed over its attempts. A summary writes it as `usage` (its counts
@@ -241,6 +243,7 @@ pub(super) fn summary(
         duration_ms: (end - run.started_at).max(0),
         duration: duration_ms((end - run.started_at).max(0)),
         usage: RunUsage(usage),
+        trace_id: crate::run::trace::TraceIds::trace_id(run),
         gates_waiting: gates,
         stages_done: nodes
             .iter()
@@ -967,5 +970,15 @@ mod tests {
         assert!(d.contains(&('+', "B".into())));
         assert!(d.contains(&(' ', "a".into())));
         assert!(diff_lines("same\n", "same\n").is_empty());
+    }
+
+    #[test]
+    fn a_summary_names_the_runs_trace() {
+        let mut r = run(RunStatus::Finished);
+        r.options = serde_json::json!({"trace": {"trace_id": "0af7651916cd43dd8448eb211c80319c", "span_id": "b7ad6b7169203331"}});
+        assert_eq!(
+            summary(&r, &[], &[], 0, false).trace_id,
+            "0af7651916cd43dd8448eb211c80319c"
+        );
     }
 }
