@@ -656,7 +656,6 @@ fn stage_pages_of_a_fan_out_are_paged_and_filtered_by_state_with_counts() {
 
 #[test]
 fn a_stage_page_follows_its_run_live() {
-    use ralph_flow::store::{AttemptRecord, AttemptState, Store, Usage, Write};
     let c = Checkout::new();
     let id = c.fanout(12);
     let s = Server::start(c.path(), &[]);
@@ -669,24 +668,7 @@ fn a_stage_page_follows_its_run_live() {
     let before = parts["stage"].as_str().unwrap().to_string();
     assert_eq!(instances(&before).len(), 12);
     // Another process writes an attempt: the live part shows it.
-    let mut store =
-        ralph_flow::store::sqlite::SqliteStore::open(&c.path().join(".ralph-flow/state.db"))
-            .unwrap();
-    store
-        .commit(&[Write::Attempt(AttemptRecord {
-            run: id.clone(),
-            scope: "each#late".into(),
-            node: "work".into(),
-            attempt: 1,
-            state: AttemptState::Running,
-            agent: None,
-            dir: String::new(),
-            error: None,
-            usage: Usage::default(),
-            started_at: ralph_flow::store::now_ms(),
-            finished_at: None,
-        })])
-        .unwrap();
+    monitor_support::write_running_attempt(c.path(), &id, "each#late", "work");
     let parts = s.json(&format!("/live/runs/{id}/stage?node=work"));
     let after = parts["stage"].as_str().unwrap();
     assert_eq!(instances(after).len(), 13, "{after}");

@@ -326,25 +326,7 @@ async fn a_two_thousand_item_fan_out_stage_page_pages_filters_and_follows_its_ru
     .await;
     b.execute("window.kept = 'yes'; return 1;", vec![]).await;
     tokio::task::block_in_place(|| {
-        use ralph_flow::store::{AttemptRecord, AttemptState, Store, Usage, Write};
-        let mut store =
-            ralph_flow::store::sqlite::SqliteStore::open(&c.path().join(".ralph-flow/state.db"))
-                .unwrap();
-        store
-            .commit(&[Write::Attempt(AttemptRecord {
-                run: id.clone(),
-                scope: "each#late".into(),
-                node: "work".into(),
-                attempt: 1,
-                state: AttemptState::Running,
-                agent: None,
-                dir: String::new(),
-                error: None,
-                usage: Usage::default(),
-                started_at: ralph_flow::store::now_ms(),
-                finished_at: None,
-            })])
-            .unwrap();
+        monitor_support::write_running_attempt(c.path(), &id, "each#late", "work");
     });
     b.wait_for_text("#stage-states", "interrupted 1", T).await;
     assert_eq!(

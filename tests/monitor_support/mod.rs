@@ -322,3 +322,27 @@ pub(crate) fn screenshot_dir(tmp: &Path) -> PathBuf {
         tmp.to_path_buf()
     }
 }
+
+/// Writes, as another process would, a running attempt of stage `node` in a new scope
+/// `scope` of run `id`, into the checkout's SQLite store: what a live page must show.
+pub(crate) fn write_running_attempt(checkout: &Path, id: &str, scope: &str, node: &str) {
+    use ralph_flow::store::{AttemptRecord, AttemptState, Store, Usage, Write};
+    let mut store =
+        ralph_flow::store::sqlite::SqliteStore::open(&checkout.join(".ralph-flow/state.db"))
+            .unwrap();
+    store
+        .commit(&[Write::Attempt(AttemptRecord {
+            run: id.to_string(),
+            scope: scope.into(),
+            node: node.into(),
+            attempt: 1,
+            state: AttemptState::Running,
+            agent: None,
+            dir: String::new(),
+            error: None,
+            usage: Usage::default(),
+            started_at: ralph_flow::store::now_ms(),
+            finished_at: None,
+        })])
+        .unwrap();
+}
