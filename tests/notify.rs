@@ -59,7 +59,7 @@ fn answer(status: u16, body: &'static str) -> Answer {
     }
 }
 
-type Script = dyn Fn(&str, usize) -> Answer + Send + Sync;
+type Script = dyn Fn(&str, usize, &str) -> Answer + Send + Sync;
 
 struct Receiver {
     url: String,
@@ -70,6 +70,19 @@ impl Receiver {
     /// Starts a receiver that answers the `n`th request (from 0) to `path` with
     /// `script(path, n)`.
     fn new(script: impl Fn(&str, usize) -> Answer + Send + Sync + 'static) -> Receiver {
+        Receiver::reading(move |path, n, _| script(path, n))
+    }
+
+    /// Starts a Slack incoming webhook: what Slack refuses it refuses as Slack does
+    /// ([`slack_refusal`]), anything else it answers with `script(path, n)`.
+    fn slack(script: impl Fn(&str, usize) -> Answer + Send + Sync + 'static) -> Receiver {
+        Receiver::reading(move |path, n, body| {
+            slack_refusal(body).unwrap_or_else(|| script(path, n))
+        })
+    }
+
+    /// Starts a receiver that answers with `script(path, n, body)`.
+    fn reading(script: impl Fn(&str, usize, &str) -> Answer + Send + Sync + 'static) -> Receiver {
         use axum::body::Body;
         use axum::extract::{Request, State};
         use axum::response::{IntoResponse, Response};
@@ -84,17 +97,18 @@ impl Receiver {
             let body = axum::body::to_bytes(req.into_body(), 1 << 20)
                 .await
                 .unwrap_or_default();
+            let body = String::from_utf8_lossy(&body).into_owned();
             let n = {
                 let mut got = got.lock().unwrap();
                 let n = got.iter().filter(|g| g.path == path).count();
                 got.push(Got {
                     path: path.clone(),
                     headers,
-                    body: String::from_utf8_lossy(&body).into_owned(),
+                    body: body.clone(),
                 });
                 n
             };
-            let a = script(&path, n);
+            let a = script(&path, n, &body);
             tokio::time::sleep(a.delay).await;
             let mut resp = Response::builder().status(a.status);
             for (k, v) in &a.headers {
@@ -150,6 +164,32 @@ impl Receiver {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+}
+
+/// What Slack's incoming webhooks refuse of a body, answered as they answer it: not JSON
+/// (400 `invalid_payload`), neither `text` nor `blocks` (400 `no_text`), more than 50
+/// blocks or a section whose text is empty or longer than 3,000 characters (400
+/// `invalid_blocks`: Block Kit's reference, "Section block" and "Blocks").
+fn slack_refusal(body: &str) -> Option<Answer> {
+    let Ok(v) = serde_json::from_str::<Value>(body) else {
+        return Some(answer(400, "invalid_payload"));
+    };
+    let blocks = v["blocks"].as_array();
+    if v["text"].as_str().is_none_or(str::is_empty) && blocks.is_none() {
+        return Some(answer(400, "no_text"));
+    }
+    let bad_section = |b: &Value| {
+        b["type"] == "section"
+            && b["text"]["text"]
+                .as_str()
+                .is_none_or(|t| t.is_empty() || t.chars().count() > 3000)
+    };
+    match blocks {
+        Some(bs) if bs.len() > 50 || bs.iter().any(bad_section) => {
+            Some(answer(400, "invalid_blocks"))
+        }
+        _ => None,
     }
 }
 
@@ -363,7 +403,7 @@ fn a_receiver_that_hangs_neither_holds_the_run_nor_goes_unrecorded() {
 #[test]
 fn slack_errors_are_not_retried_and_its_body_is_text_and_blocks() {
     // Slack's answers to a webhook that cannot be posted to (see the module's comment).
-    let r = Receiver::new(|path, _| match path {
+    let r = Receiver::slack(|path, _| match path {
         "/payload" => answer(400, "invalid_payload"),
         "/token" => answer(403, "invalid_token"),
         "/service" => answer(404, "no_service"),
@@ -445,6 +485,65 @@ fn slack_errors_are_not_retried_and_its_body_is_text_and_blocks() {
         "{:?}",
         notify_events(&p, &run)
     );
+}
+
+#[test]
+fn a_long_gate_message_reaches_slack_cut_to_what_slack_takes() {
+    let r = Receiver::slack(|_, _| ok());
+    let p = Project::new();
+    p.write("docs/notes.md", "notes\n");
+    p.workflow(
+        "w.toml",
+        &gated("[notify.team]\nkind = \"slack\"\nurl_env = \"SLACK_TEAM\"\n"),
+    );
+    let long = "x".repeat(5000);
+    let url = format!("{}/team", r.url);
+    let out = p.run_env(
+        &[
+            "run",
+            "w.toml",
+            "--no-wait",
+            "--json",
+            "--set",
+            &format!("target={long}"),
+        ],
+        &[
+            ("SLACK_TEAM", url.as_str()),
+            ("RALPH_FLOW_MONITOR_URL", "http://127.0.0.1:7700"),
+        ],
+    );
+    assert_eq!(out.code, 75, "{}", out.stderr);
+    let run = out.json["run"].as_str().unwrap().to_string();
+    let got = r.wait_for("/team", 1);
+    assert_eq!(got.len(), 1, "delivered at once, not refused and retried");
+    let body = got[0].json();
+    let main = body["blocks"][0]["text"]["text"].as_str().unwrap();
+    assert_eq!(main.chars().count(), 3000, "{main}");
+    let (cut, link) = main
+        .rsplit_once("…\n")
+        .unwrap_or_else(|| panic!("not cut: {main}"));
+    assert!(cut.ends_with("xxxx"), "cut inside the message: {cut}");
+    assert!(
+        link.starts_with("<http://127.0.0.1:7700/runs/")
+            && link.ends_with("|Open the run in the monitor>"),
+        "the link is kept whole: {link}"
+    );
+    assert!(
+        body["text"].as_str().unwrap().contains(&long),
+        "the fallback text is whole"
+    );
+    let t = Instant::now();
+    while !notify_events(&p, &run)
+        .iter()
+        .any(|(k, m)| k == "notified" && m == "slack `team` announced gate `sign_off` (1 attempt)")
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            notify_events(&p, &run)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 #[test]

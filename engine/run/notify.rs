@@ -199,22 +199,44 @@ impl Announcement {
                 main.push_str(&format!(": {}", esc(m)));
             }
         }
-        if let Some(link) = link {
-            main.push_str(&format!("\n<{}|Open the run in the monitor>", esc(link)));
-        }
-        let mut blocks = vec![json!({"type": "section", "text": {"type": "mrkdwn", "text": main}})];
+        // The link last, whole: a long message is cut before it, not the link.
+        let link = link
+            .map(|l| format!("\n<{}|Open the run in the monitor>", esc(l)))
+            .unwrap_or_default();
+        let main = cut_chars(main, SLACK_SECTION_MAX - link.chars().count()) + &link;
+        let section =
+            |text: String| json!({"type": "section", "text": {"type": "mrkdwn", "text": text}});
+        let mut blocks = vec![section(main)];
         if let Some(g) = &self.gate {
             if !g.files.is_empty() {
                 let files: Vec<String> =
                     g.files.iter().map(|f| format!("• `{}`", esc(f))).collect();
-                blocks.push(json!({"type": "section", "text": {"type": "mrkdwn",
-                    "text": format!("Files to look at:\n{}", files.join("\n"))}}));
+                blocks.push(section(cut_chars(
+                    format!("Files to look at:\n{}", files.join("\n")),
+                    SLACK_SECTION_MAX,
+                )));
             }
-            blocks.push(json!({"type": "section", "text": {"type": "mrkdwn",
-                "text": format!("```{}\n{}```", esc(&g.approve), esc(&g.reject))}}));
+            blocks.push(section(cut_chars(
+                format!("```{}\n{}```", esc(&g.approve), esc(&g.reject)),
+                SLACK_SECTION_MAX,
+            )));
         }
         json!({"text": self.text(), "blocks": blocks})
     }
+}
+
+/// The most characters Slack takes in a section block's text: a longer one makes the whole
+/// message refused (400 `invalid_blocks`; Block Kit's reference, "Section block").
+const SLACK_SECTION_MAX: usize = 3000;
+
+/// `s` cut to at most `max` characters, ending with `…` when it was cut.
+fn cut_chars(s: String, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s;
+    }
+    let mut out: String = s.chars().take(max.saturating_sub(1)).collect();
+    out.push('…');
+    out
 }
 
 /// Escapes the three characters Slack's mrkdwn gives a meaning to (Slack's "Formatting text
@@ -729,7 +751,7 @@ impl Job {
             }
         };
         let status = resp.status();
-        let after = retry_after(resp.headers(), SystemTime::now());
+        let after = crate::backend::http::retry_after(resp.headers(), SystemTime::now());
         // The body says why (Slack answers `no_service`, `invalid_payload`...); a timeout
         // while reading it is no answer.
         let body = match tokio::time::timeout(t.timeout, resp.text()).await {
@@ -851,16 +873,6 @@ impl Job {
     }
 }
 
-/// How long the receiver asks to wait: `Retry-After` in seconds or as an HTTP date.
-fn retry_after(headers: &reqwest::header::HeaderMap, now: SystemTime) -> Option<Duration> {
-    let value = headers.get("retry-after")?.to_str().ok()?.trim();
-    if let Ok(seconds) = value.parse::<u64>() {
-        return Some(Duration::from_secs(seconds));
-    }
-    let at = httpdate::parse_http_date(value).ok()?;
-    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
-}
-
 /// The event a run's end announces, if any: a run that took an exit of code 0 finished,
 /// of another code failed; a cancelled one was cancelled; one that waits or was
 /// interrupted is not over.
@@ -888,20 +900,9 @@ mod tests {
     }
 
     #[test]
-    fn retry_after_reads_seconds_and_dates() {
-        let mut h = reqwest::header::HeaderMap::new();
-        h.insert("retry-after", "7".parse().expect("value"));
-        assert_eq!(
-            retry_after(&h, SystemTime::now()),
-            Some(Duration::from_secs(7))
-        );
-        let now = httpdate::parse_http_date("Sun, 06 Nov 1994 08:49:37 GMT").expect("date");
-        h.insert(
-            "retry-after",
-            "Sun, 06 Nov 1994 08:49:47 GMT".parse().expect("value"),
-        );
-        assert_eq!(retry_after(&h, now), Some(Duration::from_secs(10)));
-        h.insert("retry-after", "soon".parse().expect("value"));
-        assert_eq!(retry_after(&h, now), None);
+    fn a_slack_section_is_cut_to_what_slack_takes() {
+        assert_eq!(cut_chars("abc".into(), 3), "abc");
+        assert_eq!(cut_chars("abcd".into(), 3), "ab…");
+        assert_eq!(cut_chars("ééé".into(), 2), "é…");
     }
 }

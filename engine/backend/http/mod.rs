@@ -40,6 +40,10 @@ mod responses;
 mod sse;
 mod status;
 
+/// How long an HTTP server asks to wait before a retry (`retry-after-ms`, `Retry-After`): for
+/// the notifiers too.
+pub(crate) use status::retry_after;
+
 use std::sync::Mutex;
 
 use serde_json::Value;

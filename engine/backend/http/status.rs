@@ -152,7 +152,7 @@ impl ApiError {
 
 /// Reads how long the server asks to wait: `retry-after-ms`, else `Retry-After` in seconds
 /// or as an HTTP date (relative to `now`; a date in the past is no wait).
-pub(super) fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+pub(crate) fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     let header = |name| headers.get(name)?.to_str().ok().map(str::trim);
     let milliseconds = header("retry-after-ms")
         .and_then(|v| v.parse::<f64>().ok())
