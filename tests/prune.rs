@@ -674,3 +674,55 @@ fn prune_needs_an_age_or_a_count() {
     assert!(out.contains("nothing to remove"), "{out}");
     assert!(!tmp.path().join(".ralph-flow").exists());
 }
+
+/// A worktree is removed under the lock its repository's worktrees are made under by every
+/// ralph-flow process (`ralph-flow-worktrees.lock` in the git directory): while a run holds
+/// it (adding a worktree of its own), prune waits, then removes.
+#[test]
+fn prune_removes_a_worktree_under_the_lock_runs_take() {
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let repo = repo(tmp.path());
+    let mut store = SqliteStore::open(&state.join("state.db")).unwrap();
+    store
+        .create_run(&record(&state, "old", "a", RunStatus::Finished, 10 * DAY))
+        .unwrap();
+    let tree = state.join("worktrees/old/@run");
+    git(
+        &repo,
+        &[
+            "worktree",
+            "add",
+            "-q",
+            "-b",
+            "old",
+            &tree.to_string_lossy(),
+        ],
+    );
+    drop(store);
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(repo.join(".git/ralph-flow-worktrees.lock"))
+        .unwrap();
+    let held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive).unwrap();
+    let mut prune = Std::new(assert_cmd::cargo::cargo_bin("ralph-flow"))
+        .current_dir(tmp.path())
+        .args(["runs", "prune", "--older-than", "1d", "--state-dir"])
+        .arg(&state)
+        .env_remove("RALPH_FLOW_STORE")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    assert!(
+        prune.try_wait().unwrap().is_none() && tree.exists(),
+        "prune waits for the lock"
+    );
+    drop(held);
+    assert!(prune.wait().unwrap().success());
+    assert!(!tree.exists());
+    assert!(!git(&repo, &["worktree", "list"]).contains("@run"));
+}

@@ -453,47 +453,22 @@ fn changes(worktree: &Path) -> Option<String> {
     })
 }
 
-/// Removes a git worktree as git does (`git worktree remove --force`, run in its
-/// repository's git directory, so git forgets it too); a worktree whose repository is gone
-/// (its `.git` file names a directory that is not there) is an ordinary directory.
+/// Removes a git worktree as a run does (`git worktree remove --force`, in its repository,
+/// under the worktree lock every ralph-flow process takes, so git forgets it too); a
+/// worktree whose repository is gone (its `.git` file names a directory that is not there)
+/// is an ordinary directory.
 fn remove_worktree(path: &Path) -> Result<(), String> {
-    let git = |dir: &Path, args: &[&str]| {
-        std::process::Command::new("git")
-            .arg("-C")
-            .arg(dir)
-            .args(args)
-            .stdin(std::process::Stdio::null())
-            .output()
-    };
-    let common = git(
-        path,
-        &["rev-parse", "--path-format=absolute", "--git-common-dir"],
-    )
-    .ok()
-    .filter(|o| o.status.success())
-    .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
-    let Some(common) = common.filter(|c| c.is_dir()) else {
+    match ralph_flow::run::remove_worktree(path) {
+        Ok(Some(_)) => Ok(()),
         // No repository answers for it: git has nothing to forget.
-        return std::fs::remove_dir_all(path)
-            .map_err(|e| format!("cannot remove {}: {e}", path.display()));
-    };
-    let shown = path.to_string_lossy();
-    match git(
-        &common,
-        &["worktree", "remove", "--force", "--end-of-options", &shown],
-    ) {
-        Ok(o) if o.status.success() => Ok(()),
-        Ok(o) => Err(format!(
-            "cannot remove the worktree {}: git worktree remove said: {}; remove it with \
-             `git -C {} worktree remove --force {}` once nothing in it is needed",
-            path.display(),
-            String::from_utf8_lossy(&o.stderr).trim(),
-            ralph_flow::shell::quote(&common.to_string_lossy()),
-            ralph_flow::shell::quote(&shown)
-        )),
+        Ok(None) => std::fs::remove_dir_all(path)
+            .map_err(|e| format!("cannot remove {}: {e}", path.display())),
         Err(e) => Err(format!(
-            "cannot run git to remove the worktree {}: {e}",
-            path.display()
+            "cannot remove the worktree {}: {}; remove it with `git worktree remove --force {}` \
+             in its repository once nothing in it is needed",
+            path.display(),
+            ralph_flow::diag::error_chain(&e),
+            ralph_flow::shell::quote(&path.to_string_lossy())
         )),
     }
 }

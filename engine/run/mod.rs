@@ -33,6 +33,7 @@ pub mod trace;
 pub mod units;
 pub mod worker;
 mod worktree;
+pub use worktree::remove_outside_run as remove_worktree;
 mod worktrees;
 
 use std::path::PathBuf;

@@ -413,6 +413,35 @@ pub(super) async fn remove(repo: &Path, path: &Path) -> Result<(), WorktreeError
     .map(|_| ())
 }
 
+/// Removes the git worktree at `path` from outside a run (`ralph-flow runs prune`), as a
+/// run removes one ([`remove`]: under the worktree lock of its repository that every
+/// ralph-flow process takes, so that it never races a run adding a worktree there). The
+/// repository is the one the worktree's `.git` names; `Ok(None)` when none answers for it
+/// (it is gone: the directory is an ordinary one, for the caller to delete). Else
+/// `Ok(Some(repository))`, the git directory it was removed from.
+pub fn remove_outside_run(path: &Path) -> Result<Option<PathBuf>, WorktreeError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(WorktreeError::Spawn)?;
+    runtime.block_on(async {
+        let common = match git(
+            path,
+            &["rev-parse", "--path-format=absolute", "--git-common-dir"],
+        )
+        .await
+        {
+            Ok(out) => PathBuf::from(out.trim()),
+            Err(_) => return Ok(None),
+        };
+        if !common.is_dir() {
+            return Ok(None);
+        }
+        remove(&common, path).await?;
+        Ok(Some(common))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     /// A claim that takes nothing: every worktree holding the branch is left alone.
