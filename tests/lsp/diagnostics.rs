@@ -70,53 +70,54 @@ fn a_prompt_file_opened_alone_is_checked_with_the_workflow_that_reads_it() {
     c.shutdown();
 }
 
+/// A workflow `w.toml` that includes `part.toml`, whose stage needs one that does not exist.
+const MAIN_TEXT: &str = "name = \"w\"\ninclude = [\"part.toml\"]\n\n[stages.a]\nkind = \"command\"\nargv = [\"true\"]\n";
+const PART_TEXT: &str = "[stages.b]\nkind = \"command\"\nneeds = \"zz\"\nargv = [\"true\"]\n";
+
+/// [`MAIN_TEXT`] and [`PART_TEXT`] written in a new directory: (it, the workflow, the part).
+fn workflow_and_part() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let (main, part) = (dir.path().join("w.toml"), dir.path().join("part.toml"));
+    std::fs::write(&main, MAIN_TEXT).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&part, PART_TEXT).unwrap_or_else(|e| panic!("{e}"));
+    (dir, main, part)
+}
+
 #[test]
 fn a_diagnostic_in_an_included_file_shows_in_that_file() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let main = dir.path().join("w.toml");
-    let part = dir.path().join("part.toml");
-    let main_text = "name = \"w\"\ninclude = [\"part.toml\"]\n\n[stages.a]\nkind = \"command\"\nargv = [\"true\"]\n";
-    let part_text = "[stages.b]\nkind = \"command\"\nneeds = \"zz\"\nargv = [\"true\"]\n";
-    std::fs::write(&main, main_text).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::write(&part, part_text).unwrap_or_else(|e| panic!("{e}"));
+    let (dir, main, part) = workflow_and_part();
     let mut c = Client::start(dir.path());
-    let mu = c.open(&main, main_text);
-    let pu = c.open(&part, part_text);
+    let mu = c.open(&main, MAIN_TEXT);
+    let pu = c.open(&part, PART_TEXT);
     assert_eq!(c.codes(&pu), vec!["RF010".to_string()]);
     assert_eq!(c.codes(&mu), Vec::<String>::new());
     // The part is not checked as a workflow of its own (it has no `name`).
     let diags = c.diagnostics(&pu);
     assert_eq!(
         diags[0]["range"]["start"],
-        position_of(part_text, "\"zz\"", 0)
+        position_of(PART_TEXT, "\"zz\"", 0)
     );
     c.shutdown();
 }
 
 #[test]
 fn a_part_its_workflow_stops_including_is_checked_on_its_own() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let main = dir.path().join("w.toml");
-    let part = dir.path().join("part.toml");
-    let main_text = "name = \"w\"\ninclude = [\"part.toml\"]\n\n[stages.a]\nkind = \"command\"\nargv = [\"true\"]\n";
-    let part_text = "[stages.b]\nkind = \"command\"\nneeds = \"zz\"\nargv = [\"true\"]\n";
-    std::fs::write(&main, main_text).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::write(&part, part_text).unwrap_or_else(|e| panic!("{e}"));
+    let (dir, main, part) = workflow_and_part();
     let mut c = Client::start(dir.path());
     // The part is opened first: it is checked within the workflow that includes it
     // even before that workflow is open.
-    let pu = c.open(&part, part_text);
-    let mu = c.open(&main, main_text);
+    let pu = c.open(&part, PART_TEXT);
+    let mu = c.open(&main, MAIN_TEXT);
     assert_eq!(c.codes(&pu), vec!["RF010".to_string()]);
     // Once the workflow drops the include, the part is a workflow of its own again,
     // and a workflow needs a name.
-    c.replace(&mu, &main_text.replace("include = [\"part.toml\"]\n", ""));
+    c.replace(&mu, &MAIN_TEXT.replace("include = [\"part.toml\"]\n", ""));
     let mut codes = c.codes(&pu);
     codes.sort();
     assert_eq!(codes, vec!["RF004".to_string(), "RF010".to_string()]);
     assert_eq!(c.codes(&mu), Vec::<String>::new());
     // And back.
-    c.replace(&mu, main_text);
+    c.replace(&mu, MAIN_TEXT);
     assert_eq!(c.codes(&pu), vec!["RF010".to_string()]);
     c.shutdown();
 }
