@@ -267,17 +267,9 @@ fn lsp_says_what_is_wrong_when_no_editor_speaks_to_it() {
 
 /// A completion script of `ralph-flow completions SHELL`.
 fn completion_script(shell: &str) -> String {
-    let out = Command::cargo_bin("ralph-flow")
-        .unwrap_or_else(|e| panic!("{e}"))
-        .args(["completions", shell])
-        .output()
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap_or_else(|e| panic!("{e}"))
+    let (code, out, err) = Test::new().run(&["completions", shell]);
+    assert_eq!(code, 0, "{err}");
+    out
 }
 
 /// Whether a program is on PATH (a shell a completion test drives).
@@ -433,30 +425,16 @@ fn fish_and_zsh_take_their_scripts_and_the_others_are_written() {
 
 #[test]
 fn the_man_pages_come_from_the_same_definitions() {
-    let out = Command::cargo_bin("ralph-flow")
-        .unwrap_or_else(|e| panic!("{e}"))
-        .arg("man")
-        .output()
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert!(out.status.success());
-    let page = String::from_utf8_lossy(&out.stdout);
+    let t = Test::new();
+    let (code, page, err) = t.run(&["man"]);
+    assert_eq!(code, 0, "{err}");
     assert!(page.contains(".TH ralph-flow 1"), "{page}");
     for sub in ["approve", "lsp", "completions", "serve"] {
         assert!(page.contains(sub), "the page lacks `{sub}`");
     }
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let out = Command::cargo_bin("ralph-flow")
-        .unwrap_or_else(|e| panic!("{e}"))
-        .args(["man", "--out-dir"])
-        .arg(dir.path())
-        .output()
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let run = std::fs::read_to_string(dir.path().join("ralph-flow-run.1"))
+    let (code, _, err) = t.run(&["man", "--out-dir", "pages"]);
+    assert_eq!(code, 0, "{err}");
+    let run = std::fs::read_to_string(t.dir.path().join("pages/ralph-flow-run.1"))
         .unwrap_or_else(|e| panic!("no page for `run`: {e}"));
     assert!(run.contains("state\\-dir"), "{run}");
 }
