@@ -17,6 +17,7 @@ pub mod load;
 pub mod lsp;
 pub mod model;
 pub mod params;
+pub mod permit;
 pub mod prepare;
 pub mod preset;
 pub mod run;

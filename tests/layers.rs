@@ -19,6 +19,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("exit", &[]),
     ("shell", &[]),
     ("spec", &["dialect"]),
+    ("permit", &["shell"]),
     ("template", &[]),
     ("diag", &["source", "suggest"]),
     ("fs", &["source"]),
@@ -34,8 +35,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "check",
         &[
-            "diag", "dialect", "exit", "fs", "load", "model", "params", "source", "suggest",
-            "syntax", "template",
+            "diag", "dialect", "exit", "fs", "load", "model", "params", "permit", "source",
+            "suggest", "syntax", "template",
         ],
     ),
     // `load` in its tests only; `preset` names the sources a failed preparation lacks.
@@ -52,15 +53,17 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("store", &["fs", "secrets", "shell", "text"]),
     (
         "backend",
-        &["diag", "dialect", "fs", "model", "secrets", "store"],
+        &[
+            "diag", "dialect", "fs", "model", "permit", "secrets", "store",
+        ],
     ),
     // Not `check`, `load`, `preset` or `prepare`: the executor runs what was prepared, and
     // prepares a subflow during a run only through the callback left in the plan.
     (
         "run",
         &[
-            "backend", "compile", "diag", "exit", "fs", "model", "params", "secrets", "shell",
-            "source", "store", "template", "text",
+            "backend", "compile", "diag", "exit", "fs", "model", "params", "permit", "secrets",
+            "shell", "source", "store", "template", "text",
         ],
     ),
     (

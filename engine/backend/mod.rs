@@ -62,6 +62,39 @@ pub struct AgentCall {
     /// The output schema, for backends with native JSON-schema output.
     pub schema: Option<serde_json::Value>,
     pub max_tokens: Option<u64>,
+    /// Where a backend that sees the agent work (ACP) reports what it does while it works:
+    /// the executor shows it in the progress and keeps it as events. `None`: nobody listens.
+    #[serde(skip)]
+    pub watch: Option<Watch>,
+}
+
+/// What a backend reports while its agent works, in order.
+pub type Watch = tokio::sync::mpsc::UnboundedSender<Activity>;
+
+/// One step of an agent's turn, as a backend that sees it reports it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Activity {
+    /// A tool call started, or changed status: `id` is the agent's, `title` what it says it
+    /// does (`Edit src/lib.rs`, `git commit -m ...`), `kind` the protocol's (`edit`,
+    /// `execute`, `read`, ...), `status` `pending`, `in_progress`, `completed` or `failed`.
+    Tool {
+        id: String,
+        title: String,
+        kind: String,
+        status: String,
+    },
+    /// The agent's plan, whole, as it stands: each entry's text and status (`pending`,
+    /// `in_progress`, `completed`).
+    Plan(Vec<(String, String)>),
+    /// A permission the agent asked for, and the policy's answer.
+    Permission {
+        /// What was asked, for people: the tool call's title or its command.
+        asked: String,
+        decision: crate::permit::Decision,
+    },
+    /// A file the agent wrote through the client (`fs/write_text_file`), relative to the
+    /// working directory when inside it.
+    Wrote(String),
 }
 
 /// An optional duration as whole milliseconds (`null` for none).
@@ -210,6 +243,12 @@ pub trait Backend: Send + Sync {
     /// Makes one call with a fresh context. Dropping the future cancels the call and kills
     /// whatever it started.
     fn call<'a>(&'a self, call: &'a AgentCall) -> CallFuture<'a>;
+
+    /// Whether the backend reports what its agent does while it works, on the call's
+    /// [`AgentCall::watch`] (the executor then listens).
+    fn watches(&self) -> bool {
+        false
+    }
 }
 
 /// An agent's settings with every template rendered over the params.
@@ -237,6 +276,9 @@ pub struct AgentConfig {
     pub program: Option<String>,
     /// What a CLI agent may do unattended.
     pub permissions: crate::model::Permissions,
+    /// The permission policy an `acp` agent's requests are decided by (the level of
+    /// `permissions`, or the workflow's `[policy.NAME]` it names).
+    pub policy: std::sync::Arc<crate::permit::Rules>,
     /// How a stage's output schema reaches the model.
     pub structured_output: crate::model::StructuredOutput,
     /// Where an `auto` agent starts: the mode an earlier process of the same run stepped

@@ -370,6 +370,7 @@ mod tests {
             idle_timeout: None,
             schema: None,
             max_tokens: None,
+            watch: None,
         }
     }
 

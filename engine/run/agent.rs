@@ -136,6 +136,7 @@ impl<'x, 'p, 'f> AgentAttempt<'x, 'p, 'f> {
                 .filter(|e| self.declares_schema && e.wants_json())
                 .and_then(|_| ex.plan.schemas.get(&n).map(|s| Json::clone(s))),
             max_tokens: None,
+            watch: None,
         }
     }
 
@@ -495,11 +496,14 @@ impl Exec<'_> {
             this.model = cfg.model.clone();
             this.max_tokens = cfg.max_tokens;
             tracing::debug!(stage = %call.stage, scope = %call.scope, attempt = call.attempt, agent = %cfg.name, "calling agent");
-            let result = backend
-                .call(&this)
-                .await
-                .map(redact_reply)
-                .map_err(redact_error);
+            let result = if backend.watches() {
+                let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                this.watch = Some(tx);
+                super::watch::watching(&self.shared, call, backend.call(&this), rx).await
+            } else {
+                backend.call(&this).await
+            };
+            let result = result.map(redact_reply).map_err(redact_error);
             match &result {
                 Ok(reply) => self.add_usage(frame, n, &cfg.name, &reply.usage),
                 Err(e) => {

@@ -628,6 +628,16 @@ pub(super) fn agent_config(
             .map(|f| crate::fs::base_dir(sources, f.span).join(&f.value)),
         program: None,
         permissions: a.permissions.as_ref().map(|p| p.value).unwrap_or_default(),
+        policy: std::sync::Arc::new(
+            crate::permit::Rules::level(
+                a.permissions
+                    .as_ref()
+                    .map(|p| p.value)
+                    .unwrap_or_default()
+                    .as_str(),
+            )
+            .unwrap_or_default(),
+        ),
         structured_output: a
             .structured_output
             .as_ref()

@@ -31,6 +31,7 @@ mod schedule;
 mod subflow;
 pub mod trace;
 pub mod units;
+mod watch;
 pub mod worker;
 mod worktree;
 pub use worktree::remove_outside_run as remove_worktree;

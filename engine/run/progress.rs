@@ -27,7 +27,8 @@ pub struct Progress {
     mode: Mode,
     start: Instant,
     multi: Option<MultiProgress>,
-    bars: RefCell<HashMap<String, ProgressBar>>,
+    /// The running stages' bars, with the message each started with.
+    bars: RefCell<HashMap<String, (ProgressBar, String)>>,
 }
 
 fn key(scope: &str, stage: &str) -> String {
@@ -124,8 +125,9 @@ impl Progress {
                 };
                 let message = format!("{indent}{stage}{at} {what} · attempt {attempt}");
                 let message = crate::secrets::redact(&message);
-                bar.set_message(crate::text::printable(&message).into_owned());
-                if let Some(old) = self.bars.borrow_mut().insert(k, bar) {
+                let message = crate::text::printable(&message).into_owned();
+                bar.set_message(message.clone());
+                if let Some((old, _)) = self.bars.borrow_mut().insert(k, (bar, message)) {
                     old.finish_and_clear();
                 }
             }
@@ -151,7 +153,7 @@ impl Progress {
         why: Option<&str>,
     ) {
         let k = key(scope, stage);
-        if let Some(bar) = self.bars.borrow_mut().remove(&k) {
+        if let Some((bar, _)) = self.bars.borrow_mut().remove(&k) {
             bar.finish_and_clear();
         }
         let mark = match state {
@@ -174,6 +176,22 @@ impl Progress {
         self.line(&text);
     }
 
+    /// What a running stage's agent is doing now (a tool call, a plan step): on a terminal,
+    /// after the stage's line; otherwise a line of its own.
+    pub fn doing(&self, scope: &str, stage: &str, what: &str) {
+        let k = key(scope, stage);
+        let what = one_line(&crate::secrets::redact(what), 120);
+        let what = crate::text::printable(&what).into_owned();
+        match &self.multi {
+            Some(_) => {
+                if let Some((bar, base)) = self.bars.borrow().get(&k) {
+                    bar.set_message(format!("{base} · {what}"));
+                }
+            }
+            None => self.line(&format!("  {k}: {what}")),
+        }
+    }
+
     /// Something worth a line: a retry, a rate limit, a gate waiting, an iteration.
     pub fn note(&self, text: &str) {
         self.line(text);
@@ -181,7 +199,7 @@ impl Progress {
 
     /// Ends the display.
     pub fn finish(&self) {
-        for (_, bar) in self.bars.borrow_mut().drain() {
+        for (_, (bar, _)) in self.bars.borrow_mut().drain() {
             bar.finish_and_clear();
         }
         if let Some(m) = &self.multi {

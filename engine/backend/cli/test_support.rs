@@ -86,6 +86,7 @@ pub(super) fn call_in(dir: &std::path::Path, schema: Option<Value>) -> AgentCall
         idle_timeout: None,
         schema,
         max_tokens: None,
+        watch: None,
     }
 }
 
