@@ -66,6 +66,17 @@ pub struct AgentCall {
     /// the executor shows it in the progress and keeps it as events. `None`: nobody listens.
     #[serde(skip)]
     pub watch: Option<Watch>,
+    /// The permission policy of this call when the stage names one of its own (else the
+    /// agent's, [`AgentConfig::policy`]).
+    #[serde(skip)]
+    pub policy: Option<std::sync::Arc<crate::permit::Rules>>,
+}
+
+impl AgentCall {
+    /// The policy this call's permission requests are decided by.
+    pub fn policy<'a>(&'a self, config: &'a AgentConfig) -> &'a crate::permit::Rules {
+        self.policy.as_deref().unwrap_or(&config.policy)
+    }
 }
 
 /// What a backend reports while its agent works, in order.

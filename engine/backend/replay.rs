@@ -371,6 +371,7 @@ mod tests {
             schema: None,
             max_tokens: None,
             watch: None,
+            policy: None,
         }
     }
 

@@ -137,6 +137,7 @@ impl<'x, 'p, 'f> AgentAttempt<'x, 'p, 'f> {
                 .and_then(|_| ex.plan.schemas.get(&n).map(|s| Json::clone(s))),
             max_tokens: None,
             watch: None,
+            policy: None,
         }
     }
 

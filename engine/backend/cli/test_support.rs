@@ -87,6 +87,7 @@ pub(super) fn call_in(dir: &std::path::Path, schema: Option<Value>) -> AgentCall
         schema,
         max_tokens: None,
         watch: None,
+        policy: None,
     }
 }
 
