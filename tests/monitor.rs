@@ -682,6 +682,60 @@ fn a_stage_page_follows_its_run_live() {
     assert_eq!(s.get("/live/runs/nope/stage?node=work").status, 404);
 }
 
+#[test]
+fn a_running_attempt_shows_what_its_agent_does_live() {
+    let c = Checkout::new();
+    let id = c.fanout(2);
+    let s = Server::start(c.path(), &[]);
+    let live = format!("/live/runs/{id}/stage?node=work");
+    let before = s.json(&live)["stage"].as_str().unwrap().to_string();
+    assert!(!before.contains("class=\"activity\""), "{before}");
+    // An agent starts on another item and works: a tool call, a plan, a permission allowed
+    // and one denied, a file written (the events `run::watch` writes).
+    monitor_support::write_running_attempt(c.path(), &id, "each#acp", "work");
+    monitor_support::write_events(
+        c.path(),
+        &id,
+        "each#acp",
+        "work",
+        &[
+            ("tool", "edit: Write src/lib.rs (pending)"),
+            ("plan", "[x] read the task\n[~] fix the loop"),
+            (
+                "permission",
+                "git commit -m fix: allowed by policy `commit`: allow `git commit *`",
+            ),
+            (
+                "permission",
+                "git push origin HEAD: denied by policy `commit`: deny `git push *` (git push origin HEAD)",
+            ),
+            ("wrote", "src/lib.rs"),
+            // Another stage's, and another kind: not its activity.
+            ("iteration", "not an activity"),
+        ],
+    );
+    monitor_support::write_events(c.path(), &id, "each#1", "work", &[("tool", "elsewhere")]);
+    let after = unescaped(s.json(&live)["stage"].as_str().unwrap());
+    let section = after
+        .split("data-scope=\"each#acp\"")
+        .nth(1)
+        .and_then(|rest| rest.split("</section>").next())
+        .unwrap_or_else(|| panic!("no instance each#acp in {after}"));
+    assert!(section.contains("5 steps, 1 denied"), "{section}");
+    assert!(
+        section.contains("edit: Write src/lib.rs (pending)"),
+        "{section}"
+    );
+    assert!(section.contains("[~] fix the loop"), "{section}");
+    assert!(
+        section.contains("<li class=\"a-permission denied\">")
+            && section.contains("deny `git push *` (git push origin HEAD)"),
+        "{section}"
+    );
+    assert!(!section.contains("not an activity"), "{section}");
+    assert!(!after.contains("elsewhere"), "{after}");
+}
+
 /// Random writes to a run, of the kinds the executor and `approve` make.
 /// Scopes start with `prefix` (two writers at once write different ones, as two processes
 /// never settle the same stage of a run at once).

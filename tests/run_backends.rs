@@ -198,7 +198,10 @@ fn an_agent_that_produced_its_result_is_not_killed_as_idle() {
     let p = Project::new();
     p.workflow(
         "w.toml",
-        &workflow("[agents.main]\nkind = \"claude\"\nidle_timeout = \"1s\"\ntimeout = \"3s\""),
+        // Seconds to spare: on a loaded machine the fake takes over a second to print its
+        // result, which an idle timeout of 1s once cut (the call must end at the result, not
+        // at the timeout, whatever it is).
+        &workflow("[agents.main]\nkind = \"claude\"\nidle_timeout = \"5s\"\ntimeout = \"20s\""),
     );
     let out = with_env(
         &p,

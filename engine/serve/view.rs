@@ -522,6 +522,50 @@ pub(super) struct AttemptView {
     pub files: Vec<FileView>,
     /// The attempt its diffs are from (`attempt 1 in review_loop#1`).
     pub diff_from: Option<String>,
+    /// What its agent did while it worked, as its backend reported it (ACP agents): tool
+    /// calls, plans, permissions asked and their answers, files written.
+    pub activity: Vec<ActivityLine>,
+}
+
+/// One step of an agent's work, from an event of its stage ([`ACTIVITY_KINDS`]).
+#[derive(Clone, Debug, Serialize)]
+pub(super) struct ActivityLine {
+    /// `tool`, `plan`, `permission`, `wrote` or `denied`.
+    pub kind: String,
+    /// The time of day, `HH:MM:SS`.
+    pub at: String,
+    pub text: String,
+    /// A permission denied (shown apart).
+    pub denied: bool,
+}
+
+/// The events that tell what an agent did within an attempt (written by `run::watch`).
+const ACTIVITY_KINDS: &[&str] = &["tool", "plan", "permission", "wrote", "denied"];
+
+/// The activity of an attempt: its stage's events in its scope between its start and its
+/// end (to now while it runs), the last 500.
+fn attempt_activity(events: &[crate::store::Event], a: &AttemptRecord) -> Vec<ActivityLine> {
+    let end = a.finished_at.unwrap_or(i64::MAX);
+    let mut lines: Vec<ActivityLine> = events
+        .iter()
+        .filter(|e| {
+            e.node == a.node
+                && e.scope == a.scope
+                && e.at >= a.started_at
+                && e.at <= end
+                && ACTIVITY_KINDS.contains(&e.kind.as_str())
+        })
+        .map(|e| ActivityLine {
+            kind: e.kind.clone(),
+            at: rfc3339(e.at).get(11..19).unwrap_or_default().to_owned(),
+            denied: e.kind == "permission" && e.message.contains(": denied by policy"),
+            text: e.message.clone(),
+        })
+        .collect();
+    if lines.len() > 500 {
+        lines.drain(..lines.len() - 500);
+    }
+    lines
 }
 
 /// Where a file is listed among an attempt's: what it was asked, what it answered, what was
@@ -803,6 +847,7 @@ pub(super) fn stage(
                     )
                 }),
                 usage: attempt_usage_text(&a.usage),
+                activity: attempt_activity(&records.events, a),
                 started: rfc3339(a.started_at).replace('T', " "),
                 took,
                 files,

@@ -346,3 +346,34 @@ pub(crate) fn write_running_attempt(checkout: &Path, id: &str, scope: &str, node
         })])
         .unwrap();
 }
+
+/// Writes events of a stage into a checkout's store, as `run::watch` does while an agent
+/// works (kind, message), each a millisecond after the last, from now.
+pub(crate) fn write_events(
+    checkout: &Path,
+    id: &str,
+    scope: &str,
+    node: &str,
+    events: &[(&str, &str)],
+) {
+    use ralph_flow::store::{Event, Store, Write};
+    let mut store =
+        ralph_flow::store::sqlite::SqliteStore::open(&checkout.join(".ralph-flow/state.db"))
+            .unwrap();
+    let at = ralph_flow::store::now_ms();
+    let writes: Vec<Write> = events
+        .iter()
+        .enumerate()
+        .map(|(i, (kind, message))| {
+            Write::Event(Event {
+                run: id.to_string(),
+                at: at + i as i64 + 1,
+                scope: scope.into(),
+                node: node.into(),
+                kind: kind.to_string(),
+                message: message.to_string(),
+            })
+        })
+        .collect();
+    store.commit(&writes).unwrap();
+}
