@@ -1,7 +1,8 @@
 //! What an agent does while it works, as a backend that sees it reports it ([`Activity`]):
 //! its tool calls and plan steps on the stage's progress line, and every step worth keeping
 //! as an event of the stage (`tool`, `plan`, `permission`, `wrote`), written at once so that
-//! the monitor shows it live.
+//! the monitor shows it live. A worker that makes a run's agent call writes the same events
+//! itself ([`Seen::describe`]).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -17,32 +18,79 @@ pub(super) async fn watching<T>(
     shared: &Shared,
     call: &AgentCall,
     work: impl Future<Output = T>,
+    rx: UnboundedReceiver<Activity>,
+) -> T {
+    watching_with(
+        work,
+        rx,
+        |step| {
+            let (scope, stage) = (call.scope.as_str(), call.stage.as_str());
+            if let Some(doing) = &step.doing {
+                shared.progress.doing(scope, stage, doing);
+            }
+            if let Some(note) = &step.note {
+                shared.progress.note(note);
+            }
+            if let Some((kind, text)) = step.event {
+                shared.event(scope, stage, kind, text);
+                shared.flush();
+            }
+        },
+        call,
+    )
+    .await
+}
+
+/// Runs `work` while each activity on `rx` is described ([`Seen::describe`]) and handed to
+/// `show`.
+pub(super) async fn watching_with<T>(
+    work: impl Future<Output = T>,
     mut rx: UnboundedReceiver<Activity>,
+    mut show: impl FnMut(Step),
+    call: &AgentCall,
 ) -> T {
     let mut seen = Seen::default();
     tokio::pin!(work);
     let out = loop {
         tokio::select! {
             out = &mut work => break out,
-            Some(a) = rx.recv() => seen.show(shared, call, a),
+            Some(a) = rx.recv() => {
+                if let Some(step) = seen.describe(&call.stage, a) {
+                    show(step);
+                }
+            }
         }
     };
     while let Ok(a) = rx.try_recv() {
-        seen.show(shared, call, a);
+        if let Some(step) = seen.describe(&call.stage, a) {
+            show(step);
+        }
     }
     out
 }
 
-/// What has been shown of one call: the tool calls' last statuses.
+/// What to show of one activity.
+#[derive(Debug, Default, PartialEq)]
+pub(super) struct Step {
+    /// What the agent does now, for the stage's progress line.
+    pub doing: Option<String>,
+    /// A line of its own in the progress (a denied permission).
+    pub note: Option<String>,
+    /// The event to keep: its kind and message.
+    pub event: Option<(&'static str, String)>,
+}
+
+/// What has been shown of one call: the tool calls' titles and last statuses.
 #[derive(Default)]
-struct Seen {
+pub(super) struct Seen {
     tools: HashMap<String, (String, String)>,
 }
 
 impl Seen {
-    fn show(&mut self, shared: &Shared, call: &AgentCall, a: Activity) {
-        let (scope, stage) = (call.scope.as_str(), call.stage.as_str());
-        let (kind, text) = match a {
+    /// What to show of an activity of `stage`'s agent; `None` when it is no news (a tool
+    /// call's status repeated).
+    pub(super) fn describe(&mut self, stage: &str, a: Activity) -> Option<Step> {
+        Some(match a {
             Activity::Tool {
                 id,
                 title,
@@ -56,33 +104,25 @@ impl Seen {
                     entry.0 = title;
                 }
                 if entry.1 == status {
-                    return;
+                    return None;
                 }
                 entry.1 = status.clone();
                 let title = entry.0.clone();
                 let ends = matches!(status.as_str(), "completed" | "failed");
-                if !ends {
-                    shared.progress.doing(scope, stage, &format!("⚙ {title}"));
+                Step {
+                    doing: (!ends).then(|| format!("⚙ {title}")),
+                    note: None,
+                    // Its start and its end are kept; `pending` to `in_progress` is not news.
+                    event: (new || ends).then(|| ("tool", format!("{kind}: {title} ({status})"))),
                 }
-                // Its start and its end are kept; `pending` to `in_progress` is not news.
-                if !new && !ends {
-                    return;
-                }
-                ("tool", format!("{kind}: {title} ({status})"))
             }
             Activity::Plan(entries) => {
                 let done = entries.iter().filter(|(_, s)| s == "completed").count();
-                if let Some((step, _)) = entries
+                let doing = entries
                     .iter()
                     .find(|(_, s)| s == "in_progress")
                     .or_else(|| entries.iter().find(|(_, s)| s != "completed"))
-                {
-                    shared.progress.doing(
-                        scope,
-                        stage,
-                        &format!("plan {}/{}: {step}", done + 1, entries.len()),
-                    );
-                }
+                    .map(|(step, _)| format!("plan {}/{}: {step}", done + 1, entries.len()));
                 let text = entries
                     .iter()
                     .map(|(t, s)| {
@@ -95,19 +135,102 @@ impl Seen {
                     })
                     .collect::<Vec<_>>()
                     .join("\n");
-                ("plan", text)
-            }
-            Activity::Permission { asked, decision } => {
-                if !decision.allowed {
-                    shared
-                        .progress
-                        .note(&format!("⛔ {stage}: {asked}: {decision}"));
+                Step {
+                    doing,
+                    note: None,
+                    event: Some(("plan", text)),
                 }
-                ("permission", format!("{asked}: {decision}"))
             }
-            Activity::Wrote(path) => ("wrote", path),
-        };
-        shared.event(scope, stage, kind, text);
-        shared.flush();
+            Activity::Permission { asked, decision } => Step {
+                doing: None,
+                note: (!decision.allowed).then(|| format!("⛔ {stage}: {asked}: {decision}")),
+                event: Some(("permission", format!("{asked}: {decision}"))),
+            },
+            Activity::Wrote(path) => Step {
+                doing: Some(format!("wrote {path}")),
+                note: None,
+                event: Some(("wrote", path)),
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tool(id: &str, title: &str, status: &str) -> Activity {
+        Activity::Tool {
+            id: id.into(),
+            title: title.into(),
+            kind: "execute".into(),
+            status: status.into(),
+        }
+    }
+
+    #[test]
+    fn a_tool_call_is_kept_when_it_starts_and_when_it_ends() {
+        let mut seen = Seen::default();
+        let start = seen
+            .describe("s", tool("t1", "cargo test", "pending"))
+            .expect("news");
+        assert_eq!(start.doing.as_deref(), Some("⚙ cargo test"));
+        assert_eq!(
+            start.event,
+            Some(("tool", "execute: cargo test (pending)".to_string()))
+        );
+        // Running: on the progress line only; the title left out keeps the first.
+        let running = seen
+            .describe("s", tool("t1", "", "in_progress"))
+            .expect("news");
+        assert_eq!(running.doing.as_deref(), Some("⚙ cargo test"));
+        assert_eq!(running.event, None);
+        assert_eq!(seen.describe("s", tool("t1", "", "in_progress")), None);
+        let end = seen
+            .describe("s", tool("t1", "", "completed"))
+            .expect("news");
+        assert_eq!(end.doing, None);
+        assert_eq!(
+            end.event,
+            Some(("tool", "execute: cargo test (completed)".to_string()))
+        );
+    }
+
+    #[test]
+    fn a_plan_shows_its_current_step_and_a_denial_its_rule() {
+        let mut seen = Seen::default();
+        let plan = seen
+            .describe(
+                "s",
+                Activity::Plan(vec![
+                    ("read".into(), "completed".into()),
+                    ("fix".into(), "in_progress".into()),
+                    ("test".into(), "pending".into()),
+                ]),
+            )
+            .expect("news");
+        assert_eq!(plan.doing.as_deref(), Some("plan 2/3: fix"));
+        assert_eq!(
+            plan.event,
+            Some(("plan", "[x] read\n[~] fix\n[ ] test".to_string()))
+        );
+        let rules = crate::permit::Rules::level("commit").expect("level");
+        let decision = rules.decide(
+            &crate::permit::Action::Execute("git push".into()),
+            std::path::Path::new("/"),
+        );
+        let denied = seen
+            .describe(
+                "review",
+                Activity::Permission {
+                    asked: "git push".into(),
+                    decision,
+                },
+            )
+            .expect("news");
+        assert_eq!(
+            denied.note.as_deref(),
+            Some("⛔ review: git push: denied by policy `commit`: deny `git push *` (git push)")
+        );
     }
 }

@@ -1311,7 +1311,42 @@ async fn agent_unit(
     };
     let mut call = w.into_call(cwd.to_path_buf(), files.to_path_buf());
     call.env.push((UNIT_ENV.to_string(), tag.to_string()));
-    match backend.call(&call).await {
+    let answer = if backend.watches() {
+        // What the agent does is written as the run's events from here, as the run's own
+        // process writes them for a call it makes (`run::watch`).
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        call.watch = Some(tx);
+        let call = &call;
+        super::watch::watching_with(
+            backend.call(call),
+            rx,
+            |step| {
+                let Some((kind, message)) = step.event else {
+                    return;
+                };
+                let event = crate::store::Event {
+                    run: job.unit.run.clone(),
+                    at: crate::store::now_ms(),
+                    scope: call.scope.clone(),
+                    node: call.stage.clone(),
+                    kind: kind.to_string(),
+                    message: crate::secrets::redact(&message).into_owned(),
+                };
+                let kept = job
+                    .store
+                    .borrow_mut()
+                    .commit(&[crate::store::Write::Event(event)]);
+                if let Err(e) = kept {
+                    tracing::warn!(error = %e, "cannot keep an agent's activity");
+                }
+            },
+            call,
+        )
+        .await
+    } else {
+        backend.call(&call).await
+    };
+    match answer {
         Err(crate::backend::CallError::Limit { limit, message }) => limit_here(limit, &message),
         answer => UnitResult::Agent(answer),
     }
