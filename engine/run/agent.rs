@@ -500,7 +500,7 @@ impl Exec<'_> {
             let result = if backend.watches() {
                 let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
                 this.watch = Some(tx);
-                super::watch::watching(&self.shared, call, backend.call(&this), rx).await
+                super::watch::watching(self.shared, call, backend.call(&this), rx).await
             } else {
                 backend.call(&this).await
             };
