@@ -481,7 +481,7 @@ pub static AGENT: TableSpec = TableSpec {
         req(
             "kind",
             Ty::Enum(AGENT_KINDS),
-            "The backend: claude, codex, gemini, qwen, opencode, openai, anthropic, command or replay.",
+            "The backend: claude, codex, gemini, qwen, opencode, openai, anthropic, command, replay or acp (a program that speaks the Agent Client Protocol).",
         ),
         f(
             "model",
@@ -1354,6 +1354,19 @@ pub static WELL_KNOWN: &[WellKnown] = &[
         ],
         "replay",
         "an agent that plays back a recorded session is `kind = \"replay\"`, with the recording in `file`",
+    ),
+    wk(
+        "agent",
+        KIND,
+        &[
+            "claude-agent-acp",
+            "claude-code-acp",
+            "codex-acp",
+            "agent-client-protocol",
+            "zed",
+        ],
+        "acp",
+        "an agent that speaks the Agent Client Protocol is `kind = \"acp\"`, with its program and arguments in `command` (`[\"claude-agent-acp\"]`, `[\"gemini\", \"--acp\"]`)",
     ),
     // Param types.
     wk(

@@ -125,7 +125,13 @@ pub(super) fn check(c: &mut Checked<'_>, diags: &mut Diagnostics) {
                         a.kind.value.as_str()
                     ),
                 )
-                .help(format!("add `{key}` to the agent")),
+                .help(if a.kind.value == crate::model::AgentKind::Acp {
+                    "add `command`: the program that speaks ACP and its arguments \
+                     (`[\"claude-agent-acp\"]`, `[\"gemini\", \"--acp\"]`, `[\"opencode\", \"acp\"]`)"
+                        .to_string()
+                } else {
+                    format!("add `{key}` to the agent")
+                }),
             );
         }
     }
