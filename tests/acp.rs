@@ -473,3 +473,40 @@ prompt = "hi"
         "{all}"
     );
 }
+
+#[test]
+fn sigterm_cancels_the_turn_and_the_agent_ends() {
+    let p = Project::new();
+    p.workflow("w.toml", &acp_workflow("read-only", "10m"));
+    let log = p.dir().join("fake.log");
+    let run = p.spawn_env(
+        &["run", "w.toml", "--json"],
+        &[
+            ("FAKE_ACP_CASE", "claude/ok"),
+            ("FAKE_MODE", "hang"),
+            ("FAKE_LOG", log.to_str().unwrap()),
+        ],
+    );
+    // The turn is under way.
+    p.wait_for(|| p.read("fake.log").contains("session/prompt"));
+    let agent: i64 = p
+        .read("fake.log")
+        .lines()
+        .find_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()?["pid"].as_i64())
+        .unwrap();
+    let t = Instant::now();
+    run.signal(nix::sys::signal::Signal::SIGTERM);
+    let out = run.finish();
+    assert_eq!(out.code, 143, "{}", out.stderr);
+    assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
+    // The agent was told, and is gone.
+    p.wait_for(|| !common::alive(i32::try_from(agent).unwrap()));
+    let wire = attempt_file(&p, "acp.jsonl");
+    let cancel = wire
+        .lines()
+        .last()
+        .and_then(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .unwrap();
+    assert_eq!(cancel["from"], "client", "{wire}");
+    assert_eq!(cancel["msg"]["method"], "session/cancel", "{wire}");
+}

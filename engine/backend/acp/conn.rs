@@ -314,9 +314,11 @@ impl Drop for Conn {
             serde_json::json!({"sessionId": session_id}),
         );
         self.log.message("client", &cancel);
+        // Written here and now: the run may end (and stop the agent) before a task runs. A
+        // line this short fits in the pipe unless the agent stopped reading altogether.
+        let line = format!("{cancel}\n");
+        let _ = nix::unistd::write(&stdin, line.as_bytes());
         rt.spawn(async move {
-            let line = format!("{cancel}\n");
-            let _ = stdin.write_all(line.as_bytes()).await;
             let _ = stdin.flush().await;
             drop(stdin);
             session.end(CANCEL_GRACE).await;
