@@ -176,7 +176,7 @@ class Fake:
             err["data"] = data
         self.send({"jsonrpc": "2.0", "id": rid, "error": err})
 
-    def captured_error(self, method, fallback_code, fallback_message):
+    def captured_error(self, method, fallback_code, fallback_message, sid):
         """The error the real agent answered `method` with in some capture of this agent
         (a case named unknown_session), else the fallback."""
         agent = self.case.split("/")[0]
@@ -187,7 +187,8 @@ class Fake:
                 if who == "client" and m.get("method") == method:
                     for who2, r in c.msgs[i + 1:]:
                         if who2 == "agent" and r.get("id") == m.get("id") and "error" in r:
-                            return r["error"]
+                            # The capture asked with the session id "no-such-session".
+                            return json.loads(json.dumps(r["error"]).replace("no-such-session", str(sid)))
         return {"code": fallback_code, "message": fallback_message}
 
     def run(self):
@@ -254,7 +255,8 @@ class Fake:
                 err = self.captured_error(
                     "session/prompt",
                     -32602,
-                    "Session not found" if self.sessions else "Session not found (no session/new yet)",
+                    "Session not found",
+                    sid,
                 )
                 self.send({"jsonrpc": "2.0", "id": rid, "error": err})
                 return None
@@ -447,6 +449,9 @@ class Fake:
             cmd = raw.get("command") if isinstance(raw, dict) else None
             if isinstance(cmd, list):
                 cmd = " ".join(cmd)
+            if not cmd:
+                # gemini's tool call has no rawInput: its title is the command.
+                cmd = tc.get("title")
             if isinstance(cmd, str) and cmd:
                 self.log({"ran": cmd})
                 subprocess.run(["sh", "-c", cmd], cwd=self.cwd, stdin=subprocess.DEVNULL,
