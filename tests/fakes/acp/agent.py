@@ -316,7 +316,15 @@ class Fake:
             # An agent -> client request.
             nk = self.agent_request(k)
             if nk is None:
-                return  # the turn was cancelled
+                # Cancelled while a permission was asked: the turn ends as ACP says.
+                self.send({"jsonrpc": "2.0", "id": rid, "result": {"stopReason": "cancelled"}})
+                while k < len(self.cap.msgs) and not (
+                    self.cap.msgs[k][0] == "agent" and self.cap.msgs[k][1].get("id") == captured_id
+                    and "method" not in self.cap.msgs[k][1]
+                ):
+                    k += 1
+                self.pos = k + 1
+                return
             k = nk
         self.pos = k
 
@@ -370,6 +378,7 @@ class Fake:
         self.next_id += 1
         out = dict(self.subst(m), id=self.next_id - 1)
         self.send(out)
+        cancelled = False
         while True:
             answer = self.receive()
             if answer is None:
@@ -377,7 +386,8 @@ class Fake:
             if "method" not in answer and answer.get("id") == out["id"]:
                 break
             if answer.get("method") == "session/cancel":
-                # Cancelled while the client decides: the turn ends cancelled, as ACP says.
+                # The client must still answer the pending request (`cancelled`).
+                cancelled = True
                 continue
             self.pending_other(answer)
         j = self.cap.client_answer(k)
@@ -394,6 +404,10 @@ class Fake:
                 die(2, "the client chose optionId %r, none of the options offered: %s" % (outcome.get("optionId"), ids))
         elif outcome.get("outcome") != "cancelled":
             die(2, "the client's permission answer has no valid outcome: %s" % json.dumps(answer))
+        if cancelled or outcome.get("outcome") == "cancelled":
+            if m.get("method") == "session/request_permission" and not cancelled:
+                die(2, "the client answered a permission `cancelled` without cancelling the turn (session/cancel)")
+            return None
         decision = decision_of(m, answer)
         captured = self.cap.decision(k)
         nth = len(self.cap.permissions_before(k))
