@@ -8,7 +8,8 @@ against tests/realcli/mock_api.py, acting as the ACP client exactly as ralph-flo
                     writeTextFile: true}, terminal: false}
   session/new       {cwd, mcpServers: []}
   session/prompt    [{type: text, text}]
-  fs/read_text_file, fs/write_text_file   served inside the cwd
+  fs/read_text_file, fs/write_text_file   served inside the cwd (a missing file read as
+                                          empty, but in case write_missing_error)
   session/request_permission              answered by the case's decisions (the commit
                                           allowed, the push rejected...)
   session/cancel    in the cancel case, a few seconds into the turn
@@ -24,7 +25,7 @@ bare `origin` remote next to it, with no environment but PATH, HOME and the agen
 Normalized: the cwd is /WORK, HOME /HOME, the case's directory (where origin.git is)
 /CAPTURE, the install directory /CLI, the mock's port MOCKPORT, session ids
 00000000-0000-4000-8000-000000000000, millisecond timestamps 1700000000000, ISO times
-2023-11-14T22:13:20.000Z, durations 1.
+2023-11-14T22:13:20.000Z, durations 1; an available_commands_update keeps its first 3 commands.
 
 Usage: tests/realcli/acp_capture.py [--realcli DIR] [AGENT/CASE | AGENT ...]
   (default: every case of every agent; DIR defaults to target/realcli)
@@ -85,17 +86,28 @@ CASES = {
     ),
     "read": ("acp_read", "Read README.md and summarize it.", allow_unless_push, None),
     "cancel": ("slow", "Reply with a short greeting.", allow_unless_push, 3.0),
+    # A missing file answered with ACP's -32002 "Resource not found" (gemini only).
+    "write_missing_error": (
+        "acp_edit",
+        "Write notes.txt, commit it with git, then push to origin.",
+        allow_unless_push,
+        None,
+    ),
+    # session/prompt before session/new, then with an unknown session id: the agent's errors.
+    "unknown_session": ("ok", "Reply with a short greeting.", None, None),
     "invalid_key": ("invalid_key", "Reply with a short greeting.", None, None),
     "rate_limit": ("rate_limit", "Reply with a short greeting.", None, None),
 }
 AGENTS = ("claude", "gemini", "qwen", "opencode")
 # Cases only some agents have.
-ONLY = {"edit_auto_mode": ("claude",)}
+ONLY = {"edit_auto_mode": ("claude",), "write_missing_error": ("gemini",)}
 # The session mode set (session/set_mode) right after session/new. claude-agent-acp starts a
 # session in its `auto` mode, where a classifier (a model request of its own) decides each
 # tool call and nothing is asked of the client; its `default` mode ("Always ask before making
-# changes") asks the client (session/request_permission) for each edit and command.
-SESSION_MODE = {"claude": "default"}
+# changes") asks the client (session/request_permission) for each edit and command. qwen
+# --acp starts in its `auto` mode too (its write_file went through fs/write_text_file
+# without asking); its `default` mode "Require[s] approval for file edits or shell commands".
+SESSION_MODE = {"claude": "default", "qwen": "default"}
 
 
 def agent_command(agent, bindir, base, d):
@@ -142,6 +154,11 @@ def agent_command(agent, bindir, base, d):
                 },
                 f,
             )
+        # opencode's own default allows every tool without asking: as ralph-flow runs it,
+        # edits, commands, fetches and paths out of the cwd are asked of the client.
+        env["OPENCODE_PERMISSION"] = json.dumps(
+            {"edit": "ask", "bash": "ask", "webfetch": "ask", "external_directory": "ask"}
+        )
         return [os.path.join(bindir, "opencode"), "acp"], env
     raise ValueError(agent)
 
@@ -173,6 +190,7 @@ class Normalizer:
         # Longest first: the cwd and HOME are inside the case's directory.
         self.pairs = [(cwd, "/WORK"), (home, "/HOME"), (d, "/CAPTURE"), (cli, "/CLI"), ("127.0.0.1:%d" % port, "127.0.0.1:MOCKPORT")]
         self.sessions = {}
+        self.uuids = {}
 
     def text(self, t):
         for a, b in self.pairs:
@@ -181,10 +199,21 @@ class Normalizer:
         t = re.sub(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", "2023-11-14T22:13:20.000Z", t)
         for s, n in self.sessions.items():
             t = t.replace(s, n)
-        return t
+        # opencode's message and part ids.
+        t = re.sub(r"\b(msg|prt)_[0-9a-f]{12}[0-9A-Za-z]{14}\b", lambda m: m.group(1) + "_MOCK", t)
+        # Other UUIDs (qwen's checkpoints, message ids...), numbered in order of appearance.
+        def uuid(m):
+            u = m.group(0)
+            if u.startswith(SESSION[:-2]):
+                return u
+            if u not in self.uuids:
+                self.uuids[u] = "00000000-0000-4000-8000-%012d" % (100 + len(self.uuids))
+            return self.uuids[u]
+
+        return re.sub(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", uuid, t)
 
     def session(self, sid):
-        if sid and sid not in self.sessions:
+        if sid and sid != "no-such-session" and sid not in self.sessions:
             self.sessions[sid] = SESSION if not self.sessions else "%s-%d" % (SESSION[:-2], len(self.sessions))
 
     def value(self, v):
@@ -203,6 +232,18 @@ class Normalizer:
         return v
 
 
+def trim(msg):
+    """An available_commands_update cut to its first 3 commands and its big _meta entries
+    to "(cut)" (qwen lists its skills: 560 KB a capture)."""
+    update = (msg.get("params") or {}).get("update") if isinstance(msg, dict) else None
+    if isinstance(update, dict) and isinstance(update.get("availableCommands"), list):
+        update["availableCommands"] = update["availableCommands"][:3]
+        if isinstance(update.get("_meta"), dict):
+            # qwen's _meta repeats every command in full.
+            update["_meta"] = {k: ("(cut)" if len(json.dumps(v)) > 2000 else v) for k, v in update["_meta"].items()}
+    return msg
+
+
 class Client:
     """The client side of one ACP connection, recording both directions."""
 
@@ -214,6 +255,7 @@ class Client:
         self.q = queue.Queue()
         self.next_id = 0
         self.decisions = []
+        self.missing_error = False
         threading.Thread(target=self.reader, daemon=True).start()
 
     def reader(self):
@@ -299,6 +341,14 @@ class Client:
                 limit = params.get("limit")
                 chosen = lines[first:first + limit] if limit else lines[first:]
                 return result({"content": "".join(chosen)})
+            except FileNotFoundError:
+                if not self.missing_error:
+                    # gemini's write_file reads the file first and fails on any error
+                    # (it receives a JSON-RPC error as a plain object, not the Error with
+                    # code ENOENT it looks for): a missing file is read as empty, or gemini
+                    # cannot create a file (case write_missing_error).
+                    return result({"content": ""})
+                return error(-32002, "Resource not found: %s" % params.get("path"))
             except OSError as e:
                 return error(-32603, str(e))
         return error(-32601, "Method not found: %s" % method)
@@ -317,6 +367,7 @@ def run_case(agent, case, bindir, port, work, cli):
         text=True, bufsize=1, start_new_session=True,
     )
     c = Client(proc, cwd, decide)
+    c.missing_error = case == "write_missing_error"
     init = c.request(
         "initialize",
         {
@@ -327,7 +378,12 @@ def run_case(agent, case, bindir, port, work, cli):
         timeout=60,
     )
     outcome = "no initialize answer"
-    if init and "result" in init:
+    if init and "result" in init and case == "unknown_session":
+        c.request("session/prompt", {"sessionId": "no-such-session", "prompt": [{"type": "text", "text": prompt}]}, timeout=30)
+        c.request("session/new", {"cwd": cwd, "mcpServers": []}, timeout=60)
+        resp = c.request("session/prompt", {"sessionId": "no-such-session", "prompt": [{"type": "text", "text": prompt}]}, timeout=30)
+        outcome = "prompt: %s" % json.dumps((resp or {}).get("error") or "no error")[:200]
+    elif init and "result" in init:
         new = c.request("session/new", {"cwd": cwd, "mcpServers": []}, timeout=60)
         sid = ((new or {}).get("result") or {}).get("sessionId")
         outcome = "session/new: %s" % ((new or {}).get("error") or "no answer")
@@ -376,7 +432,7 @@ def run_case(agent, case, bindir, port, work, cli):
     base = os.path.join(outdir, case)
     with open(base + ".jsonl", "w", encoding="utf-8") as f:
         for who, msg in c.log:
-            f.write(json.dumps({"from": who, "msg": norm.value(msg)}, ensure_ascii=False) + "\n")
+            f.write(json.dumps({"from": who, "msg": trim(norm.value(msg))}, ensure_ascii=False) + "\n")
     with open(os.path.join(d, "stderr"), encoding="utf-8", errors="replace") as f:
         err = norm.text(f.read())
     with open(base + ".stderr", "w", encoding="utf-8") as f:

@@ -176,7 +176,7 @@ class Fake:
             err["data"] = data
         self.send({"jsonrpc": "2.0", "id": rid, "error": err})
 
-    def captured_error(self, method, fallback_code, fallback_message):
+    def captured_error(self, method, fallback_code, fallback_message, sid):
         """The error the real agent answered `method` with in some capture of this agent
         (a case named unknown_session), else the fallback."""
         agent = self.case.split("/")[0]
@@ -187,7 +187,8 @@ class Fake:
                 if who == "client" and m.get("method") == method:
                     for who2, r in c.msgs[i + 1:]:
                         if who2 == "agent" and r.get("id") == m.get("id") and "error" in r:
-                            return r["error"]
+                            # The capture asked with the session id "no-such-session".
+                            return json.loads(json.dumps(r["error"]).replace("no-such-session", str(sid)))
         return {"code": fallback_code, "message": fallback_message}
 
     def run(self):
@@ -254,7 +255,8 @@ class Fake:
                 err = self.captured_error(
                     "session/prompt",
                     -32602,
-                    "Session not found" if self.sessions else "Session not found (no session/new yet)",
+                    "Session not found",
+                    sid,
                 )
                 self.send({"jsonrpc": "2.0", "id": rid, "error": err})
                 return None
@@ -314,7 +316,15 @@ class Fake:
             # An agent -> client request.
             nk = self.agent_request(k)
             if nk is None:
-                return  # the turn was cancelled
+                # Cancelled while a permission was asked: the turn ends as ACP says.
+                self.send({"jsonrpc": "2.0", "id": rid, "result": {"stopReason": "cancelled"}})
+                while k < len(self.cap.msgs) and not (
+                    self.cap.msgs[k][0] == "agent" and self.cap.msgs[k][1].get("id") == captured_id
+                    and "method" not in self.cap.msgs[k][1]
+                ):
+                    k += 1
+                self.pos = k + 1
+                return
             k = nk
         self.pos = k
 
@@ -368,6 +378,7 @@ class Fake:
         self.next_id += 1
         out = dict(self.subst(m), id=self.next_id - 1)
         self.send(out)
+        cancelled = False
         while True:
             answer = self.receive()
             if answer is None:
@@ -375,7 +386,8 @@ class Fake:
             if "method" not in answer and answer.get("id") == out["id"]:
                 break
             if answer.get("method") == "session/cancel":
-                # Cancelled while the client decides: the turn ends cancelled, as ACP says.
+                # The client must still answer the pending request (`cancelled`).
+                cancelled = True
                 continue
             self.pending_other(answer)
         j = self.cap.client_answer(k)
@@ -392,6 +404,10 @@ class Fake:
                 die(2, "the client chose optionId %r, none of the options offered: %s" % (outcome.get("optionId"), ids))
         elif outcome.get("outcome") != "cancelled":
             die(2, "the client's permission answer has no valid outcome: %s" % json.dumps(answer))
+        if cancelled or outcome.get("outcome") == "cancelled":
+            if m.get("method") == "session/request_permission" and not cancelled:
+                die(2, "the client answered a permission `cancelled` without cancelling the turn (session/cancel)")
+            return None
         decision = decision_of(m, answer)
         captured = self.cap.decision(k)
         nth = len(self.cap.permissions_before(k))
@@ -447,6 +463,9 @@ class Fake:
             cmd = raw.get("command") if isinstance(raw, dict) else None
             if isinstance(cmd, list):
                 cmd = " ".join(cmd)
+            if not cmd:
+                # gemini's tool call has no rawInput: its title is the command.
+                cmd = tc.get("title")
             if isinstance(cmd, str) and cmd:
                 self.log({"ran": cmd})
                 subprocess.run(["sh", "-c", cmd], cwd=self.cwd, stdin=subprocess.DEVNULL,
