@@ -227,7 +227,8 @@ fn under_read_only_everything_is_denied_and_nothing_runs() {
 
 #[test]
 fn a_write_through_the_client_is_decided_by_the_policy() {
-    // qwen writes through `fs/write_text_file`.
+    // qwen asks, then writes through `fs/write_text_file` (which the policy decides again:
+    // client.rs's tests refuse writes there).
     let repo = Repo::new();
     // The `commit` level without edits: the write is refused, the commit allowed.
     let mut cfg = config("commit", &[("FAKE_ACP_CASE", "qwen/edit_commit_push")]);
@@ -240,8 +241,9 @@ fn a_write_through_the_client_is_decided_by_the_policy() {
     let reply = result.unwrap_or_else(|e| panic!("{e}\n{}", repo.log()));
     assert!(!repo.work.join("notes.txt").exists());
     assert!(
-        reply.denied[0]
-            .starts_with("write notes.txt: denied by policy `no-edits`: `edit` is not allowed"),
+        reply.denied[0].starts_with(
+            "Writing to notes.txt: denied by policy `no-edits`: `edit` is not allowed"
+        ),
         "{:?}",
         reply.denied
     );
@@ -509,4 +511,55 @@ fn sigterm_cancels_the_turn_and_the_agent_ends() {
         .unwrap();
     assert_eq!(cancel["from"], "client", "{wire}");
     assert_eq!(cancel["msg"]["method"], "session/cancel", "{wire}");
+}
+
+#[test]
+fn the_agents_errors_are_classified_as_captured() {
+    let repo = Repo::new();
+    for (case, rate_limited) in [
+        ("claude/invalid_key", false),
+        ("claude/rate_limit", true),
+        ("gemini/invalid_key", false),
+        ("qwen/invalid_key", false),
+        ("qwen/rate_limit", true),
+        ("opencode/invalid_key", false),
+    ] {
+        let cfg = config("commit", &[("FAKE_ACP_CASE", case)]);
+        let (result, _) = call(&repo, &cfg, Duration::from_secs(60));
+        let e = result.expect_err(case);
+        if rate_limited {
+            assert!(matches!(e, CallError::RateLimited { .. }), "{case}: {e:?}");
+        } else {
+            let CallError::Refused { message } = &e else {
+                panic!("{case}: refused: {e:?}");
+            };
+            assert!(message.contains("set its API key"), "{case}: {message}");
+        }
+    }
+}
+
+#[test]
+fn gemini_creates_a_file_through_the_client_after_reading_it_missing() {
+    let repo = Repo::new();
+    let before = repo.origin_head();
+    let cfg = config("commit", &[("FAKE_ACP_CASE", "gemini/edit_commit_push")]);
+    let (result, seen) = call(&repo, &cfg, Duration::from_secs(60));
+    let reply = result.unwrap_or_else(|e| panic!("{e}\n{}", repo.log()));
+    assert_eq!(
+        std::fs::read_to_string(repo.work.join("notes.txt")).unwrap(),
+        "written by the mock model\n"
+    );
+    assert!(
+        seen.contains(&Activity::Wrote("notes.txt".into())),
+        "{seen:?}"
+    );
+    assert_eq!(repo.artifact("written.txt"), "notes.txt\n");
+    assert_eq!(git(&repo.work, &["log", "-1", "--format=%s"]), "add notes");
+    assert_eq!(repo.origin_head(), before);
+    assert_eq!(reply.denied.len(), 1, "{:?}", reply.denied);
+    assert!(
+        reply.denied[0].contains("deny `git push *`"),
+        "{:?}",
+        reply.denied
+    );
 }

@@ -191,11 +191,20 @@ pub(super) fn read(files: &Files<'_>, req: &ReadTextFileRequest) -> Result<Value
     let path = absolute(&req.path, files.workspace);
     let real = match path.canonicalize() {
         Ok(r) => r,
+        // A file that does not exist (yet) where the agent may read reads as empty: gemini
+        // reads a file before it writes it, and fails the write on any error answer.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err((
-                code::NOT_FOUND,
-                format!("Resource not found: {} does not exist", path.display()),
-            ));
+            let inside = std::iter::once(files.workspace)
+                .chain(files.roots.iter().map(PathBuf::as_path))
+                .any(|root| crate::permit::confined(&path, root).is_some());
+            return if inside {
+                Ok(serde_json::json!({ "content": "" }))
+            } else {
+                Err((
+                    code::NOT_FOUND,
+                    format!("Resource not found: {} does not exist", path.display()),
+                ))
+            };
         }
         Err(e) => {
             return Err((
@@ -479,8 +488,17 @@ mod tests {
             read(&files, &ReadTextFileRequest::new("s", other.join("secret"))),
             Ok(json!({"content": "s"}))
         );
-        let (code, _) =
-            read(&files, &ReadTextFileRequest::new("s", ws.join("nope"))).expect_err("missing");
+        // A missing file reads as empty where the agent may read (gemini reads before it
+        // writes), and is not found elsewhere.
+        assert_eq!(
+            read(&files, &ReadTextFileRequest::new("s", ws.join("new/nope"))),
+            Ok(json!({"content": ""}))
+        );
+        let (code, _) = read(
+            &files,
+            &ReadTextFileRequest::new("s", tmp.path().join("nope")),
+        )
+        .expect_err("missing");
         assert_eq!(code, code::NOT_FOUND);
     }
 

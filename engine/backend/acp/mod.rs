@@ -83,7 +83,7 @@ static RATE_LIMITED: LazyLock<Regex> = LazyLock::new(|| {
 
 /// Missing or refused authentication, in an agent's error.
 static UNAUTHENTICATED: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"(?i)\b401\b|unauthori[sz]ed|authenticat|invalid api key|api key not valid|not logged in|/login|auth_required")
+    Regex::new(r"(?i)\b401\b|unauthori[sz]ed|authenticat|(invalid|incorrect) api key|api key not valid|not logged in|/login|auth_required")
         .expect("the authentication pattern is valid")
 });
 
