@@ -138,6 +138,7 @@ impl<'x, 'p, 'f> AgentAttempt<'x, 'p, 'f> {
             max_tokens: None,
             watch: None,
             policy: None,
+            roots: ex.roots.clone(),
         }
     }
 

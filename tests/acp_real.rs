@@ -1,0 +1,438 @@
+//! The fake ACP agent (tests/fakes/acp/agent.py) replaying the captured sessions of the real
+//! ACP agents (tests/fakes/captures/acp, tests/realcli/acp_capture.py), driven by a small
+//! ACP client here that answers as ralph-flow's policy would: the commit allowed, the push
+//! rejected. Checks the replay, the side effects done only when allowed (a denied `git push`
+//! never reaches the bare remote) and the contract the fake holds a client to. Needs
+//! python3 (skipped without it).
+#![allow(clippy::unwrap_used)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, channel};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+fn fake() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fakes/acp/agent.py")
+}
+
+fn have_python() -> bool {
+    let ok = Command::new("python3")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED: no python3 for the fake ACP agent"
+        );
+    }
+    ok
+}
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A git repository with README.md committed and a bare `origin` next to it, as the
+/// captures had: (the case directory, the workspace).
+fn workspace() -> (tempfile::TempDir, PathBuf) {
+    let d = tempfile::tempdir().unwrap();
+    let cwd = d.path().join("cwd");
+    let origin = d.path().join("origin.git");
+    std::fs::create_dir(&cwd).unwrap();
+    git(
+        d.path(),
+        &["init", "-q", "--bare", origin.to_str().unwrap()],
+    );
+    git(&cwd, &["init", "-q"]);
+    git(&cwd, &["config", "user.email", "t@t"]);
+    git(&cwd, &["config", "user.name", "t"]);
+    std::fs::write(cwd.join("README.md"), "# Mock project\n").unwrap();
+    git(&cwd, &["add", "-A"]);
+    git(&cwd, &["commit", "-q", "-m", "init"]);
+    git(&cwd, &["remote", "add", "origin", origin.to_str().unwrap()]);
+    git(&cwd, &["push", "-q", "origin", "HEAD"]);
+    (d, cwd)
+}
+
+/// How the client decides a permission request: from its tool call, "allow", "reject" or
+/// an optionId to send as it is.
+type Decide = dyn Fn(&Value) -> String;
+
+struct Client {
+    child: Child,
+    stdin: ChildStdin,
+    rx: Receiver<Value>,
+    cwd: PathBuf,
+    next: u64,
+    /// Every message the fake sent.
+    seen: Vec<Value>,
+    /// The permission requests' tool calls and the decisions.
+    permissions: Vec<(Value, String)>,
+}
+
+impl Client {
+    fn start(cwd: &Path, case: &str, env: &[(&str, &str)]) -> Client {
+        let mut cmd = Command::new("python3");
+        cmd.arg(fake())
+            .current_dir(cwd)
+            .env("FAKE_ACP_CASE", case)
+            .env_remove("FAKE_MODE")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let v = serde_json::from_str(&line).unwrap_or(json!({ "raw": line }));
+                if tx.send(v).is_err() {
+                    break;
+                }
+            }
+        });
+        Client {
+            child,
+            stdin,
+            rx,
+            cwd: cwd.to_path_buf(),
+            next: 0,
+            seen: vec![],
+            permissions: vec![],
+        }
+    }
+
+    fn send(&mut self, v: &Value) {
+        // The fake may have exited (a contract it enforces): its exit code tells.
+        let _ = writeln!(self.stdin, "{v}");
+        let _ = self.stdin.flush();
+    }
+
+    /// Sends a request and serves the fake's requests until its answer; None when the fake
+    /// ends first.
+    fn request(&mut self, method: &str, params: Value, decide: &Decide) -> Option<Value> {
+        let id = self.next;
+        self.next += 1;
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        loop {
+            let msg = self.rx.recv_timeout(Duration::from_secs(30)).ok()?;
+            self.seen.push(msg.clone());
+            if msg.get("method").is_none() && msg["id"] == json!(id) {
+                return Some(msg);
+            }
+            if let (Some(m), Some(rid)) = (msg["method"].as_str(), msg.get("id")) {
+                let answer = match self.serve(m, &msg["params"], decide) {
+                    Some(result) => json!({"jsonrpc": "2.0", "id": rid, "result": result}),
+                    // As ralph-flow answers what it does not serve (qwen's craft/drainMidTurnQueue).
+                    None => {
+                        json!({"jsonrpc": "2.0", "id": rid, "error": {"code": -32601, "message": format!("Method not found: {m}")}})
+                    }
+                };
+                self.send(&answer);
+            }
+        }
+    }
+
+    fn serve(&mut self, method: &str, params: &Value, decide: &Decide) -> Option<Value> {
+        Some(match method {
+            "session/request_permission" => {
+                let d = decide(&params["toolCall"]);
+                let kinds: &[&str] = match d.as_str() {
+                    "allow" => &["allow_once", "allow_always"],
+                    "reject" => &["reject_once", "reject_always"],
+                    _ => &[],
+                };
+                let options = params["options"].as_array().cloned().unwrap_or_default();
+                let id = kinds
+                    .iter()
+                    .find_map(|k| options.iter().find(|o| o["kind"] == *k))
+                    .map(|o| o["optionId"].clone())
+                    .unwrap_or(json!(d));
+                self.permissions.push((params["toolCall"].clone(), d));
+                json!({"outcome": {"outcome": "selected", "optionId": id}})
+            }
+            "fs/read_text_file" => {
+                let path = PathBuf::from(params["path"].as_str().unwrap());
+                assert!(
+                    path.starts_with(&self.cwd),
+                    "read outside the workspace: {path:?}"
+                );
+                json!({"content": std::fs::read_to_string(path).unwrap_or_default()})
+            }
+            "fs/write_text_file" => {
+                let path = PathBuf::from(params["path"].as_str().unwrap());
+                assert!(
+                    path.starts_with(&self.cwd),
+                    "write outside the workspace: {path:?}"
+                );
+                std::fs::write(path, params["content"].as_str().unwrap()).unwrap();
+                Value::Null
+            }
+            _ => return None,
+        })
+    }
+
+    fn initialize(&mut self) {
+        let init = self.request(
+            "initialize",
+            json!({"protocolVersion": 1, "clientCapabilities": {"fs": {"readTextFile": true, "writeTextFile": true}, "terminal": false}}),
+            &|_| "allow".into(),
+        );
+        assert_eq!(init.unwrap()["result"]["protocolVersion"], 1);
+    }
+
+    fn session(&mut self) -> String {
+        self.initialize();
+        let cwd = self.cwd.to_str().unwrap().to_string();
+        let new = self.request(
+            "session/new",
+            json!({"cwd": cwd, "mcpServers": []}),
+            &|_| "allow".into(),
+        );
+        new.unwrap()["result"]["sessionId"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
+    fn prompt(&mut self, sid: &str, decide: &Decide) -> Option<Value> {
+        self.request(
+            "session/prompt",
+            json!({"sessionId": sid, "prompt": [{"type": "text", "text": "Write notes.txt, commit, push."}]}),
+            decide,
+        )
+    }
+
+    /// The text of the agent_message_chunk notifications, joined.
+    fn text(&self) -> String {
+        self.seen
+            .iter()
+            .filter(|m| m["params"]["update"]["sessionUpdate"] == "agent_message_chunk")
+            .filter_map(|m| m["params"]["update"]["content"]["text"].as_str())
+            .collect()
+    }
+
+    /// Closes the fake's input; its exit code and stderr.
+    fn finish(mut self) -> (i32, String) {
+        drop(self.stdin);
+        let mut err = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut e, &mut err);
+        }
+        let status = self.child.wait().unwrap();
+        (status.code().unwrap_or(-1), err)
+    }
+}
+
+fn policy(tool_call: &Value) -> String {
+    if tool_call.to_string().contains("git push") {
+        "reject"
+    } else {
+        "allow"
+    }
+    .into()
+}
+
+/// The agents the captures hold, and whether a rejected permission lets the turn go on to
+/// its answer (claude, gemini) or ends it without one (qwen, opencode).
+const AGENTS: [(&str, bool); 4] = [
+    ("claude", true),
+    ("gemini", true),
+    ("qwen", false),
+    ("opencode", false),
+];
+
+/// claude-agent-acp and qwen ask the client only in their `default` mode.
+fn set_mode(c: &mut Client, agent: &str, sid: &str) {
+    if matches!(agent, "claude" | "qwen") {
+        let r = c.request(
+            "session/set_mode",
+            json!({"sessionId": sid, "modeId": "default"}),
+            &|_| "allow".into(),
+        );
+        assert_eq!(r.unwrap()["result"], json!({}), "{agent}");
+    }
+}
+
+/// Every agent (claude runs commands and writes itself, the others write through
+/// fs/write_text_file): the commit allowed is made, the push rejected never reaches origin.
+#[test]
+fn commit_allowed_push_denied() {
+    if !have_python() {
+        return;
+    }
+    for (agent, goes_on) in AGENTS {
+        let (d, cwd) = workspace();
+        let reply = r#"{"verdict":"done"}"#;
+        let mut c = Client::start(
+            &cwd,
+            &format!("{agent}/edit_commit_push"),
+            &[("FAKE_REPLY", reply)],
+        );
+        let sid = c.session();
+        set_mode(&mut c, agent, &sid);
+        let r = c.prompt(&sid, &policy).expect("the prompt's answer");
+        assert_eq!(r["result"]["stopReason"], "end_turn", "{agent}: {r}");
+        assert_eq!(c.text().contains(reply), goes_on, "{agent}: {}", c.text());
+        let decided: Vec<(String, String)> = c
+            .permissions
+            .iter()
+            .map(|(tc, d)| (tc["kind"].as_str().unwrap_or("").to_string(), d.clone()))
+            .collect();
+        assert_eq!(
+            decided,
+            [
+                ("edit", "allow"),
+                ("execute", "allow"),
+                ("execute", "reject")
+            ]
+            .map(|(k, d)| (k.to_string(), d.to_string())),
+            "{agent}"
+        );
+        assert!(
+            c.permissions[2]
+                .0
+                .to_string()
+                .contains("git push origin HEAD"),
+            "{agent}"
+        );
+        let (code, err) = c.finish();
+        assert_eq!(code, 0, "{agent}: {err}");
+        assert_eq!(
+            std::fs::read_to_string(cwd.join("notes.txt")).unwrap(),
+            "written by the mock model\n"
+        );
+        assert_eq!(
+            git(&cwd, &["log", "--format=%s"]),
+            "add notes\ninit\n",
+            "{agent}"
+        );
+        assert_eq!(
+            git(&d.path().join("origin.git"), &["log", "--format=%s"]),
+            "init\n",
+            "{agent}: the denied push ran"
+        );
+    }
+}
+
+/// Allowed, the push does reach origin: the check above can fail.
+#[test]
+fn push_allowed_reaches_origin() {
+    if !have_python() {
+        return;
+    }
+    for (agent, _) in AGENTS {
+        let (d, cwd) = workspace();
+        let mut c = Client::start(&cwd, &format!("{agent}/edit_commit_push"), &[]);
+        let sid = c.session();
+        set_mode(&mut c, agent, &sid);
+        let r = c.prompt(&sid, &|_| "allow".into()).unwrap();
+        assert_eq!(r["result"]["stopReason"], "end_turn");
+        assert_eq!(c.finish().0, 0);
+        assert_eq!(
+            git(&d.path().join("origin.git"), &["log", "--format=%s"]),
+            "add notes\ninit\n",
+            "{agent}"
+        );
+    }
+}
+
+/// A decision no capture has: the fake stops, exit 3, and runs nothing.
+#[test]
+fn decision_without_capture_fails() {
+    if !have_python() {
+        return;
+    }
+    let caps = tempfile::tempdir().unwrap();
+    std::fs::create_dir(caps.path().join("claude")).unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fakes/captures/acp/claude/edit_commit_push.jsonl");
+    std::fs::copy(src, caps.path().join("claude/edit_commit_push.jsonl")).unwrap();
+    let (_d, cwd) = workspace();
+    let mut c = Client::start(
+        &cwd,
+        "claude/edit_commit_push",
+        &[("FAKE_ACP_CAPTURES", caps.path().to_str().unwrap())],
+    );
+    let sid = c.session();
+    c.request(
+        "session/set_mode",
+        json!({"sessionId": sid, "modeId": "default"}),
+        &|_| "allow".into(),
+    );
+    assert!(c.prompt(&sid, &|_| "reject".into()).is_none());
+    let (code, err) = c.finish();
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("rejected the permission request 1"), "{err}");
+    assert!(!cwd.join("notes.txt").exists());
+}
+
+/// An optionId that was not offered: exit 2.
+#[test]
+fn unknown_option_fails() {
+    if !have_python() {
+        return;
+    }
+    let (_d, cwd) = workspace();
+    let mut c = Client::start(&cwd, "gemini/edit_commit_push", &[]);
+    let sid = c.session();
+    assert!(c.prompt(&sid, &|_| "yes-please".into()).is_none());
+    let (code, err) = c.finish();
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("none of the options offered"), "{err}");
+}
+
+/// session/prompt before session/new gets the real agent's error; `hang` ends a turn only
+/// on session/cancel, with stopReason `cancelled`.
+#[test]
+fn unknown_session_and_hang() {
+    if !have_python() {
+        return;
+    }
+    let (_d, cwd) = workspace();
+    let mut c = Client::start(&cwd, "claude/ok", &[("FAKE_MODE", "hang")]);
+    c.initialize();
+    let r = c.prompt("nope", &policy).unwrap();
+    assert!(r["error"]["code"].is_i64(), "{r}");
+    let cwd_s = cwd.to_str().unwrap().to_string();
+    let sid = c
+        .request(
+            "session/new",
+            json!({"cwd": cwd_s, "mcpServers": []}),
+            &policy,
+        )
+        .unwrap()["result"]["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let id = c.next;
+    c.next += 1;
+    c.send(&json!({"jsonrpc": "2.0", "id": id, "method": "session/prompt", "params": {"sessionId": sid, "prompt": []}}));
+    assert!(
+        c.rx.recv_timeout(Duration::from_millis(500)).is_err(),
+        "hang answered"
+    );
+    c.send(&json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": sid}}));
+    let r = c.rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(
+        r,
+        json!({"jsonrpc": "2.0", "id": id, "result": {"stopReason": "cancelled"}})
+    );
+    assert_eq!(c.finish().0, 0);
+}
