@@ -67,8 +67,13 @@ pub struct AgentCall {
     #[serde(skip)]
     pub watch: Option<Watch>,
     /// The permission policy of this call when the stage names one of its own (else the
-    /// agent's, [`AgentConfig::policy`]).
-    #[serde(skip)]
+    /// agent's, [`AgentConfig::policy`]). It travels to a worker with the call; a call
+    /// without one is written as before.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "shared_rules"
+    )]
     pub policy: Option<std::sync::Arc<crate::permit::Rules>>,
 }
 
@@ -106,6 +111,28 @@ pub enum Activity {
     /// A file the agent wrote through the client (`fs/write_text_file`), relative to the
     /// working directory when inside it.
     Wrote(String),
+}
+
+/// A shared policy, written as the policy itself.
+mod shared_rules {
+    use std::sync::Arc;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use crate::permit::Rules;
+
+    pub(super) fn serialize<S: Serializer>(
+        r: &Option<Arc<Rules>>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        r.as_deref().serialize(s)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Arc<Rules>>, D::Error> {
+        Ok(Option::<Rules>::deserialize(d)?.map(Arc::new))
+    }
 }
 
 /// An optional duration as whole milliseconds (`null` for none).
