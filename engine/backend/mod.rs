@@ -339,6 +339,39 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_call_carries_its_stage_policy_to_a_worker_and_none_as_before() {
+        let mut call = AgentCall {
+            stage: "s".into(),
+            scope: String::new(),
+            attempt: 1,
+            prompt: "p".into(),
+            model: None,
+            args: Vec::new(),
+            env: Vec::new(),
+            cwd: PathBuf::new(),
+            dir: PathBuf::new(),
+            timeout: None,
+            idle_timeout: None,
+            schema: None,
+            max_tokens: None,
+            watch: None,
+            policy: None,
+        };
+        let json = serde_json::to_value(&call).expect("json");
+        assert!(json.get("policy").is_none(), "{json}");
+        let back: AgentCall = serde_json::from_value(json).expect("back");
+        assert!(back.policy.is_none());
+        let mut rules = crate::permit::Rules::level("commit").expect("level");
+        rules.name = "wiggum".into();
+        rules.origin = Some("workflow.toml:3:1".into());
+        call.policy = Some(std::sync::Arc::new(rules.clone()));
+        let json = serde_json::to_value(&call).expect("json");
+        assert_eq!(json["policy"]["name"], "wiggum");
+        let back: AgentCall = serde_json::from_value(json).expect("back");
+        assert_eq!(back.policy.as_deref(), Some(&rules));
+    }
+
+    #[test]
     fn call_errors_say_what_they_said_before() {
         let rate = CallError::RateLimited {
             message: "slow down".into(),
