@@ -1188,6 +1188,12 @@ pub static OVERRIDE: TableSpec = TableSpec {
             "Whether the stage's skip counts as done for the stages that need it.",
         ),
         f("budget", Ty::Table(&BUDGET), "A new budget."),
+        // Permission policies (issue 32).
+        f(
+            "permissions",
+            Ty::Str,
+            "New permissions for an agent stage: a level or a `[policy.NAME]`.",
+        ),
     ],
 };
 

@@ -720,6 +720,7 @@ fn override_(stage: Text, t: &Table, span: Span) -> Option<Override> {
         when: text(t, "when"),
         optional: boolean(t, "optional"),
         budget: budget(t),
+        permissions: text(t, "permissions"),
         span,
     })
 }

@@ -253,6 +253,8 @@ pub struct Override {
     pub when: Option<Text>,
     pub optional: Option<Spanned<bool>>,
     pub budget: Option<Budget>,
+    /// An agent stage's new `permissions`.
+    pub permissions: Option<Text>,
     pub span: Span,
 }
 
