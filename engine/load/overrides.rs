@@ -84,12 +84,16 @@ pub(super) fn apply_override(
             if let Some(a) = &o.agent {
                 *agent = Some(a.clone());
             }
+            if let Some(p) = &o.permissions {
+                stage.keys_mut().permissions = Some(p.clone());
+            }
         }
         _ => {
             for (key, span) in [
                 ("prompt", o.prompt.as_ref().map(|p| p.span)),
                 ("prompt_file", o.prompt_file.as_ref().map(|p| p.span)),
                 ("agent", o.agent.as_ref().map(|p| p.span)),
+                ("permissions", o.permissions.as_ref().map(|p| p.span)),
             ] {
                 if let Some(span) = span {
                     not_for(key, span, kind, diags);
