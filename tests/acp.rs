@@ -396,7 +396,27 @@ fn attempt_file(p: &Project, name: &str) -> String {
 fn a_workflow_gets_its_answer_tool_calls_and_denials_through_acp() {
     let p = Project::new();
     p.git_init();
-    p.workflow("w.toml", &acp_workflow("read-only", "60s"));
+    // A bare remote that has the first commit: a push that ran would move its `main`.
+    let remote = tempfile::tempdir().unwrap();
+    let origin = remote.path().join("origin.git");
+    p.git(&["init", "-q", "--bare", origin.to_str().unwrap()]);
+    p.git(&["remote", "add", "origin", origin.to_str().unwrap()]);
+    p.git(&["push", "-q", "origin", "main"]);
+    let remote_log = || {
+        let out = std::process::Command::new("git")
+            .args([
+                "--git-dir",
+                origin.to_str().unwrap(),
+                "log",
+                "--format=%s",
+                "main",
+            ])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(remote_log().trim(), "init");
+    p.workflow("w.toml", &acp_workflow("commit", "60s"));
     let out = p.run_env(
         &["run", "w.toml", "--json"],
         &[
@@ -409,16 +429,27 @@ fn a_workflow_gets_its_answer_tool_calls_and_denials_through_acp() {
     let store = p.store_text();
     // The tool calls and the decisions are events of the stage.
     assert!(store.contains(r#""kind":"tool""#), "{store}");
-    assert!(store.contains("edit: Write notes.txt (failed)"), "{store}");
+    assert!(store.contains("edit: Write notes.txt"), "{store}");
     assert!(store.contains(r#""kind":"permission""#), "{store}");
+    assert!(
+        store.contains("allowed by policy `commit`: allow `git commit *`"),
+        "{store}"
+    );
     assert!(store.contains(r#""kind":"denied""#), "{store}");
-    // Denied commands are in denied.txt with their rule, and did not run.
+    // The denied push is in denied.txt with its rule, and did not run; the commit did.
     let denied = attempt_file(&p, "denied.txt");
     assert!(
-        denied.contains("git push origin HEAD: denied by policy `read-only`: no command is allowed (git push origin HEAD)"),
+        denied.contains(
+            "git push origin HEAD: denied by policy `commit`: deny `git push *` (git push origin HEAD)"
+        ),
         "{denied}"
     );
-    assert_eq!(p.git(&["log", "-1", "--format=%s"]).trim(), "init");
+    assert_eq!(p.git(&["log", "-1", "--format=%s"]).trim(), "add notes");
+    assert_eq!(
+        remote_log().trim(),
+        "init",
+        "the denied push reached the remote"
+    );
     assert!(attempt_file(&p, "acp.jsonl").contains("session/prompt"));
     assert!(attempt_file(&p, "transcript.md").contains("Write notes.txt"));
 }
