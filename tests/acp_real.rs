@@ -1,9 +1,12 @@
-//! The fake ACP agent (tests/fakes/acp/agent.py) replaying the captured sessions of the real
-//! ACP agents (tests/fakes/captures/acp, tests/realcli/acp_capture.py), driven by a small
-//! ACP client here that answers as ralph-flow's policy would: the commit allowed, the push
-//! rejected. Checks the replay, the side effects done only when allowed (a denied `git push`
-//! never reaches the bare remote) and the contract the fake holds a client to. Needs
-//! python3 (skipped without it).
+//! The real ACP agents (claude-agent-acp, gemini --acp, qwen --acp, opencode acp, installed
+//! by tests/realcli/install.sh, against tests/realcli/mock_api.py) and the fake ACP agent
+//! (tests/fakes/acp/agent.py) replaying their captured sessions (tests/fakes/captures/acp,
+//! tests/realcli/acp_capture.py), driven by a small ACP client here that answers as
+//! ralph-flow's policy would: the commit allowed, the push rejected. Checks the answer, the
+//! permission requests, the side effects done only when allowed (a denied `git push` never
+//! reaches the bare remote) and the contract the fake holds a client to. Needs python3
+//! (skipped without it); the real agents are skipped unless installed (in target/realcli or
+//! RALPH_FLOW_REAL_CLI_DIR), and required with RALPH_FLOW_REQUIRE_REAL_CLI.
 #![allow(clippy::unwrap_used)]
 
 use std::io::{BufRead, BufReader, Write};
@@ -86,15 +89,19 @@ impl Client {
     fn start(cwd: &Path, case: &str, env: &[(&str, &str)]) -> Client {
         let mut cmd = Command::new("python3");
         cmd.arg(fake())
-            .current_dir(cwd)
             .env("FAKE_ACP_CASE", case)
-            .env_remove("FAKE_MODE")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+            .env_remove("FAKE_MODE");
         for (k, v) in env {
             cmd.env(k, v);
         }
+        Client::spawn(cmd, cwd)
+    }
+
+    fn spawn(mut cmd: Command, cwd: &Path) -> Client {
+        cmd.current_dir(cwd)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         let mut child = cmd.spawn().unwrap();
         let stdin = child.stdin.take().unwrap();
         let stdout = child.stdout.take().unwrap();
@@ -131,7 +138,8 @@ impl Client {
         self.next += 1;
         self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
         loop {
-            let msg = self.rx.recv_timeout(Duration::from_secs(30)).ok()?;
+            // A real agent's turn takes seconds (opencode's about 25).
+            let msg = self.rx.recv_timeout(Duration::from_secs(120)).ok()?;
             self.seen.push(msg.clone());
             if msg.get("method").is_none() && msg["id"] == json!(id) {
                 return Some(msg);
@@ -205,9 +213,10 @@ impl Client {
             json!({"cwd": cwd, "mcpServers": []}),
             &|_| "allow".into(),
         );
-        new.unwrap()["result"]["sessionId"]
+        let new = new.expect("an answer to session/new");
+        new["result"]["sessionId"]
             .as_str()
-            .unwrap()
+            .unwrap_or_else(|| panic!("session/new: {new}"))
             .to_string()
     }
 
@@ -435,4 +444,201 @@ fn unknown_session_and_hang() {
         json!({"jsonrpc": "2.0", "id": id, "result": {"stopReason": "cancelled"}})
     );
     assert_eq!(c.finish().0, 0);
+}
+
+// ---- the real agents ----------------------------------------------------------------------
+
+fn real_cli_bin() -> Option<PathBuf> {
+    let dir = std::env::var_os("RALPH_FLOW_REAL_CLI_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/realcli"));
+    let bin = dir.join("node_modules/.bin");
+    ["claude-agent-acp", "gemini", "qwen", "opencode"]
+        .iter()
+        .all(|c| bin.join(c).exists())
+        .then_some(bin)
+}
+
+/// The mock API server, killed when dropped.
+struct Mock {
+    child: Child,
+    port: u16,
+}
+
+impl Mock {
+    fn start() -> Option<Mock> {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/realcli/mock_api.py");
+        let mut child = Command::new("python3")
+            .arg(script)
+            .arg("0")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()?;
+        let mut line = String::new();
+        BufReader::new(child.stdout.take()?)
+            .read_line(&mut line)
+            .ok()?;
+        let port = line.trim().parse().ok()?;
+        Some(Mock { child, port })
+    }
+}
+
+impl Drop for Mock {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The real agent's command in a fresh HOME under `d`, pointed at the mock (`base`: its URL
+/// with the scenario), as tests/realcli/acp_capture.py runs it.
+fn real_agent(bin: &Path, agent: &str, d: &Path, base: &str) -> Command {
+    let home = d.join("home");
+    let node_dir = Command::new("sh")
+        .args(["-c", "dirname \"$(command -v node)\""])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let mut cmd = match agent {
+        "claude" => {
+            let mut c = Command::new(bin.join("claude-agent-acp"));
+            c.env("ANTHROPIC_BASE_URL", base)
+                .env("ANTHROPIC_API_KEY", "sk-ant-mock-key")
+                .env("CLAUDE_CODE_MAX_RETRIES", "0")
+                .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1");
+            c
+        }
+        "gemini" => {
+            std::fs::create_dir_all(home.join(".gemini")).unwrap();
+            std::fs::write(
+                home.join(".gemini/settings.json"),
+                r#"{"security":{"auth":{"selectedType":"gemini-api-key"}},"general":{"maxAttempts":1}}"#,
+            )
+            .unwrap();
+            let mut c = Command::new(bin.join("gemini"));
+            c.arg("--acp")
+                .env("GEMINI_API_KEY", "mock-key")
+                .env("GOOGLE_GEMINI_BASE_URL", base)
+                .env("GEMINI_CLI_TRUST_WORKSPACE", "true");
+            c
+        }
+        "qwen" => {
+            std::fs::create_dir_all(home.join(".qwen")).unwrap();
+            std::fs::write(
+                home.join(".qwen/settings.json"),
+                r#"{"model":{"generationConfig":{"maxRetries":0}}}"#,
+            )
+            .unwrap();
+            let mut c = Command::new(bin.join("qwen"));
+            c.arg("--acp")
+                .env("OPENAI_API_KEY", "mock-key")
+                .env("OPENAI_BASE_URL", format!("{base}/v1"))
+                .env("OPENAI_MODEL", "qwen-mock");
+            c
+        }
+        _ => {
+            std::fs::create_dir_all(home.join(".config/opencode")).unwrap();
+            std::fs::write(
+                home.join(".config/opencode/opencode.json"),
+                format!(
+                    r#"{{"provider":{{"mock":{{"npm":"@ai-sdk/openai-compatible","name":"Mock","options":{{"baseURL":"{base}/v1","apiKey":"mock-key"}},"models":{{"mock-model":{{"name":"Mock"}}}}}}}},"model":"mock/mock-model","autoupdate":false,"share":"disabled"}}"#
+                ),
+            )
+            .unwrap();
+            let mut c = Command::new(bin.join("opencode"));
+            c.arg("acp").env(
+                "OPENCODE_PERMISSION",
+                r#"{"edit":"ask","bash":"ask","webfetch":"ask","external_directory":"ask"}"#,
+            );
+            c
+        }
+    };
+    // Nothing of this process's environment but what is set here, as the captures ran (with
+    // IS_SANDBOX in it, claude-agent-acp refuses session/new as root: "bypass_root").
+    let mut clean = Command::new(cmd.get_program());
+    clean.args(cmd.get_args()).env_clear();
+    for (k, v) in cmd.get_envs() {
+        if let Some(v) = v {
+            clean.env(k, v);
+        }
+    }
+    clean
+        .env("HOME", &home)
+        .env("PATH", format!("{node_dir}:/usr/local/bin:/usr/bin:/bin"));
+    clean
+}
+
+/// Each real agent, the commit allowed and the push rejected by the client: the commit is
+/// made, the push never reaches origin, and the permission requests are those the fake
+/// replays (same kinds and order). claude and gemini go on to the mock's answer.
+#[test]
+fn real_agents_commit_allowed_push_denied() {
+    if !have_python() {
+        return;
+    }
+    let Some(bin) = real_cli_bin() else {
+        assert!(
+            std::env::var_os("RALPH_FLOW_REQUIRE_REAL_CLI").is_none(),
+            "the real ACP agents are required here: run tests/realcli/install.sh"
+        );
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED: the real ACP agents are not installed (tests/realcli/install.sh)"
+        );
+        return;
+    };
+    let mock = Mock::start().expect("the mock API");
+    for (agent, goes_on) in AGENTS {
+        let (d, cwd) = workspace();
+        std::fs::create_dir(d.path().join("home")).unwrap();
+        let base = format!("http://127.0.0.1:{}/s/acp_edit", mock.port);
+        let mut c = Client::spawn(real_agent(&bin, agent, d.path(), &base), &cwd);
+        let sid = c.session();
+        set_mode(&mut c, agent, &sid);
+        let r = c
+            .prompt(&sid, &policy)
+            .unwrap_or_else(|| panic!("{agent}: no answer to session/prompt"));
+        assert_eq!(r["result"]["stopReason"], "end_turn", "{agent}: {r}");
+        assert_eq!(
+            c.text().contains("MOCK-REPLY-4F7"),
+            goes_on,
+            "{agent}: {}",
+            c.text()
+        );
+        let kinds: Vec<String> = c
+            .permissions
+            .iter()
+            .map(|(tc, d)| format!("{} {d}", tc["kind"].as_str().unwrap_or("")))
+            .collect();
+        assert_eq!(
+            kinds,
+            ["edit allow", "execute allow", "execute reject"],
+            "{agent}"
+        );
+        assert!(
+            c.permissions[2]
+                .0
+                .to_string()
+                .contains("git push origin HEAD"),
+            "{agent}"
+        );
+        let (code, err) = c.finish();
+        assert_eq!(code, 0, "{agent}: {err}");
+        assert_eq!(
+            std::fs::read_to_string(cwd.join("notes.txt")).unwrap(),
+            "written by the mock model\n",
+            "{agent}"
+        );
+        assert_eq!(
+            git(&cwd, &["log", "--format=%s"]),
+            "add notes\ninit\n",
+            "{agent}"
+        );
+        assert_eq!(
+            git(&d.path().join("origin.git"), &["log", "--format=%s"]),
+            "init\n",
+            "{agent}: the denied push ran"
+        );
+    }
 }
