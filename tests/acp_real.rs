@@ -500,7 +500,7 @@ fn real_agent(bin: &Path, agent: &str, d: &Path, base: &str) -> Command {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default();
-    let mut cmd = match agent {
+    let cmd = match agent {
         "claude" => {
             let mut c = Command::new(bin.join("claude-agent-acp"));
             c.env("ANTHROPIC_BASE_URL", base)
