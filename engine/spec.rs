@@ -154,6 +154,7 @@ keywords! {
         #[default]
         Command = "command",
         Replay = "replay",
+        Acp = "acp",
     }
 }
 
@@ -186,7 +187,18 @@ impl AgentKind {
 
     /// Whether a stage's output schema can reach the kind's model (`structured_output`).
     pub const fn takes_structured_output(self) -> bool {
-        self.is_agent_cli() || self.is_http()
+        self.is_agent_cli() || self.is_http() || matches!(self, Self::Acp)
+    }
+
+    /// Whether the kind runs a program of the agent's `command` (`command`, `acp`).
+    pub const fn runs_command(self) -> bool {
+        matches!(self, Self::Command | Self::Acp)
+    }
+
+    /// Whether the kind takes `permissions` (the agent CLIs, mapped to their flags; `acp`,
+    /// whose agent asks the workflow's policy).
+    pub const fn takes_permissions(self) -> bool {
+        self.is_agent_cli() || matches!(self, Self::Acp)
     }
 }
 
@@ -469,7 +481,7 @@ pub static AGENT: TableSpec = TableSpec {
         req(
             "kind",
             Ty::Enum(AGENT_KINDS),
-            "The backend: claude, codex, gemini, qwen, opencode, openai, anthropic, command or replay.",
+            "The backend: claude, codex, gemini, qwen, opencode, openai, anthropic, command, replay or acp (a program that speaks the Agent Client Protocol).",
         ),
         f(
             "model",
@@ -504,9 +516,9 @@ pub static AGENT: TableSpec = TableSpec {
         ),
         k(
             "command",
-            &["command"],
+            agent_kinds_where!(runs_command),
             Ty::List(&Ty::Template),
-            "The argv of a `command` agent.",
+            "The argv of a `command` agent, or of an `acp` agent's program (`[\"gemini\", \"--acp\"]`).",
         ),
         k(
             "prompt_via",
@@ -541,7 +553,7 @@ pub static AGENT: TableSpec = TableSpec {
         k("file", &["replay"], Ty::Str, "The recording to replay."),
         k(
             "permissions",
-            agent_kinds_where!(is_agent_cli),
+            agent_kinds_where!(takes_permissions),
             Ty::Enum(PERMISSIONS),
             "What a CLI agent may do unattended: `read-only` (default), `edit` (write files in its working directory) or `full` (no restriction).",
         ),
@@ -1342,6 +1354,19 @@ pub static WELL_KNOWN: &[WellKnown] = &[
         ],
         "replay",
         "an agent that plays back a recorded session is `kind = \"replay\"`, with the recording in `file`",
+    ),
+    wk(
+        "agent",
+        KIND,
+        &[
+            "claude-agent-acp",
+            "claude-code-acp",
+            "codex-acp",
+            "agent-client-protocol",
+            "zed",
+        ],
+        "acp",
+        "an agent that speaks the Agent Client Protocol is `kind = \"acp\"`, with its program and arguments in `command` (`[\"claude-agent-acp\"]`, `[\"gemini\", \"--acp\"]`)",
     ),
     // Param types.
     wk(

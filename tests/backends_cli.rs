@@ -49,6 +49,7 @@ impl Scene {
             idle_timeout: None,
             schema: None,
             max_tokens: None,
+            ..AgentCall::default()
         }
     }
 

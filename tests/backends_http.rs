@@ -58,6 +58,7 @@ fn call(dir: &Path) -> AgentCall {
         idle_timeout: None,
         schema: None,
         max_tokens: None,
+        ..AgentCall::default()
     }
 }
 

@@ -20,6 +20,8 @@ use crate::source::Span;
 enum Unreported {
     /// A `command` agent: a program's answer is its stdout, with no usage.
     Command,
+    /// An `acp` agent: the protocol leaves usage to the agent (qwen reports none).
+    Acp,
     /// An `openai` or `anthropic` agent on another server than its vendor's: where its
     /// `base_url` is written, and the URL rendered.
     Server(Vendor, Span, String),
@@ -130,6 +132,23 @@ fn budget(
                      `max_iterations` or a `timeout`, or give these stages an agent that \
                      reports usage (an agent CLI such as claude, codex, gemini or qwen, or openai or anthropic)",
                 ),
+                Unreported::Acp => Diagnostic::new(
+                    Code::UsageUnreported,
+                    tokens.span,
+                    format!(
+                        "{whose} tokens budget may not count the calls of agent `{name}`: an \
+                         `acp` agent reports usage only where its program does \
+                         (claude-agent-acp, gemini and opencode do; qwen does not)"
+                    ),
+                )
+                .label(format!("may not see what agent `{name}` uses"))
+                .related(agent.kind.span, format!("agent `{name}` is an ACP agent"))
+                .related(called_at, calls)
+                .help(
+                    "a call that reports none is recorded with its usage unknown, and the run \
+                     says so once per agent; with an agent that reports none, bound the work \
+                     with `max_iterations` or a `timeout` instead",
+                ),
                 Unreported::Server(vendor, at, url) => Diagnostic::new(
                     Code::UsageUnreported,
                     tokens.span,
@@ -169,6 +188,7 @@ fn budget(
 fn unreported(c: &Checked<'_>, a: &Agent) -> Option<Unreported> {
     let vendor = match a.kind.value {
         AgentKind::Command => return Some(Unreported::Command),
+        AgentKind::Acp => return Some(Unreported::Acp),
         AgentKind::OpenAi => Vendor::OpenAi,
         AgentKind::Anthropic => Vendor::Anthropic,
         _ => return None,

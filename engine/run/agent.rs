@@ -138,6 +138,7 @@ impl<'x, 'p, 'f> AgentAttempt<'x, 'p, 'f> {
             max_tokens: None,
             watch: None,
             policy: None,
+            roots: ex.roots.clone(),
         }
     }
 
@@ -500,7 +501,7 @@ impl Exec<'_> {
             let result = if backend.watches() {
                 let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
                 this.watch = Some(tx);
-                super::watch::watching(&self.shared, call, backend.call(&this), rx).await
+                super::watch::watching(self.shared, call, backend.call(&this), rx).await
             } else {
                 backend.call(&this).await
             };
