@@ -229,7 +229,8 @@ fn under_read_only_everything_is_denied_and_nothing_runs() {
 fn a_write_through_the_client_is_decided_by_the_policy() {
     // qwen writes through `fs/write_text_file`.
     let repo = Repo::new();
-    // The `commit` level without edits: the write is refused, the commit allowed.
+    // The `commit` level without edits: the write is refused (qwen, in its `default` mode,
+    // asks before it writes), the commit allowed.
     let mut cfg = config("commit", &[("FAKE_ACP_CASE", "qwen/edit_commit_push")]);
     cfg.policy = Arc::new(Rules {
         name: "no-edits".into(),
@@ -240,8 +241,9 @@ fn a_write_through_the_client_is_decided_by_the_policy() {
     let reply = result.unwrap_or_else(|e| panic!("{e}\n{}", repo.log()));
     assert!(!repo.work.join("notes.txt").exists());
     assert!(
-        reply.denied[0]
-            .starts_with("write notes.txt: denied by policy `no-edits`: `edit` is not allowed"),
+        reply.denied[0].starts_with(
+            "Writing to notes.txt: denied by policy `no-edits`: `edit` is not allowed"
+        ),
         "{:?}",
         reply.denied
     );
