@@ -230,7 +230,8 @@ fn a_write_through_the_client_is_decided_by_the_policy() {
     // qwen asks, then writes through `fs/write_text_file` (which the policy decides again:
     // client.rs's tests refuse writes there).
     let repo = Repo::new();
-    // The `commit` level without edits: the write is refused, the commit allowed.
+    // The `commit` level without edits: the write is refused (qwen, in its `default` mode,
+    // asks before it writes), the commit allowed.
     let mut cfg = config("commit", &[("FAKE_ACP_CASE", "qwen/edit_commit_push")]);
     cfg.policy = Arc::new(Rules {
         name: "no-edits".into(),

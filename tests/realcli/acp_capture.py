@@ -71,6 +71,13 @@ CASES = {
         lambda tc: "allow",
         None,
     ),
+    # Edits allowed, every command rejected: ralph-flow's `edit` level.
+    "edit_commit_push+edit_only": (
+        "acp_edit",
+        "Write notes.txt, commit it with git, then push to origin.",
+        lambda tc: "allow" if (tc or {}).get("kind") == "edit" else "reject",
+        None,
+    ),
     "edit_commit_push+reject_all": (
         "acp_edit",
         "Write notes.txt, commit it with git, then push to origin.",

@@ -149,7 +149,11 @@ class Fake:
         """The client's next message (None at the end of its input)."""
         if self.pending:
             return self.pending.pop(0)
-        return self.q.get()
+        msg = self.q.get()
+        if msg is None:
+            # The end of input stays the end for whoever asks next.
+            self.q.put(None)
+        return msg
 
     # ---- substitution ------------------------------------------------------------------
 
