@@ -667,11 +667,6 @@ fn real_agents_commit_allowed_push_denied() {
 
 // ---- whole workflows ---------------------------------------------------------------------
 
-/// Whether the backend answers `fs/read_text_file` of a missing file with empty content
-/// (what gemini 0.61 needs to create a file, tests/fakes/README.md) rather than -32002. While
-/// it does not, the real gemini writes nothing: checked, so that the change shows here.
-const BACKEND_READS_MISSING_AS_EMPTY: bool = false;
-
 /// A workflow whose one stage asks an `acp` agent (`argv`, `env`) to write, commit and push,
 /// under `permissions = "edit"`: the write allowed, the commit and the push denied.
 fn edit_workflow(argv: &[String], env: &[(String, String)]) -> String {
@@ -777,13 +772,9 @@ fn check_edit_run(
         goes_on,
         "{all}"
     );
-    if real && agent == "gemini" && !BACKEND_READS_MISSING_AS_EMPTY {
-        // gemini reads a file before writing it and fails the write on any error answer:
-        // the backend's -32002 for a missing file leaves it unable to create notes.txt.
-        assert!(!p.dir().join("notes.txt").exists(), "{all}");
-    } else {
-        assert_eq!(p.read("notes.txt"), "written by the mock model\n", "{all}");
-    }
+    // gemini reads a file before it writes it and fails the write on any error answer: the
+    // backend answers a missing file in the workspace as empty, so gemini creates it too.
+    assert_eq!(p.read("notes.txt"), "written by the mock model\n", "{all}");
     assert_eq!(p.git(&["log", "--format=%s"]), "init\n", "{all}");
     assert_eq!(
         git(origin, &["log", "--format=%s", "main"]),
