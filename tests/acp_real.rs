@@ -811,7 +811,10 @@ fn real_agents_in_a_workflow() {
         let (p, origin) = project_with_origin();
         let home = tempfile::tempdir().unwrap();
         let base = format!("http://127.0.0.1:{}/s/acp_edit", mock.port);
-        let (argv, env) = real_agent_setup(&bin, agent, home.path(), &base);
+        let (argv, mut env) = real_agent_setup(&bin, agent, home.path(), &base);
+        // The backend itself asks opencode to ask (its default allows everything): the
+        // workflow does not say it, and opencode's push must still be denied.
+        env.retain(|(k, _)| k != "OPENCODE_PERMISSION");
         p.workflow("w.toml", &edit_workflow(&argv, &env));
         let run = p.run(&["run", "w.toml", "--json"]);
         check_edit_run(agent, goes_on, true, &p, &origin.path().join("o.git"), &run);

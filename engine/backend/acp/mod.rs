@@ -31,6 +31,11 @@ mod turn;
 
 use std::sync::LazyLock;
 
+/// opencode's permission configuration that asks the client for every edit, command, fetch
+/// and file outside the workspace (captured: tests/fakes/README.md's ACP section).
+const ASK_EVERYTHING: &str =
+    r#"{"edit":"ask","bash":"ask","webfetch":"ask","external_directory":"ask"}"#;
+
 use regex::Regex;
 use serde_json::{Value, json};
 
@@ -98,7 +103,15 @@ impl AcpBackend {
             .chain(&call.args)
             .cloned()
             .collect();
-        let env: Vec<(String, String)> = self.config.env.iter().chain(&call.env).cloned().collect();
+        let mut env: Vec<(String, String)> =
+            self.config.env.iter().chain(&call.env).cloned().collect();
+        // opencode asks nothing by its own default configuration (and an
+        // `OPENCODE_PERMISSION` inherited from the user's shell may allow anything), so the
+        // policy would never be asked: every ACP agent is started with opencode's "ask
+        // everything" unless the agent's own `env` says otherwise. Other agents ignore it.
+        if !env.iter().any(|(k, _)| k == "OPENCODE_PERMISSION") {
+            env.push(("OPENCODE_PERMISSION".into(), ASK_EVERYTHING.into()));
+        }
         for name in ["acp.jsonl", "stderr", "transcript.md", "written.txt"] {
             let _ = std::fs::remove_file(call.dir.join(name));
         }
