@@ -35,6 +35,13 @@ environment variable MOCK_SCENARIO, else `ok`. Scenarios:
                 called whether or not the CLI offers them (gemini's headless default offers
                 no write or shell tool). The tool calls report no usage.
   commit        the same with two calls: the write in the cwd, `git add -A && git commit`
+  acp_edit      for the ACP captures (tests/realcli/acp_capture.py), one tool call per request:
+                a write of `notes.txt` in the cwd, `git add -A && git commit -q -m 'add notes'`,
+                `git push origin HEAD` (ACP_EDIT_ACTIONS), then a text answer (all CLIs; claude
+                with its Write and Bash tools)
+  acp_read      a read of `README.md` in the cwd with the CLI's file-read tool, then a text
+                answer
+  slow          the answer after MOCK_SLOW_SECONDS (default 60) of silence (a turn to cancel)
 
 A request for strict structured output (Responses `text.format`, Chat Completions
 `response_format.json_schema`, `type: "json_schema"`, `strict: true`) whose schema OpenAI's
@@ -77,9 +84,17 @@ DENIED_ACTIONS = [
     # An ordinary failure, no refusal: failing tests.
     ("shell", "echo 'FAILED test_mean'; exit 1"),
 ]
+# The ACP captures' tool calls: a write, a commit a policy allows, a push it denies.
+ACP_EDIT_ACTIONS = [
+    ("write", "notes.txt"),
+    ("shell", "git add -A && git commit -q -m 'add notes'"),
+    ("shell", "git push origin HEAD"),
+]
 # The tool calls of each scenario that makes them.
 ACTIONS = {
     "denied": DENIED_ACTIONS,
+    "acp_edit": ACP_EDIT_ACTIONS,
+    "acp_read": [("read", "README.md")],
     # A write in the cwd, then the commit: nothing out of the cwd (a test's cwd may be in /tmp,
     # which codex's workspace-write sandbox lets it write).
     "commit": [DENIED_ACTIONS[0], DENIED_ACTIONS[4]],
@@ -108,6 +123,13 @@ def scenario_of(path):
         if words:
             return words[0], path
     return os.environ.get("MOCK_SCENARIO", "ok"), path
+
+
+def path_param(schema, fallback):
+    """The name of a tool's path parameter in its JSON schema (the first property whose name
+    holds "path"), else `fallback`."""
+    props = (schema or {}).get("properties") or {}
+    return next((k for k in props if "path" in k.lower()), fallback)
 
 
 def strict_request(bare, body):
@@ -227,6 +249,8 @@ class Handler(BaseHTTPRequestHandler):
                 "body": body,
             }
         )
+        if scenario == "slow" and method == "POST":
+            time.sleep(float(os.environ.get("MOCK_SLOW_SECONDS", "60")))
         strict = strict_request(bare, body) if method == "POST" else None
         refusal = strict and openai_strict.check(strict[2], strict[1], strict[0])
         if refusal:
@@ -304,8 +328,38 @@ class Handler(BaseHTTPRequestHandler):
         )
         content = [{"type": "text", "text": REPLY}]
         stop = "end_turn"
+        results = sum(
+            1
+            for m in messages
+            if isinstance(m, dict) and isinstance(m.get("content"), list)
+            for c in m["content"]
+            if isinstance(c, dict) and c.get("type") == "tool_result"
+        )
+        actions = ACTIONS.get(scenario, [])
         # A side request (title, quota check...) without tools gets the plain answer.
-        if scenario == "structured" and "StructuredOutput" in tools and not had_result:
+        if actions and "Bash" in tools and results < len(actions):
+            kind, what = actions[results]
+            import re
+
+            # Claude states its cwd in the system prompt or, under the Agent SDK, a message.
+            m = re.search(r"Primary working directory:\s*(/[^\s\"<\\]+)", json.dumps(body))
+            cwd = m.group(1) if m else os.environ.get("MOCK_WRITE_DIR") or "."
+            if kind == "write":
+                name, args = "Write", {"file_path": os.path.normpath(os.path.join(cwd, what)), "content": WRITTEN_TEXT}
+            elif kind == "read":
+                name, args = "Read", {"file_path": os.path.normpath(os.path.join(cwd, what))}
+            else:
+                name, args = "Bash", {"command": what, "description": what}
+            content = [
+                {
+                    "type": "tool_use",
+                    "id": "toolu_01MOCKACTION%015d" % results,
+                    "name": name,
+                    "input": args,
+                }
+            ]
+            stop = "tool_use"
+        elif scenario == "structured" and "StructuredOutput" in tools and not had_result:
             schema = tools["StructuredOutput"].get("input_schema")
             content = [
                 {
@@ -715,6 +769,9 @@ class Handler(BaseHTTPRequestHandler):
         "opencode": ("write", "filePath", "content", "bash", "command"),
     }
 
+    # Their file-read tools, by their write tool's name.
+    CHAT_READ = {"write_file": "read_file", "write": "read"}
+
     # Side requests of the CLIs (qwen's memory extraction, opencode's session title),
     # recognized by their system prompt: a plain answer, whatever the scenario.
     SIDE_REQUESTS = ("managed memory extraction subagent", "You are a title generator")
@@ -748,7 +805,11 @@ class Handler(BaseHTTPRequestHandler):
                 # The tool calls, whether or not the CLI offers the tool.
                 kind, what = actions[results]
                 write, path_arg, content_arg, shell, command_arg = names
-                if kind == "write":
+                if kind == "read":
+                    read = self.CHAT_READ.get(write, "read")
+                    path = os.path.normpath(os.path.join(self.chat_cwd(json.dumps(messages)), what))
+                    call = (read, {path_param(tools.get(read, {}).get("parameters"), path_arg): path})
+                elif kind == "write":
                     path = os.path.normpath(os.path.join(self.chat_cwd(json.dumps(messages)), what))
                     call = (write, {path_arg: path, content_arg: WRITTEN_TEXT})
                 else:
@@ -895,6 +956,14 @@ class Handler(BaseHTTPRequestHandler):
             cwd = self.cwd_of(body)
             if kind == "write":
                 call = {"name": "write_file", "args": {"file_path": os.path.normpath(os.path.join(cwd, what)), "content": WRITTEN_TEXT}}
+            elif kind == "read":
+                params = next(
+                    (d.get("parametersJsonSchema") or d.get("parameters")
+                     for t in body.get("tools") or [] for d in (t or {}).get("functionDeclarations") or []
+                     if d.get("name") == "read_file"),
+                    None,
+                )
+                call = {"name": "read_file", "args": {path_param(params, "file_path"): os.path.normpath(os.path.join(cwd, what))}}
             else:
                 call = {"name": "run_shell_command", "args": {"command": what, "description": what}}
             parts = [{"functionCall": call}]
