@@ -441,6 +441,12 @@ fn check(cli: &str, preset: &str, work: &Path) -> Result<(), String> {
     let mut reported = Tokens::default();
     let mut per_stage: BTreeMap<String, Tokens> = BTreeMap::new();
     for a in &answers {
+        // claude-agent-acp reports its turn's usage (`session/prompt`'s `usage`) without the
+        // request without tools the Agent SDK makes as a session starts (its
+        // `_meta.quota.model_usage` holds it): that one belongs to no stage.
+        if cli == "acp" && a.stage.is_none() && !a.tools {
+            continue;
+        }
         reported.add(a.tokens);
         if let Some(s) = &a.stage {
             per_stage.entry(s.clone()).or_default().add(a.tokens);

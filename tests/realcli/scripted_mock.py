@@ -99,7 +99,7 @@ def push(command="git push origin main"):
     """The agent pushes what it committed. Only in the ACP variant (SCRIPT_VARIANT=acp), whose
     presets' policies deny `git push *`: the tool call is expected to fail (`denied`), and the
     turn goes on to its final answer as a model told "no" would."""
-    return {"do": "bash", "command": command, "description": "Push the fix", "only": "acp", "denied": True}
+    return {"do": "bash", "command": command, "description": "Push the commits", "only": "acp", "denied": True}
 
 
 def shell_quote(s):
