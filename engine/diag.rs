@@ -95,6 +95,12 @@ codes! {
     NotifierIncomplete = "RF067", Error, "a notifier missing what its kind needs (`url` or `url_env`; `argv`), with both `url` and `url_env`, or with an empty `argv` or `on`";
     NotifierValue = "RF068", Error, "a notifier value that cannot work: a URL that is not http(s), an `_env` key that names no environment variable, a header name that is not one, a template where a literal belongs";
     InlineSecret = "RF069", Warning, "a secret written inline in a notifier (a Slack webhook URL, a password or token in a URL) where its `_env` key belongs";
+    // Permission policies (issue 32): RF075 and up.
+    UnknownPolicy = "RF075", Error, "a `permissions` or a policy's `extends` that names neither a level (`read-only`, `edit`, `commit`, `full`) nor a policy of the workflow";
+    PolicyCycle = "RF076", Error, "policies that extend each other in a cycle";
+    PolicyValue = "RF077", Error, "a policy value that cannot work: a command pattern or an `edit` glob that does not parse, an `edit` path outside the workspace, an `edit` that is not `true`, `false` or a list of paths";
+    UnusedPolicy = "RF078", Warning, "a policy that no agent or stage names in `permissions`";
+    PolicyNotEnforceable = "RF079", Error, "permissions an agent's kind cannot enforce: rules of a policy (`allow`, `deny`, `edit` paths, `network`, `other`) or the `commit` level on an agent CLI, which knows only its own permission modes";
 }
 
 /// "did you mean `X`?", when a candidate is close to `name` (see [`crate::suggest::closest`]).

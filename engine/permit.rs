@@ -45,12 +45,14 @@ pub const COMMIT_ALLOWS: &[&str] = &[
 /// What the `commit` level denies by name.
 pub const COMMIT_DENIES: &[&str] = &["git push *"];
 
-/// A policy, ready to decide.
-#[derive(Clone, Debug, PartialEq)]
+/// A policy, ready to decide; serialized (patterns as their text) to travel with a call to
+/// a worker.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Rules {
     /// Its name (`edit`, or the workflow's `[policy.NAME]`), for messages.
     pub name: String,
     /// Where it is declared (`workflow.toml:12:1`), for messages; none for a level.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin: Option<String>,
     /// The files an agent may change.
     pub edit: Edit,
@@ -67,7 +69,8 @@ pub struct Rules {
 }
 
 /// The files an agent may change.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Edit {
     /// None.
     Nothing,
@@ -366,6 +369,22 @@ pub struct Pattern {
     pub text: String,
     words: Vec<String>,
     rest: bool,
+}
+
+impl serde::Serialize for Pattern {
+    /// As written.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.text)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Pattern {
+    /// As written, parsed again.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Pattern, D::Error> {
+        let text = String::deserialize(d)?;
+        Pattern::parse(&text)
+            .map_err(|why| serde::de::Error::custom(format!("command pattern `{text}`: {why}")))
+    }
 }
 
 impl Pattern {
@@ -777,6 +796,34 @@ mod tests {
         assert!(f.decide(&Action::Other("mcp tool".into()), &ws).allowed);
         assert!(f.decide(&Action::Edit(vec!["/tmp/x".into()]), &ws).allowed);
         assert!(Rules::level("admin").is_none());
+    }
+
+    #[test]
+    fn a_policy_travels_as_json_with_its_patterns_as_written() {
+        let (_d, ws) = ws();
+        let mut r = Rules::level("commit").expect("level");
+        r.name = "wiggum".into();
+        r.origin = Some("workflow.toml:3:9".into());
+        r.edit = Edit::Paths(vec!["src/**".into()]);
+        let json = serde_json::to_value(&r).expect("serializes");
+        assert_eq!(json["edit"], serde_json::json!({ "paths": ["src/**"] }));
+        assert_eq!(json["deny"], serde_json::json!(["git push *"]));
+        let back: Rules = serde_json::from_value(json).expect("deserializes");
+        assert_eq!(back, r);
+        let push = run(&back, "git push origin main", &ws);
+        assert_eq!(push.rule, "deny `git push *` (git push origin main)");
+        // A level without an origin writes none.
+        let level = serde_json::to_value(Rules::level("edit").expect("level")).expect("json");
+        assert!(level.get("origin").is_none(), "{level}");
+        assert_eq!(level["edit"], "workspace");
+        // A pattern that does not parse is refused with why.
+        let mut bad = serde_json::to_value(&r).expect("json");
+        bad["allow"] = serde_json::json!(["git 'commit"]);
+        let e = serde_json::from_value::<Rules>(bad).expect_err("refused");
+        assert!(
+            e.to_string().contains("command pattern `git 'commit`"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -226,8 +226,9 @@ pub const AGENT_KINDS: &[&str] = AgentKind::NAMES;
 pub const PARAM_TYPES: &[&str] = &["string", "int", "float", "bool", "list"];
 /// The types of a list param's items.
 pub const PARAM_ITEM_TYPES: &[&str] = &["string", "int", "float", "bool"];
-/// What a CLI agent may do unattended.
-pub const PERMISSIONS: &[&str] = &["read-only", "edit", "full"];
+/// What an agent may do unattended: the named levels (a workflow's `[policy.NAME]` may be
+/// named too).
+pub const PERMISSIONS: &[&str] = &["read-only", "edit", "commit", "full"];
 /// The output extraction modes.
 pub const EXTRACT_MODES: &[&str] = &["text", "json", "fenced_json", "markers", "regex"];
 /// How a `command` agent may get its prompt.
@@ -363,6 +364,51 @@ pub static WORKFLOW: TableSpec = TableSpec {
             "notify",
             Ty::Named(&NOTIFY, "notifier"),
             "Where a waiting gate (and, when asked, the run's end) is announced: a webhook, Slack, ntfy or a command; see Notifications.",
+        ),
+        // Permission policies (issue 32).
+        f(
+            "policy",
+            Ty::Named(&POLICY, "policy"),
+            "Named permission policies, which an agent's or an agent stage's `permissions` names: what the agent may edit, which commands it may run, network and the rest; see Permission policies.",
+        ),
+    ],
+};
+
+/// `policy.NAME`: a permission policy (issue 32).
+pub static POLICY: TableSpec = TableSpec {
+    name: "policy",
+    doc: "What an agent may do unattended, named by `permissions`: a level it starts from and the rules it adds. Lists add to those of what it extends; `edit`, `network` and `other` replace them.",
+    kind_key: None,
+    fields: &[
+        f(
+            "extends",
+            Ty::Str,
+            "What it starts from: a level (`read-only`, the default; `edit`; `commit`; `full`) or another policy's name.",
+        ),
+        f(
+            "edit",
+            Ty::Any,
+            "The files the agent may change: `true` (any file of the workspace but its `.git`), `false` (none), or a list of globs relative to the workspace (`[\"src/**\", \"tests\"]`; a directory names what is in it).",
+        ),
+        f(
+            "allow",
+            Ty::List(&Ty::Str),
+            "Commands the agent may run, by pattern: words matched one by one, each a glob, a last `*` matching any further words (`git commit *`, `cargo test`).",
+        ),
+        f(
+            "deny",
+            Ty::List(&Ty::Str),
+            "Commands the agent may never run, by pattern; a `deny` wins over every `allow`, also over a `full` level's.",
+        ),
+        f(
+            "network",
+            Ty::Bool,
+            "Whether the agent may fetch from the network.",
+        ),
+        f(
+            "other",
+            Ty::Bool,
+            "Whether the agent may do what no other rule covers (an MCP tool, a mode switch).",
         ),
     ],
 };
@@ -542,8 +588,8 @@ pub static AGENT: TableSpec = TableSpec {
         k(
             "permissions",
             agent_kinds_where!(is_agent_cli),
-            Ty::Enum(PERMISSIONS),
-            "What a CLI agent may do unattended: `read-only` (default), `edit` (write files in its working directory) or `full` (no restriction).",
+            Ty::Str,
+            "What the agent may do unattended: a level, `read-only` (default), `edit` (write files in its working directory), `commit` (edit and commit, never push) or `full` (no restriction), or the name of one of the workflow's `[policy.NAME]`; see Permission policies.",
         ),
         k(
             "structured_output",
@@ -788,6 +834,13 @@ pub static STAGE: TableSpec = TableSpec {
             AGENT_STAGES,
             Ty::Str,
             "The prompt, in a template file: looked up in the `prompt_path` directories, else relative to the workflow.",
+        ),
+        // Permission policies (issue 32).
+        k(
+            "permissions",
+            AGENT_STAGES,
+            Ty::Str,
+            "What the agent may do in this stage, instead of its agent's `permissions`: a level (`read-only`, `edit`, `commit`, `full`) or a `[policy.NAME]`.",
         ),
         k(
             "argv",

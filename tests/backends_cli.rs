@@ -49,6 +49,8 @@ impl Scene {
             idle_timeout: None,
             schema: None,
             max_tokens: None,
+            watch: None,
+            policy: None,
         }
     }
 

@@ -58,6 +58,8 @@ fn call(dir: &Path) -> AgentCall {
         idle_timeout: None,
         schema: None,
         max_tokens: None,
+        watch: None,
+        policy: None,
     }
 }
 

@@ -25,7 +25,11 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("fs", &["source"]),
     ("secrets", &["text"]),
     ("syntax", &["diag", "source", "spec"]),
-    ("model", &["diag", "dialect", "source", "spec", "syntax"]),
+    // `permit`: policies resolve into the rules that decide.
+    (
+        "model",
+        &["diag", "dialect", "permit", "source", "spec", "syntax"],
+    ),
     ("params", &["diag", "model"]),
     ("preset", &["diag", "fs", "model"]),
     (

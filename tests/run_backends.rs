@@ -463,3 +463,92 @@ prompt = "Fix the bug and commit."
         .collect();
     assert_eq!(texts, [denied.join("\n")], "{records}");
 }
+
+/// A stage's own `permissions` (a policy that comes down to `edit`) reaches the agent CLI it
+/// calls instead of the agent's `read-only`: the fake codex replays what the real one did
+/// under workspace-write (its commit refused), not what read-only refuses, and the denials
+/// name the stage's policy.
+#[test]
+fn a_stage_policy_reaches_the_cli_as_its_level() {
+    let p = Project::new();
+    p.git_init();
+    p.workflow(
+        "w.toml",
+        r#"
+name = "w"
+
+[policy.careful]
+extends = "edit"
+
+[agents.a]
+kind = "codex"
+permissions = "read-only"
+
+[stages.work]
+kind = "agent"
+agent = "a"
+prompt = "Fix the bug and commit."
+permissions = "careful"
+"#,
+    );
+    p.git(&["add", "-A"]);
+    p.git(&["commit", "-qm", "the workflow"]);
+    let out = with_env(
+        &p,
+        &[("FAKE_MODE", "denied"), ("RUST_LOG", "ralph_flow=error")],
+        &["run", "w.toml", "--json"],
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let denied = [
+        "apply_patch: rejected, writing outside of the project (2 times)",
+        "shell: a write to ../mock-outside-shell.txt (read-only file system)",
+        "shell: a write, path not logged (read-only file system)",
+        "git: 1 changed file left uncommitted",
+    ];
+    let line = format!(
+        "! work: agent `a` was denied 4 actions (its `permissions` is `careful`): {}",
+        denied.join("; ")
+    );
+    assert!(out.stderr.contains(&line), "{}", out.stderr);
+}
+
+/// An agent's `permissions` naming a policy: the CLI gets the level the policy comes down
+/// to (`edit = true` over `read-only` is `edit`), and the denials name the policy.
+#[test]
+fn an_agent_policy_reaches_the_cli_as_its_level() {
+    let p = Project::new();
+    p.git_init();
+    p.workflow(
+        "w.toml",
+        r#"
+name = "w"
+
+[policy.writer]
+edit = true
+
+[agents.a]
+kind = "codex"
+permissions = "writer"
+
+[stages.work]
+kind = "agent"
+agent = "a"
+prompt = "Fix the bug and commit."
+"#,
+    );
+    p.git(&["add", "-A"]);
+    p.git(&["commit", "-qm", "the workflow"]);
+    let out = with_env(
+        &p,
+        &[("FAKE_MODE", "denied"), ("RUST_LOG", "ralph_flow=error")],
+        &["run", "w.toml", "--json"],
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(
+        out.stderr.contains(
+            "! work: agent `a` was denied 4 actions (its `permissions` is `writer`): apply_patch: rejected, writing outside of the project (2 times)"
+        ),
+        "{}",
+        out.stderr
+    );
+}

@@ -67,8 +67,13 @@ pub struct AgentCall {
     #[serde(skip)]
     pub watch: Option<Watch>,
     /// The permission policy of this call when the stage names one of its own (else the
-    /// agent's, [`AgentConfig::policy`]).
-    #[serde(skip)]
+    /// agent's, [`AgentConfig::policy`]). It travels to a worker with the call; a call
+    /// without one is written as before.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "shared_rules"
+    )]
     pub policy: Option<std::sync::Arc<crate::permit::Rules>>,
 }
 
@@ -106,6 +111,28 @@ pub enum Activity {
     /// A file the agent wrote through the client (`fs/write_text_file`), relative to the
     /// working directory when inside it.
     Wrote(String),
+}
+
+/// A shared policy, written as the policy itself.
+mod shared_rules {
+    use std::sync::Arc;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use crate::permit::Rules;
+
+    pub(super) fn serialize<S: Serializer>(
+        r: &Option<Arc<Rules>>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        r.as_deref().serialize(s)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Arc<Rules>>, D::Error> {
+        Ok(Option::<Rules>::deserialize(d)?.map(Arc::new))
+    }
 }
 
 /// An optional duration as whole milliseconds (`null` for none).
@@ -310,6 +337,39 @@ pub fn prompt_with_schema(prompt: &str, schema: &serde_json::Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_call_carries_its_stage_policy_to_a_worker_and_none_as_before() {
+        let mut call = AgentCall {
+            stage: "s".into(),
+            scope: String::new(),
+            attempt: 1,
+            prompt: "p".into(),
+            model: None,
+            args: Vec::new(),
+            env: Vec::new(),
+            cwd: PathBuf::new(),
+            dir: PathBuf::new(),
+            timeout: None,
+            idle_timeout: None,
+            schema: None,
+            max_tokens: None,
+            watch: None,
+            policy: None,
+        };
+        let json = serde_json::to_value(&call).expect("json");
+        assert!(json.get("policy").is_none(), "{json}");
+        let back: AgentCall = serde_json::from_value(json).expect("back");
+        assert!(back.policy.is_none());
+        let mut rules = crate::permit::Rules::level("commit").expect("level");
+        rules.name = "wiggum".into();
+        rules.origin = Some("workflow.toml:3:1".into());
+        call.policy = Some(std::sync::Arc::new(rules.clone()));
+        let json = serde_json::to_value(&call).expect("json");
+        assert_eq!(json["policy"]["name"], "wiggum");
+        let back: AgentCall = serde_json::from_value(json).expect("back");
+        assert_eq!(back.policy.as_deref(), Some(&rules));
+    }
 
     #[test]
     fn call_errors_say_what_they_said_before() {

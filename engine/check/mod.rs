@@ -10,6 +10,7 @@ mod never;
 pub mod notify;
 pub mod outputs;
 mod params;
+mod policy;
 mod refs;
 pub mod scope;
 pub mod skips;
@@ -179,6 +180,7 @@ pub fn check_all<'w>(
     prompt_dirs(workflow, loader, &mut found);
     secret_names(workflow, &mut found);
     notify::check(&workflow.notify, &mut found);
+    policy::check(&checked, &mut found);
     for mut d in found.into_sorted() {
         if !is_cascade(workflow, &d) {
             d.fit_syntax(loader.sources);

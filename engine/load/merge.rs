@@ -53,6 +53,7 @@ pub(super) fn merge_include(wf: &mut Workflow, inc: Workflow, diags: &mut Diagno
     add_all(&mut wf.exits, inc.exits, "exit", diags);
     add_all(&mut wf.stages, inc.stages, "stage", diags);
     add_all(&mut wf.notify, inc.notify, "notifier", diags);
+    add_all(&mut wf.policies, inc.policies, "policy", diags);
     wf.prompt_path.extend(inc.prompt_path);
     wf.file_roots.extend(inc.file_roots);
     add_secrets(&mut wf.secrets, inc.secrets);
@@ -101,6 +102,7 @@ pub(super) fn merge_extends(
     replace_all(&mut base.resources, child.resources);
     replace_all(&mut base.exits, child.exits);
     replace_all(&mut base.notify, child.notify);
+    replace_all(&mut base.policies, child.policies);
     for o in &child.overrides {
         apply_override(&mut base.stages, o, diags);
     }

@@ -340,6 +340,14 @@ impl Ctx<'_> {
         out
     }
 
+    /// The workflow's permission policies (`[policy.NAME]`).
+    fn policies(&self) -> Vec<String> {
+        self.facts
+            .and_then(|a| a.workflow.as_ref())
+            .map(|w| w.policies.iter().map(|p| p.name.value.clone()).collect())
+            .unwrap_or_default()
+    }
+
     fn exits(&self) -> Vec<(String, Option<String>)> {
         let mut out: Vec<(String, Option<String>)> =
             match self.facts.and_then(|a| a.workflow.as_ref()) {
@@ -578,6 +586,28 @@ fn values(
                 Out::new(&name, CompletionItemKind::MODULE, range.clone())
                     .detail("preset")
                     .insert(q(&name)),
+            );
+        }
+        return out;
+    }
+    // Permission policies (issue 32): a level, or one of the workflow's policies.
+    if ((stage_table || table.is_some_and(|t| is(t, &spec::AGENT))) && key == "permissions")
+        || (table.is_some_and(|t| is(t, &spec::POLICY)) && key == "extends")
+    {
+        for (i, level) in spec::PERMISSIONS.iter().enumerate() {
+            out.push(
+                Out::new(level, CompletionItemKind::ENUM_MEMBER, range.clone())
+                    .detail("level")
+                    .insert(q(level))
+                    .sort(format!("0{i}")),
+            );
+        }
+        for name in ctx.policies() {
+            out.push(
+                Out::new(&name, CompletionItemKind::CLASS, range.clone())
+                    .detail("policy")
+                    .insert(q(&name))
+                    .sort(format!("1{name}")),
             );
         }
         return out;

@@ -26,7 +26,8 @@ pub struct Agent {
     pub api: Option<Spanned<OpenAiApi>>,
     pub max_tokens: Option<Spanned<Count>>,
     pub file: Option<Text>,
-    pub permissions: Option<Spanned<Permissions>>,
+    /// What it may do: a level or a `[policy.NAME]`, as written.
+    pub permissions: Option<Text>,
     pub structured_output: Option<Spanned<StructuredOutput>>,
     pub span: Span,
 }

@@ -83,6 +83,7 @@ fn lower_file(file: FileId, root: &Table, included: bool, diags: &mut Diagnostic
         stages: named(t, "stages", stage),
         overrides: named(t, "overrides", override_),
         notify: named(t, "notify", notifier),
+        policies: named(t, "policy", policy),
     }
 }
 
@@ -410,8 +411,7 @@ fn agent(name: Text, t: &Table, span: Span) -> Option<Agent> {
         api: text(t, "api").and_then(|v| Some(Spanned::new(OpenAiApi::parse(&v.value)?, v.span))),
         max_tokens: count(t, "max_tokens"),
         file: text(t, "file"),
-        permissions: text(t, "permissions")
-            .and_then(|p| Some(Spanned::new(Permissions::parse(&p.value)?, p.span))),
+        permissions: text(t, "permissions"),
         structured_output: text(t, "structured_output")
             .and_then(|m| Some(Spanned::new(StructuredOutput::parse(&m.value)?, m.span))),
         span,
@@ -458,6 +458,38 @@ pub fn notifier(name: Text, t: &Table, span: Span) -> Option<Notify> {
         retries: count(t, "retries"),
         timeout: duration(t, "timeout"),
         monitor_url: text(t, "monitor_url"),
+        span,
+    })
+}
+
+/// A permission policy (`[policy.NAME]`).
+fn policy(name: Text, t: &Table, span: Span) -> Option<Policy> {
+    let edit = t.get("edit").map(|v| {
+        let e = match &v.kind {
+            ValueKind::Bool(b) => PolicyEdit::Workspace(*b),
+            ValueKind::Str(_) | ValueKind::Array(_) => {
+                let items: Vec<&Value> = match &v.kind {
+                    ValueKind::Array(items) => items.iter().collect(),
+                    _ => vec![v],
+                };
+                let paths: Option<Vec<Text>> = items
+                    .into_iter()
+                    .map(|i| Some(Spanned::new(i.as_str()?.to_string(), i.span)))
+                    .collect();
+                paths.map_or(PolicyEdit::Wrong, PolicyEdit::Paths)
+            }
+            _ => PolicyEdit::Wrong,
+        };
+        Spanned::new(e, v.span)
+    });
+    Some(Policy {
+        name,
+        extends: text(t, "extends"),
+        edit,
+        allow: texts(t, "allow"),
+        deny: texts(t, "deny"),
+        network: boolean(t, "network"),
+        other: boolean(t, "other"),
         span,
     })
 }
@@ -595,6 +627,7 @@ fn stage(id: Text, t: &Table, span: Span) -> Option<Stage> {
         priority: text(t, "priority"),
         budget: budget(t).map(Box::new),
         output: table(t, "output").map(|(o, span)| Box::new(output(o, span))),
+        permissions: text(t, "permissions"),
     };
     Some(Stage::new(
         id,

@@ -10,6 +10,7 @@ pub mod jsonschema;
 pub mod lower;
 mod notify;
 mod output;
+pub mod policy;
 mod regions;
 pub mod shape;
 mod stage;
@@ -21,6 +22,7 @@ pub use agent::{
 };
 pub use notify::{Notify, NotifyEvent, NotifyKind};
 pub use output::{ExtractMode, Marker, OutputSpec, SchemaRef, walk_schema};
+pub use policy::{Policy, PolicyEdit};
 pub use regions::{Aggregate, AggregateMode, Cleanup, Escalation, Stuck, Worktree};
 pub use stage::{
     BodyText, CommandSpec, ForEachBody, LoopBody, Route, Stage, StageBody, StageKeys, StageKind,
@@ -72,6 +74,8 @@ pub struct Workflow {
     pub overrides: Vec<Override>,
     /// Notifiers (`[notify.NAME]`).
     pub notify: Vec<Notify>,
+    /// Permission policies (`[policy.NAME]`).
+    pub policies: Vec<Policy>,
     /// Names of params, agents, resources, exits and stages that are defined but could not be
     /// lowered (an error was reported there); references to them are not reported again.
     pub broken: Vec<String>,
@@ -124,6 +128,7 @@ impl Workflow {
             stages: Vec::new(),
             overrides: Vec::new(),
             notify: Vec::new(),
+            policies: Vec::new(),
             broken: Vec::new(),
         }
     }
@@ -150,7 +155,7 @@ macro_rules! named {
     };
 }
 
-named!(Param => name, Agent => name, Resource => name, Exit => name, Stage => id, Source => name, Notify => name);
+named!(Param => name, Agent => name, Resource => name, Exit => name, Stage => id, Source => name, Notify => name, Policy => name);
 
 /// The base workflow a file extends.
 #[derive(Clone, Debug)]

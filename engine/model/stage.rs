@@ -45,6 +45,8 @@ pub struct StageKeys {
     pub priority: Option<Text>,
     pub budget: Option<Box<Budget>>,
     pub output: Option<Box<OutputSpec>>,
+    /// An agent stage's own `permissions` (a level or a policy), instead of its agent's.
+    pub permissions: Option<Text>,
 }
 
 /// What [`Stage::keys`] gives for a stage without any.
@@ -65,6 +67,7 @@ static NO_KEYS: StageKeys = StageKeys {
     priority: None,
     budget: None,
     output: None,
+    permissions: None,
 };
 
 impl StageKeys {
@@ -92,6 +95,7 @@ impl StageKeys {
             priority,
             budget,
             output,
+            permissions,
         } = self;
         description.is_none()
             && when.is_none()
@@ -109,6 +113,7 @@ impl StageKeys {
             && priority.is_none()
             && budget.is_none()
             && output.is_none()
+            && permissions.is_none()
     }
 }
 

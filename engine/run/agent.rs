@@ -52,6 +52,9 @@ struct AgentAttempt<'x, 'p, 'f> {
     usage: Usage,
     /// What was wrong with the last answer (handed to the next attempt).
     repair: Option<Vec<String>>,
+    /// The stage's own `permissions`, resolved: its calls are decided by it instead of
+    /// their agent's.
+    policy: Option<std::sync::Arc<crate::permit::Rules>>,
 }
 
 /// An agent's answer: its output or what is wrong with it, the agent that gave it, and
@@ -79,7 +82,13 @@ impl<'x, 'p, 'f> AgentAttempt<'x, 'p, 'f> {
             .and_then(|r| resolve_count(&r.value, &plan.params).ok())
             .unwrap_or(2);
         let a = &plan.workflow.agents[agent];
+        let policy = st.keys().permissions.as_ref().map(|p| {
+            crate::model::policy::resolve_shared(Some(&p.value), &plan.workflow.policies, &|span| {
+                ex.sources.locate(span)
+            })
+        });
         Ok(AgentAttempt {
+            policy,
             ex,
             frame,
             n,
@@ -137,7 +146,7 @@ impl<'x, 'p, 'f> AgentAttempt<'x, 'p, 'f> {
                 .and_then(|_| ex.plan.schemas.get(&n).map(|s| Json::clone(s))),
             max_tokens: None,
             watch: None,
-            policy: None,
+            policy: self.policy.clone(),
         }
     }
 
@@ -244,10 +253,14 @@ impl<'x, 'p, 'f> AgentAttempt<'x, 'p, 'f> {
                 "agent `{agent}` was denied {} action{} (its `permissions` is `{}`): {}",
                 reply.denied.len(),
                 if reply.denied.len() == 1 { "" } else { "s" },
-                ex.agents
-                    .iter()
-                    .find(|c| c.name == agent)
-                    .map_or("read-only", |c| c.permissions.as_str()),
+                match &self.policy {
+                    Some(p) => p.name.as_str(),
+                    None => ex
+                        .agents
+                        .iter()
+                        .find(|c| c.name == agent)
+                        .map_or("read-only", |c| c.policy.name.as_str()),
+                },
                 reply.denied.join("; ")
             );
             ex.artifact(&at.dir, "denied.txt", &reply.denied.join("\n"));
@@ -500,7 +513,7 @@ impl Exec<'_> {
             let result = if backend.watches() {
                 let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
                 this.watch = Some(tx);
-                super::watch::watching(&self.shared, call, backend.call(&this), rx).await
+                super::watch::watching(self.shared, call, backend.call(&this), rx).await
             } else {
                 backend.call(&this).await
             };

@@ -601,6 +601,16 @@ pub(super) fn agent_config(
         crate::params::render_params(&t.value, &plan.params).map_err(failed)
     };
     let opt = |t: &Option<crate::model::Text>| t.as_ref().map(r).transpose();
+    // `permissions`: a level or a policy, resolved with where it is declared. An agent CLI
+    // is told the level the rules are (the checker refuses what it cannot enforce).
+    let policy = crate::model::policy::resolve_shared(
+        a.permissions.as_ref().map(|p| p.value.as_str()),
+        &plan.workflow.policies,
+        &|span| sources.locate(span),
+    );
+    let permissions = crate::model::policy::level_of(&policy)
+        .and_then(crate::model::Permissions::parse)
+        .unwrap_or_default();
     Ok(AgentConfig {
         name: a.name.value.clone(),
         kind: a.kind.value,
@@ -627,17 +637,8 @@ pub(super) fn agent_config(
             .as_ref()
             .map(|f| crate::fs::base_dir(sources, f.span).join(&f.value)),
         program: None,
-        permissions: a.permissions.as_ref().map(|p| p.value).unwrap_or_default(),
-        policy: std::sync::Arc::new(
-            crate::permit::Rules::level(
-                a.permissions
-                    .as_ref()
-                    .map(|p| p.value)
-                    .unwrap_or_default()
-                    .as_str(),
-            )
-            .unwrap_or_default(),
-        ),
+        permissions,
+        policy,
         structured_output: a
             .structured_output
             .as_ref()

@@ -149,13 +149,13 @@ fn a_misspelt_key_and_enum_value_are_replaced() {
     );
     assert_eq!(fixed, text);
     assert_eq!(after, Vec::<Value>::new());
-    // An enum value.
+    // A level of `permissions` (a level or a policy: RF075, replaced as an enum value is).
     let bad = broken(&text, "permissions = \"full\"", "permissions = \"ful\"");
     let (fixed, after) = fix(
         &mut c,
         &path,
         &bad,
-        "RF005",
+        "RF075",
         "ful",
         "Replace `ful` with `full`",
     );

@@ -233,7 +233,8 @@ fn enum_values_and_actions_in_both_syntaxes() {
         &format!("idle_timeout = \"10m\"\nfallbacks = [\"claude\"]\npermissions = \"{MARK}\""),
     );
     let (items, t, at) = complete(&mut c, &u, &typed);
-    exactly(&items, &["read-only", "edit", "full"]);
+    // The levels (and the workflow's policies, of which spider has none).
+    exactly(&items, &["read-only", "edit", "commit", "full"]);
     assert_edit(item(&items, "edit"), &t, at, at, "edit");
     // A gate's timeout action: the words, the exits, the stages beside the gate.
     let typed = edit(

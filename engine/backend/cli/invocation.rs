@@ -121,6 +121,43 @@ mod tests {
     use crate::model::{AgentKind, Permissions};
 
     #[test]
+    fn a_stage_of_its_own_permissions_gives_the_cli_its_level() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let b = backend(AgentKind::Claude, Permissions::ReadOnly);
+        let mode = |b: &crate::backend::cli::CliBackend, call: &crate::backend::AgentCall| {
+            let argv = b.invocation(call).expect("argv").argv;
+            let i = argv
+                .iter()
+                .position(|a| a == "--permission-mode")
+                .expect("a mode");
+            argv[i + 1].clone()
+        };
+        let mut call = call_in(dir.path(), None);
+        assert!(b.for_stage(&call).is_none(), "no policy of its own");
+        // A policy that comes down to `edit` (its name is the workflow's).
+        let mut careful = crate::permit::Rules::level("edit").expect("level");
+        careful.name = "careful".into();
+        call.policy = Some(std::sync::Arc::new(careful));
+        let staged = b.for_stage(&call).expect("another level");
+        assert_eq!(staged.config.permissions, Permissions::Edit);
+        assert_eq!(staged.config.policy.name, "careful");
+        assert_eq!(mode(&staged, &call), "acceptEdits");
+        assert_eq!(mode(&b, &call), "default", "the agent's own is unchanged");
+        // The same level as the agent's: the agent's backend as it is.
+        call.policy = Some(std::sync::Arc::new(
+            crate::permit::Rules::level("read-only").expect("level"),
+        ));
+        assert!(b.for_stage(&call).is_none());
+        // Rules no level has (the checker refuses them for a CLI): read-only.
+        let mut rules = crate::permit::Rules::level("commit").expect("level");
+        rules.name = "wiggum".into();
+        call.policy = Some(std::sync::Arc::new(rules));
+        let b = backend(AgentKind::Claude, Permissions::Full);
+        let staged = b.for_stage(&call).expect("another level");
+        assert_eq!(staged.config.permissions, Permissions::ReadOnly);
+    }
+
+    #[test]
     fn permissions_map_to_each_clis_flags() {
         use AgentKind::*;
         use Permissions::*;

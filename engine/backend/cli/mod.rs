@@ -169,11 +169,35 @@ impl Backend for CliBackend {
     }
 
     fn call<'a>(&'a self, call: &'a AgentCall) -> CallFuture<'a> {
-        Box::pin(self.run(call))
+        Box::pin(async move {
+            match self.for_stage(call) {
+                Some(backend) => backend.run(call).await,
+                None => self.run(call).await,
+            }
+        })
     }
 }
 
 impl CliBackend {
+    /// This backend told the level of a stage's own `permissions`, when the stage names one
+    /// that differs from its agent's (the checker refuses a policy that is no level for an
+    /// agent CLI; such a one runs as `read-only`).
+    fn for_stage(&self, call: &AgentCall) -> Option<CliBackend> {
+        let policy = call.policy.as_ref()?;
+        let level = crate::model::policy::level_of(policy)
+            .and_then(crate::model::Permissions::parse)
+            .unwrap_or_default();
+        (level != self.config.permissions).then(|| CliBackend {
+            config: AgentConfig {
+                permissions: level,
+                policy: policy.clone(),
+                ..self.config.clone()
+            },
+            agent: self.agent,
+            program: self.program.clone(),
+        })
+    }
+
     async fn run(&self, call: &AgentCall) -> Result<AgentReply, CallError> {
         let invocation::Invocation {
             argv,

@@ -90,11 +90,13 @@ impl Cx<'_> {
             }
         }
         let node_span = self.span(node.span());
-        // A key whose singular is its own name (`escalation`) is an array of tables: each
-        // node appends one item.
+        // A key whose singular is its own name (`escalation`, `policy`) is an array of tables
+        // or a keyed collection: each node appends one item.
         let field = spec
             .and_then(|s| s.fields.iter().find(|f| f.key == name))
-            .filter(|f| !matches!(f.ty, Ty::Tables(_, singular) if singular == name));
+            .filter(|f| {
+                !matches!(f.ty, Ty::Tables(_, singular) | Ty::Named(_, singular) if singular == name)
+            });
         // A keyed collection written with its plural name and an id (`stages "plan" ...`,
         // the TOML habit): said once, then read as the singular node it was meant to be.
         let plural_with_id = field.and_then(|f| match f.ty {
