@@ -154,6 +154,7 @@ keywords! {
         #[default]
         Command = "command",
         Replay = "replay",
+        Acp = "acp",
     }
 }
 
@@ -186,7 +187,18 @@ impl AgentKind {
 
     /// Whether a stage's output schema can reach the kind's model (`structured_output`).
     pub const fn takes_structured_output(self) -> bool {
-        self.is_agent_cli() || self.is_http()
+        self.is_agent_cli() || self.is_http() || matches!(self, Self::Acp)
+    }
+
+    /// Whether the kind runs a program of the agent's `command` (`command`, `acp`).
+    pub const fn runs_command(self) -> bool {
+        matches!(self, Self::Command | Self::Acp)
+    }
+
+    /// Whether the kind takes `permissions` (the agent CLIs, mapped to their flags; `acp`,
+    /// whose agent asks the workflow's policy).
+    pub const fn takes_permissions(self) -> bool {
+        self.is_agent_cli() || matches!(self, Self::Acp)
     }
 }
 
@@ -550,9 +562,9 @@ pub static AGENT: TableSpec = TableSpec {
         ),
         k(
             "command",
-            &["command"],
+            agent_kinds_where!(runs_command),
             Ty::List(&Ty::Template),
-            "The argv of a `command` agent.",
+            "The argv of a `command` agent, or of an `acp` agent's program (`[\"gemini\", \"--acp\"]`).",
         ),
         k(
             "prompt_via",
@@ -587,7 +599,7 @@ pub static AGENT: TableSpec = TableSpec {
         k("file", &["replay"], Ty::Str, "The recording to replay."),
         k(
             "permissions",
-            agent_kinds_where!(is_agent_cli),
+            agent_kinds_where!(takes_permissions),
             Ty::Str,
             "What the agent may do unattended: a level, `read-only` (default), `edit` (write files in its working directory), `commit` (edit and commit, never push) or `full` (no restriction), or the name of one of the workflow's `[policy.NAME]`; see Permission policies.",
         ),

@@ -49,8 +49,7 @@ impl Scene {
             idle_timeout: None,
             schema: None,
             max_tokens: None,
-            watch: None,
-            policy: None,
+            ..AgentCall::default()
         }
     }
 

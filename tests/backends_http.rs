@@ -58,8 +58,7 @@ fn call(dir: &Path) -> AgentCall {
         idle_timeout: None,
         schema: None,
         max_tokens: None,
-        watch: None,
-        policy: None,
+        ..AgentCall::default()
     }
 }
 

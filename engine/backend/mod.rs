@@ -6,6 +6,7 @@
 //! attempt (or hand over to a fallback agent), a missing backend hands over to a fallback.
 //! Cancellation is by dropping the future: every backend kills what it started when dropped.
 
+pub mod acp;
 pub mod cli;
 mod de;
 pub mod http;
@@ -34,7 +35,7 @@ pub struct Capabilities {
 
 /// One call to an agent with a fresh context. Serialized (without its directories, which
 /// are the machine's own) as a unit of work hands it to a worker (`run::units::AgentWork`).
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct AgentCall {
     /// The stage id (for logs and record/replay keys).
     pub stage: String,
@@ -75,6 +76,12 @@ pub struct AgentCall {
         with = "shared_rules"
     )]
     pub policy: Option<std::sync::Arc<crate::permit::Rules>>,
+    /// The directories besides `cwd` an agent may read through the client (ACP's
+    /// `fs/read_text_file`), canonical: those the template helpers read (the run's
+    /// directory, its state directory, the workflow's `file_roots`). Empty on a worker,
+    /// where only `cwd` is served.
+    #[serde(skip)]
+    pub roots: Vec<PathBuf>,
 }
 
 impl AgentCall {

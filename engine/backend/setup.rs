@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{AgentConfig, Backend, cli, http, replay};
+use super::{AgentConfig, Backend, acp, cli, http, replay};
 use crate::model::AgentKind as K;
 
 /// Why an agent cannot run on this machine; the message says what to install or set.
@@ -26,6 +26,15 @@ pub enum PreflightError {
         cwd.display()
     )]
     CommandNotInstalled { program: String, cwd: PathBuf },
+    #[error("an acp agent needs a `command`: the program that speaks ACP and its arguments")]
+    NoAcpCommand,
+    #[error(
+        "its ACP program `{program}` is not installed (not found on PATH, nor as a path from \
+         {}); install the agent (`npm install -g @agentclientprotocol/claude-agent-acp` for \
+         claude-agent-acp), or fix the agent's `command`",
+        cwd.display()
+    )]
+    AcpNotInstalled { program: String, cwd: PathBuf },
     #[error(transparent)]
     Http(#[from] http::SetupError),
     #[error("its recording {} does not exist", .0.display())]
@@ -65,6 +74,17 @@ pub fn preflight(config: &AgentConfig, cwd: &Path) -> Result<(), PreflightError>
             };
             if find_program(program, cwd).is_none() {
                 return Err(PreflightError::CommandNotInstalled {
+                    program: program.clone(),
+                    cwd: cwd.to_path_buf(),
+                });
+            }
+        }
+        K::Acp => {
+            let Some(program) = config.command.first() else {
+                return Err(PreflightError::NoAcpCommand);
+            };
+            if find_program(program, cwd).is_none() {
+                return Err(PreflightError::AcpNotInstalled {
                     program: program.clone(),
                     cwd: cwd.to_path_buf(),
                 });
@@ -117,6 +137,7 @@ pub fn build(config: &AgentConfig) -> Result<Box<dyn Backend>, BuildError> {
     Ok(match config.kind {
         K::OpenAi | K::Anthropic => http::build(config)?,
         K::Replay => replay::build(config)?,
+        K::Acp => acp::build(config)?,
         // `command` and every agent CLI.
         _ => cli::build(config)?,
     })

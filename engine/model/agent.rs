@@ -161,6 +161,9 @@ pub fn schema_delivery(
             }
         }
         (kind, _) if kind.is_agent_cli() => return None,
+        // An ACP agent has no schema mode of its own: the schema goes into the prompt.
+        (AgentKind::Acp, M::Auto) => SchemaDelivery::Prompt,
+        (AgentKind::Acp, _) => return None,
         (AgentKind::OpenAi, M::Auto | M::JsonSchema) if openai_itself => {
             SchemaDelivery::Lowered(Dialect::OpenAiStrict)
         }

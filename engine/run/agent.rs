@@ -147,6 +147,7 @@ impl<'x, 'p, 'f> AgentAttempt<'x, 'p, 'f> {
             max_tokens: None,
             watch: None,
             policy: self.policy.clone(),
+            roots: ex.roots.clone(),
         }
     }
 

@@ -12,7 +12,7 @@
 pub(super) use super::error::{Halt, IoFailure, RunError, StageError, TemplateError};
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -369,6 +369,9 @@ pub(crate) struct Exec<'p> {
     pub stop: watch::Sender<bool>,
     pub exit: Cell<Option<usize>>,
     pub params: Value,
+    /// The directories the template helpers read (canonical), which an ACP agent may read
+    /// through the client too.
+    pub roots: Vec<PathBuf>,
 }
 
 /// Makes a scope or a key safe as one path component.
@@ -406,7 +409,8 @@ impl<'p> Exec<'p> {
                     .iter()
                     .map(|r| crate::fs::base_dir(sources, r.span).join(&r.value)),
             );
-        let mut env = template::environment(Roots::new(roots), shared.artifacts.waiter());
+        let roots: Vec<PathBuf> = roots.filter_map(|d| d.canonicalize().ok()).collect();
+        let mut env = template::environment(Roots::new(roots.clone()), shared.artifacts.waiter());
         super::memory::register(
             &mut env,
             shared.memory.clone(),
@@ -471,6 +475,7 @@ impl<'p> Exec<'p> {
             stop,
             exit: Cell::new(None),
             params: to_value(&plan.params),
+            roots,
         })
     }
 

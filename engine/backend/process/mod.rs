@@ -9,12 +9,15 @@
 //! output, `group.rs` kills its group and its tagged descendants, `leftovers.rs` records it
 //! while it runs and stops what a killed run left ([`stop_leftovers`]), `error.rs` says why
 //! it could not start ([`SpawnError`]), `limit.rs` tells a limit of the machine reached
-//! (open files, disk space, file size: [`Limit`]) from other errors.
+//! (open files, disk space, file size: [`Limit`]) from other errors. `session.rs` starts a
+//! program the caller talks to over its stdin and stdout while it runs ([`start`]: an ACP
+//! agent), in the same kind of group, its stderr captured the same way.
 
 mod error;
 mod group;
 mod leftovers;
 pub mod limit;
+mod session;
 mod sink;
 mod spawn;
 
@@ -25,6 +28,7 @@ pub use error::{SpawnError, SpawnFailure};
 pub use group::processes_with_env;
 pub use leftovers::{start_ticks, stop_leftovers};
 pub use limit::{Limit, LimitHit};
+pub use session::{Session, SessionEnd, start};
 pub use spawn::{programs_started, run};
 
 /// A program to run. Never through a shell: `argv[0]` is the program.

@@ -238,7 +238,7 @@ pub async fn run(spec: &ProcSpec) -> Result<ProcOutput, SpawnError> {
 /// file rewritten only when that changed something (no read). Only a stream beyond
 /// [`MEMORY_CAP`](super::MEMORY_CAP), or one whose file met a limit of the machine, has its
 /// file read back and masked.
-fn mask_streamed(sink: &Sink, path: Option<&std::path::Path>) {
+pub(super) fn mask_streamed(sink: &Sink, path: Option<&std::path::Path>) {
     let Some(path) = path else {
         return;
     };
@@ -253,7 +253,7 @@ fn mask_streamed(sink: &Sink, path: Option<&std::path::Path>) {
 }
 
 /// Why a program could not start, from the spawn's error.
-fn start_error(spec: &ProcSpec, program: &str, e: io::Error) -> SpawnError {
+pub(super) fn start_error(spec: &ProcSpec, program: &str, e: io::Error) -> SpawnError {
     // Too many open files for its pipes: the machine's limit, not the program's failure.
     if let Some(limit) = Limit::of(&e) {
         return SpawnError::Limit(LimitHit {

@@ -86,15 +86,22 @@ pub(super) fn check(c: &mut Checked<'_>, diags: &mut Diagnostics) {
                         ),
                     )
                     .label("not a mode of this kind")
-                    .help(
+                    .help(if a.kind.value == crate::model::AgentKind::Acp {
+                        "an `acp` agent has no schema mode of its own: it takes `prompt` (the \
+                         schema in the prompt, what `auto` does) or `off`"
+                    } else {
                         "a CLI agent takes `auto` (its schema flag, where it has one), \
-                         `json_schema` (the flag), `prompt` (the schema in the prompt) or `off`",
-                    ),
+                         `json_schema` (the flag), `prompt` (the schema in the prompt) or `off`"
+                    }),
                 );
             }
         }
         let missing = match a.kind.value {
-            crate::model::AgentKind::Command if a.command.is_empty() => Some("command"),
+            crate::model::AgentKind::Command | crate::model::AgentKind::Acp
+                if a.command.is_empty() =>
+            {
+                Some("command")
+            }
             crate::model::AgentKind::Replay if a.file.is_none() => Some("file"),
             crate::model::AgentKind::OpenAi | crate::model::AgentKind::Anthropic
                 if a.model.is_none() =>
