@@ -173,7 +173,9 @@ struct Answered {
     stage: Option<String>,
     turn: Option<u64>,
     tools: bool,
+    step: Option<u64>,
     did: String,
+    last_result: Option<String>,
     last_ok: Option<bool>,
     /// The tool call whose result this request carries is one the script expects the
     /// agent's policy to deny.
@@ -200,7 +202,9 @@ fn answered(work: &Path, cli: &str) -> Vec<Answered> {
                 stage: e["stage"].as_str().map(String::from),
                 turn: e["turn"].as_u64(),
                 tools: e["tools"].as_bool().unwrap_or(false),
+                step: e["step"].as_u64(),
                 did: e["did"].as_str().unwrap_or("").to_string(),
+                last_result: e["last_result"].as_str().map(String::from),
                 last_ok: e["last_ok"].as_bool(),
                 denied_expected: e["denied_expected"].as_bool().unwrap_or(false),
                 violations: e["schema_violations"]
@@ -210,8 +214,11 @@ fn answered(work: &Path, cli: &str) -> Vec<Answered> {
                 // ralph-flow's input tokens hold the cached ones: OpenAI's input_tokens and
                 // Gemini's promptTokenCount (gemini's stats `prompt`) do, Anthropic's count
                 // them apart (cache_read_input_tokens).
+                // Through ACP, ralph-flow records claude-agent-acp's `inputTokens` as it reports
+                // them: Anthropic's input_tokens, the cache reads apart (unlike the claude
+                // CLI's usage, whose cached tokens ralph-flow adds in).
                 tokens: Tokens {
-                    input: if cli == "claude" || cli == "acp" {
+                    input: if cli == "claude" {
                         input + cached
                     } else {
                         input
@@ -440,11 +447,22 @@ fn check(cli: &str, preset: &str, work: &Path) -> Result<(), String> {
     )?;
     let mut reported = Tokens::default();
     let mut per_stage: BTreeMap<String, Tokens> = BTreeMap::new();
+    let mut seen = std::collections::HashSet::new();
     for a in &answers {
         // claude-agent-acp reports its turn's usage (`session/prompt`'s `usage`) without the
-        // request without tools the Agent SDK makes as a session starts (its
-        // `_meta.quota.model_usage` holds it): that one belongs to no stage.
-        if cli == "acp" && a.stage.is_none() && !a.tools {
+        // requests the Agent SDK makes beside the turn: one without tools as a session
+        // starts (its `_meta.quota.model_usage` holds it), and at times the turn's last
+        // request made again (the same stage, turn, step and tool result).
+        if cli == "acp"
+            && ((a.stage.is_none() && !a.tools)
+                || !seen.insert((
+                    a.stage.clone(),
+                    a.turn,
+                    a.step,
+                    a.did.clone(),
+                    a.last_result.clone(),
+                )))
+        {
             continue;
         }
         reported.add(a.tokens);
@@ -572,7 +590,13 @@ fn denied_push(
         .into_iter()
         .flatten()
         .filter(|e| e["kind"] == "permission")
-        .map(|e| format!("{}: {}", e["node"], e["message"].as_str().unwrap_or_default()))
+        .map(|e| {
+            format!(
+                "{}: {}",
+                e["node"],
+                e["message"].as_str().unwrap_or_default()
+            )
+        })
         .collect();
     ensure(
         permissions.iter().any(|m| {
@@ -588,34 +612,31 @@ fn denied_push(
             )
         },
     )?;
-    // denied.txt among the attempt's artifacts.
-    let mut denied = Vec::new();
-    find_named(&repo.join(".ralph-flow"), "denied.txt", &mut denied);
+    // denied.txt among the attempt's records.
+    let out = Command::new(rf)
+        .args(["logs", id, "--stage", stage, "--json"])
+        .current_dir(repo)
+        .output()
+        .unwrap();
+    let records: Value = serde_json::from_slice(&out.stdout).map_err(|e| {
+        format!(
+            "`ralph-flow logs {id} --stage {stage} --json`: {e}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })?;
+    let denied: Vec<(&String, &Value)> = records["records"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(path, _)| path.ends_with("/denied.txt"))
+        .collect();
     ensure(
-        denied
-            .iter()
-            .any(|p| read(p).contains("git push") && read(p).contains(rule)),
-        || {
-            format!(
-                "no denied.txt under .ralph-flow names the push and the rule {rule} (found {denied:?})"
-            )
-        },
+        denied.iter().any(|(_, text)| {
+            let text = text.as_str().unwrap_or_default();
+            text.contains("git push origin main") && text.contains(rule)
+        }),
+        || format!("no denied.txt of {stage} names the push and the rule {rule}: {denied:?}"),
     )
-}
-
-/// Every file named `name` below `dir`.
-fn find_named(dir: &Path, name: &str, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            find_named(&p, name, out);
-        } else if p.file_name().is_some_and(|n| n == name) {
-            out.push(p);
-        }
-    }
 }
 
 #[test]
