@@ -10,9 +10,17 @@ use std::path::Path;
 
 use common::Project;
 
-/// Every ACP form: its name, the preset it extends, the params `explain` needs, and its
-/// agents with the program each runs.
-const FORMS: &[(&str, &str, &[&str], &[(&str, &str)])] = &[
+/// An ACP form: its name, the preset it extends, the params `explain` needs, and its agents
+/// with the program each runs.
+type Form = (
+    &'static str,
+    &'static str,
+    &'static [&'static str],
+    &'static [(&'static str, &'static str)],
+);
+
+/// Every ACP form.
+const FORMS: &[Form] = &[
     (
         "wiggum-review-acp",
         "wiggum-review",
