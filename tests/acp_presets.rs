@@ -473,3 +473,34 @@ fn every_acp_form_decides_what_its_preset_needs() {
         }
     }
 }
+
+/// README's way to allow a command of one's own: declaring the preset's policy again in a
+/// workflow that extends the ACP form replaces the preset's.
+#[test]
+fn a_workflow_replaces_the_policy_of_an_acp_form_by_declaring_it_again() {
+    use ralph_flow::permit::Action;
+    let p = Project::new();
+    p.workflow(
+        "w.toml",
+        "name = \"our-review\"\n\
+         extends = \"wiggum-review-acp\"\n\
+         \n\
+         [policy.wiggum]\n\
+         extends = \"commit\"\n\
+         allow = [\"make check *\"]\n",
+    );
+    let out = p.run(&["check", "w.toml"]);
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    let prepared = ralph_flow::prepare::prepare(&p.dir().join("w.toml"), &[])
+        .unwrap_or_else(|e| panic!("{}", e.render()));
+    let wf = &prepared.plan.workflow;
+    let rules =
+        ralph_flow::model::policy::resolve("wiggum", &wf.policies, &|_| String::new()).unwrap();
+    let ws = p.dir().canonicalize().unwrap();
+    let decide = |line: &str| rules.decide(&Action::Execute(line.into()), &ws);
+    assert!(decide("make check -j2").allowed);
+    let d = decide("python3 -m unittest discover");
+    assert!(!d.allowed, "the preset's own allow list is gone: {d}");
+    assert!(!decide("git push origin main").allowed);
+    assert!(decide("git commit -m x").allowed);
+}
