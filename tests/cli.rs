@@ -328,7 +328,10 @@ fn bash_completes_subcommands_their_options_and_files() {
         "workflows"
     );
     // The workflow of `run`, `check`, `graph` and `explain` completes to presets and files.
-    assert_eq!(complete(&["ralph-flow", "run", "wig"]), "wiggum-review");
+    assert_eq!(
+        complete(&["ralph-flow", "run", "wig"]),
+        "wiggum-review wiggum-review-acp"
+    );
     assert_eq!(complete(&["ralph-flow", "explain", "wor"]), "workflows");
     let both = complete(&["ralph-flow", "check", ""]);
     assert!(

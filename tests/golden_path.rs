@@ -13,6 +13,14 @@
 //! and that the usage ralph-flow recorded (`ralph-flow status RUN --json`) is the sum of what
 //! the mock reported, in total and per stage.
 //!
+//! The ACP forms of the presets (`ralph-flow init wiggum-review-acp`) run the same way through
+//! the REAL claude-agent-acp (`golden.sh acp ...`), ralph-flow answering each of its
+//! permission requests from the preset's policy, which allows commits and denies pushes. The
+//! mock plays the script's ACP variant, in which the agent also asks to `git push` to the
+//! repository's remote: the push must be denied, recorded with the rule that denied it (a
+//! `permission` event of the stage, the attempt's denied.txt), the remote must not move, and
+//! the run must still reach the preset's success exit.
+//!
 //! Skipped (saying SKIPPED, passing) when the real CLIs are not installed
 //! (tests/realcli/install.sh), python3 is missing, or no network namespace can be made
 //! (`unshare --net`, as root or with `--map-root-user`); failed instead when
@@ -165,8 +173,13 @@ struct Answered {
     stage: Option<String>,
     turn: Option<u64>,
     tools: bool,
+    step: Option<u64>,
     did: String,
+    last_result: Option<String>,
     last_ok: Option<bool>,
+    /// The tool call whose result this request carries is one the script expects the
+    /// agent's policy to deny.
+    denied_expected: bool,
     violations: Vec<Value>,
     tokens: Tokens,
     line: String,
@@ -189,8 +202,11 @@ fn answered(work: &Path, cli: &str) -> Vec<Answered> {
                 stage: e["stage"].as_str().map(String::from),
                 turn: e["turn"].as_u64(),
                 tools: e["tools"].as_bool().unwrap_or(false),
+                step: e["step"].as_u64(),
                 did: e["did"].as_str().unwrap_or("").to_string(),
+                last_result: e["last_result"].as_str().map(String::from),
                 last_ok: e["last_ok"].as_bool(),
+                denied_expected: e["denied_expected"].as_bool().unwrap_or(false),
                 violations: e["schema_violations"]
                     .as_array()
                     .cloned()
@@ -198,6 +214,9 @@ fn answered(work: &Path, cli: &str) -> Vec<Answered> {
                 // ralph-flow's input tokens hold the cached ones: OpenAI's input_tokens and
                 // Gemini's promptTokenCount (gemini's stats `prompt`) do, Anthropic's count
                 // them apart (cache_read_input_tokens).
+                // Through ACP, ralph-flow records claude-agent-acp's `inputTokens` as it reports
+                // them: Anthropic's input_tokens, the cache reads apart (unlike the claude
+                // CLI's usage, whose cached tokens ralph-flow adds in).
                 tokens: Tokens {
                     input: if cli == "claude" {
                         input + cached
@@ -219,6 +238,13 @@ fn golden(cli: &str, preset: &str) {
         skipped("real claude, codex and gemini not installed (run tests/realcli/install.sh)");
         return;
     };
+    if cli == "acp" && !bin.join("claude-agent-acp").exists() {
+        skipped(&format!(
+            "claude-agent-acp not installed in {} (run tests/realcli/install.sh)",
+            bin.display()
+        ));
+        return;
+    }
     if !python3() {
         skipped("python3 not found (the mock is a Python script)");
         return;
@@ -357,7 +383,7 @@ fn check(cli: &str, preset: &str, work: &Path) -> Result<(), String> {
     ensure(!answers.is_empty(), || "the mock answered nothing".into())?;
     // Only the CLI under test talked to the mock (spider's agents fall back to each other).
     let api = match cli {
-        "claude" => "anthropic",
+        "claude" | "acp" => "anthropic",
         "codex" => "openai",
         _ => "gemini",
     };
@@ -377,9 +403,19 @@ fn check(cli: &str, preset: &str, work: &Path) -> Result<(), String> {
             !(a.tools && (a.stage.is_none() || a.turn.is_none())),
             || format!("a request the script does not know: {}", a.line),
         )?;
-        ensure(a.last_ok != Some(false), || {
-            format!("a tool call of the script failed: {}", a.line)
-        })?;
+        if a.denied_expected {
+            // The push the policy denies: the agent must have been told no.
+            ensure(a.last_ok == Some(false), || {
+                format!(
+                    "a tool call the policy must deny was not refused: {}",
+                    a.line
+                )
+            })?;
+        } else {
+            ensure(a.last_ok != Some(false), || {
+                format!("a tool call of the script failed: {}", a.line)
+            })?;
+        }
         ensure(a.violations.is_empty(), || {
             format!("an answer does not fit the schema the CLI sent: {}", a.line)
         })?;
@@ -411,7 +447,24 @@ fn check(cli: &str, preset: &str, work: &Path) -> Result<(), String> {
     )?;
     let mut reported = Tokens::default();
     let mut per_stage: BTreeMap<String, Tokens> = BTreeMap::new();
+    let mut seen = std::collections::HashSet::new();
     for a in &answers {
+        // claude-agent-acp reports its turn's usage (`session/prompt`'s `usage`) without the
+        // requests the Agent SDK makes beside the turn: one without tools as a session
+        // starts (its `_meta.quota.model_usage` holds it), and at times the turn's last
+        // request made again (the same stage, turn, step and tool result).
+        if cli == "acp"
+            && ((a.stage.is_none() && !a.tools)
+                || !seen.insert((
+                    a.stage.clone(),
+                    a.turn,
+                    a.step,
+                    a.did.clone(),
+                    a.last_result.clone(),
+                )))
+        {
+            continue;
+        }
         reported.add(a.tokens);
         if let Some(s) = &a.stage {
             per_stage.entry(s.clone()).or_default().add(a.tokens);
@@ -465,6 +518,10 @@ fn check(cli: &str, preset: &str, work: &Path) -> Result<(), String> {
         .collect();
     same(warnings, Vec::new(), "the warnings of `ralph-flow run`")?;
 
+    if cli == "acp" {
+        denied_push(preset, work, &repo, &answers, &status)?;
+    }
+
     // What is particular to each preset.
     match preset {
         "spider" => same(
@@ -484,6 +541,112 @@ fn check(cli: &str, preset: &str, work: &Path) -> Result<(), String> {
         ),
         _ => Ok(()),
     }
+}
+
+/// Through ACP: the agent's `git push` was asked, denied by the policy's rule, recorded as a
+/// `permission` event of its stage and in the attempt's denied.txt, and never ran (the
+/// remote's main did not move).
+fn denied_push(
+    preset: &str,
+    work: &Path,
+    repo: &Path,
+    answers: &[Answered],
+    status: &Value,
+) -> Result<(), String> {
+    ensure(answers.iter().any(|a| a.denied_expected), || {
+        "the script's push was never answered (did the agent ask for it?)".into()
+    })?;
+    let before = read(&work.join("remote_before"));
+    ensure(!before.trim().is_empty(), || {
+        "the remote's main before the run was not recorded".into()
+    })?;
+    same(
+        read(&work.join("remote_after")).trim(),
+        before.trim(),
+        "the remote's main after the run (a denied push must not move it)",
+    )?;
+    let rule = "deny `git push *`";
+    // The stage whose agent pushes, and the policy of the preset's ACP form.
+    let (stage, policy) = match preset {
+        "spider" => ("implement", "spider"),
+        _ => ("review", "wiggum"),
+    };
+    // The event of the decision, with its rule.
+    let id = status["id"].as_str().unwrap_or_default();
+    let rf = env!("CARGO_BIN_EXE_ralph-flow");
+    let out = Command::new(rf)
+        .args(["logs", id, "--json"])
+        .current_dir(repo)
+        .output()
+        .unwrap();
+    let logs: Value = serde_json::from_slice(&out.stdout).map_err(|e| {
+        format!(
+            "`ralph-flow logs {id} --json`: {e}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })?;
+    let permissions: Vec<String> = logs["events"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["kind"] == "permission")
+        .map(|e| {
+            format!(
+                "{}: {}",
+                e["node"],
+                e["message"].as_str().unwrap_or_default()
+            )
+        })
+        .collect();
+    ensure(
+        permissions.iter().any(|m| {
+            m.starts_with(&format!("{stage:?}"))
+                && m.contains("git push origin main")
+                && m.contains(&format!("denied by policy `{policy}`"))
+                && m.contains(rule)
+        }),
+        || {
+            format!(
+                "no `permission` event of {stage} denies the push by the policy's rule {rule}; the permission events:\n{}",
+                permissions.join("\n")
+            )
+        },
+    )?;
+    // denied.txt among the attempt's records.
+    let out = Command::new(rf)
+        .args(["logs", id, "--stage", stage, "--json"])
+        .current_dir(repo)
+        .output()
+        .unwrap();
+    let records: Value = serde_json::from_slice(&out.stdout).map_err(|e| {
+        format!(
+            "`ralph-flow logs {id} --stage {stage} --json`: {e}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })?;
+    let denied: Vec<(&String, &Value)> = records["records"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(path, _)| path.ends_with("/denied.txt"))
+        .collect();
+    ensure(
+        denied.iter().any(|(_, text)| {
+            let text = text.as_str().unwrap_or_default();
+            text.contains("git push origin main") && text.contains(rule)
+        }),
+        || format!("no denied.txt of {stage} names the push and the rule {rule}: {denied:?}"),
+    )
+}
+
+#[test]
+fn wiggum_review_through_claude_agent_acp() {
+    golden("acp", "wiggum-review");
+}
+
+#[test]
+fn spider_through_claude_agent_acp() {
+    golden("acp", "spider");
 }
 
 #[test]

@@ -22,7 +22,9 @@ fn plan_of(path: &Path, sets: &[(&str, &str)]) -> Plan {
 /// The params a preset needs to be drawn.
 fn preset_sets(path: &Path) -> Vec<(&'static str, &'static str)> {
     match path.file_name().and_then(|n| n.to_str()) {
-        Some("cairo-driver-reviewer.toml") => vec![("prompt", "fix it"), ("rubric", "rubric.md")],
+        Some("cairo-driver-reviewer.toml" | "cairo-driver-reviewer-acp.toml") => {
+            vec![("prompt", "fix it"), ("rubric", "rubric.md")]
+        }
         _ => vec![],
     }
 }

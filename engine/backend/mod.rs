@@ -363,6 +363,7 @@ mod tests {
             max_tokens: None,
             watch: None,
             policy: None,
+            roots: Vec::new(),
         };
         let json = serde_json::to_value(&call).expect("json");
         assert!(json.get("policy").is_none(), "{json}");

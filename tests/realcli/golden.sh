@@ -5,12 +5,17 @@
 # answered with `ralph-flow approve` from another process while the run waits.
 #
 # Usage: golden.sh CLI PRESET WORK
-#   CLI     claude, codex or gemini
+#   CLI     claude, codex or gemini; or acp: the preset's ACP form (`init PRESET-acp`), its
+#           claude agents over the Agent Client Protocol through the real claude-agent-acp,
+#           whose policy allows commits and denies pushes. The mock plays the script's ACP
+#           variant (SCRIPT_VARIANT=acp), in which the agent also asks to `git push`; the
+#           repository has a remote (WORK/remote.git, pushed to before the run) to push to.
 #   PRESET  wiggum-review, cairo-driver-reviewer or spider
 #   WORK    an empty directory: the repository is WORK/repo, the CLIs' home WORK/home
 #
 # Environment: RALPH_FLOW (the ralph-flow binary), REALCLI_BIN (the directory of the real
-# claude, codex and gemini), GOLDEN_TIMEOUT (seconds the run may take, default 120).
+# claude, codex, gemini and claude-agent-acp), GOLDEN_TIMEOUT (seconds the run may take,
+# default 120).
 #
 # Run it offline, in a network namespace with only loopback, as tests/golden_path.rs does:
 #   unshare --net --pid --fork --kill-child --mount-proc \
@@ -19,7 +24,8 @@
 # Leaves in WORK: run.out and run.err (what `ralph-flow run` printed), exit (its exit code),
 # run_id, status.json (`ralph-flow status RUN --json`), gates (the gates it approved, one a
 # line), script.log (every model request the mock answered, with the usage it reported),
-# mock.log (every request's body), scarb.log (cairo: the fake scarb's calls).
+# mock.log (every request's body), scarb.log (cairo: the fake scarb's calls); with acp:
+# remote_before and remote_after (the remote's main before and after the run).
 set -eu
 
 cli=$1 preset=$2 work=$3
@@ -32,8 +38,11 @@ repo=$work/repo
 home=$work/home
 mkdir -p "$repo" "$home/.codex" "$home/.gemini" "$work/bin"
 
+variant=
+[ "$cli" = acp ] && variant=acp
+
 # The mock, on loopback.
-SCRIPT_LOG=$work/script.log MOCK_LOG=$work/mock.log python3 "$root/tests/realcli/scripted_mock.py" 0 >"$work/port" 2>"$work/mock.err" &
+SCRIPT_VARIANT=$variant SCRIPT_LOG=$work/script.log MOCK_LOG=$work/mock.log python3 "$root/tests/realcli/scripted_mock.py" 0 >"$work/port" 2>"$work/mock.err" &
 mock=$!
 run=
 cleanup() {
@@ -91,6 +100,10 @@ echo "   Finished \$1"
 EOF
 chmod +x "$work/bin/scarb"
 
+# An `acp` agent's command is looked up on PATH (claude-agent-acp).
+path_extra=
+[ "$cli" = acp ] && path_extra=$bin:
+
 # ralph-flow and the CLIs run with this environment only (as tests/realcli/capture.sh runs
 # the CLIs): nothing of the caller's (an IS_SANDBOX, a real API key, a proxy) leaks in.
 # `clean_env --exec CMD... &` makes $! the pid of CMD itself, so that it can be signalled.
@@ -100,7 +113,7 @@ clean_env() {
         _exec=exec
         shift
     fi
-    $_exec env -i PATH="$work/bin:$PATH" HOME="$home" LANG=C.UTF-8 \
+    $_exec env -i PATH="$work/bin:$path_extra$PATH" HOME="$home" LANG=C.UTF-8 \
         CODEX_HOME="$home/.codex" MOCK_API_KEY=mock-key \
         ANTHROPIC_BASE_URL="$base" ANTHROPIC_API_KEY=sk-ant-mock-key \
         CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 \
@@ -117,8 +130,11 @@ git init -q -b main
 git config user.name "Golden Path"
 git config user.email golden@example.com
 python3 "$root/tests/realcli/scripted_mock.py" --seed "$preset" "$repo"
-clean_env "$rf" init "$preset" >"$work/init.out" 2>&1
-flow=workflows/$preset.toml
+# The ACP form of the preset: a preset of its own that extends it.
+shipped=$preset
+[ "$cli" = acp ] && shipped=$preset-acp
+clean_env "$rf" init "$shipped" >"$work/init.out" 2>&1
+flow=workflows/$shipped.toml
 # The presets' agents are claude and codex: gemini replaces them with agents of the same
 # names (as the init'd workflow says to), each keeping the preset's permissions. `--model`
 # spares gemini its model router's side request (and a gemini-2 or -3 model keeps write_file
@@ -151,7 +167,10 @@ cairo-driver-reviewer)
     ;;
 spider)
     set -- --set "test_command=python3 -m unittest discover -s tests -v"
-    if [ "$cli" = gemini ]; then
+    if [ "$cli" = acp ]; then
+        # Both through claude-agent-acp (the builder's default, codex, is opencode).
+        set -- "$@" --set author_backend=claude --set builder_backend=claude
+    elif [ "$cli" = gemini ]; then
         # Both agents (the author's default claude, the builder's default codex) are gemini.
         gemini_agent claude full
         gemini_agent codex full
@@ -162,6 +181,13 @@ spider)
 esac
 git add -A
 git commit -q -m "Start: $preset"
+if [ "$cli" = acp ]; then
+    # A remote the agent will ask to push to: the policy must deny it.
+    git init -q --bare "$work/remote.git"
+    git remote add origin "$work/remote.git"
+    git push -q origin main
+    git -C "$work/remote.git" rev-parse main >"$work/remote_before"
+fi
 
 # The run, in the background; gates are answered from here while it waits.
 clean_env --exec "$rf" run "$flow" "$@" >"$work/run.out" 2>"$work/run.err" &
@@ -209,4 +235,7 @@ run=
 echo "$code" >"$work/exit"
 clean_env "$rf" status --json >"$work/status.json" 2>>"$work/run.err" || true
 python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["id"])' "$work/status.json" >"$work/run_id" 2>/dev/null || true
+if [ "$cli" = acp ]; then
+    git -C "$work/remote.git" rev-parse main >"$work/remote_after" 2>>"$work/run.err" || true
+fi
 exit 0

@@ -33,6 +33,13 @@ the turn, the step, what was answered, the usage reported, the schema violations
 last tool result with whether it says the command or patch succeeded (`last_ok`).
 mock_api.py's MOCK_LOG (every request's body) works as there.
 
+SCRIPT_VARIANT=acp plays the script's ACP variant, for the presets' ACP forms run through
+claude-agent-acp (golden.sh acp ...): after committing, the agent also asks to `git push`
+(`push()`), which their policies deny: the request carrying that tool call's result is
+logged with `denied_expected: true`, and the test wants its `last_ok` false. The commands
+those policies do not allow and the script does not mean to be denied (`only="cli"`) are
+left out.
+
 A request whose path starts with /s/<scenario>/ and whose scenario is one of mock_api's
 error scenarios (server_error, rate_limit, ...) gets mock_api's answer. A request the script
 does not know (no stage marker, or no turn whose conditions hold) is answered with plain
@@ -73,14 +80,26 @@ def read(path):
     return {"do": "read", "path": path}
 
 
-def bash(command, description=""):
-    """The agent runs a shell command in the cwd."""
-    return {"do": "bash", "command": command, "description": description or command}
+def bash(command, description="", only=None):
+    """The agent runs a shell command in the cwd; with `only="cli"`, not in the ACP variant
+    (a command the ACP presets' policies do not allow, and that the script does not mean to
+    be denied)."""
+    a = {"do": "bash", "command": command, "description": description or command}
+    if only is not None:
+        a["only"] = only
+    return a
 
 
 def commit(message):
     """The agent commits everything with git."""
     return bash("git add -A && git commit -q -m " + shell_quote(message), "Commit: " + message)
+
+
+def push(command="git push origin main"):
+    """The agent pushes what it committed. Only in the ACP variant (SCRIPT_VARIANT=acp), whose
+    presets' policies deny `git push *`: the tool call is expected to fail (`denied`), and the
+    turn goes on to its final answer as a model told "no" would."""
+    return {"do": "bash", "command": command, "description": "Push the commits", "only": "acp", "denied": True}
 
 
 def shell_quote(s):
@@ -101,6 +120,21 @@ def turn(actions, final, when=(), unless=()):
     """One visit of the agent to a stage: its tool calls in order, then its final answer.
     It applies when every text of `when` and none of `unless` is in the prompt."""
     return {"when": list(when), "unless": list(unless), "actions": actions, "final": final}
+
+
+def actions_of(t, variant=None):
+    """The actions of turn `t` in the script's variant (SCRIPT_VARIANT: `cli`, the default, or
+    `acp`): those marked `only` for the other variant are left out."""
+    if variant is None:
+        variant = os.environ.get("SCRIPT_VARIANT") or "cli"
+    return [a for a in t["actions"] if a.get("only") in (None, variant)]
+
+
+def denied_expected(t, step):
+    """Whether the tool call whose result the request at `step` carries is one the script
+    expects the agent's policy to deny."""
+    acts = actions_of(t) if t else []
+    return 0 < step <= len(acts) and bool(acts[step - 1].get("denied"))
 
 
 def stage(name, marker, *turns):
@@ -165,6 +199,8 @@ WIGGUM = {
                     write("tests/test_stats.py", WIGGUM_TEST),
                     bash("python3 -m unittest discover -s tests -v", "Run the tests"),
                     commit("Fix mean: divide by the count, reject an empty list"),
+                    # ACP only: denied by the preset's policy; the remote stays where it was.
+                    push(),
                 ],
                 text(
                     "I fixed and committed the problems I found.\n"
@@ -399,7 +435,7 @@ SPIDER = {
             "specify",
             "You are the Specify step of the SPIDER protocol",
             turn(
-                [read("BRIEF.md"), bash("mkdir -p docs", "Make docs/"), write("docs/spec.md", SPIDER_SPEC)],
+                [read("BRIEF.md"), bash("mkdir -p docs", "Make docs/", only="cli"), write("docs/spec.md", SPIDER_SPEC)],
                 answer_json(
                     {
                         "spec_path": "docs/spec.md",
@@ -448,8 +484,10 @@ SPIDER = {
                 [
                     read("docs/plan.md"),
                     write("wc.py", SPIDER_WC_1),
-                    bash("python3 -c 'from wc import count_words; print(count_words(\"a b\"))'", "Try it"),
+                    bash("python3 -c 'from wc import count_words; print(count_words(\"a b\"))'", "Try it", only="cli"),
                     commit("phase-1-count: count_words"),
+                    # ACP only: denied by the preset's policy; the remote stays where it was.
+                    push(),
                 ],
                 answer_json(
                     {
@@ -576,7 +614,7 @@ def expected(preset):
         files = {}
         for st in script["stages"]:
             for t in st["turns"]:
-                for a in t["actions"]:
+                for a in actions_of(t):
                     if a["do"] == "write":
                         files[a["path"]] = a["content"]
     turns = [[st["name"], i] for st in script["stages"] for i in range(len(st["turns"]))]
@@ -794,6 +832,7 @@ class ScriptedHandler(mock_api.Handler):
                 "schema_violations": self.violations,
                 "last_result": str(results[-1].get("content"))[:2000] if results else None,
                 "last_ok": (not results[-1].get("is_error")) if results else None,
+                "denied_expected": denied_expected(t, step),
             }
         )
         self.anthropic_stream(body, content, stop, u)
@@ -804,8 +843,9 @@ class ScriptedHandler(mock_api.Handler):
             # A side request, or a prompt the script does not know.
             return [{"type": "text", "text": "ok"}], "end_turn", "text:unscripted"
         tool_id = "toolu_01SCRIPT%017d" % step
-        if step < len(t["actions"]):
-            a = t["actions"][step]
+        acts = actions_of(t)
+        if step < len(acts):
+            a = acts[step]
             if a["do"] == "write":
                 call = ("Write", {"file_path": os.path.join(cwd, a["path"]), "content": a["content"]})
             elif a["do"] == "read":
@@ -964,6 +1004,7 @@ class ScriptedHandler(mock_api.Handler):
                 "schema_violations": self.violations,
                 "last_result": str(results[-1].get("output"))[:2000] if results else None,
                 "last_ok": codex_ok(results[-1].get("output")) if results else None,
+                "denied_expected": denied_expected(t, step),
             }
         )
         self.openai_stream(body, items, u)
@@ -973,8 +1014,9 @@ class ScriptedHandler(mock_api.Handler):
         call_id = "call_script%04d" % step
         if t is None:
             return [self.openai_message("ok")], "text:unscripted"
-        if step < len(t["actions"]):
-            a = t["actions"][step]
+        acts = actions_of(t)
+        if step < len(acts):
+            a = acts[step]
             did = a["do"] + ":" + (a.get("path") or a.get("command"))
             code_mode = "exec" in tools and tools["exec"].get("type") == "custom"
             if a["do"] == "write":
@@ -1125,6 +1167,7 @@ class ScriptedHandler(mock_api.Handler):
                 "schema_violations": [],
                 "last_result": json.dumps(last)[:2000] if results else None,
                 "last_ok": gemini_ok(last) if results else None,
+                "denied_expected": denied_expected(t, step),
             }
         )
         # promptTokenCount holds the cached tokens (gemini's stats: `prompt`, and `input` is
@@ -1154,8 +1197,9 @@ class ScriptedHandler(mock_api.Handler):
         stage's prompt asks for it: one fenced block, else bare JSON."""
         if t is None:
             return [{"text": "ok"}], "text:unscripted"
-        if step < len(t["actions"]):
-            a = t["actions"][step]
+        acts = actions_of(t)
+        if step < len(acts):
+            a = acts[step]
             if a["do"] == "write":
                 call = {"name": "write_file", "args": {"file_path": a["path"], "content": a["content"]}}
             elif a["do"] == "read":
