@@ -178,7 +178,9 @@ fn the_commit_level_lets_claude_commit_and_denies_its_push_with_the_rule() {
         "{seen:?}"
     );
     // Usage and cost where claude-agent-acp reports them.
-    assert_eq!(reply.usage.input_tokens, 17284);
+    // Its cache reads (392, apart from `inputTokens` in its `totalTokens`) are added in.
+    assert_eq!(reply.usage.input_tokens, 17284 + 392);
+    assert_eq!(reply.usage.cached_tokens, 392);
     assert_eq!(reply.usage.output_tokens, 3060);
     assert_eq!(reply.usage.cost_usd, Some(0.16301800000000002));
     // The artifacts: the wire both ways, the transcript for people.

@@ -747,14 +747,7 @@ fn attempt_file(p: &Project, name: &str) -> String {
 /// Runs the edit workflow through one agent and checks what every agent must show: the write
 /// allowed, the commit denied with its rule in denied.txt (and, for the agents that go on
 /// after a denial, the push too), the tool calls and decisions as events, nothing pushed.
-fn check_edit_run(
-    agent: &str,
-    goes_on: bool,
-    real: bool,
-    p: &Project,
-    origin: &Path,
-    run: &common::Out,
-) {
+fn check_edit_run(agent: &str, goes_on: bool, p: &Project, origin: &Path, run: &common::Out) {
     let store = p.store_text();
     let denied = attempt_file(p, "denied.txt");
     let all = format!(
@@ -817,7 +810,7 @@ fn real_agents_in_a_workflow() {
         env.retain(|(k, _)| k != "OPENCODE_PERMISSION");
         p.workflow("w.toml", &edit_workflow(&argv, &env));
         let run = p.run(&["run", "w.toml", "--json"]);
-        check_edit_run(agent, goes_on, true, &p, &origin.path().join("o.git"), &run);
+        check_edit_run(agent, goes_on, &p, &origin.path().join("o.git"), &run);
     }
 }
 
@@ -838,13 +831,6 @@ fn fake_agents_in_a_workflow() {
             &edit_workflow(&[fake().display().to_string()], &env),
         );
         let run = p.run(&["run", "w.toml", "--json"]);
-        check_edit_run(
-            agent,
-            goes_on,
-            false,
-            &p,
-            &origin.path().join("o.git"),
-            &run,
-        );
+        check_edit_run(agent, goes_on, &p, &origin.path().join("o.git"), &run);
     }
 }

@@ -214,11 +214,11 @@ fn answered(work: &Path, cli: &str) -> Vec<Answered> {
                 // ralph-flow's input tokens hold the cached ones: OpenAI's input_tokens and
                 // Gemini's promptTokenCount (gemini's stats `prompt`) do, Anthropic's count
                 // them apart (cache_read_input_tokens).
-                // Through ACP, ralph-flow records claude-agent-acp's `inputTokens` as it reports
-                // them: Anthropic's input_tokens, the cache reads apart (unlike the claude
-                // CLI's usage, whose cached tokens ralph-flow adds in).
+                // Through ACP, claude-agent-acp reports Anthropic's input_tokens with the cache
+                // reads apart too (its `totalTokens` adds them): ralph-flow adds them in, as
+                // for the claude CLI.
                 tokens: Tokens {
-                    input: if cli == "claude" {
+                    input: if cli == "claude" || cli == "acp" {
                         input + cached
                     } else {
                         input

@@ -324,15 +324,25 @@ pub(super) fn usage_of(v: &Value) -> Option<Usage> {
     if input.is_none() && output.is_none() {
         return None;
     }
+    let (input, output) = (input.unwrap_or(0), output.unwrap_or(0));
+    let read = n(&[
+        "cachedReadTokens",
+        "cached_input_tokens",
+        "cachedInputTokens",
+    ])
+    .unwrap_or(0);
+    let write = n(&["cachedWriteTokens"]).unwrap_or(0);
+    let thought = n(&["thoughtTokens"]).unwrap_or(0);
+    // `totalTokens` is the sum of every kind: when it adds the cache's reads and writes to
+    // `inputTokens` (claude-agent-acp: Anthropic's counts), they are apart from it, and are
+    // added in, so that input tokens mean every token read, as for every other backend
+    // (the claude CLI's too).
+    let apart = read + write > 0
+        && n(&["totalTokens"]).is_some_and(|t| t == input + output + thought + read + write);
     Some(Usage {
-        input_tokens: input.unwrap_or(0),
-        output_tokens: output.unwrap_or(0),
-        cached_tokens: n(&[
-            "cachedReadTokens",
-            "cached_input_tokens",
-            "cachedInputTokens",
-        ])
-        .unwrap_or(0),
+        input_tokens: if apart { input + read + write } else { input },
+        output_tokens: output,
+        cached_tokens: read,
         cost_usd: None,
         unreported: 0,
     })
@@ -420,10 +430,36 @@ mod tests {
         // claude-agent-acp 0.101.0 and opencode: `usage`.
         let claude = json!({"stopReason": "end_turn", "usage": {"inputTokens": 17284, "outputTokens": 3060, "cachedReadTokens": 392, "cachedWriteTokens": 0, "totalTokens": 20736}});
         let u = prompt_usage(&claude).expect("usage");
+        // Its total adds the cache reads to `inputTokens`: they are added in.
         assert_eq!(
             (u.input_tokens, u.output_tokens, u.cached_tokens),
-            (17284, 3060, 392)
+            (17284 + 392, 3060, 392)
         );
+        // The mock's answers as each agent reported them (tests/fakes/captures/acp/*/ok.jsonl):
+        // to claude, Anthropic's 4321 input tokens with 98 cache reads apart (4419 read in
+        // all, as the claude CLI's usage reads); to opencode and qwen, OpenAI's 4321 with 98
+        // of them cached, which opencode reports taken out of its input and qwen inside it.
+        for (usage, input) in [
+            (
+                json!({"inputTokens": 4321, "outputTokens": 765, "cachedReadTokens": 98, "cachedWriteTokens": 0, "totalTokens": 5184}),
+                4419,
+            ),
+            (
+                json!({"inputTokens": 4223, "outputTokens": 765, "totalTokens": 5086, "cachedReadTokens": 98}),
+                4321,
+            ),
+            (
+                json!({"inputTokens": 4321, "outputTokens": 765, "totalTokens": 5086, "thoughtTokens": 0, "cachedReadTokens": 98}),
+                4321,
+            ),
+        ] {
+            let u = usage_of(&usage).expect("usage");
+            assert_eq!(
+                (u.input_tokens, u.output_tokens, u.cached_tokens),
+                (input, 765, 98),
+                "{usage}"
+            );
+        }
         // gemini: `_meta.quota.token_count`.
         let gemini = json!({"stopReason": "end_turn", "_meta": {"quota": {"token_count": {"input_tokens": 4321, "output_tokens": 765}}}});
         let u = prompt_usage(&gemini).expect("usage");
