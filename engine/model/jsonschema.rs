@@ -299,7 +299,13 @@ pub fn type_name(ty: &Ty) -> String {
         }
         Ty::Table(spec) => format!("table [{0}](#{0})", spec.name),
         Ty::Map(item) => format!("map of {}", type_name(item)),
-        Ty::Named(spec, _) => format!("named [{0}s](#{0})", spec.name),
+        Ty::Named(spec, _) => {
+            let plural = match spec.name.strip_suffix('y') {
+                Some(stem) => format!("{stem}ies"),
+                None => format!("{}s", spec.name),
+            };
+            format!("named [{plural}](#{})", spec.name)
+        }
         Ty::Tables(spec, _) => format!("array of [{0}](#{0})", spec.name),
         Ty::StrOrTable(spec) => format!("string or [table](#{})", spec.name),
     }
