@@ -429,6 +429,20 @@ fn a_workflow_gets_its_answer_tool_calls_and_denials_through_acp() {
     );
     assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
     assert_eq!(out.json["outputs"]["work"]["verdict"], "VALID");
+    // The progress (plain lines, stderr not being a terminal) shows the tool calls as they
+    // start, and the denial with its rule on a line of its own.
+    assert!(
+        out.stderr.contains("work: ⚙ Write notes.txt"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains(
+            "⛔ work: git push origin HEAD: denied by policy `commit`: deny `git push *`"
+        ),
+        "{}",
+        out.stderr
+    );
     let store = p.store_text();
     // The tool calls and the decisions are events of the stage.
     assert!(store.contains(r#""kind":"tool""#), "{store}");

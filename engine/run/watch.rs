@@ -99,12 +99,19 @@ impl Seen {
             } => {
                 let entry = self.tools.entry(id).or_default();
                 let new = entry.1.is_empty();
-                // A later update may leave the title out: keep the first one.
-                if !title.is_empty() {
+                // A later update may leave the title out (keep the last one), or give a
+                // better one (claude-agent-acp starts a write as `Preparing file…`, a command
+                // as `Terminal`, and names them once their input is streamed).
+                let retitled = !title.is_empty() && title != entry.0;
+                if retitled {
                     entry.0 = title;
                 }
                 if entry.1 == status {
-                    return None;
+                    let ends = matches!(status.as_str(), "completed" | "failed");
+                    return (retitled && !ends).then(|| Step {
+                        doing: Some(format!("⚙ {}", entry.0)),
+                        ..Step::default()
+                    });
                 }
                 entry.1 = status.clone();
                 let title = entry.0.clone();
@@ -179,11 +186,17 @@ mod tests {
             start.event,
             Some(("tool", "execute: cargo test (pending)".to_string()))
         );
-        // Running: on the progress line only; the title left out keeps the first.
+        // A better title, same status: the progress line only.
+        let renamed = seen
+            .describe("s", tool("t1", "cargo test --all", "pending"))
+            .expect("news");
+        assert_eq!(renamed.doing.as_deref(), Some("⚙ cargo test --all"));
+        assert_eq!(renamed.event, None);
+        // Running: on the progress line only; the title left out keeps the last.
         let running = seen
             .describe("s", tool("t1", "", "in_progress"))
             .expect("news");
-        assert_eq!(running.doing.as_deref(), Some("⚙ cargo test"));
+        assert_eq!(running.doing.as_deref(), Some("⚙ cargo test --all"));
         assert_eq!(running.event, None);
         assert_eq!(seen.describe("s", tool("t1", "", "in_progress")), None);
         let end = seen
@@ -192,7 +205,7 @@ mod tests {
         assert_eq!(end.doing, None);
         assert_eq!(
             end.event,
-            Some(("tool", "execute: cargo test (completed)".to_string()))
+            Some(("tool", "execute: cargo test --all (completed)".to_string()))
         );
     }
 

@@ -27,6 +27,8 @@ pub(super) struct ToolSeen {
     pub(super) kind: Option<ToolKind>,
     pub(super) raw_input: Option<Value>,
     pub(super) paths: Vec<PathBuf>,
+    /// Its last status reported (`pending`, `in_progress`, ...), `""` before any.
+    pub(super) status: String,
 }
 
 /// The answer to a permission request and what to report of it.
@@ -426,6 +428,7 @@ mod tests {
             kind: Some(ToolKind::Move),
             raw_input: Some(json!({"source": "/w/a", "destination": "/w/b"})),
             paths: Vec::new(),
+            status: String::new(),
         };
         let (a, asked) = action(&req, Some(&seen));
         assert_eq!(a, Action::Edit(vec!["/w/a".into(), "/w/b".into()]));

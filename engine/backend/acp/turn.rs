@@ -159,6 +159,7 @@ impl Turn {
                     kind: Some(call.kind),
                     raw_input: call.raw_input.clone(),
                     paths,
+                    status: String::new(),
                 };
                 self.tools.insert(id.clone(), seen);
                 self.tool(&id, &call.status, &call.content, call.raw_output.as_ref());
@@ -167,8 +168,10 @@ impl Turn {
                 let id = u.tool_call_id.to_string();
                 let f = u.fields;
                 let seen = self.tools.entry(id.clone()).or_default();
-                if let Some(t) = f.title.filter(|t| !t.is_empty()) {
+                let mut retitled = false;
+                if let Some(t) = f.title.filter(|t| !t.is_empty() && *t != seen.title) {
                     seen.title = t;
+                    retitled = true;
                 }
                 if let Some(k) = f.kind {
                     seen.kind = Some(k);
@@ -185,6 +188,20 @@ impl Turn {
                 if let Some(status) = f.status {
                     let content = f.content.unwrap_or_default();
                     self.tool(&id, &status, &content, f.raw_output.as_ref());
+                } else if retitled && !seen.status.is_empty() {
+                    // A better title than the start's (claude-agent-acp starts a write as
+                    // `Preparing file…`, names it once its input is streamed): shown.
+                    if let Some(w) = &self.watch {
+                        let _ = w.send(Activity::Tool {
+                            id,
+                            title: seen.title.clone(),
+                            kind: seen
+                                .kind
+                                .as_ref()
+                                .map_or_else(|| "other".to_string(), snake),
+                            status: seen.status.clone(),
+                        });
+                    }
                 }
             }
             SessionUpdate::Plan(plan) => {
@@ -230,6 +247,10 @@ impl Turn {
         content: &[ToolCallContent],
         raw_output: Option<&Value>,
     ) {
+        let status_word = snake(status);
+        if let Some(t) = self.tools.get_mut(id) {
+            t.status = status_word;
+        }
         let seen = self.tools.get(id).cloned().unwrap_or_default();
         let kind = seen
             .kind
