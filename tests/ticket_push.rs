@@ -328,6 +328,8 @@ fn two_machines_land_their_tickets_by_pushing_to_the_shared_repository() {
     );
     // Two landed at the same time: run A's first push was refused (B had pushed), and A
     // fetched, rebased, checked and pushed again instead of losing or evicting its ticket.
+    // B's second landing may race A's too and be refused in its turn (seen on a loaded
+    // machine): that is the same retry, and it landed all the same.
     let refused: Vec<&str> = landings
         .iter()
         .filter(|l| {
@@ -335,10 +337,12 @@ fn two_machines_land_their_tickets_by_pushing_to_the_shared_repository() {
         })
         .map(|l| l.1.as_str())
         .collect();
-    assert!(
-        !refused.is_empty() && refused.iter().all(|t| t.starts_with("a-")),
-        "{landings:#?}"
-    );
+    assert!(refused.iter().any(|t| t.starts_with("a-")), "{landings:#?}");
+    for (_, ticket, _, _, text) in &landings {
+        if text.contains("PUSH REFUSED") {
+            assert!(text.contains("RESULT: landed"), "{ticket}: {text}");
+        }
+    }
     // Nothing was evicted: a refused push is not an eviction.
     for id in &runs {
         let evicted = store
