@@ -359,42 +359,6 @@ output = {{ extract = "json", schema = {{ type = "object", required = ["verdict"
     )
 }
 
-fn attempt_file(p: &Project, name: &str) -> String {
-    fn find(dir: &Path, name: &str) -> Option<PathBuf> {
-        for e in std::fs::read_dir(dir).ok()?.flatten() {
-            let path = e.path();
-            if path.is_dir() {
-                if let Some(f) = find(&path, name) {
-                    return Some(f);
-                }
-            } else if path.file_name().is_some_and(|n| n == name) {
-                return Some(path);
-            }
-        }
-        None
-    }
-    if let Some(text) =
-        find(&p.dir().join(".ralph-flow"), name).and_then(|f| std::fs::read_to_string(f).ok())
-    {
-        return text;
-    }
-    // What the executor writes is a record of the run's artifacts.jsonl.
-    let records = find(&p.dir().join(".ralph-flow"), "artifacts.jsonl")
-        .and_then(|f| std::fs::read_to_string(f).ok())
-        .unwrap_or_default();
-    records
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|r| {
-            r["path"]
-                .as_str()
-                .is_some_and(|p| p.ends_with(&format!("/{name}")))
-        })
-        .filter_map(|r| r["text"].as_str().map(str::to_string))
-        .next_back()
-        .unwrap_or_default()
-}
-
 #[test]
 fn a_workflow_gets_its_answer_tool_calls_and_denials_through_acp() {
     let p = Project::new();
@@ -454,7 +418,7 @@ fn a_workflow_gets_its_answer_tool_calls_and_denials_through_acp() {
     );
     assert!(store.contains(r#""kind":"denied""#), "{store}");
     // The denied push is in denied.txt with its rule, and did not run; the commit did.
-    let denied = attempt_file(&p, "denied.txt");
+    let denied = p.attempt_file("denied.txt");
     assert!(
         denied.contains(
             "git push origin HEAD: denied by policy `commit`: deny `git push *` (git push origin HEAD)"
@@ -467,8 +431,8 @@ fn a_workflow_gets_its_answer_tool_calls_and_denials_through_acp() {
         "init",
         "the denied push reached the remote"
     );
-    assert!(attempt_file(&p, "acp.jsonl").contains("session/prompt"));
-    assert!(attempt_file(&p, "transcript.md").contains("Write notes.txt"));
+    assert!(p.attempt_file("acp.jsonl").contains("session/prompt"));
+    assert!(p.attempt_file("transcript.md").contains("Write notes.txt"));
 }
 
 #[test]
@@ -551,7 +515,7 @@ fn sigterm_cancels_the_turn_and_the_agent_ends() {
     assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
     // The agent was told, and is gone.
     p.wait_for(|| !common::alive(i32::try_from(agent).unwrap()));
-    let wire = attempt_file(&p, "acp.jsonl");
+    let wire = p.attempt_file("acp.jsonl");
     let cancel = wire
         .lines()
         .last()

@@ -462,38 +462,6 @@ fn real_cli_bin() -> Option<PathBuf> {
         .then_some(bin)
 }
 
-/// The mock API server, killed when dropped.
-struct Mock {
-    child: Child,
-    port: u16,
-}
-
-impl Mock {
-    fn start() -> Option<Mock> {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/realcli/mock_api.py");
-        let mut child = Command::new("python3")
-            .arg(script)
-            .arg("0")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .ok()?;
-        let mut line = String::new();
-        BufReader::new(child.stdout.take()?)
-            .read_line(&mut line)
-            .ok()?;
-        let port = line.trim().parse().ok()?;
-        Some(Mock { child, port })
-    }
-}
-
-impl Drop for Mock {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// The real agent's argv and environment with `home` as its HOME, pointed at the mock
 /// (`base`: its URL with the scenario), as tests/realcli/acp_capture.py runs it.
 fn real_agent_setup(
@@ -610,7 +578,7 @@ fn real_agents_commit_allowed_push_denied() {
         );
         return;
     };
-    let mock = Mock::start().expect("the mock API");
+    let mock = common::MockApi::start().expect("the mock API");
     for (agent, goes_on) in AGENTS {
         let (d, cwd) = workspace();
         std::fs::create_dir(d.path().join("home")).unwrap();
@@ -708,48 +676,12 @@ fn project_with_origin() -> (Project, tempfile::TempDir) {
     (p, origin)
 }
 
-fn attempt_file(p: &Project, name: &str) -> String {
-    fn find(dir: &Path, name: &str) -> Option<PathBuf> {
-        for e in std::fs::read_dir(dir).ok()?.flatten() {
-            let path = e.path();
-            if path.is_dir() {
-                if let Some(f) = find(&path, name) {
-                    return Some(f);
-                }
-            } else if path.file_name().is_some_and(|n| n == name) {
-                return Some(path);
-            }
-        }
-        None
-    }
-    if let Some(text) =
-        find(&p.dir().join(".ralph-flow"), name).and_then(|f| std::fs::read_to_string(f).ok())
-    {
-        return text;
-    }
-    // What the executor writes is a record of the run's artifacts.jsonl.
-    let records = find(&p.dir().join(".ralph-flow"), "artifacts.jsonl")
-        .and_then(|f| std::fs::read_to_string(f).ok())
-        .unwrap_or_default();
-    records
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|r| {
-            r["path"]
-                .as_str()
-                .is_some_and(|p| p.ends_with(&format!("/{name}")))
-        })
-        .filter_map(|r| r["text"].as_str().map(str::to_string))
-        .next_back()
-        .unwrap_or_default()
-}
-
 /// Runs the edit workflow through one agent and checks what every agent must show: the write
 /// allowed, the commit denied with its rule in denied.txt (and, for the agents that go on
 /// after a denial, the push too), the tool calls and decisions as events, nothing pushed.
 fn check_edit_run(agent: &str, goes_on: bool, p: &Project, origin: &Path, run: &common::Out) {
     let store = p.store_text();
-    let denied = attempt_file(p, "denied.txt");
+    let denied = p.attempt_file("denied.txt");
     let all = format!(
         "{agent}: exit {}\n{}\n{}\n{denied}",
         run.code, run.stdout, run.stderr
@@ -799,7 +731,7 @@ fn real_agents_in_a_workflow() {
         );
         return;
     };
-    let mock = Mock::start().expect("the mock API");
+    let mock = common::MockApi::start().expect("the mock API");
     for (agent, goes_on) in AGENTS {
         let (p, origin) = project_with_origin();
         let home = tempfile::tempdir().unwrap();

@@ -6,9 +6,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 
 use common::Project;
 
@@ -37,38 +35,6 @@ fn skipped(why: &str) {
         "the real CLIs are required here: {why}"
     );
     let _ = writeln!(std::io::stderr(), "SKIPPED: {why}");
-}
-
-/// The mock API server, killed when dropped.
-struct Mock {
-    child: Child,
-    port: u16,
-}
-
-impl Mock {
-    fn start() -> Option<Mock> {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/realcli/mock_api.py");
-        let mut child = Command::new("python3")
-            .arg(script)
-            .arg("0")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .ok()?;
-        let mut line = String::new();
-        BufReader::new(child.stdout.take()?)
-            .read_line(&mut line)
-            .ok()?;
-        let port = line.trim().parse().ok()?;
-        Some(Mock { child, port })
-    }
-}
-
-impl Drop for Mock {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 const WORKFLOW: &str = r#"
@@ -137,7 +103,7 @@ fn a_commit_codex_or_gemini_may_not_make_is_reported() {
         skipped("real CLIs not installed (run tests/realcli/install.sh)");
         return;
     };
-    let Some(mock) = Mock::start() else {
+    let Some(mock) = common::MockApi::start() else {
         skipped("python3 cannot run tests/realcli/mock_api.py");
         return;
     };
@@ -190,7 +156,7 @@ fn claude_codex_and_gemini_run_a_stage_against_the_mock_api() {
         skipped("real CLIs not installed (run tests/realcli/install.sh)");
         return;
     };
-    let Some(mock) = Mock::start() else {
+    let Some(mock) = common::MockApi::start() else {
         skipped("python3 cannot run tests/realcli/mock_api.py");
         return;
     };
@@ -270,7 +236,7 @@ fn qwen_and_opencode_run_a_stage_against_the_mock_api() {
         skipped("qwen and opencode not installed (run tests/realcli/install.sh)");
         return;
     };
-    let Some(mock) = Mock::start() else {
+    let Some(mock) = common::MockApi::start() else {
         skipped("python3 cannot run tests/realcli/mock_api.py");
         return;
     };

@@ -2,6 +2,7 @@
 //! and the fakes on PATH.
 #![allow(dead_code, clippy::unwrap_used)]
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -276,6 +277,44 @@ impl Project {
         self.git(&["commit", "-qm", "init"]);
     }
 
+    /// The last text named `name` that an attempt of the run left: a file of an attempt's
+    /// directory (what a backend writes), else the executor's record of it in artifacts.jsonl.
+    pub(crate) fn attempt_file(&self, name: &str) -> String {
+        fn find(dir: &Path, name: &str) -> Option<PathBuf> {
+            for e in std::fs::read_dir(dir).ok()?.flatten() {
+                let path = e.path();
+                if path.is_dir() {
+                    if let Some(f) = find(&path, name) {
+                        return Some(f);
+                    }
+                } else if path.file_name().is_some_and(|n| n == name) {
+                    return Some(path);
+                }
+            }
+            None
+        }
+        if let Some(text) = find(&self.dir().join(".ralph-flow"), name)
+            .and_then(|f| std::fs::read_to_string(f).ok())
+        {
+            return text;
+        }
+        // What the executor writes is a record of the run's artifacts.jsonl.
+        let records = find(&self.dir().join(".ralph-flow"), "artifacts.jsonl")
+            .and_then(|f| std::fs::read_to_string(f).ok())
+            .unwrap_or_default();
+        records
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|r| {
+                r["path"]
+                    .as_str()
+                    .is_some_and(|p| p.ends_with(&format!("/{name}")))
+            })
+            .filter_map(|r| r["text"].as_str().map(str::to_string))
+            .next_back()
+            .unwrap_or_default()
+    }
+
     pub(crate) fn git(&self, args: &[&str]) -> String {
         let out = Command::new("git")
             .args(args)
@@ -469,4 +508,38 @@ pub(crate) fn damage_root_page(db: &Path, name: &str, damage: Damage) {
         *b = 0xA5;
     }
     std::fs::write(db, bytes).unwrap();
+}
+
+/// The mock of the agents' APIs (`tests/realcli/mock_api.py`) that the real CLIs and ACP
+/// agents are run against, killed when dropped.
+pub(crate) struct MockApi {
+    child: Child,
+    pub(crate) port: u16,
+}
+
+impl MockApi {
+    /// Starts `tests/realcli/mock_api.py` on a free port; `None` without python3.
+    pub(crate) fn start() -> Option<MockApi> {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/realcli/mock_api.py");
+        let mut child = Command::new("python3")
+            .arg(script)
+            .arg("0")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()?;
+        let mut line = String::new();
+        BufReader::new(child.stdout.take()?)
+            .read_line(&mut line)
+            .ok()?;
+        let port = line.trim().parse().ok()?;
+        Some(MockApi { child, port })
+    }
+}
+
+impl Drop for MockApi {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
