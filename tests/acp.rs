@@ -361,14 +361,9 @@ output = {{ extract = "json", schema = {{ type = "object", required = ["verdict"
 
 #[test]
 fn a_workflow_gets_its_answer_tool_calls_and_denials_through_acp() {
-    let p = Project::new();
-    p.git_init();
     // A bare remote that has the first commit: a push that ran would move its `main`.
-    let remote = tempfile::tempdir().unwrap();
-    let origin = remote.path().join("origin.git");
-    p.git(&["init", "-q", "--bare", origin.to_str().unwrap()]);
-    p.git(&["remote", "add", "origin", origin.to_str().unwrap()]);
-    p.git(&["push", "-q", "origin", "main"]);
+    let (p, remote) = Project::with_origin();
+    let origin = remote.path().join("o.git");
     let remote_log = || {
         let out = std::process::Command::new("git")
             .args([

@@ -664,18 +664,6 @@ prompt = "Write notes.txt, commit it with git, then push to origin."
     )
 }
 
-/// A project that is a git repository pushed to a bare `origin` outside it.
-fn project_with_origin() -> (Project, tempfile::TempDir) {
-    let p = Project::new();
-    p.git_init();
-    let origin = tempfile::tempdir().unwrap();
-    git(origin.path(), &["init", "-q", "--bare", "o.git"]);
-    let o = origin.path().join("o.git");
-    p.git(&["remote", "add", "origin", o.to_str().unwrap()]);
-    p.git(&["push", "-q", "origin", "main"]);
-    (p, origin)
-}
-
 /// Runs the edit workflow through one agent and checks what every agent must show: the write
 /// allowed, the commit denied with its rule in denied.txt (and, for the agents that go on
 /// after a denial, the push too), the tool calls and decisions as events, nothing pushed.
@@ -733,7 +721,7 @@ fn real_agents_in_a_workflow() {
     };
     let mock = common::MockApi::start().expect("the mock API");
     for (agent, goes_on) in AGENTS {
-        let (p, origin) = project_with_origin();
+        let (p, origin) = Project::with_origin();
         let home = tempfile::tempdir().unwrap();
         let base = format!("http://127.0.0.1:{}/s/acp_edit", mock.port);
         let (argv, mut env) = real_agent_setup(&bin, agent, home.path(), &base);
@@ -753,7 +741,7 @@ fn fake_agents_in_a_workflow() {
         return;
     }
     for (agent, goes_on) in AGENTS {
-        let (p, origin) = project_with_origin();
+        let (p, origin) = Project::with_origin();
         let env = vec![(
             "FAKE_ACP_CASE".to_string(),
             format!("{agent}/edit_commit_push"),

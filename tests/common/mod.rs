@@ -315,6 +315,19 @@ impl Project {
             .unwrap_or_default()
     }
 
+    /// A project that is a git repository (`git_init`) pushed to a bare `origin` outside it,
+    /// in the returned directory as `o.git`: a push that ran moves its `main`.
+    pub(crate) fn with_origin() -> (Project, tempfile::TempDir) {
+        let p = Project::new();
+        p.git_init();
+        let origin = tempfile::tempdir().unwrap();
+        let o = origin.path().join("o.git");
+        p.git(&["init", "-q", "--bare", o.to_str().unwrap()]);
+        p.git(&["remote", "add", "origin", o.to_str().unwrap()]);
+        p.git(&["push", "-q", "origin", "main"]);
+        (p, origin)
+    }
+
     pub(crate) fn git(&self, args: &[&str]) -> String {
         let out = Command::new("git")
             .args(args)
