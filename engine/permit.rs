@@ -367,7 +367,8 @@ impl fmt::Display for Decision {
 pub struct Pattern {
     /// As written.
     pub text: String,
-    words: Vec<String>,
+    /// Each word's glob, compiled once.
+    words: Vec<glob::Pattern>,
     rest: bool,
 }
 
@@ -400,12 +401,10 @@ impl Pattern {
         if rest {
             words.pop();
         }
-        if words[0] == "*" && words.len() == 1 && !rest {
-            // `*` alone: any one-word command; allowed, if odd.
-        }
-        for w in &words {
-            glob::Pattern::new(w).map_err(|e| format!("`{w}` is not a valid glob: {e}"))?;
-        }
+        let words = words
+            .iter()
+            .map(|w| glob::Pattern::new(w).map_err(|e| format!("`{w}` is not a valid glob: {e}")))
+            .collect::<Result<_, _>>()?;
         Ok(Pattern {
             text: text.to_owned(),
             words,
@@ -421,7 +420,7 @@ impl Pattern {
         let program = argv[0].rsplit('/').next().unwrap_or(&argv[0]);
         self.words.iter().enumerate().all(|(i, w)| {
             let word = if i == 0 { program } else { argv[i].as_str() };
-            w == word || glob::Pattern::new(w).is_ok_and(|g| g.matches(word))
+            w.matches(word)
         })
     }
 }
