@@ -81,7 +81,7 @@ pub struct AgentCall {
     /// directory, its state directory, the workflow's `file_roots`). Empty on a worker,
     /// where only `cwd` is served.
     #[serde(skip)]
-    pub roots: Vec<PathBuf>,
+    pub roots: std::sync::Arc<[PathBuf]>,
 }
 
 impl AgentCall {
@@ -363,7 +363,7 @@ mod tests {
             max_tokens: None,
             watch: None,
             policy: None,
-            roots: Vec::new(),
+            roots: Default::default(),
         };
         let json = serde_json::to_value(&call).expect("json");
         assert!(json.get("policy").is_none(), "{json}");

@@ -372,7 +372,7 @@ mod tests {
             max_tokens: None,
             watch: None,
             policy: None,
-            roots: Vec::new(),
+            roots: Default::default(),
         }
     }
 

@@ -370,8 +370,8 @@ pub(crate) struct Exec<'p> {
     pub exit: Cell<Option<usize>>,
     pub params: Value,
     /// The directories the template helpers read (canonical), which an ACP agent may read
-    /// through the client too.
-    pub roots: Vec<PathBuf>,
+    /// through the client too: shared by every call.
+    pub roots: std::sync::Arc<[PathBuf]>,
 }
 
 /// Makes a scope or a key safe as one path component.
@@ -475,7 +475,7 @@ impl<'p> Exec<'p> {
             stop,
             exit: Cell::new(None),
             params: to_value(&plan.params),
-            roots,
+            roots: roots.into(),
         })
     }
 

@@ -50,7 +50,7 @@ pub(super) struct Conn {
     pub(super) prompting: Option<String>,
     pub(super) policy: Rules,
     pub(super) workspace: std::path::PathBuf,
-    pub(super) roots: Vec<std::path::PathBuf>,
+    pub(super) roots: std::sync::Arc<[std::path::PathBuf]>,
     pub(super) turn: Turn,
     /// The permission decisions that denied something, with what was asked.
     pub(super) denied: Vec<String>,
@@ -66,7 +66,7 @@ pub(super) struct Setup {
     pub(super) idle: Option<Duration>,
     pub(super) policy: Rules,
     pub(super) workspace: std::path::PathBuf,
-    pub(super) roots: Vec<std::path::PathBuf>,
+    pub(super) roots: std::sync::Arc<[std::path::PathBuf]>,
     pub(super) turn: Turn,
 }
 

@@ -88,7 +88,7 @@ pub(super) fn call_in(dir: &std::path::Path, schema: Option<Value>) -> AgentCall
         max_tokens: None,
         watch: None,
         policy: None,
-        roots: Vec::new(),
+        roots: Default::default(),
     }
 }
 
